@@ -1,0 +1,232 @@
+//! Schedule generators: each algorithm turns (collective, world size,
+//! parameters) into a [`Schedule`]. One algorithm per file, each with its
+//! picture and its cost line.
+//!
+//! | algorithm | collectives |
+//! |---|---|
+//! | [`ring`] | all-reduce, reduce-scatter, all-gather, broadcast and reduce (pipelined chains) |
+//! | [`tree`] | all-reduce (double binary tree), broadcast, reduce |
+//! | [`direct`] | every collective, including all-to-all and send/recv |
+//! | [`halving_doubling`] | all-reduce, reduce-scatter, all-gather, any world size |
+//!
+//! A single rank needs no algorithm: every generator returns one local copy.
+
+pub mod direct;
+pub mod halving_doubling;
+pub mod ring;
+pub mod tree;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::error::ParseNameError;
+use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
+use crate::types::{Collective, CollectiveKind, Rank};
+
+/// A built-in schedule generator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Bandwidth-optimal ring (pipelined chains for broadcast and reduce).
+    Ring,
+    /// Double binary tree: two complementary trees, each with half the data.
+    Tree,
+    /// Full mesh: every rank talks to every other rank directly.
+    Direct,
+    /// Rabenseifner's recursive halving and doubling.
+    HalvingDoubling,
+}
+
+impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Ring,
+        Algorithm::Tree,
+        Algorithm::Direct,
+        Algorithm::HalvingDoubling,
+    ];
+
+    /// The name used on the command line and in `FERROCOLL_ALGO`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Tree => "tree",
+            Algorithm::Direct => "direct",
+            Algorithm::HalvingDoubling => "halving-doubling",
+        }
+    }
+
+    /// `Ok` when this algorithm can express `kind`; otherwise why not.
+    pub fn supports(self, kind: CollectiveKind) -> Result<(), &'static str> {
+        use CollectiveKind as C;
+        match (self, kind) {
+            (Algorithm::Direct, _) => Ok(()),
+            (_, C::AllToAll) => Err("all-to-all exchanges a distinct block with every peer; use direct"),
+            (_, C::SendRecv) => Err("send/recv is a single exchange per rank; use direct"),
+            (Algorithm::Ring, _) => Ok(()),
+            (Algorithm::Tree, C::AllReduce | C::Broadcast | C::Reduce) => Ok(()),
+            (Algorithm::Tree, _) => Err(
+                "a tree funnels everything through its root; reduce-scatter and all-gather need ring, direct or halving-doubling",
+            ),
+            (Algorithm::HalvingDoubling, C::AllReduce | C::ReduceScatter | C::AllGather) => Ok(()),
+            (Algorithm::HalvingDoubling, _) => {
+                Err("halving-doubling splits data evenly among ranks; broadcast and reduce use ring or tree")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = ParseNameError;
+
+    /// Accepts the names, `halving_doubling`, `hd` and `rabenseifner`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "ring" => Ok(Algorithm::Ring),
+            "tree" => Ok(Algorithm::Tree),
+            "direct" => Ok(Algorithm::Direct),
+            "halving-doubling" | "hd" | "rabenseifner" => Ok(Algorithm::HalvingDoubling),
+            _ => Err(ParseNameError::new("algorithm", s, Algorithm::ALL.map(Algorithm::name))),
+        }
+    }
+}
+
+/// Knobs for the generators. The default is one channel and rings in rank order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlgorithmParams {
+    /// Independent channels, each carrying `1/channels` of the data on its
+    /// own links (ring, tree and direct; halving-doubling takes 1).
+    pub channels: u32,
+    /// Ring order per channel (ring only): a permutation of `0..n`. Empty
+    /// means rank order for every channel; a single order serves all channels.
+    pub ring_orders: Vec<Vec<Rank>>,
+}
+
+impl Default for AlgorithmParams {
+    fn default() -> Self {
+        AlgorithmParams {
+            channels: 1,
+            ring_orders: Vec::new(),
+        }
+    }
+}
+
+/// Why a schedule could not be generated.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AlgorithmError {
+    /// The algorithm cannot express the collective.
+    #[error("{algorithm} cannot run {collective}: {reason}")]
+    NotApplicable {
+        /// The algorithm.
+        algorithm: Algorithm,
+        /// The collective.
+        collective: CollectiveKind,
+        /// Why, and what to use instead.
+        reason: &'static str,
+    },
+    /// World size 0.
+    #[error("world size must be at least 1")]
+    WorldSizeZero,
+    /// The root is not a rank.
+    #[error("root {root} is out of range for world size {world_size}")]
+    RootOutOfRange {
+        /// The root.
+        root: Rank,
+        /// The world size.
+        world_size: u32,
+    },
+    /// Zero channels requested.
+    #[error("at least one channel is needed")]
+    ZeroChannels,
+    /// The algorithm runs on one channel only.
+    #[error("{algorithm} runs on a single channel (asked for {channels})")]
+    SingleChannelOnly {
+        /// The algorithm.
+        algorithm: Algorithm,
+        /// Channels asked for.
+        channels: u32,
+    },
+    /// A ring order is not a permutation of the ranks.
+    #[error("ring order {index} is not a permutation of 0..{world_size}: {order:?}")]
+    BadRingOrder {
+        /// Which order in the list.
+        index: usize,
+        /// The world size.
+        world_size: u32,
+        /// The order given.
+        order: Vec<Rank>,
+    },
+}
+
+/// Generate the schedule of `algorithm` for `collective` on `world_size` ranks.
+pub fn generate(
+    algorithm: Algorithm,
+    collective: Collective,
+    world_size: u32,
+    params: &AlgorithmParams,
+) -> Result<Schedule, AlgorithmError> {
+    if world_size == 0 {
+        return Err(AlgorithmError::WorldSizeZero);
+    }
+    if let Some(root) = collective.root()
+        && root >= world_size
+    {
+        return Err(AlgorithmError::RootOutOfRange { root, world_size });
+    }
+    if params.channels == 0 {
+        return Err(AlgorithmError::ZeroChannels);
+    }
+    algorithm
+        .supports(collective.kind())
+        .map_err(|reason| AlgorithmError::NotApplicable {
+            algorithm,
+            collective: collective.kind(),
+            reason,
+        })?;
+    if world_size == 1 {
+        return Ok(local_copy(algorithm, collective));
+    }
+    match algorithm {
+        Algorithm::Ring => ring::generate(collective, world_size, params),
+        Algorithm::Tree => Ok(tree::generate(collective, world_size, params.channels)),
+        Algorithm::Direct => Ok(direct::generate(collective, world_size, params.channels)),
+        Algorithm::HalvingDoubling => {
+            if params.channels != 1 {
+                return Err(AlgorithmError::SingleChannelOnly {
+                    algorithm,
+                    channels: params.channels,
+                });
+            }
+            Ok(halving_doubling::generate(collective, world_size))
+        }
+    }
+}
+
+/// With one rank, every collective copies the input to the output.
+fn local_copy(algorithm: Algorithm, collective: Collective) -> Schedule {
+    let mut b = ScheduleBuilder::new(algorithm.name(), collective, 1, 1, 1);
+    b.push(0, 0, Step::new(1).read(Buffer::Input, 0).write(Buffer::Output, 0));
+    b.build()
+}
+
+/// `i mod n` for a possibly negative `i`.
+fn wrap(i: i64, n: u32) -> u32 {
+    i.rem_euclid(i64::from(n)) as u32
+}
+
+/// The peers of `rank`, starting with the next one: `r+1, r+2, ..., r-1`.
+fn peers(rank: Rank, n: u32) -> impl Iterator<Item = Rank> {
+    (1..n).map(move |k| (rank + k) % n)
+}
+
+#[cfg(test)]
+mod tests;

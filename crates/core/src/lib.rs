@@ -1,0 +1,53 @@
+//! # ferrocoll-core
+//!
+//! The part of ferrocoll that knows no hardware: element types and
+//! collectives, the **schedule IR**, the algorithms that generate schedules,
+//! and the **symbolic verifier** that proves them.
+//!
+//! | module | what is there |
+//! |---|---|
+//! | [`types`] | [`DataType`], [`ReduceOp`], [`Collective`] and their nccl-tests names and busbw factors |
+//! | [`schedule`] | [`Schedule`], [`Step`], the chunk-to-element [`layout`](schedule::layout), JSON and ASCII forms |
+//! | [`algorithms`] | ring, double binary tree, direct (full mesh), halving-doubling |
+//! | [`flow`] | the buffering model every executor implements, and why one run decides deadlock |
+//! | [`verify`] | [`verify()`](verify::verify): a [`Schedule`] in, a [`Verified`] schedule or every violation out |
+//! | [`replay`] | a serial run of a verified schedule on concrete numbers: the oracle executors are tested against |
+//!
+//! ## Glossary
+//! - **rank** — one participant, `0..n`; **world size** — `n`.
+//! - **block** — `count` elements, the unit of a buffer's shape (an
+//!   all-gather output is `n` blocks).
+//! - **chunk** — what a schedule moves: each block is cut into
+//!   `chunks_per_block` chunks.
+//! - **segment** — the pipelining slice: an executor cuts every chunk's
+//!   elements into `segments` pieces and runs the whole schedule once per
+//!   segment, so large buffers stream through the links.
+//! - **channel** — an independent, ordered list of steps of one rank
+//!   (a thread, a CUDA stream); a **link** is (sender, receiver, channel).
+//! - **step** — receive from some peers, combine with a local read, write
+//!   locally, send to some peers; every part optional.
+//!
+//! ## Invariants
+//! - Schedules are independent of the element count, the data type and the
+//!   op; [`schedule::layout`] is the only place that turns chunks into
+//!   elements.
+//! - Executors take a [`Verified`] schedule and treat any state the verifier
+//!   rules out (a missing message, an overrun slot) as a bug, not an error.
+//! - Nothing here reads the environment, touches a GPU or spawns a thread.
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod algorithms;
+pub mod error;
+pub mod flow;
+pub mod replay;
+pub mod schedule;
+pub mod types;
+pub mod verify;
+
+pub use algorithms::{Algorithm, AlgorithmError, AlgorithmParams, generate};
+pub use error::{ParseNameError, ScheduleFileError};
+pub use schedule::{Buffer, Schedule, ScheduleBuilder, Step};
+pub use types::{Collective, CollectiveKind, DataType, Element, Rank, ReduceOp};
+pub use verify::{Verified, VerifyError, VerifyOptions, verify};

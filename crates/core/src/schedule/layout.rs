@@ -1,0 +1,193 @@
+//! From chunks to elements: the one place where remainders are handled.
+//!
+//! A buffer of `blocks × count` elements is cut, inside each block, into
+//! `segments × chunks_per_block` parts by [`partition`]. Segment `s` of the
+//! schedule owns parts `s·cpb .. (s+1)·cpb` of every block, so each segment
+//! is a contiguous range of every block and the schedule runs once per
+//! segment. Chunk `c` of segment `s` is part `s·cpb + c % cpb` of block
+//! `c / cpb`.
+//!
+//! [`partition`] splits `count` into parts whose sizes differ by at most one
+//! and which tile `0..count` exactly; when `count` is smaller than the number
+//! of parts some parts are empty, and executors move empty chunks as
+//! zero-length messages so that every rank stays in step.
+
+use std::ops::Range;
+
+/// Part `i` of `0..count` cut into `parts` balanced, contiguous parts.
+///
+/// Part `i` starts at `⌊i·count/parts⌋`; sizes are `⌊count/parts⌋` or one
+/// more, the parts are in order and cover every element exactly once.
+///
+/// # Panics
+/// If `parts` is 0 or `i >= parts` (a caller bug: schedules always have at
+/// least one part).
+pub fn partition(count: usize, parts: usize, i: usize) -> Range<usize> {
+    assert!(i < parts, "part {i} of {parts}");
+    let start = |k: usize| ((k as u128 * count as u128) / parts as u128) as usize;
+    start(i)..start(i + 1)
+}
+
+/// The chunk-to-element map of one collective call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    count: usize,
+    chunks_per_block: u32,
+    segments: u32,
+}
+
+impl Layout {
+    /// A layout for `count` elements per block.
+    ///
+    /// `segments` is clamped to at least 1.
+    pub fn new(count: usize, chunks_per_block: u32, segments: u32) -> Self {
+        assert!(chunks_per_block > 0, "a schedule has at least one chunk per block");
+        Layout {
+            count,
+            chunks_per_block,
+            segments: segments.max(1),
+        }
+    }
+
+    /// A layout whose chunks hold at most `max_chunk_bytes` bytes (of
+    /// `elem_bytes`-byte elements): as few segments as that allows.
+    pub fn with_max_chunk_bytes(
+        count: usize,
+        chunks_per_block: u32,
+        elem_bytes: usize,
+        max_chunk_bytes: usize,
+    ) -> Self {
+        let max_chunk_elems = (max_chunk_bytes / elem_bytes.max(1)).max(1);
+        let parts_needed = count.div_ceil(max_chunk_elems);
+        let segments = parts_needed.div_ceil(chunks_per_block as usize).max(1);
+        Layout::new(count, chunks_per_block, u32::try_from(segments).unwrap_or(u32::MAX))
+    }
+
+    /// Elements per block.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Segments the schedule runs over.
+    pub fn segments(&self) -> u32 {
+        self.segments
+    }
+
+    /// Chunks per block.
+    pub fn chunks_per_block(&self) -> u32 {
+        self.chunks_per_block
+    }
+
+    /// The elements of `chunk` in `segment`, as offsets into its buffer.
+    pub fn chunk_range(&self, segment: u32, chunk: u32) -> Range<usize> {
+        let cpb = self.chunks_per_block;
+        let block = (chunk / cpb) as usize;
+        let part = (segment * cpb + chunk % cpb) as usize;
+        let parts = (self.segments * cpb) as usize;
+        let r = partition(self.count, parts, part);
+        block * self.count + r.start..block * self.count + r.end
+    }
+
+    /// The elements of a step's slice (`chunks` chunks from `first`) in
+    /// `segment`, merged into as few contiguous ranges as possible.
+    pub fn slice_ranges(&self, segment: u32, first: u32, chunks: u32) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::new();
+        for c in first..first + chunks {
+            let r = self.chunk_range(segment, c);
+            match out.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => out.push(r),
+            }
+        }
+        out
+    }
+
+    /// Elements in a step's slice in `segment`.
+    pub fn slice_len(&self, segment: u32, first: u32, chunks: u32) -> usize {
+        (first..first + chunks)
+            .map(|c| self.chunk_range(segment, c).len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn five_elements_over_four_parts_never_run_backwards() {
+        let parts: Vec<_> = (0..4).map(|i| partition(5, 4, i)).collect();
+        assert_eq!(parts, vec![0..1, 1..2, 2..3, 3..5]);
+    }
+
+    #[test]
+    fn fewer_elements_than_parts_gives_empty_parts_not_inverted_ones() {
+        let parts: Vec<_> = (0..4).map(|i| partition(2, 4, i)).collect();
+        assert_eq!(parts, vec![0..0, 0..1, 1..1, 1..2]);
+        assert!(parts.iter().all(|r| r.start <= r.end));
+    }
+
+    #[test]
+    fn max_chunk_bytes_bounds_every_chunk() {
+        let l = Layout::with_max_chunk_bytes(1000, 4, 4, 64);
+        for s in 0..l.segments() {
+            for c in 0..4 {
+                assert!(l.chunk_range(s, c).len() * 4 <= 64);
+            }
+        }
+        assert_eq!(Layout::with_max_chunk_bytes(0, 4, 4, 64).segments(), 1);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn partition_tiles_exactly(count in 0usize..5000, parts in 1usize..300) {
+            let mut next = 0;
+            for i in 0..parts {
+                let r = partition(count, parts, i);
+                prop_assert_eq!(r.start, next);
+                prop_assert!(r.end >= r.start);
+                let len = r.len();
+                prop_assert!(len == count / parts || len == count / parts + 1);
+                next = r.end;
+            }
+            prop_assert_eq!(next, count);
+        }
+
+        #[test]
+        fn layout_covers_every_element_of_every_block_once(
+            count in 0usize..700,
+            cpb in 1u32..20,
+            segments in 1u32..6,
+            blocks in 1u32..5,
+        ) {
+            let l = Layout::new(count, cpb, segments);
+            let mut seen = vec![0u8; count * blocks as usize];
+            for s in 0..segments {
+                for c in 0..cpb * blocks {
+                    for e in l.chunk_range(s, c) {
+                        seen[e] += 1;
+                    }
+                }
+                // Each segment is one contiguous range per block.
+                let r = l.slice_ranges(s, 0, cpb);
+                prop_assert!(r.len() <= 1);
+            }
+            prop_assert!(seen.iter().all(|&k| k == 1));
+        }
+
+        #[test]
+        fn chunks_with_the_same_position_in_their_block_have_the_same_size(
+            count in 0usize..500, cpb in 1u32..10, segments in 1u32..4, s in 0u32..4,
+        ) {
+            let l = Layout::new(count, cpb, segments);
+            let s = s % segments;
+            for c in 0..cpb {
+                let len = l.chunk_range(s, c).len();
+                prop_assert_eq!(l.chunk_range(s, c + 3 * cpb).len(), len);
+            }
+        }
+    }
+}

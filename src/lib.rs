@@ -1,0 +1,31 @@
+//! # ferrocoll
+//!
+//! Collective communication for Rust: all-reduce and its siblings as
+//! **schedules that are data**, proven correct by a symbolic verifier
+//! before anything runs.
+//!
+//! This facade re-exports [`ferrocoll_core`] and ships the `ferrocoll`
+//! command-line tool (`verify`, `schedule`). Executors, the topology crate
+//! and the NCCL communicator join it as they land.
+//!
+//! ```
+//! use ferrocoll::{generate, verify, Algorithm, AlgorithmParams, Collective, VerifyOptions};
+//!
+//! let schedule = generate(Algorithm::Ring, Collective::AllReduce, 8, &AlgorithmParams::default())?;
+//! let verified = verify(schedule, &VerifyOptions::default())?;
+//! assert_eq!(verified.schedule().message_count(), 8 * 2 * 7);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub use ferrocoll_core::*;
+
+/// Facts about this build, from `build.rs`.
+pub mod build_info {
+    /// The target triple the crate was compiled for.
+    pub const TARGET: &str = env!("FERROCOLL_BUILD_TARGET");
+    /// The cargo profile (`debug` or `release`).
+    pub const PROFILE: &str = env!("FERROCOLL_BUILD_PROFILE");
+}
