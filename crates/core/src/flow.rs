@@ -21,8 +21,6 @@
 //! completes too (each segment starts from empty links), and by confluence
 //! so does every other interleaving: verifying one segment covers any number.
 
-use std::collections::{HashMap, VecDeque};
-
 use crate::schedule::{Schedule, Step, StepAt, StepRef};
 use crate::types::Rank;
 
@@ -67,9 +65,14 @@ pub(crate) trait Semantics {
     type Payload: Clone;
 
     /// Perform `step`, given the messages received from `step.recv_from` in
-    /// order; return the value to send (`None` when the step sends nothing).
-    fn fire(&mut self, at: StepAt, step: &Step, received: Vec<Self::Payload>)
-    -> Option<Self::Payload>;
+    /// order (drain them); return the value to send (`None` when the step
+    /// sends nothing).
+    fn fire(
+        &mut self,
+        at: StepAt,
+        step: &Step,
+        received: &mut Vec<Self::Payload>,
+    ) -> Option<Self::Payload>;
 }
 
 /// The result of running a schedule through the buffering model.
@@ -88,22 +91,143 @@ struct Message<P> {
     payload: P,
 }
 
+/// Every link's FIFO. Only links some step sends on exist; each is a ring
+/// of `slots` entries, since a send never fires onto a full link.
+struct Links<P> {
+    /// Per sender rank and channel: (receiver, link id), sorted by receiver.
+    out: Vec<Vec<Vec<(Rank, usize)>>>,
+    ends: Vec<Link>,
+    slots: usize,
+    ring: Vec<Option<Message<P>>>,
+    head: Vec<usize>,
+    len: Vec<usize>,
+    /// Global id of each (rank, channel)'s first step.
+    step_base: Vec<Vec<usize>>,
+    /// For global step `g`, `peer_ids[peer_start[g]..peer_start[g + 1]]`
+    /// are the links of its receives, then of its sends, resolved once.
+    peer_start: Vec<usize>,
+    peer_ids: Vec<Option<usize>>,
+}
+
+impl<P> Links<P> {
+    fn new(schedule: &Schedule, slots: usize) -> Self {
+        let mut out: Vec<Vec<Vec<(Rank, usize)>>> = schedule
+            .ranks
+            .iter()
+            .map(|p| vec![Vec::new(); p.channels.len()])
+            .collect();
+        for (at, step) in schedule.steps() {
+            let list = &mut out[at.rank as usize][at.channel as usize];
+            list.extend(step.send_to.iter().map(|&to| (to, 0)));
+        }
+        let mut ends = Vec::new();
+        for (from, per_channel) in out.iter_mut().enumerate() {
+            for (channel, list) in per_channel.iter_mut().enumerate() {
+                list.sort_unstable();
+                list.dedup();
+                for entry in list.iter_mut() {
+                    entry.1 = ends.len();
+                    ends.push(Link {
+                        from: from as Rank,
+                        to: entry.0,
+                        channel: channel as u32,
+                    });
+                }
+            }
+        }
+        let mut ring = Vec::new();
+        ring.resize_with(ends.len() * slots, || None);
+        let mut links = Links {
+            out,
+            slots,
+            ring,
+            head: vec![0; ends.len()],
+            len: vec![0; ends.len()],
+            ends,
+            step_base: Vec::new(),
+            peer_start: vec![0],
+            peer_ids: Vec::new(),
+        };
+        let mut next = 0;
+        for prog in &schedule.ranks {
+            let mut row = Vec::new();
+            for steps in &prog.channels {
+                row.push(next);
+                next += steps.len();
+            }
+            links.step_base.push(row);
+        }
+        for (at, step) in schedule.steps() {
+            for &from in &step.recv_from {
+                let id = links.id(from, at.rank, at.channel);
+                links.peer_ids.push(id);
+            }
+            for &to in &step.send_to {
+                let id = links.id(at.rank, to, at.channel);
+                links.peer_ids.push(id);
+            }
+            links.peer_start.push(links.peer_ids.len());
+        }
+        links
+    }
+
+    /// The links of the step at `at`: receives first, then sends.
+    fn of_step(&self, at: StepAt) -> &[Option<usize>] {
+        let g = self.step_base[at.rank as usize][at.channel as usize] + at.index as usize;
+        &self.peer_ids[self.peer_start[g]..self.peer_start[g + 1]]
+    }
+
+    fn queued(&self, id: Option<usize>) -> usize {
+        id.map_or(0, |id| self.len[id])
+    }
+
+    /// The link from `from` to `to` on `channel`, if any step sends on it.
+    fn id(&self, from: Rank, to: Rank, channel: u32) -> Option<usize> {
+        let list = self.out.get(from as usize)?.get(channel as usize)?;
+        list.binary_search_by_key(&to, |&(r, _)| r)
+            .ok()
+            .map(|i| list[i].1)
+    }
+
+    fn push(&mut self, id: Option<usize>, msg: Message<P>) {
+        let id = id.expect("links exist for every send");
+        debug_assert!(self.len[id] < self.slots);
+        let slot = (self.head[id] + self.len[id]) % self.slots;
+        self.ring[id * self.slots + slot] = Some(msg);
+        self.len[id] += 1;
+    }
+
+    fn pop(&mut self, id: Option<usize>) -> Option<Message<P>> {
+        let id = id?;
+        if self.len[id] == 0 {
+            return None;
+        }
+        let msg = self.ring[id * self.slots + self.head[id]].take();
+        self.head[id] = (self.head[id] + 1) % self.slots;
+        self.len[id] -= 1;
+        msg
+    }
+}
+
 /// Run `schedule` greedily under `slots_per_link`, calling `semantics` for
 /// every fired step. The schedule must have passed the structural checks
-/// (peers, channels and `after` references in range).
+/// (peers, channels and `after` references in range). With
+/// `record_deliveries`, the outcome lists which step received each message.
 pub(crate) fn run<S: Semantics>(
     schedule: &Schedule,
     slots_per_link: u32,
     semantics: &mut S,
+    record_deliveries: bool,
 ) -> FlowOutcome {
     let slots = slots_per_link.max(1) as usize;
-    let mut links: HashMap<Link, VecDeque<Message<S::Payload>>> = HashMap::new();
+    let mut links: Links<S::Payload> = Links::new(schedule, slots);
     let mut pc: Vec<Vec<u32>> = schedule
         .ranks
         .iter()
         .map(|p| vec![0; p.channels.len()])
         .collect();
     let mut queued: Vec<Vec<bool>> = pc.iter().map(|c| vec![true; c.len()]).collect();
+    let mut cursors: Vec<Vec<usize>> = pc.iter().map(|c| vec![0; c.len()]).collect();
     let mut work: Vec<(Rank, u32)> = Vec::new();
     for (r, prog) in schedule.ranks.iter().enumerate().rev() {
         for c in (0..prog.channels.len()).rev() {
@@ -111,6 +235,9 @@ pub(crate) fn run<S: Semantics>(
         }
     }
     let mut deliveries = Vec::new();
+    let mut wake: Vec<(Rank, u32)> = Vec::new();
+    let mut received: Vec<S::Payload> = Vec::new();
+    let mut ids: Vec<Option<usize>> = Vec::new();
 
     while let Some((rank, channel)) = work.pop() {
         queued[rank as usize][channel as usize] = false;
@@ -120,52 +247,43 @@ pub(crate) fn run<S: Semantics>(
             let Some(step) = steps.get(index as usize) else {
                 break;
             };
-            if !waits(step, rank, channel, &pc, &links, slots, true).is_empty() {
-                break;
-            }
             let at = StepAt {
                 rank,
                 channel,
                 index,
             };
-            let mut wake: Vec<(Rank, u32)> = Vec::new();
-            let received: Vec<S::Payload> = step
-                .recv_from
-                .iter()
-                .map(|&from| {
-                    let link = Link {
-                        from,
-                        to: rank,
-                        channel,
-                    };
-                    let msg = links
-                        .get_mut(&link)
-                        .and_then(VecDeque::pop_front)
-                        .expect("checked ready");
+            let cursor = &mut cursors[rank as usize][channel as usize];
+            if !ready(step, at, &pc, &links, cursor) {
+                break;
+            }
+            *cursor = 0;
+            ids.clear();
+            ids.extend_from_slice(links.of_step(at));
+            let (recv_ids, send_ids) = ids.split_at(step.recv_from.len());
+            for (&from, &id) in step.recv_from.iter().zip(recv_ids) {
+                let msg = links.pop(id).expect("checked ready");
+                if record_deliveries {
                     deliveries.push((msg.from, at));
-                    wake.push((from, channel));
-                    msg.payload
-                })
-                .collect();
-            let sent = semantics.fire(at, step, received);
+                }
+                wake.push((from, channel));
+                received.push(msg.payload);
+            }
+            let sent = semantics.fire(at, step, &mut received);
+            received.clear();
             if let Some(payload) = sent {
-                for &to in &step.send_to {
-                    let link = Link {
-                        from: rank,
-                        to,
-                        channel,
-                    };
-                    links.entry(link).or_default().push_back(Message {
+                for (&to, &id) in step.send_to.iter().zip(send_ids) {
+                    let msg = Message {
                         from: at,
                         payload: payload.clone(),
-                    });
+                    };
+                    links.push(id, msg);
                     wake.push((to, channel));
                 }
             }
             pc[rank as usize][channel as usize] += 1;
             let other_channels = schedule.ranks[rank as usize].channels.len() as u32;
             wake.extend((0..other_channels).filter(|&c| c != channel).map(|c| (rank, c)));
-            for (r, c) in wake {
+            for (r, c) in wake.drain(..) {
                 if let Some(q) = queued
                     .get_mut(r as usize)
                     .and_then(|v| v.get_mut(c as usize))
@@ -183,23 +301,25 @@ pub(crate) fn run<S: Semantics>(
         for (c, steps) in prog.channels.iter().enumerate() {
             let index = pc[r][c];
             if let Some(step) = steps.get(index as usize) {
+                let at = StepAt {
+                    rank: r as Rank,
+                    channel: c as u32,
+                    index,
+                };
                 stalled.push(Stalled {
-                    at: StepAt {
-                        rank: r as Rank,
-                        channel: c as u32,
-                        index,
-                    },
-                    waits: waits(step, r as Rank, c as u32, &pc, &links, slots, false),
+                    at,
+                    waits: waits(step, at, &pc, &links),
                 });
             }
         }
     }
-    let mut leftover: Vec<(Link, usize)> = links
-        .into_iter()
-        .filter(|(_, q)| !q.is_empty())
-        .map(|(l, q)| (l, q.len()))
+    let leftover = links
+        .ends
+        .iter()
+        .zip(&links.len)
+        .filter(|&(_, &len)| len > 0)
+        .map(|(&link, &len)| (link, len))
         .collect();
-    leftover.sort();
     FlowOutcome {
         stalled,
         leftover,
@@ -207,50 +327,50 @@ pub(crate) fn run<S: Semantics>(
     }
 }
 
-/// What keeps `step` from firing now (empty when it can fire). With
-/// `first_only`, stop at the first reason.
-fn waits<P>(
-    step: &Step,
-    rank: Rank,
-    channel: u32,
-    pc: &[Vec<u32>],
-    links: &HashMap<Link, VecDeque<Message<P>>>,
-    slots: usize,
-    first_only: bool,
-) -> Vec<Wait> {
+/// True when `step` can fire now. Its conditions (`after` references,
+/// then receives, then sends) are monotone — once met, only this step
+/// unmeets them — so `cursor` remembers how many are already known met and
+/// each is checked once per wake at most, not once per wake each.
+fn ready<P>(step: &Step, at: StepAt, pc: &[Vec<u32>], links: &Links<P>, cursor: &mut usize) -> bool {
+    let deps = step.after.len();
+    let recvs = step.recv_from.len();
+    let ids = links.of_step(at);
+    let total = deps + ids.len();
+    while *cursor < total {
+        let i = *cursor;
+        let met = if i < deps {
+            let dep = step.after[i];
+            pc[at.rank as usize][dep.channel as usize] > dep.step
+        } else if i < deps + recvs {
+            links.queued(ids[i - deps]) > 0
+        } else {
+            links.queued(ids[i - deps]) < links.slots
+        };
+        if !met {
+            return false;
+        }
+        *cursor += 1;
+    }
+    true
+}
+
+/// Everything that keeps `step` from firing.
+fn waits<P>(step: &Step, at: StepAt, pc: &[Vec<u32>], links: &Links<P>) -> Vec<Wait> {
     let mut out = Vec::new();
     for dep in &step.after {
-        if pc[rank as usize][dep.channel as usize] <= dep.step {
+        if pc[at.rank as usize][dep.channel as usize] <= dep.step {
             out.push(Wait::Step(*dep));
-            if first_only {
-                return out;
-            }
         }
     }
-    for &from in &step.recv_from {
-        let link = Link {
-            from,
-            to: rank,
-            channel,
-        };
-        if links.get(&link).is_none_or(VecDeque::is_empty) {
+    let (recv_ids, send_ids) = links.of_step(at).split_at(step.recv_from.len());
+    for (&from, &id) in step.recv_from.iter().zip(recv_ids) {
+        if links.queued(id) == 0 {
             out.push(Wait::Message { from });
-            if first_only {
-                return out;
-            }
         }
     }
-    for &to in &step.send_to {
-        let link = Link {
-            from: rank,
-            to,
-            channel,
-        };
-        if links.get(&link).is_some_and(|q| q.len() >= slots) {
+    for (&to, &id) in step.send_to.iter().zip(send_ids) {
+        if links.queued(id) >= links.slots {
             out.push(Wait::Slot { to });
-            if first_only {
-                return out;
-            }
         }
     }
     out

@@ -74,7 +74,7 @@ pub fn replay<T: Copy>(
     };
     for segment in 0..layout.segments() {
         state.segment = segment;
-        let outcome = flow::run(schedule, verified.slots_per_link(), &mut state);
+        let outcome = flow::run(schedule, verified.slots_per_link(), &mut state, false);
         assert!(
             outcome.stalled.is_empty() && outcome.leftover.is_empty(),
             "a verified schedule stalled in replay"
@@ -149,8 +149,8 @@ impl<T: Copy, F: Fn(T, T) -> T> Replay<T, F> {
 impl<T: Copy, F: Fn(T, T) -> T> Semantics for Replay<T, F> {
     type Payload = Vec<T>;
 
-    fn fire(&mut self, at: StepAt, step: &Step, received: Vec<Vec<T>>) -> Option<Vec<T>> {
-        let mut inputs = received;
+    fn fire(&mut self, at: StepAt, step: &Step, received: &mut Vec<Vec<T>>) -> Option<Vec<T>> {
+        let mut inputs = std::mem::take(received);
         if let Some(slice) = step.read {
             inputs.push(self.load(at.rank, slice, step.chunks));
         }

@@ -158,7 +158,8 @@ pub fn verify(schedule: Schedule, options: &VerifyOptions) -> Result<Verified, V
 
 fn run(schedule: &Schedule, mode: Mode, slots: u32) -> Violations {
     let mut sym = Symbolic::new(schedule, mode);
-    let outcome = flow::run(schedule, slots, &mut sym);
+    let multi_channel = schedule.channel_count() > 1;
+    let outcome = flow::run(schedule, slots, &mut sym, multi_channel);
     let mut found = std::mem::take(&mut sym.violations);
     for stalled in &outcome.stalled {
         found.push(Violation::at(mode, stalled.at, stall_kind(schedule, &outcome, stalled)));

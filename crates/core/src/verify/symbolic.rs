@@ -13,44 +13,56 @@ const UNSET: u32 = u32::MAX;
 const POISON: u32 = u32::MAX - 1;
 
 /// A run of symbolic values: for each cell, the input chunk it derives from
-/// and the set of ranks whose copies it combines (a bitset of `words` words).
+/// and the set of ranks whose copies it combines. Stored flat, one header
+/// word (origin in the low half, the double-count flag in bit 32) and then
+/// `words` bitset words per cell, so a message is one allocation.
 #[derive(Debug, Clone)]
 pub(crate) struct Cells {
-    words: usize,
-    origin: Vec<u32>,
-    doubled: Vec<bool>,
-    bits: Vec<u64>,
+    stride: usize,
+    data: Vec<u64>,
 }
+
+const DOUBLED: u64 = 1 << 32;
 
 impl Cells {
     fn new(len: usize, words: usize) -> Self {
-        Cells {
-            words,
-            origin: vec![UNSET; len],
-            doubled: vec![false; len],
-            bits: vec![0; len * words],
+        let stride = words + 1;
+        let mut data = vec![0; len * stride];
+        for i in 0..len {
+            data[i * stride] = u64::from(UNSET);
         }
+        Cells { stride, data }
     }
 
     fn len(&self) -> usize {
-        self.origin.len()
+        self.data.len() / self.stride
+    }
+
+    fn origin(&self, i: usize) -> u32 {
+        self.data[i * self.stride] as u32
+    }
+
+    fn set_origin(&mut self, i: usize, origin: u32) {
+        let h = &mut self.data[i * self.stride];
+        *h = (*h & DOUBLED) | u64::from(origin);
+    }
+
+    fn doubled(&self, i: usize) -> bool {
+        self.data[i * self.stride] & DOUBLED != 0
     }
 
     fn bits(&self, i: usize) -> &[u64] {
-        &self.bits[i * self.words..(i + 1) * self.words]
+        &self.data[i * self.stride + 1..(i + 1) * self.stride]
     }
 
     fn seed(&mut self, i: usize, origin: u32, rank: Rank) {
-        self.origin[i] = origin;
-        let w = rank as usize / 64;
-        self.bits[i * self.words + w] |= 1 << (rank % 64);
+        self.set_origin(i, origin);
+        self.data[i * self.stride + 1 + rank as usize / 64] |= 1 << (rank % 64);
     }
 
     fn copy_from(&mut self, i: usize, src: &Cells, j: usize) {
-        self.origin[i] = src.origin[j];
-        self.doubled[i] = src.doubled[j];
-        let w = self.words;
-        self.bits[i * w..(i + 1) * w].copy_from_slice(&src.bits[j * w..(j + 1) * w]);
+        let w = self.stride;
+        self.data[i * w..(i + 1) * w].copy_from_slice(&src.data[j * w..(j + 1) * w]);
     }
 
     fn count(&self, i: usize) -> u32 {
@@ -95,6 +107,8 @@ pub(crate) struct Symbolic<'a> {
     /// Per rank: the input, output and scratch regions.
     memory: Vec<[Cells; 3]>,
     pub violations: Violations,
+    /// Every value built by a step that sends it; messages point into it.
+    arena: Vec<u64>,
     /// Filled only when the schedule uses several channels.
     pub accesses: Option<Vec<Access>>,
 }
@@ -132,6 +146,7 @@ impl<'a> Symbolic<'a> {
             words,
             memory,
             violations: Violations::default(),
+            arena: Vec::new(),
             accesses: multi_channel.then(Vec::new),
         }
     }
@@ -170,71 +185,63 @@ impl<'a> Symbolic<'a> {
         self.violations.push(Violation::at(self.mode, at, kind));
     }
 
-    /// Combine `other[j]` into `acc[i]`, returning what went wrong, if anything.
-    fn combine(&self, acc: &mut Cells, i: usize, other: &Cells, j: usize) -> Option<K> {
-        let (a, b) = (acc.origin[i], other.origin[j]);
-        if a == POISON || b == POISON {
-            acc.origin[i] = POISON;
-            return None;
-        }
-        if a != b {
-            acc.origin[i] = POISON;
-            return Some(K::MixedChunks { first: a, second: b });
-        }
-        let w = self.words;
-        let mut overlap = vec![0u64; w];
-        let mut any = false;
-        for k in 0..w {
-            let (x, y) = (acc.bits[i * w + k], other.bits[j * w + k]);
-            overlap[k] = x & y;
-            any |= x & y != 0;
-            acc.bits[i * w + k] = x | y;
-        }
-        acc.doubled[i] |= any || other.doubled[j];
-        any.then(|| K::DoubleCounted {
-            ranks: bit_list(&overlap),
-        })
+    /// The word range of `cells` cells starting at cell `start`.
+    fn words_of(&self, start: u32, cells: usize) -> (usize, usize) {
+        let w = self.words + 1;
+        (start as usize * w, (start as usize + cells) * w)
     }
 
-    /// Copy a slice out of memory, flagging (and poisoning) unwritten cells.
-    fn load(&mut self, at: StepAt, slice: Slice, chunks: u32) -> Cells {
+    /// Append the value a step reads from memory to the arena, or combine it
+    /// into the value already there; flags unwritten cells.
+    fn take_read(&mut self, at: StepAt, slice: Slice, k: usize, value: Option<usize>) -> Option<K> {
         let (region, start) = self.locate(at.rank, slice.buffer, slice.chunk);
-        let mut out = Cells::new(chunks as usize, self.words);
-        let mut unwritten = None;
-        {
-            let mem = &self.memory[at.rank as usize][region];
-            for i in 0..chunks as usize {
-                out.copy_from(i, mem, start as usize + i);
-                if out.origin[i] == UNSET {
-                    out.origin[i] = POISON;
-                    unwritten.get_or_insert(slice.chunk + i as u32);
+        let (lo, hi) = self.words_of(start, k);
+        let w = self.words + 1;
+        let mem = &self.memory[at.rank as usize][region].data[lo..hi];
+        let unwritten = (0..k).find(|&i| mem[i * w] as u32 == UNSET);
+        let mut fault = None;
+        match value {
+            None => {
+                let from = self.arena.len();
+                self.arena.extend_from_slice(mem);
+                for i in 0..k {
+                    let h = &mut self.arena[from + i * w];
+                    if *h as u32 == UNSET {
+                        *h = (*h & DOUBLED) | u64::from(POISON);
+                    }
+                }
+            }
+            Some(base) => {
+                for i in 0..k {
+                    let x = &mut self.arena[base + i * w..base + (i + 1) * w];
+                    fault = fault.or(combine(x, &mem[i * w..(i + 1) * w]));
                 }
             }
         }
-        if let Some(chunk) = unwritten {
+        if let Some(i) = unwritten {
             self.flag(
                 at,
                 K::ReadsUnwritten {
                     buffer: slice.buffer,
-                    chunk,
+                    chunk: slice.chunk + i as u32,
                 },
             );
         }
-        out
+        fault
     }
 
-    fn store(&mut self, at: StepAt, slice: Slice, value: &Cells) {
+    fn store(&mut self, at: StepAt, slice: Slice, base: usize, k: usize) {
         let cpb = self.schedule.chunks_per_block;
         let (region, start) = self.locate(at.rank, slice.buffer, slice.chunk);
-        let mut mismatch = None;
-        for i in 0..value.len() {
-            let origin = value.origin[i];
+        let (lo, hi) = self.words_of(start, k);
+        let w = self.words + 1;
+        let value = &self.arena[base..base + k * w];
+        let mismatch = (0..k).find_map(|i| {
+            let origin = value[i * w] as u32;
             let slot = slice.chunk + i as u32;
-            if origin < POISON && origin % cpb != slot % cpb {
-                mismatch.get_or_insert((origin, slot));
-            }
-            self.memory[at.rank as usize][region].copy_from(start as usize + i, value, i);
-        }
+            (origin < POISON && origin % cpb != slot % cpb).then_some((origin, slot))
+        });
+        self.memory[at.rank as usize][region].data[lo..hi].copy_from_slice(value);
         if let Some((value_chunk, slot_chunk)) = mismatch {
             self.flag(
                 at,
@@ -269,28 +276,28 @@ impl<'a> Symbolic<'a> {
                     // Reduce leaves non-root outputs alone.
                     let untouched = match self.mode {
                         Mode::InPlace => {
-                            mem.origin[i] == c && mem.count(i) == 1 && mem.bits(i)[r as usize / 64] >> (r % 64) & 1 == 1
+                            mem.origin(i) == c && mem.ranks(i) == [r]
                         }
-                        _ => mem.origin[i] == UNSET,
+                        _ => mem.origin(i) == UNSET,
                     };
                     if !untouched {
                         self.violations.push(at_chunk(K::WritesNonRootOutput));
                     }
                     continue;
                 };
-                if mem.doubled[i] {
+                if mem.doubled(i) {
                     continue; // reported where the double count happened
                 }
                 let count = mem.count(i);
                 let right_set = match expected.contributors {
                     Contributors::All => count == n,
-                    Contributors::One(k) => count == 1 && mem.ranks(i) == [k],
+                    Contributors::One(k) => count == 1 && mem.bits(i)[k as usize / 64] >> (k % 64) & 1 == 1,
                 };
-                if mem.origin[i] == expected.input_chunk && right_set {
+                if mem.origin(i) == expected.input_chunk && right_set {
                     continue;
                 }
                 let want = describe(expected.input_chunk, &expected_ranks(expected.contributors, n), n);
-                let found = match mem.origin[i] {
+                let found = match mem.origin(i) {
                     UNSET => "nothing (never written)".to_owned(),
                     POISON => "a value built from unwritten or mismatched data".to_owned(),
                     o => describe(o, &mem.ranks(i), n),
@@ -332,40 +339,103 @@ fn describe(input_chunk: u32, ranks: &[Rank], n: u32) -> String {
     format!("input chunk {input_chunk} from {who}")
 }
 
-impl Semantics for Symbolic<'_> {
-    type Payload = Cells;
+/// Combine cell `y` into cell `x` (header word then bitset words each);
+/// returns what went wrong, if anything.
+fn combine(x: &mut [u64], y: &[u64]) -> Option<K> {
+    let (a, b) = (x[0] as u32, y[0] as u32);
+    if a >= POISON || b >= POISON {
+        x[0] = (x[0] & DOUBLED) | u64::from(POISON);
+        return None;
+    }
+    if a != b {
+        x[0] = (x[0] & DOUBLED) | u64::from(POISON);
+        return Some(K::MixedChunks { first: a, second: b });
+    }
+    let overlaps = x[1..].iter().zip(&y[1..]).any(|(p, q)| p & q != 0);
+    let report = overlaps.then(|| {
+        let both: Vec<u64> = x[1..].iter().zip(&y[1..]).map(|(p, q)| p & q).collect();
+        K::DoubleCounted {
+            ranks: bit_list(&both),
+        }
+    });
+    for (p, q) in x[1..].iter_mut().zip(&y[1..]) {
+        *p |= q;
+    }
+    if overlaps || y[0] & DOUBLED != 0 {
+        x[0] |= DOUBLED;
+    }
+    report
+}
 
-    fn fire(&mut self, at: StepAt, step: &Step, received: Vec<Cells>) -> Option<Cells> {
+/// A message: `cells` cells of the arena from word `start`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    start: usize,
+    cells: usize,
+}
+
+impl Semantics for Symbolic<'_> {
+    type Payload = Span;
+
+    fn fire(&mut self, at: StepAt, step: &Step, received: &mut Vec<Span>) -> Option<Span> {
         let k = step.chunks as usize;
-        let mut inputs: Vec<Cells> = Vec::with_capacity(step.input_count());
-        for (msg, &from) in received.into_iter().zip(&step.recv_from) {
-            if msg.len() != k {
+        let w = self.words + 1;
+        let base = self.arena.len();
+        let mut have_value = false;
+        // One report per step and kind of fault, at its first chunk.
+        let mut faults: Vec<K> = Vec::new();
+        let note = |faults: &mut Vec<K>, f: Option<K>| {
+            if let Some(f) = f
+                && !faults
+                    .iter()
+                    .any(|g| std::mem::discriminant(g) == std::mem::discriminant(&f))
+            {
+                faults.push(f);
+            }
+        };
+        for (span, &from) in received.drain(..).zip(&step.recv_from) {
+            if span.cells != k {
                 self.flag(
                     at,
                     K::MessageSizeMismatch {
                         from,
                         expected: step.chunks,
-                        got: msg.len() as u32,
+                        got: span.cells as u32,
                     },
                 );
-                let mut fixed = Cells::new(k, self.words);
-                for i in 0..k {
-                    if i < msg.len() {
-                        fixed.copy_from(i, &msg, i);
-                    } else {
-                        fixed.origin[i] = POISON;
-                    }
+            }
+            let shared = span.cells.min(k);
+            if !have_value {
+                self.arena
+                    .extend_from_within(span.start..span.start + shared * w);
+                for _ in shared..k {
+                    self.arena.push(u64::from(POISON));
+                    self.arena.extend(std::iter::repeat_n(0, w - 1));
                 }
-                inputs.push(fixed);
-            } else {
-                inputs.push(msg);
+                have_value = true;
+                continue;
+            }
+            let (old, new) = self.arena.split_at_mut(base);
+            for i in 0..k {
+                let x = &mut new[i * w..(i + 1) * w];
+                if i < shared {
+                    let y = &old[span.start + i * w..span.start + (i + 1) * w];
+                    note(&mut faults, combine(x, y));
+                } else {
+                    x[0] = u64::from(POISON);
+                }
             }
         }
         if let Some(slice) = step.read {
             self.record(at, slice, step.chunks, false);
-            inputs.push(self.load(at, slice, step.chunks));
+            let f = self.take_read(at, slice, k, have_value.then_some(base));
+            note(&mut faults, f);
+            have_value = true;
         }
-        if inputs.len() > 1 && !self.schedule.collective.reduces() {
+        if !have_value {
+            return None;
+        }
+        if step.input_count() > 1 && !self.schedule.collective.reduces() {
             self.flag(
                 at,
                 K::ReductionWithoutOp {
@@ -373,30 +443,23 @@ impl Semantics for Symbolic<'_> {
                 },
             );
         }
-        let mut rest = inputs.into_iter();
-        let mut value = rest.next()?;
-        for other in rest {
-            // One report per step and kind of fault, at its first chunk.
-            let mut first: Vec<(u32, K)> = Vec::new();
-            for i in 0..k {
-                if let Some(kind) = self.combine(&mut value, i, &other, i)
-                    && !first
-                        .iter()
-                        .any(|(_, f)| std::mem::discriminant(f) == std::mem::discriminant(&kind))
-                {
-                    first.push((i as u32, kind));
-                }
-            }
-            let base = step.write.or(step.read).map_or(0, |s| s.chunk);
-            for (offset, kind) in first {
-                let v = Violation::at(self.mode, at, kind).with_chunk(base + offset);
-                self.violations.push(v);
-            }
+        let chunk = step.write.or(step.read).map_or(0, |s| s.chunk);
+        for f in faults {
+            let v = Violation::at(self.mode, at, f).with_chunk(chunk);
+            self.violations.push(v);
         }
         if let Some(slice) = step.write {
             self.record(at, slice, step.chunks, true);
-            self.store(at, slice, &value);
+            self.store(at, slice, base, k);
         }
-        (!step.send_to.is_empty()).then_some(value)
+        if step.send_to.is_empty() {
+            self.arena.truncate(base);
+            None
+        } else {
+            Some(Span {
+                start: base,
+                cells: k,
+            })
+        }
     }
 }

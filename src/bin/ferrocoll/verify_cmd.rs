@@ -1,0 +1,166 @@
+//! `ferrocoll verify`: prove schedules, print one line each and every violation.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use ferrocoll::{
+    Algorithm, AlgorithmError, AlgorithmParams, Collective, Schedule, VerifyError, VerifyOptions, generate, verify,
+};
+use rayon::prelude::*;
+
+use crate::spec::{self, AlgoSpec};
+
+#[derive(Args)]
+pub(crate) struct VerifyArgs {
+    /// `ring`, `tree`, `direct`, `halving-doubling`, a comma-separated list,
+    /// `all`, or a schedule file (`FILE.json`).
+    #[arg(long, default_value = "all", value_parser = spec::parse_algo)]
+    algo: AlgoSpec,
+    /// Collective(s): `all-reduce`, `reduce-scatter`, `all-gather`,
+    /// `broadcast`, `reduce`, `all-to-all`, `send-recv`, a list, or `all`.
+    #[arg(long, default_value = "all", value_parser = spec::parse_ops)]
+    op: spec::Ops,
+    /// World sizes: `8`, `1..64` (inclusive), or a list such as `1..8,16,32`.
+    #[arg(long, default_value = "1..16", value_parser = spec::parse_ranks)]
+    ranks: spec::Ranks,
+    /// Root of broadcast and reduce (taken modulo the world size).
+    #[arg(long, default_value_t = 0)]
+    root: u32,
+    /// Channels for ring, tree and direct.
+    #[arg(long, default_value_t = 1)]
+    channels: u32,
+    /// Slots per link of the buffering model.
+    #[arg(long, default_value_t = ferrocoll::verify::DEFAULT_SLOTS_PER_LINK)]
+    slots: u32,
+    /// Prove out-of-place calls only.
+    #[arg(long)]
+    no_in_place: bool,
+    /// Print only failures and the summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// One verification job and its outcome.
+struct Outcome {
+    label: String,
+    result: Result<String, Failure>,
+}
+
+enum Failure {
+    Generate(AlgorithmError),
+    Verify(VerifyError),
+}
+
+pub(crate) fn run(args: &VerifyArgs) -> Result<ExitCode, String> {
+    let options = VerifyOptions {
+        slots_per_link: args.slots,
+        in_place: !args.no_in_place,
+    };
+    let started = Instant::now();
+    let outcomes = match &args.algo {
+        AlgoSpec::File(path) => {
+            let schedule = Schedule::load(path).map_err(|e| e.to_string())?;
+            let label = format!("{} ({})", path.display(), schedule.name);
+            vec![check(label, schedule, &options)]
+        }
+        builtin => builtin_jobs(args, &builtin.builtins(), &options)?,
+    };
+    let elapsed = started.elapsed();
+    let mut failed = 0;
+    for o in &outcomes {
+        match &o.result {
+            Ok(summary) => {
+                if !args.quiet {
+                    println!("ok    {}  {summary}", o.label);
+                }
+            }
+            Err(Failure::Generate(e)) => {
+                failed += 1;
+                println!("FAIL  {}  cannot generate: {e}", o.label);
+            }
+            Err(Failure::Verify(e)) => {
+                failed += 1;
+                println!("FAIL  {}  {} violation(s)", o.label, e.violations.len() + e.omitted);
+                for v in &e.violations {
+                    println!("      {v}");
+                }
+                if e.omitted > 0 {
+                    println!("      ... and {} more", e.omitted);
+                }
+            }
+        }
+    }
+    println!(
+        "# verified {} schedule(s) in {:.2} s: {} ok, {failed} failed",
+        outcomes.len(),
+        elapsed.as_secs_f64(),
+        outcomes.len() - failed
+    );
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn builtin_jobs(
+    args: &VerifyArgs,
+    algorithms: &[Algorithm],
+    options: &VerifyOptions,
+) -> Result<Vec<Outcome>, String> {
+    let mut jobs = Vec::new();
+    for &algorithm in algorithms {
+        for &kind in &args.op.0 {
+            if let Err(reason) = algorithm.supports(kind) {
+                if algorithms.len() == 1 && args.op.0.len() == 1 {
+                    return Err(format!("{algorithm} cannot run {kind}: {reason}"));
+                }
+                if !args.quiet {
+                    println!("skip  {algorithm:<16} {kind:<14} {reason}");
+                }
+                continue;
+            }
+            let channels = if algorithm == Algorithm::HalvingDoubling { 1 } else { args.channels };
+            for &n in &args.ranks.0 {
+                jobs.push((algorithm, kind.with_root(args.root % n), n, channels));
+            }
+        }
+    }
+    Ok(jobs
+        .into_par_iter()
+        .map(|(algorithm, collective, n, channels)| {
+            let label = label(algorithm, collective, n);
+            let params = AlgorithmParams {
+                channels,
+                ..AlgorithmParams::default()
+            };
+            match generate(algorithm, collective, n, &params) {
+                Ok(schedule) => check(label, schedule, options),
+                Err(e) => Outcome {
+                    label,
+                    result: Err(Failure::Generate(e)),
+                },
+            }
+        })
+        .collect())
+}
+
+fn label(algorithm: Algorithm, collective: Collective, n: u32) -> String {
+    let op = match collective.root() {
+        Some(root) => format!("{}(root={root})", collective.kind()),
+        None => collective.kind().to_string(),
+    };
+    format!("{:<16} {op:<20} n={n:<4}", algorithm.name())
+}
+
+fn check(label: String, schedule: Schedule, options: &VerifyOptions) -> Outcome {
+    let (steps, messages) = (schedule.step_count(), schedule.message_count());
+    let result = verify(schedule, options)
+        .map(|v| {
+            let mode = if v.supports_in_place() { "in+out-of-place" } else { "out-of-place" };
+            format!("steps={steps} messages={messages} {mode}")
+        })
+        .map_err(Failure::Verify);
+    Outcome { label, result }
+}
