@@ -36,7 +36,9 @@ pub enum ScheduleFileError {
     #[error("malformed schedule file: {0}")]
     Malformed(#[from] serde_json::Error),
     /// Written by a newer (or unknown) version of the format.
-    #[error("schedule file version {found} is not supported (this build reads version {supported})")]
+    #[error(
+        "schedule file version {found} is not supported (this build reads version {supported})"
+    )]
     UnsupportedVersion {
         /// The version the file declares.
         found: u32,

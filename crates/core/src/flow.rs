@@ -282,7 +282,11 @@ pub(crate) fn run<S: Semantics>(
             }
             pc[rank as usize][channel as usize] += 1;
             let other_channels = schedule.ranks[rank as usize].channels.len() as u32;
-            wake.extend((0..other_channels).filter(|&c| c != channel).map(|c| (rank, c)));
+            wake.extend(
+                (0..other_channels)
+                    .filter(|&c| c != channel)
+                    .map(|c| (rank, c)),
+            );
             for (r, c) in wake.drain(..) {
                 if let Some(q) = queued
                     .get_mut(r as usize)
@@ -331,7 +335,13 @@ pub(crate) fn run<S: Semantics>(
 /// then receives, then sends) are monotone — once met, only this step
 /// unmeets them — so `cursor` remembers how many are already known met and
 /// each is checked once per wake at most, not once per wake each.
-fn ready<P>(step: &Step, at: StepAt, pc: &[Vec<u32>], links: &Links<P>, cursor: &mut usize) -> bool {
+fn ready<P>(
+    step: &Step,
+    at: StepAt,
+    pc: &[Vec<u32>],
+    links: &Links<P>,
+    cursor: &mut usize,
+) -> bool {
     let deps = step.after.len();
     let recvs = step.recv_from.len();
     let ids = links.of_step(at);

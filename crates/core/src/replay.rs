@@ -35,13 +35,25 @@ pub fn replay<T: Copy>(
     let n = schedule.world_size;
     let count = layout.count();
     assert_eq!(layout.chunks_per_block(), schedule.chunks_per_block);
-    assert!(!in_place || verified.supports_in_place(), "schedule not verified in place");
+    assert!(
+        !in_place || verified.supports_in_place(),
+        "schedule not verified in place"
+    );
     let blocks = |b: Buffer| (schedule.buffer_chunks(b) / schedule.chunks_per_block) as usize;
-    let scratch_len = (schedule.scratch_chunks.div_ceil(schedule.chunks_per_block) as usize) * count;
+    let scratch_len =
+        (schedule.scratch_chunks.div_ceil(schedule.chunks_per_block) as usize) * count;
     let mut memory: Vec<Memory<T>> = Vec::with_capacity(n as usize);
     for (r, (input, mut output)) in inputs.into_iter().zip(outputs).enumerate() {
-        assert_eq!(input.len(), blocks(Buffer::Input) * count, "rank {r} input length");
-        assert_eq!(output.len(), blocks(Buffer::Output) * count, "rank {r} output length");
+        assert_eq!(
+            input.len(),
+            blocks(Buffer::Input) * count,
+            "rank {r} input length"
+        );
+        assert_eq!(
+            output.len(),
+            blocks(Buffer::Output) * count,
+            "rank {r} output length"
+        );
         let alias = if in_place {
             schedule.collective.in_place_alias(r as u32)
         } else {

@@ -59,7 +59,14 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
-        let cli = Cli::try_parse_from(["ferrocoll", "verify", "--op", "all-reduce", "--ranks", "2..4"]);
+        let cli = Cli::try_parse_from([
+            "ferrocoll",
+            "verify",
+            "--op",
+            "all-reduce",
+            "--ranks",
+            "2..4",
+        ]);
         assert!(cli.is_ok());
     }
 }

@@ -49,7 +49,11 @@ pub(crate) fn parse_ops(s: &str) -> Result<Ops, String> {
         return Ok(Ops(CollectiveKind::ALL.to_vec()));
     }
     s.split(',')
-        .map(|k| k.trim().parse::<CollectiveKind>().map_err(|e| e.to_string()))
+        .map(|k| {
+            k.trim()
+                .parse::<CollectiveKind>()
+                .map_err(|e| e.to_string())
+        })
         .collect::<Result<_, _>>()
         .map(Ops)
 }

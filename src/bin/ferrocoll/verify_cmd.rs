@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use clap::Args;
 use ferrocoll::{
-    Algorithm, AlgorithmError, AlgorithmParams, Collective, Schedule, VerifyError, VerifyOptions, generate, verify,
+    Algorithm, AlgorithmError, AlgorithmParams, Collective, Schedule, VerifyError, VerifyOptions,
+    generate, verify,
 };
 use rayon::prelude::*;
 
@@ -81,7 +82,11 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<ExitCode, String> {
             }
             Err(Failure::Verify(e)) => {
                 failed += 1;
-                println!("FAIL  {}  {} violation(s)", o.label, e.violations.len() + e.omitted);
+                println!(
+                    "FAIL  {}  {} violation(s)",
+                    o.label,
+                    e.violations.len() + e.omitted
+                );
                 for v in &e.violations {
                     println!("      {v}");
                 }
@@ -121,7 +126,11 @@ fn builtin_jobs(
                 }
                 continue;
             }
-            let channels = if algorithm == Algorithm::HalvingDoubling { 1 } else { args.channels };
+            let channels = if algorithm == Algorithm::HalvingDoubling {
+                1
+            } else {
+                args.channels
+            };
             for &n in &args.ranks.0 {
                 jobs.push((algorithm, kind.with_root(args.root % n), n, channels));
             }
@@ -158,7 +167,11 @@ fn check(label: String, schedule: Schedule, options: &VerifyOptions) -> Outcome 
     let (steps, messages) = (schedule.step_count(), schedule.message_count());
     let result = verify(schedule, options)
         .map(|v| {
-            let mode = if v.supports_in_place() { "in+out-of-place" } else { "out-of-place" };
+            let mode = if v.supports_in_place() {
+                "in+out-of-place"
+            } else {
+                "out-of-place"
+            };
             format!("steps={steps} messages={messages} {mode}")
         })
         .map_err(Failure::Verify);

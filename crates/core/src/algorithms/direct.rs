@@ -77,9 +77,7 @@ fn all_gather(r: Rank, n: u32, g: u32, channels: u32) -> Vec<Step> {
         .write(Buffer::Output, r * channels + g);
     own.send_to = peers(r, n).collect();
     let mut steps = vec![own];
-    steps.extend(
-        peers(r, n).map(|q| Step::new(1).recv(q).write(Buffer::Output, q * channels + g)),
-    );
+    steps.extend(peers(r, n).map(|q| Step::new(1).recv(q).write(Buffer::Output, q * channels + g)));
     steps
 }
 
@@ -105,7 +103,11 @@ fn reduce(r: Rank, n: u32, root: Rank, g: u32) -> Vec<Step> {
 
 fn all_to_all(r: Rank, n: u32, g: u32, channels: u32) -> Vec<Step> {
     let at = |q: Rank| q * channels + g;
-    let mut steps = vec![Step::new(1).read(Buffer::Input, at(r)).write(Buffer::Output, at(r))];
+    let mut steps = vec![
+        Step::new(1)
+            .read(Buffer::Input, at(r))
+            .write(Buffer::Output, at(r)),
+    ];
     steps.extend(peers(r, n).map(|q| Step::new(1).read(Buffer::Input, at(q)).send(q)));
     steps.extend(peers(r, n).map(|q| Step::new(1).recv(q).write(Buffer::Output, at(q))));
     steps

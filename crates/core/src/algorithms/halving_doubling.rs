@@ -36,13 +36,20 @@ enum Role {
     /// Hands its data to `partner` and waits for the result.
     Resting { partner: Rank },
     /// Takes part as a virtual rank; `partner` is the resting rank it serves.
-    Active { virtual_rank: u32, partner: Option<Rank> },
+    Active {
+        virtual_rank: u32,
+        partner: Option<Rank>,
+    },
 }
 
 impl Fold {
     fn new(n: u32) -> Self {
         let p = 1 << (u32::BITS - 1 - n.leading_zeros());
-        Fold { n, p, paired: n - p }
+        Fold {
+            n,
+            p,
+            paired: n - p,
+        }
     }
 
     fn role(&self, r: Rank) -> Role {
@@ -64,12 +71,20 @@ impl Fold {
     }
 
     fn real(&self, v: u32) -> Rank {
-        if v < self.paired { 2 * v + 1 } else { v + self.paired }
+        if v < self.paired {
+            2 * v + 1
+        } else {
+            v + self.paired
+        }
     }
 
     /// First block (real rank) that virtual rank `v` answers for; `v = p` gives n.
     fn first_block(&self, v: u32) -> u32 {
-        if v < self.paired { 2 * v } else { (v + self.paired).min(self.n) }
+        if v < self.paired {
+            2 * v
+        } else {
+            (v + self.paired).min(self.n)
+        }
     }
 
     /// Halving partners and kept halves, largest distance first.
@@ -87,7 +102,8 @@ pub(super) fn generate(collective: Collective, n: u32) -> Schedule {
         Collective::AllGather => (1, 0),
         _ => unreachable!("rejected by Algorithm::supports"),
     };
-    let mut b = ScheduleBuilder::new("halving-doubling", collective, n, cpb, 1).scratch_chunks(scratch);
+    let mut b =
+        ScheduleBuilder::new("halving-doubling", collective, n, cpb, 1).scratch_chunks(scratch);
     for r in 0..n {
         let steps = match collective {
             Collective::AllReduce => all_reduce(&fold, r),
@@ -130,7 +146,11 @@ fn all_reduce(fold: &Fold, r: Rank) -> Vec<Step> {
     for d in fold.distances_down() {
         let peer = fold.real(v ^ d);
         let half = len / 2;
-        let (keep, give) = if v & d == 0 { (lo, lo + half) } else { (lo + half, lo) };
+        let (keep, give) = if v & d == 0 {
+            (lo, lo + half)
+        } else {
+            (lo + half, lo)
+        };
         steps.push(Step::new(half).read(current, give).send(peer));
         steps.push(
             Step::new(half)
@@ -180,12 +200,21 @@ fn reduce_scatter(fold: &Fold, r: Rank) -> Vec<Step> {
         );
         current = Buffer::Scratch;
     }
-    let blocks = |lo: u32, len: u32| (fold.first_block(lo), fold.first_block(lo + len) - fold.first_block(lo));
+    let blocks = |lo: u32, len: u32| {
+        (
+            fold.first_block(lo),
+            fold.first_block(lo + len) - fold.first_block(lo),
+        )
+    };
     let (mut lo, mut len) = (0, fold.p);
     for d in fold.distances_down() {
         let peer = fold.real(v ^ d);
         let half = len / 2;
-        let (keep, give) = if v & d == 0 { (lo, lo + half) } else { (lo + half, lo) };
+        let (keep, give) = if v & d == 0 {
+            (lo, lo + half)
+        } else {
+            (lo + half, lo)
+        };
         let (give_first, give_len) = blocks(give, half);
         let (keep_first, keep_len) = blocks(keep, half);
         steps.push(Step::new(give_len).read(current, give_first).send(peer));
@@ -201,7 +230,11 @@ fn reduce_scatter(fold: &Fold, r: Rank) -> Vec<Step> {
     }
     if let Some(rest) = partner {
         steps.push(Step::new(1).read(Buffer::Scratch, rest).send(rest));
-        steps.push(Step::new(1).read(Buffer::Scratch, r).write(Buffer::Output, 0));
+        steps.push(
+            Step::new(1)
+                .read(Buffer::Scratch, r)
+                .write(Buffer::Output, 0),
+        );
     }
     steps
 }
@@ -224,15 +257,28 @@ fn all_gather(fold: &Fold, r: Rank) -> Vec<Step> {
         steps.push(Step::new(1).recv(rest).write(Buffer::Output, rest));
     }
     steps.push(Step::new(1).read(Buffer::Input, 0).write(Buffer::Output, r));
-    let blocks = |lo: u32, len: u32| (fold.first_block(lo), fold.first_block(lo + len) - fold.first_block(lo));
+    let blocks = |lo: u32, len: u32| {
+        (
+            fold.first_block(lo),
+            fold.first_block(lo + len) - fold.first_block(lo),
+        )
+    };
     let (mut lo, mut len) = (v, 1);
     for d in (0..fold.p.trailing_zeros()).map(|k| 1 << k) {
         let peer = fold.real(v ^ d);
         let theirs = if v & d == 0 { lo + len } else { lo - len };
         let (mine_first, mine_len) = blocks(lo, len);
         let (their_first, their_len) = blocks(theirs, len);
-        steps.push(Step::new(mine_len).read(Buffer::Output, mine_first).send(peer));
-        steps.push(Step::new(their_len).recv(peer).write(Buffer::Output, their_first));
+        steps.push(
+            Step::new(mine_len)
+                .read(Buffer::Output, mine_first)
+                .send(peer),
+        );
+        steps.push(
+            Step::new(their_len)
+                .recv(peer)
+                .write(Buffer::Output, their_first),
+        );
         (lo, len) = (lo.min(theirs), 2 * len);
     }
     if let Some(rest) = partner {

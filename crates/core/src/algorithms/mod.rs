@@ -64,7 +64,9 @@ impl Algorithm {
         use CollectiveKind as C;
         match (self, kind) {
             (Algorithm::Direct, _) => Ok(()),
-            (_, C::AllToAll) => Err("all-to-all exchanges a distinct block with every peer; use direct"),
+            (_, C::AllToAll) => {
+                Err("all-to-all exchanges a distinct block with every peer; use direct")
+            }
             (_, C::SendRecv) => Err("send/recv is a single exchange per rank; use direct"),
             (Algorithm::Ring, _) => Ok(()),
             (Algorithm::Tree, C::AllReduce | C::Broadcast | C::Reduce) => Ok(()),
@@ -72,16 +74,16 @@ impl Algorithm {
                 "a tree funnels everything through its root; reduce-scatter and all-gather need ring, direct or halving-doubling",
             ),
             (Algorithm::HalvingDoubling, C::AllReduce | C::ReduceScatter | C::AllGather) => Ok(()),
-            (Algorithm::HalvingDoubling, _) => {
-                Err("halving-doubling splits data evenly among ranks; broadcast and reduce use ring or tree")
-            }
+            (Algorithm::HalvingDoubling, _) => Err(
+                "halving-doubling splits data evenly among ranks; broadcast and reduce use ring or tree",
+            ),
         }
     }
 }
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.pad(self.name())
     }
 }
 
@@ -95,7 +97,11 @@ impl FromStr for Algorithm {
             "tree" => Ok(Algorithm::Tree),
             "direct" => Ok(Algorithm::Direct),
             "halving-doubling" | "hd" | "rabenseifner" => Ok(Algorithm::HalvingDoubling),
-            _ => Err(ParseNameError::new("algorithm", s, Algorithm::ALL.map(Algorithm::name))),
+            _ => Err(ParseNameError::new(
+                "algorithm",
+                s,
+                Algorithm::ALL.map(Algorithm::name),
+            )),
         }
     }
 }
@@ -214,7 +220,11 @@ pub fn generate(
 /// With one rank, every collective copies the input to the output.
 fn local_copy(algorithm: Algorithm, collective: Collective) -> Schedule {
     let mut b = ScheduleBuilder::new(algorithm.name(), collective, 1, 1, 1);
-    b.push(0, 0, Step::new(1).read(Buffer::Input, 0).write(Buffer::Output, 0));
+    b.push(
+        0,
+        0,
+        Step::new(1).read(Buffer::Input, 0).write(Buffer::Output, 0),
+    );
     b.build()
 }
 

@@ -119,7 +119,12 @@ fn all_reduce(ring: &Ring, r: Rank, n: u32, base: u32) -> Vec<Step> {
     // Reduce-scatter: pass partial sums along; after n-1 receives this rank
     // holds the complete chunk p+1.
     for s in 1..i64::from(n) - 1 {
-        steps.push(Step::new(1).recv(prev).read(Buffer::Input, c(p - s)).send(next));
+        steps.push(
+            Step::new(1)
+                .recv(prev)
+                .read(Buffer::Input, c(p - s))
+                .send(next),
+        );
     }
     steps.push(
         Step::new(1)
@@ -130,7 +135,12 @@ fn all_reduce(ring: &Ring, r: Rank, n: u32, base: u32) -> Vec<Step> {
     );
     // All-gather: forward each completed chunk once around the ring.
     for t in 1..i64::from(n) - 1 {
-        steps.push(Step::new(1).recv(prev).write(Buffer::Output, c(p - t + 1)).send(next));
+        steps.push(
+            Step::new(1)
+                .recv(prev)
+                .write(Buffer::Output, c(p - t + 1))
+                .send(next),
+        );
     }
     steps.push(Step::new(1).recv(prev).write(Buffer::Output, c(p + 2)));
     steps
@@ -142,7 +152,12 @@ fn reduce_scatter(ring: &Ring, r: Rank, n: u32, ch: u32, channels: u32) -> Vec<S
     let block = |k: i64| ring.at(r, k) * channels + ch;
     let mut steps = vec![Step::new(1).read(Buffer::Input, block(-1)).send(next)];
     for s in 1..i64::from(n) - 1 {
-        steps.push(Step::new(1).recv(prev).read(Buffer::Input, block(-s - 1)).send(next));
+        steps.push(
+            Step::new(1)
+                .recv(prev)
+                .read(Buffer::Input, block(-s - 1))
+                .send(next),
+        );
     }
     steps.push(
         Step::new(1)
@@ -173,7 +188,10 @@ fn all_gather(ring: &Ring, r: Rank, n: u32, ch: u32, channels: u32) -> Vec<Step>
 }
 
 fn broadcast(ring: &Ring, r: Rank, n: u32, root: Rank, ch: u32) -> Vec<Step> {
-    let q = wrap(i64::from(ring.position[r as usize]) - i64::from(ring.position[root as usize]), n);
+    let q = wrap(
+        i64::from(ring.position[r as usize]) - i64::from(ring.position[root as usize]),
+        n,
+    );
     let (next, prev) = (ring.at(r, 1), ring.at(r, -1));
     let step = if q == 0 {
         Step::new(1).read(Buffer::Input, ch)

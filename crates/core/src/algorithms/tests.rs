@@ -113,11 +113,22 @@ fn check_replay(
         let got = replay(verified, layout, in_place, inputs.clone(), outputs, op);
         let want = reference(collective, n, count, &inputs, op);
         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
-            let ctx = || format!("{} {collective} n={n} count={count} segments={segments} in_place={in_place} rank {r}", s.name);
+            let ctx = || {
+                format!(
+                    "{} {collective} n={n} count={count} segments={segments} in_place={in_place} rank {r}",
+                    s.name
+                )
+            };
             match w {
                 Some(w) => assert_eq!(g, w, "{}", ctx()),
-                None if in_place => assert_eq!(g, &inputs[r], "reduce touched a non-root: {}", ctx()),
-                None => assert!(g.iter().all(|&x| x == POISON), "reduce touched a non-root: {}", ctx()),
+                None if in_place => {
+                    assert_eq!(g, &inputs[r], "reduce touched a non-root: {}", ctx())
+                }
+                None => assert!(
+                    g.iter().all(|&x| x == POISON),
+                    "reduce touched a non-root: {}",
+                    ctx()
+                ),
             }
         }
     }
@@ -154,7 +165,8 @@ fn a_large_count_streams_through_many_segments() {
         let schedule = generate(algorithm, collective, 6, &AlgorithmParams::default()).unwrap();
         let verified = verify(schedule, &VerifyOptions::default()).unwrap();
         // 100_003 elements, chunks of at most 4 KiB of u64.
-        let layout = Layout::with_max_chunk_bytes(100_003, verified.schedule().chunks_per_block, 8, 4096);
+        let layout =
+            Layout::with_max_chunk_bytes(100_003, verified.schedule().chunks_per_block, 8, 4096);
         assert!(layout.segments() > 10);
         check_replay(&verified, 100_003, layout.segments(), true, 42);
     }
@@ -174,7 +186,11 @@ fn json_round_trips_every_built_in_schedule() {
                     continue;
                 };
                 let text = schedule.to_json();
-                assert_eq!(Schedule::from_json(&text).unwrap(), schedule, "{algorithm} {kind} n={n}");
+                assert_eq!(
+                    Schedule::from_json(&text).unwrap(),
+                    schedule,
+                    "{algorithm} {kind} n={n}"
+                );
             }
         }
     }
@@ -189,8 +205,17 @@ fn inapplicable_combinations_are_typed_errors() {
     let e = generate(Algorithm::Ring, Collective::AllToAll, 4, &p).unwrap_err();
     assert!(matches!(e, AlgorithmError::NotApplicable { .. }));
     let e = generate(Algorithm::Ring, Collective::Broadcast { root: 4 }, 4, &p).unwrap_err();
-    assert_eq!(e, AlgorithmError::RootOutOfRange { root: 4, world_size: 4 });
-    assert_eq!(generate(Algorithm::Direct, Collective::AllReduce, 0, &p).unwrap_err(), AlgorithmError::WorldSizeZero);
+    assert_eq!(
+        e,
+        AlgorithmError::RootOutOfRange {
+            root: 4,
+            world_size: 4
+        }
+    );
+    assert_eq!(
+        generate(Algorithm::Direct, Collective::AllReduce, 0, &p).unwrap_err(),
+        AlgorithmError::WorldSizeZero
+    );
     let bad_order = AlgorithmParams {
         channels: 1,
         ring_orders: vec![vec![0, 1, 1]],

@@ -162,7 +162,9 @@ pub(super) fn generate(collective: Collective, n: u32, channel_groups: u32) -> S
                     Collective::AllReduce => {
                         all_reduce(&mut b, tree, r, chunk, first_channel, first_channel + 1)
                     }
-                    Collective::Broadcast { .. } => broadcast(&mut b, tree, r, chunk, first_channel),
+                    Collective::Broadcast { .. } => {
+                        broadcast(&mut b, tree, r, chunk, first_channel)
+                    }
                     Collective::Reduce { .. } => reduce(&mut b, tree, r, chunk, first_channel),
                     _ => unreachable!("rejected by Algorithm::supports"),
                 }
@@ -239,7 +241,10 @@ mod tests {
         let shape = BinaryTree::in_order(n);
         let [a, b] = tree_labels(Collective::AllReduce, &shape, n as u32);
         let inner = |l: &Vec<Rank>| -> Vec<Rank> {
-            (0..n).filter(|&p| !shape.children[p].is_empty()).map(|p| l[p]).collect()
+            (0..n)
+                .filter(|&p| !shape.children[p].is_empty())
+                .map(|p| l[p])
+                .collect()
         };
         let (ia, ib) = (inner(&a), inner(&b));
         let both = ia.iter().filter(|r| ib.contains(r)).count();

@@ -59,9 +59,9 @@ impl Schedule {
                 });
             }
             None => {
-                return Err(ScheduleFileError::Malformed(serde::de::Error::missing_field(
-                    "version",
-                )));
+                return Err(ScheduleFileError::Malformed(
+                    serde::de::Error::missing_field("version"),
+                ));
             }
         }
         let file: ScheduleFile = serde_json::from_str(text)?;
@@ -93,7 +93,10 @@ mod tests {
     #[test]
     fn unknown_fields_and_versions_are_rejected_with_context() {
         let err = Schedule::from_json(r#"{"version": 2}"#).unwrap_err();
-        assert!(matches!(err, ScheduleFileError::UnsupportedVersion { found: 2, .. }));
+        assert!(matches!(
+            err,
+            ScheduleFileError::UnsupportedVersion { found: 2, .. }
+        ));
         let err = Schedule::from_json(r#"{"name": "x"}"#).unwrap_err();
         assert!(err.to_string().contains("version"), "{err}");
         let text = r#"{"version": 1, "name": "x", "collective": {"kind": "all_reduce"},

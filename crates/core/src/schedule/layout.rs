@@ -41,7 +41,10 @@ impl Layout {
     ///
     /// `segments` is clamped to at least 1.
     pub fn new(count: usize, chunks_per_block: u32, segments: u32) -> Self {
-        assert!(chunks_per_block > 0, "a schedule has at least one chunk per block");
+        assert!(
+            chunks_per_block > 0,
+            "a schedule has at least one chunk per block"
+        );
         Layout {
             count,
             chunks_per_block,
@@ -60,7 +63,11 @@ impl Layout {
         let max_chunk_elems = (max_chunk_bytes / elem_bytes.max(1)).max(1);
         let parts_needed = count.div_ceil(max_chunk_elems);
         let segments = parts_needed.div_ceil(chunks_per_block as usize).max(1);
-        Layout::new(count, chunks_per_block, u32::try_from(segments).unwrap_or(u32::MAX))
+        Layout::new(
+            count,
+            chunks_per_block,
+            u32::try_from(segments).unwrap_or(u32::MAX),
+        )
     }
 
     /// Elements per block.

@@ -80,18 +80,21 @@ impl Schedule {
     /// Every step with its position, rank by rank, channel by channel.
     pub fn steps(&self) -> impl Iterator<Item = (StepAt, &Step)> + '_ {
         self.ranks.iter().enumerate().flat_map(|(r, prog)| {
-            prog.channels.iter().enumerate().flat_map(move |(c, steps)| {
-                steps.iter().enumerate().map(move |(i, s)| {
-                    (
-                        StepAt {
-                            rank: r as Rank,
-                            channel: c as u32,
-                            index: i as u32,
-                        },
-                        s,
-                    )
+            prog.channels
+                .iter()
+                .enumerate()
+                .flat_map(move |(c, steps)| {
+                    steps.iter().enumerate().map(move |(i, s)| {
+                        (
+                            StepAt {
+                                rank: r as Rank,
+                                channel: c as u32,
+                                index: i as u32,
+                            },
+                            s,
+                        )
+                    })
                 })
-            })
         })
     }
 
@@ -111,6 +114,10 @@ impl Schedule {
 
     /// The largest number of channels any rank uses.
     pub fn channel_count(&self) -> usize {
-        self.ranks.iter().map(|p| p.channels.len()).max().unwrap_or(0)
+        self.ranks
+            .iter()
+            .map(|p| p.channels.len())
+            .max()
+            .unwrap_or(0)
     }
 }

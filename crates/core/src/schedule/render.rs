@@ -54,7 +54,11 @@ pub fn render_grid(schedule: &Schedule) -> String {
         for row in 0..rows {
             let _ = write!(out, "{row:>4} ");
             for col in &columns {
-                let _ = write!(out, "| {:<width$} ", col.get(row).map_or("", String::as_str));
+                let _ = write!(
+                    out,
+                    "| {:<width$} ",
+                    col.get(row).map_or("", String::as_str)
+                );
             }
             out.push('\n');
         }
@@ -79,6 +83,10 @@ fn cell(step: &Step) -> String {
     if step.chunks != 1 {
         parts.push(format!("x{}", step.chunks));
     }
-    parts.extend(step.after.iter().map(|a| format!("^c{}.{}", a.channel, a.step)));
+    parts.extend(
+        step.after
+            .iter()
+            .map(|a| format!("^c{}.{}", a.channel, a.step)),
+    );
     parts.join(" ")
 }

@@ -61,7 +61,11 @@ pub struct StepAt {
 
 impl fmt::Display for StepAt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rank {} channel {} step {}", self.rank, self.channel, self.index)
+        write!(
+            f,
+            "rank {} channel {} step {}",
+            self.rank, self.channel, self.index
+        )
     }
 }
 

@@ -127,7 +127,7 @@ impl CollectiveKind {
 
 impl fmt::Display for CollectiveKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.pad(self.name())
     }
 }
 
@@ -145,7 +145,11 @@ impl FromStr for CollectiveKind {
             .into_iter()
             .find(|k| k.name().replace('-', "") == squashed)
             .ok_or_else(|| {
-                ParseNameError::new("collective", s, CollectiveKind::ALL.map(CollectiveKind::name))
+                ParseNameError::new(
+                    "collective",
+                    s,
+                    CollectiveKind::ALL.map(CollectiveKind::name),
+                )
             })
     }
 }
@@ -286,8 +290,14 @@ mod tests {
         for k in CollectiveKind::ALL {
             assert_eq!(k.name().parse::<CollectiveKind>().unwrap(), k);
         }
-        assert_eq!("AllReduce".parse::<CollectiveKind>().unwrap(), CollectiveKind::AllReduce);
-        assert_eq!("all_to_all".parse::<CollectiveKind>().unwrap(), CollectiveKind::AllToAll);
+        assert_eq!(
+            "AllReduce".parse::<CollectiveKind>().unwrap(),
+            CollectiveKind::AllReduce
+        );
+        assert_eq!(
+            "all_to_all".parse::<CollectiveKind>().unwrap(),
+            CollectiveKind::AllToAll
+        );
         assert!("allreduced".parse::<CollectiveKind>().is_err());
     }
 
@@ -296,7 +306,10 @@ mod tests {
         assert_eq!(Collective::AllReduce.bus_bandwidth_factor(4), 1.5);
         assert_eq!(Collective::AllGather.bus_bandwidth_factor(8), 0.875);
         assert_eq!(Collective::ReduceScatter.bus_bandwidth_factor(2), 0.5);
-        assert_eq!(Collective::Broadcast { root: 0 }.bus_bandwidth_factor(8), 1.0);
+        assert_eq!(
+            Collective::Broadcast { root: 0 }.bus_bandwidth_factor(8),
+            1.0
+        );
         assert_eq!(Collective::AllReduce.bus_bandwidth_factor(1), 0.0);
     }
 
@@ -308,7 +321,11 @@ mod tests {
         assert_eq!(e.contributors, Contributors::One(2));
         let e = Collective::ReduceScatter.expected(3, 2, 2, 1).unwrap();
         assert_eq!((e.input_chunk, e.contributors), (5, Contributors::All));
-        assert!(Collective::Reduce { root: 1 }.expected(3, 2, 0, 0).is_none());
+        assert!(
+            Collective::Reduce { root: 1 }
+                .expected(3, 2, 0, 0)
+                .is_none()
+        );
         let e = Collective::SendRecv.expected(3, 1, 0, 0).unwrap();
         assert_eq!(e.contributors, Contributors::One(2));
     }

@@ -58,7 +58,10 @@ impl DataType {
 
     /// True for the floating-point types.
     pub const fn is_float(self) -> bool {
-        matches!(self, DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F64)
+        matches!(
+            self,
+            DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F64
+        )
     }
 
     /// The name nccl-tests prints in its `type` column (`float`, `half`, ...).
@@ -96,7 +99,7 @@ impl DataType {
 
 impl fmt::Display for DataType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.pad(self.name())
     }
 }
 
@@ -154,7 +157,10 @@ mod tests {
             assert_eq!(t.nccl_tests_name().parse::<DataType>().unwrap(), t);
         }
         assert_eq!(DataType::F16.size_bytes(), std::mem::size_of::<half::f16>());
-        assert_eq!(DataType::Bf16.size_bytes(), std::mem::size_of::<half::bf16>());
+        assert_eq!(
+            DataType::Bf16.size_bytes(),
+            std::mem::size_of::<half::bf16>()
+        );
         assert_eq!(DataType::U64.size_bytes(), std::mem::size_of::<u64>());
         assert_eq!(<i8 as Element>::DATA_TYPE, DataType::I8);
         assert!("f128".parse::<DataType>().is_err());

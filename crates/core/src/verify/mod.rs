@@ -162,7 +162,11 @@ fn run(schedule: &Schedule, mode: Mode, slots: u32) -> Violations {
     let outcome = flow::run(schedule, slots, &mut sym, multi_channel);
     let mut found = std::mem::take(&mut sym.violations);
     for stalled in &outcome.stalled {
-        found.push(Violation::at(mode, stalled.at, stall_kind(schedule, &outcome, stalled)));
+        found.push(Violation::at(
+            mode,
+            stalled.at,
+            stall_kind(schedule, &outcome, stalled),
+        ));
     }
     // Messages waiting for a stalled receiver are part of that stall.
     let receiver_stalled = |link: &flow::Link| {
@@ -171,7 +175,11 @@ fn run(schedule: &Schedule, mode: Mode, slots: u32) -> Violations {
             .iter()
             .any(|s| s.at.rank == link.to && s.at.channel == link.channel)
     };
-    for (link, messages) in outcome.leftover.iter().filter(|(l, _)| !receiver_stalled(l)) {
+    for (link, messages) in outcome
+        .leftover
+        .iter()
+        .filter(|(l, _)| !receiver_stalled(l))
+    {
         found.push(Violation {
             mode,
             rank: Some(link.from),
@@ -197,7 +205,11 @@ fn run(schedule: &Schedule, mode: Mode, slots: u32) -> Violations {
 
 /// A stalled receive whose sender has finished is a receive nobody sends;
 /// anything else is a deadlock.
-fn stall_kind(schedule: &Schedule, outcome: &flow::FlowOutcome, s: &flow::Stalled) -> ViolationKind {
+fn stall_kind(
+    schedule: &Schedule,
+    outcome: &flow::FlowOutcome,
+    s: &flow::Stalled,
+) -> ViolationKind {
     if let [flow::Wait::Message { from }] = s.waits.as_slice() {
         let sender_done = !outcome
             .stalled

@@ -275,9 +275,7 @@ impl<'a> Symbolic<'a> {
                 let Some(expected) = collective.expected(n, cpb, r, c) else {
                     // Reduce leaves non-root outputs alone.
                     let untouched = match self.mode {
-                        Mode::InPlace => {
-                            mem.origin(i) == c && mem.ranks(i) == [r]
-                        }
+                        Mode::InPlace => mem.origin(i) == c && mem.ranks(i) == [r],
                         _ => mem.origin(i) == UNSET,
                     };
                     if !untouched {
@@ -291,12 +289,18 @@ impl<'a> Symbolic<'a> {
                 let count = mem.count(i);
                 let right_set = match expected.contributors {
                     Contributors::All => count == n,
-                    Contributors::One(k) => count == 1 && mem.bits(i)[k as usize / 64] >> (k % 64) & 1 == 1,
+                    Contributors::One(k) => {
+                        count == 1 && mem.bits(i)[k as usize / 64] >> (k % 64) & 1 == 1
+                    }
                 };
                 if mem.origin(i) == expected.input_chunk && right_set {
                     continue;
                 }
-                let want = describe(expected.input_chunk, &expected_ranks(expected.contributors, n), n);
+                let want = describe(
+                    expected.input_chunk,
+                    &expected_ranks(expected.contributors, n),
+                    n,
+                );
                 let found = match mem.origin(i) {
                     UNSET => "nothing (never written)".to_owned(),
                     POISON => "a value built from unwritten or mismatched data".to_owned(),
@@ -326,7 +330,11 @@ fn describe(input_chunk: u32, ranks: &[Rank], n: u32) -> String {
         format!(
             "rank{} {}",
             if ranks.len() == 1 { "" } else { "s" },
-            ranks.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+            ranks
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
         )
     } else {
         let missing: Vec<String> = (0..n)
@@ -334,7 +342,11 @@ fn describe(input_chunk: u32, ranks: &[Rank], n: u32) -> String {
             .take(8)
             .map(|r| r.to_string())
             .collect();
-        format!("{} of {n} ranks (missing {}…)", ranks.len(), missing.join(","))
+        format!(
+            "{} of {n} ranks (missing {}…)",
+            ranks.len(),
+            missing.join(",")
+        )
     };
     format!("input chunk {input_chunk} from {who}")
 }
@@ -349,7 +361,10 @@ fn combine(x: &mut [u64], y: &[u64]) -> Option<K> {
     }
     if a != b {
         x[0] = (x[0] & DOUBLED) | u64::from(POISON);
-        return Some(K::MixedChunks { first: a, second: b });
+        return Some(K::MixedChunks {
+            first: a,
+            second: b,
+        });
     }
     let overlaps = x[1..].iter().zip(&y[1..]).any(|(p, q)| p & q != 0);
     let report = overlaps.then(|| {

@@ -160,7 +160,9 @@ pub enum ViolationKind {
         collective: String,
     },
     /// A value is written where chunks have another size.
-    #[error("writes input chunk {value_chunk}'s data into a slot shaped like chunk {slot_chunk} (sizes differ for some counts)")]
+    #[error(
+        "writes input chunk {value_chunk}'s data into a slot shaped like chunk {slot_chunk} (sizes differ for some counts)"
+    )]
     ShapeMismatch {
         /// The value's input chunk.
         value_chunk: u32,
@@ -187,7 +189,9 @@ pub enum ViolationKind {
         buffer: Buffer,
     },
     /// Scratch chunks used by more than one channel of a rank (segments reuse scratch).
-    #[error("scratch chunks also used by channel {other_channel}; each scratch chunk must belong to one channel")]
+    #[error(
+        "scratch chunks also used by channel {other_channel}; each scratch chunk must belong to one channel"
+    )]
     ScratchSharedAcrossChannels {
         /// The other channel.
         other_channel: u32,

@@ -1,0 +1,123 @@
+//! The `ferrocoll` binary end to end: exit codes and what it prints.
+
+use std::process::{Command, Output};
+
+fn ferrocoll(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn verify_sweeps_every_algorithm_and_collective() {
+    let out = ferrocoll(&[
+        "verify", "--algo", "all", "--op", "all", "--ranks", "1..9", "--root", "2",
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ok    ring             all-reduce"), "{text}");
+    assert!(text.contains("skip  tree             all-gather"), "{text}");
+    assert!(text.contains("broadcast(root=2)"), "{text}");
+    assert!(text.contains("0 failed"), "{text}");
+}
+
+#[test]
+fn a_hand_written_schedule_file_verifies() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/schedules/star_all_reduce_3.json"
+    );
+    let out = ferrocoll(&["verify", "--algo", path]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(stdout(&out).contains("1 ok, 0 failed"));
+}
+
+#[test]
+fn a_broken_schedule_file_fails_with_every_violation() {
+    let good = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/schedules/star_all_reduce_3.json"
+    ))
+    .unwrap();
+    // Rank 2 no longer sends its input to rank 0: it copies it locally instead.
+    let mut json: serde_json::Value = serde_json::from_str(&good).unwrap();
+    json["ranks"][2]["channels"][0][0] = serde_json::json!({
+        "read": { "buffer": "input", "chunk": 0 },
+        "write": { "buffer": "output", "chunk": 0 }
+    });
+    let broken = json.to_string();
+    let path = std::env::temp_dir().join(format!("ferrocoll-broken-{}.json", std::process::id()));
+    std::fs::write(&path, broken).unwrap();
+    let out = ferrocoll(&["verify", "--algo", path.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("FAIL"), "{text}");
+    assert!(text.contains("rank 0 channel 0 step 0"), "{text}");
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn printed_json_verifies_again() {
+    let out = ferrocoll(&[
+        "schedule",
+        "--algo",
+        "tree",
+        "--op",
+        "all-reduce",
+        "--ranks",
+        "6",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let path = std::env::temp_dir().join(format!("ferrocoll-tree-{}.json", std::process::id()));
+    std::fs::write(&path, &out.stdout).unwrap();
+    let again = ferrocoll(&["verify", "--algo", path.to_str().unwrap()]);
+    assert!(again.status.success(), "{}", stdout(&again));
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn the_grid_shows_every_rank_and_the_legend() {
+    let out = ferrocoll(&[
+        "schedule",
+        "--algo",
+        "ring",
+        "--op",
+        "all-reduce",
+        "--ranks",
+        "3",
+    ]);
+    let text = stdout(&out);
+    assert!(text.contains("| rank 2"), "{text}");
+    assert!(text.contains("<2 +in2 >1"), "{text}");
+    assert!(text.starts_with("# ring all-reduce n=3"), "{text}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let out = ferrocoll(&[
+        "schedule",
+        "--algo",
+        "tree",
+        "--op",
+        "all-gather",
+        "--ranks",
+        "4",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tree cannot run all-gather"), "{err}");
+
+    let out = ferrocoll(&["verify", "--algo", "/nonexistent/x.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read schedule file"));
+
+    let out = ferrocoll(&["verify", "--ranks", "0..4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
