@@ -94,8 +94,6 @@ struct Message<P> {
 /// Every link's FIFO. Only links some step sends on exist; each is a ring
 /// of `slots` entries, since a send never fires onto a full link.
 struct Links<P> {
-    /// Per sender rank and channel: (receiver, link id), sorted by receiver.
-    out: Vec<Vec<Vec<(Rank, usize)>>>,
     ends: Vec<Link>,
     slots: usize,
     ring: Vec<Option<Message<P>>>,
@@ -109,66 +107,73 @@ struct Links<P> {
     peer_ids: Vec<Option<usize>>,
 }
 
+const NO_LINK: u32 = u32::MAX;
+
 impl<P> Links<P> {
     fn new(schedule: &Schedule, slots: usize) -> Self {
-        let mut out: Vec<Vec<Vec<(Rank, usize)>>> = schedule
-            .ranks
-            .iter()
-            .map(|p| vec![Vec::new(); p.channels.len()])
-            .collect();
-        for (at, step) in schedule.steps() {
-            let list = &mut out[at.rank as usize][at.channel as usize];
-            list.extend(step.send_to.iter().map(|&to| (to, 0)));
-        }
+        let n = schedule.ranks.len();
+        let channels = schedule.channel_count().max(1);
+        // (from, channel, to) → link id, dense: n²·channels words, built once.
+        let mut table = vec![NO_LINK; n * n * channels];
+        let key = |from: Rank, to: Rank, channel: u32| {
+            (from as usize * channels + channel as usize) * n + to as usize
+        };
         let mut ends = Vec::new();
-        for (from, per_channel) in out.iter_mut().enumerate() {
-            for (channel, list) in per_channel.iter_mut().enumerate() {
-                list.sort_unstable();
-                list.dedup();
-                for entry in list.iter_mut() {
-                    entry.1 = ends.len();
+        for (at, step) in schedule.steps() {
+            for &to in &step.send_to {
+                let k = key(at.rank, to, at.channel);
+                if table[k] == NO_LINK {
+                    table[k] = ends.len() as u32;
                     ends.push(Link {
-                        from: from as Rank,
-                        to: entry.0,
-                        channel: channel as u32,
+                        from: at.rank,
+                        to,
+                        channel: at.channel,
                     });
                 }
             }
         }
+        let lookup = |from: Rank, to: Rank, channel: u32| {
+            let id = table[key(from, to, channel)];
+            (id != NO_LINK).then_some(id as usize)
+        };
+        let mut step_base = Vec::with_capacity(n);
+        let mut next = 0;
+        for prog in &schedule.ranks {
+            let mut row = Vec::with_capacity(prog.channels.len());
+            for steps in &prog.channels {
+                row.push(next);
+                next += steps.len();
+            }
+            step_base.push(row);
+        }
+        let mut peer_start = Vec::with_capacity(next + 1);
+        peer_start.push(0);
+        let mut peer_ids = Vec::new();
+        for (at, step) in schedule.steps() {
+            peer_ids.extend(
+                step.recv_from
+                    .iter()
+                    .map(|&from| lookup(from, at.rank, at.channel)),
+            );
+            peer_ids.extend(
+                step.send_to
+                    .iter()
+                    .map(|&to| lookup(at.rank, to, at.channel)),
+            );
+            peer_start.push(peer_ids.len());
+        }
         let mut ring = Vec::new();
         ring.resize_with(ends.len() * slots, || None);
-        let mut links = Links {
-            out,
+        Links {
             slots,
             ring,
             head: vec![0; ends.len()],
             len: vec![0; ends.len()],
             ends,
-            step_base: Vec::new(),
-            peer_start: vec![0],
-            peer_ids: Vec::new(),
-        };
-        let mut next = 0;
-        for prog in &schedule.ranks {
-            let mut row = Vec::new();
-            for steps in &prog.channels {
-                row.push(next);
-                next += steps.len();
-            }
-            links.step_base.push(row);
+            step_base,
+            peer_start,
+            peer_ids,
         }
-        for (at, step) in schedule.steps() {
-            for &from in &step.recv_from {
-                let id = links.id(from, at.rank, at.channel);
-                links.peer_ids.push(id);
-            }
-            for &to in &step.send_to {
-                let id = links.id(at.rank, to, at.channel);
-                links.peer_ids.push(id);
-            }
-            links.peer_start.push(links.peer_ids.len());
-        }
-        links
     }
 
     /// The links of the step at `at`: receives first, then sends.
@@ -179,14 +184,6 @@ impl<P> Links<P> {
 
     fn queued(&self, id: Option<usize>) -> usize {
         id.map_or(0, |id| self.len[id])
-    }
-
-    /// The link from `from` to `to` on `channel`, if any step sends on it.
-    fn id(&self, from: Rank, to: Rank, channel: u32) -> Option<usize> {
-        let list = self.out.get(from as usize)?.get(channel as usize)?;
-        list.binary_search_by_key(&to, |&(r, _)| r)
-            .ok()
-            .map(|i| list[i].1)
     }
 
     fn push(&mut self, id: Option<usize>, msg: Message<P>) {

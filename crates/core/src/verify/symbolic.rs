@@ -146,7 +146,15 @@ impl<'a> Symbolic<'a> {
             words,
             memory,
             violations: Violations::default(),
-            arena: Vec::new(),
+            // Every sent value lives in the arena until the run ends.
+            arena: Vec::with_capacity(
+                schedule
+                    .steps()
+                    .filter(|(_, s)| !s.send_to.is_empty())
+                    .map(|(_, s)| s.chunks as usize)
+                    .sum::<usize>()
+                    * (words + 1),
+            ),
             accesses: multi_channel.then(Vec::new),
         }
     }
