@@ -106,6 +106,9 @@ impl FromStr for Algorithm {
     }
 }
 
+/// The most channels a generator accepts (NCCL tops out at 64 too).
+pub const MAX_CHANNELS: u32 = 64;
+
 /// Knobs for the generators. The default is one channel and rings in rank order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AlgorithmParams {
@@ -153,6 +156,12 @@ pub enum AlgorithmError {
     /// Zero channels requested.
     #[error("at least one channel is needed")]
     ZeroChannels,
+    /// More channels than [`MAX_CHANNELS`].
+    #[error("{channels} channels requested; at most {MAX_CHANNELS} are supported")]
+    TooManyChannels {
+        /// Channels asked for.
+        channels: u32,
+    },
     /// The algorithm runs on one channel only.
     #[error("{algorithm} runs on a single channel (asked for {channels})")]
     SingleChannelOnly {
@@ -190,6 +199,11 @@ pub fn generate(
     }
     if params.channels == 0 {
         return Err(AlgorithmError::ZeroChannels);
+    }
+    if params.channels > MAX_CHANNELS {
+        return Err(AlgorithmError::TooManyChannels {
+            channels: params.channels,
+        });
     }
     algorithm
         .supports(collective.kind())

@@ -87,10 +87,10 @@ impl Layout {
 
     /// The elements of `chunk` in `segment`, as offsets into its buffer.
     pub fn chunk_range(&self, segment: u32, chunk: u32) -> Range<usize> {
-        let cpb = self.chunks_per_block;
-        let block = (chunk / cpb) as usize;
-        let part = (segment * cpb + chunk % cpb) as usize;
-        let parts = (self.segments * cpb) as usize;
+        let cpb = self.chunks_per_block as usize;
+        let block = chunk as usize / cpb;
+        let part = segment as usize * cpb + chunk as usize % cpb;
+        let parts = self.segments as usize * cpb;
         let r = partition(self.count, parts, part);
         block * self.count + r.start..block * self.count + r.end
     }

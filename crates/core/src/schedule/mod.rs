@@ -26,7 +26,7 @@ pub use step::{Buffer, Slice, Step, StepAt, StepRef};
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{Collective, Rank};
+use crate::types::{Collective, InPlaceAlias, Rank};
 
 /// A complete schedule: one program per rank.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,15 +57,15 @@ pub struct RankProgram {
 }
 
 impl Schedule {
-    /// Chunks in `buffer` of one rank.
+    /// Chunks in `buffer` of one rank (saturating at `u32::MAX`; the
+    /// verifier refuses schedules that large).
     pub fn buffer_chunks(&self, buffer: Buffer) -> u32 {
-        match buffer {
-            Buffer::Input => self.collective.input_blocks(self.world_size) * self.chunks_per_block,
-            Buffer::Output => {
-                self.collective.output_blocks(self.world_size) * self.chunks_per_block
-            }
-            Buffer::Scratch => self.scratch_chunks,
-        }
+        let blocks = match buffer {
+            Buffer::Input => self.collective.input_blocks(self.world_size),
+            Buffer::Output => self.collective.output_blocks(self.world_size),
+            Buffer::Scratch => return self.scratch_chunks,
+        };
+        blocks.saturating_mul(self.chunks_per_block)
     }
 
     /// The step at `at`, if it exists.
@@ -110,6 +110,34 @@ impl Schedule {
     /// Total number of messages (one per send target of every step).
     pub fn message_count(&self) -> usize {
         self.steps().map(|(_, s)| s.send_to.len()).sum()
+    }
+
+    /// Where chunk `chunk` of `buffer` lives on `rank`: the buffer that
+    /// holds it and the chunk index there. In place, the input sits inside
+    /// the output (or the output inside the input) as the collective
+    /// defines; otherwise every buffer is its own.
+    pub fn physical(
+        &self,
+        in_place: bool,
+        rank: Rank,
+        buffer: Buffer,
+        chunk: u32,
+    ) -> (Buffer, u32) {
+        let cpb = self.chunks_per_block;
+        let alias = if in_place {
+            self.collective.in_place_alias(rank)
+        } else {
+            None
+        };
+        match (buffer, alias) {
+            (Buffer::Input, Some(InPlaceAlias::InputIsOutputBlock(b))) => {
+                (Buffer::Output, b * cpb + chunk)
+            }
+            (Buffer::Output, Some(InPlaceAlias::OutputIsInputBlock(b))) => {
+                (Buffer::Input, b * cpb + chunk)
+            }
+            _ => (buffer, chunk),
+        }
     }
 
     /// The largest number of channels any rank uses.

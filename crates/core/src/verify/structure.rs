@@ -35,10 +35,56 @@ pub(crate) fn check(schedule: &Schedule) -> Violations {
     if !out.is_empty() {
         return out;
     }
+    check_sizes(schedule, &mut out);
+    if !out.is_empty() {
+        return out;
+    }
     for (at, step) in schedule.steps() {
         check_step(schedule, at, step, &mut out);
     }
     out
+}
+
+/// Symbolic state the verifier may allocate, in 64-bit words (2 GiB).
+pub(crate) const MAX_SYMBOLIC_WORDS: u64 = 1 << 28;
+
+/// Refuse schedules whose symbolic state or link table would not fit, before
+/// allocating anything, so a small hostile file cannot exhaust memory.
+fn check_sizes(schedule: &Schedule, out: &mut Violations) {
+    let n = u64::from(schedule.world_size);
+    let cpb = u64::from(schedule.chunks_per_block);
+    let c = schedule.collective;
+    let chunks = (u64::from(c.input_blocks(schedule.world_size))
+        + u64::from(c.output_blocks(schedule.world_size)))
+        * cpb
+        + u64::from(schedule.scratch_chunks);
+    let words = n.div_ceil(64) + 1;
+    let channels = schedule.channel_count().max(1) as u64;
+    let largest_step = schedule
+        .steps()
+        .map(|(_, s)| u64::from(s.chunks))
+        .max()
+        .unwrap_or(0);
+    let sizes = [
+        (
+            "symbolic state (ranks × chunks × rank-set words)",
+            n * chunks * words,
+        ),
+        ("link table (ranks² × channels)", n * n * channels),
+        ("one step (chunks × rank-set words)", largest_step * words),
+    ];
+    for (what, value) in sizes {
+        if value > MAX_SYMBOLIC_WORDS {
+            out.push(Violation::global(
+                Mode::Structure,
+                K::TooLarge {
+                    what,
+                    value,
+                    limit: MAX_SYMBOLIC_WORDS,
+                },
+            ));
+        }
+    }
 }
 
 fn check_step(schedule: &Schedule, at: StepAt, step: &Step, out: &mut Violations) {

@@ -161,18 +161,10 @@ impl<'a> Symbolic<'a> {
 
     /// The physical (region, first cell) of `buffer` chunk `chunk` on `rank`.
     fn locate(&self, rank: Rank, buffer: Buffer, chunk: u32) -> (usize, u32) {
-        let cpb = self.schedule.chunks_per_block;
-        let alias = match self.mode {
-            Mode::InPlace => self.schedule.collective.in_place_alias(rank),
-            _ => None,
-        };
-        match (buffer, alias) {
-            (Buffer::Input, Some(InPlaceAlias::InputIsOutputBlock(b))) => (1, b * cpb + chunk),
-            (Buffer::Output, Some(InPlaceAlias::OutputIsInputBlock(b))) => (0, b * cpb + chunk),
-            (Buffer::Input, _) => (0, chunk),
-            (Buffer::Output, _) => (1, chunk),
-            (Buffer::Scratch, _) => (2, chunk),
-        }
+        let (buffer, chunk) =
+            self.schedule
+                .physical(self.mode == Mode::InPlace, rank, buffer, chunk);
+        (buffer as usize, chunk)
     }
 
     fn record(&mut self, at: StepAt, slice: Slice, chunks: u32, write: bool) {
@@ -447,6 +439,20 @@ impl Semantics for Symbolic<'_> {
                 } else {
                     x[0] = u64::from(POISON);
                 }
+            }
+        }
+        if let (Some(r), Some(w)) = (step.read, step.write) {
+            let (rr, rs) = self.locate(at.rank, r.buffer, r.chunk);
+            let (wr, ws) = self.locate(at.rank, w.buffer, w.chunk);
+            let overlap = rr == wr && rs < ws + step.chunks && ws < rs + step.chunks;
+            if overlap && rs != ws {
+                self.flag(
+                    at,
+                    K::OverlappingSlices {
+                        read: rs,
+                        write: ws,
+                    },
+                );
             }
         }
         if let Some(slice) = step.read {

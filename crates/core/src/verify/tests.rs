@@ -454,3 +454,53 @@ fn one_slot_is_not_enough_for_a_ring_but_two_are() {
     assert_eq!(v.slots_per_link(), 2);
     assert!(v.supports_in_place());
 }
+
+#[test]
+fn huge_declared_sizes_are_refused_before_allocating() {
+    let text = r#"{"version": 1, "name": "huge", "collective": {"kind": "all_to_all"},
+        "world_size": 2, "chunks_per_block": 2147483648,
+        "ranks": [{"channels": []}, {"channels": []}]}"#;
+    let s = Schedule::from_json(text).unwrap();
+    let k = kinds(s);
+    assert!(
+        has(&k, |k| matches!(k, ViolationKind::TooLarge { .. })),
+        "{k:?}"
+    );
+
+    let mut b = ScheduleBuilder::new("long message", Collective::AllReduce, 2, 1, 1);
+    b.push(
+        0,
+        0,
+        Step::new(1).read(Buffer::Input, 0).write(Buffer::Output, 0),
+    );
+    b.push(1, 0, Step::new(u32::MAX).recv(0).send(0));
+    let k = kinds(b.build());
+    assert!(
+        has(&k, |k| matches!(k, ViolationKind::TooLarge { .. })),
+        "{k:?}"
+    );
+}
+
+#[test]
+fn a_shifted_overlapping_copy_is_rejected() {
+    let mut b = ScheduleBuilder::new("shift", Collective::AllGather, 3, 1, 1);
+    for r in 0..3 {
+        b.push(
+            r,
+            0,
+            Step::new(1).read(Buffer::Input, 0).write(Buffer::Output, 0),
+        );
+        b.push(
+            r,
+            0,
+            Step::new(2)
+                .read(Buffer::Output, 0)
+                .write(Buffer::Output, 1),
+        );
+    }
+    let k = kinds(b.build());
+    assert!(
+        k.contains(&ViolationKind::OverlappingSlices { read: 0, write: 1 }),
+        "{k:?}"
+    );
+}

@@ -52,6 +52,26 @@ pub enum ViolationKind {
         /// The world size.
         world_size: u32,
     },
+    /// The schedule is too large to verify in memory.
+    #[error("{what} would need {value} words; the verifier's limit is {limit}")]
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// How much it would need.
+        value: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A step's read and write overlap without coinciding.
+    #[error(
+        "reads chunks {read}.. and writes chunks {write}.. of the same memory, overlapping but shifted"
+    )]
+    OverlappingSlices {
+        /// First physical chunk read.
+        read: u32,
+        /// First physical chunk written.
+        write: u32,
+    },
     /// A peer is not a rank.
     #[error("peer {peer} is out of range")]
     PeerOutOfRange {
