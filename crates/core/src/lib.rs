@@ -12,6 +12,9 @@
 //! | [`flow`] | the buffering model every executor implements, and why one run decides deadlock |
 //! | [`verify`] | [`verify()`](verify::verify): a [`Schedule`] in, a [`Verified`] schedule or every violation out |
 //! | [`replay`] | a serial run of a verified schedule on concrete numbers: the oracle executors are tested against |
+//! | [`comm`] | the [`Communicator`](comm::Communicator) trait and [`CommError`](comm::CommError) |
+//! | [`cpu`] | the CPU executor: ranks as threads over shared memory |
+//! | [`conformance`] | the kit every executor is checked with against a serial reference |
 //!
 //! ## Glossary
 //! - **rank** — one participant, `0..n`; **world size** — `n`.
@@ -33,12 +36,16 @@
 //!   elements.
 //! - Executors take a [`Verified`] schedule and treat any state the verifier
 //!   rules out (a missing message, an overrun slot) as a bug, not an error.
-//! - Nothing here reads the environment, touches a GPU or spawns a thread.
+//! - Nothing here reads the environment or touches a GPU; only [`cpu::run`]
+//!   spawns threads (one per rank, scoped to the call).
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod algorithms;
+pub mod comm;
+pub mod conformance;
+pub mod cpu;
 pub mod error;
 pub mod flow;
 pub mod replay;

@@ -1,0 +1,173 @@
+//! The `Communicator` trait a training loop programs against, and its error.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::algorithms::AlgorithmError;
+use crate::cpu::Reduce;
+use crate::types::{Rank, ReduceOp};
+use crate::verify::VerifyError;
+
+/// Why a collective call failed.
+///
+/// After any error other than [`CommError::BufferSize`] and
+/// [`CommError::RankOutOfRange`] (which are caught before anything moves)
+/// the group is poisoned: every rank's pending and later calls fail too,
+/// so no rank waits forever for one that gave up.
+#[derive(Debug, Clone, Error)]
+pub enum CommError {
+    /// A wait outlasted the configured timeout.
+    #[error("rank {rank} timed out after {timeout:?} waiting for {what}")]
+    Timeout {
+        /// The rank that gave up.
+        rank: Rank,
+        /// The configured timeout.
+        timeout: Duration,
+        /// What it waited for.
+        what: String,
+    },
+    /// Another rank failed (panicked, timed out, or was given bad input).
+    #[error("rank {rank} failed: {reason}")]
+    PeerFailed {
+        /// The rank that failed first.
+        rank: Rank,
+        /// Its error.
+        reason: String,
+    },
+    /// Ranks disagree on the call (collective, count, type, op, root).
+    #[error("call #{call}: rank {rank} called {got}, but rank {other} called {expected}")]
+    Mismatch {
+        /// The call's sequence number on this communicator.
+        call: u64,
+        /// The rank that noticed.
+        rank: Rank,
+        /// The rank it disagrees with.
+        other: Rank,
+        /// What the other rank called.
+        expected: String,
+        /// What this rank called.
+        got: String,
+    },
+    /// A buffer has the wrong length for the call.
+    #[error("{what} has {got} elements; this call needs {needed}")]
+    BufferSize {
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// The length the call needs.
+        needed: usize,
+    },
+    /// A root or peer that is not a rank.
+    #[error("rank {rank} is out of range for world size {world_size}")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: Rank,
+        /// The group's size.
+        world_size: u32,
+    },
+    /// The algorithm cannot run this call.
+    #[error(transparent)]
+    Algorithm(#[from] AlgorithmError),
+    /// The schedule (a user's, or a bug in a built-in) did not verify.
+    #[error(transparent)]
+    Verify(#[from] Box<VerifyError>),
+}
+
+/// Collective operations on host memory, one communicator per rank.
+///
+/// Every rank of the group must make the same calls in the same order with
+/// the same counts, types, ops and roots; a mismatch is detected and
+/// reported as [`CommError::Mismatch`] on the rank that noticed, and as
+/// [`CommError::PeerFailed`] on the others. `count` is always the
+/// per-rank block: for reduce-scatter the output length, for all-gather the
+/// input length, for all-to-all the elements exchanged with each peer.
+pub trait Communicator {
+    /// This communicator's rank.
+    fn rank(&self) -> Rank;
+
+    /// The number of ranks in the group.
+    fn world_size(&self) -> u32;
+
+    /// Every rank's `output` becomes the reduction of all `input`s.
+    fn all_reduce<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+
+    /// [`all_reduce`](Self::all_reduce) in place.
+    fn all_reduce_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+
+    /// `input` holds `n` blocks; rank `r`'s `output` becomes the reduction of every rank's block `r`.
+    fn reduce_scatter<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+
+    /// [`reduce_scatter`](Self::reduce_scatter) in place: `buffer` holds
+    /// `n` blocks and the result lands in block `rank`.
+    fn reduce_scatter_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+
+    /// `output` (n blocks) gets rank `k`'s `input` in block `k`.
+    fn all_gather<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError>;
+
+    /// [`all_gather`](Self::all_gather) in place: this rank's data is already in block `rank`.
+    fn all_gather_in_place<T: Reduce>(&mut self, buffer: &mut [T]) -> Result<(), CommError>;
+
+    /// Every rank's `output` becomes `root`'s `input` (other ranks' inputs are ignored).
+    fn broadcast<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        root: Rank,
+    ) -> Result<(), CommError>;
+
+    /// [`broadcast`](Self::broadcast) in place.
+    fn broadcast_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        root: Rank,
+    ) -> Result<(), CommError>;
+
+    /// `root`'s `output` becomes the reduction of all inputs; other outputs are untouched.
+    fn reduce<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), CommError>;
+
+    /// [`reduce`](Self::reduce) in place.
+    fn reduce_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), CommError>;
+
+    /// Block `k` of `output` becomes block `rank` of rank `k`'s `input`.
+    fn all_to_all<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError>;
+
+    /// Send `data` to `peer`; returns once `peer` has received it.
+    fn send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError>;
+
+    /// Receive exactly `buffer.len()` elements from `peer`.
+    fn recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError>;
+
+    /// Return once every rank has entered the barrier.
+    fn barrier(&mut self) -> Result<(), CommError>;
+}

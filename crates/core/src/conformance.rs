@@ -1,0 +1,265 @@
+//! The conformance kit: runs collectives on any executor and checks every
+//! rank's output against a serial reference.
+//!
+//! An executor plugs in by implementing [`Harness`]; [`check_case`] makes
+//! random inputs (never zero), poisons the outputs so an unwritten element
+//! shows, runs the case, and compares. Integers must match exactly (sums
+//! and products wrap); floats within a tolerance scaled by the magnitude of
+//! the inputs: `n × ε(type) × Σ|xᵢ|` for sums, relative `n × ε` for
+//! products, exact for min and max.
+
+use half::{bf16, f16};
+
+use crate::algorithms::Algorithm;
+use crate::cpu::Reduce;
+use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
+
+/// One collective call to check.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Case {
+    /// What to run.
+    pub collective: Collective,
+    /// The algorithm (`None`: the executor's choice).
+    pub algorithm: Option<Algorithm>,
+    /// Ranks.
+    pub world_size: u32,
+    /// Elements per block.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction op (ignored by collectives that do not reduce).
+    pub op: ReduceOp,
+    /// In place or not.
+    pub in_place: bool,
+    /// Seed of the inputs.
+    pub seed: u64,
+}
+
+/// An executor under test.
+pub trait Harness {
+    /// Run `case` with `inputs[r]` as rank `r`'s input and `outputs[r]` as
+    /// its (poisoned) output, and return the outputs. In place, the input
+    /// is placed inside the output as the collective defines before the
+    /// call (the kit does that), so `inputs` are for reference only.
+    fn run<T: KitElement>(
+        &self,
+        case: &Case,
+        inputs: &[Vec<T>],
+        outputs: Vec<Vec<T>>,
+    ) -> Result<Vec<Vec<T>>, String>;
+}
+
+/// An element the kit can generate, reduce serially and compare.
+pub trait KitElement: Reduce {
+    /// A random non-zero value from `bits`; products stay near 1 for floats.
+    fn random(bits: u64, op: ReduceOp) -> Self;
+    /// A value that no correct run produces in the inputs' range.
+    fn poison() -> Self;
+    /// The serial reduction of `values` (in rank order) under `op`.
+    fn reference(op: ReduceOp, values: &[Self]) -> Self;
+    /// Whether `got` is acceptably close to `want` for a reduction of `values`.
+    fn close(op: ReduceOp, got: Self, want: Self, values: &[Self]) -> bool;
+}
+
+macro_rules! int_kit {
+    ($($t:ty),*) => {$(
+        impl KitElement for $t {
+            fn random(bits: u64, _op: ReduceOp) -> Self {
+                let v = bits as $t;
+                if v == 0 { 1 } else { v }
+            }
+            fn poison() -> Self { <$t>::MAX / 2 + 3 }
+            fn reference(op: ReduceOp, values: &[Self]) -> Self {
+                let fold = |f: fn($t, $t) -> $t| values.iter().copied().reduce(f).expect("n >= 1");
+                match op {
+                    ReduceOp::Sum => fold(<$t>::wrapping_add),
+                    ReduceOp::Avg => fold(<$t>::wrapping_add).divide(values.len() as u32),
+                    ReduceOp::Prod => fold(<$t>::wrapping_mul),
+                    ReduceOp::Min => fold(|a, b| a.min(b)),
+                    ReduceOp::Max => fold(|a, b| a.max(b)),
+                }
+            }
+            fn close(_op: ReduceOp, got: Self, want: Self, _values: &[Self]) -> bool { got == want }
+        }
+    )*};
+}
+
+int_kit!(i8, u8, i32, u32, i64, u64);
+
+macro_rules! float_kit {
+    ($($t:ty => $to:expr, $from:expr, $eps:expr);* $(;)?) => {$(
+        impl KitElement for $t {
+            fn random(bits: u64, op: ReduceOp) -> Self {
+                let unit = (bits >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+                let v = match op {
+                    ReduceOp::Prod => 0.75 + 0.5 * unit,
+                    _ => if bits & 1 == 0 { 0.5 + unit } else { -0.5 - unit },
+                };
+                $from(v)
+            }
+            fn poison() -> Self { $from(1.0e4) }
+            fn reference(op: ReduceOp, values: &[Self]) -> Self {
+                let xs = values.iter().map(|&x| $to(x));
+                let n = values.len() as f64;
+                $from(match op {
+                    ReduceOp::Sum => xs.sum(),
+                    ReduceOp::Avg => xs.sum::<f64>() / n,
+                    ReduceOp::Prod => xs.product(),
+                    ReduceOp::Min => xs.fold(f64::INFINITY, f64::min),
+                    ReduceOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
+                })
+            }
+            fn close(op: ReduceOp, got: Self, want: Self, values: &[Self]) -> bool {
+                let (g, w) = ($to(got), $to(want));
+                let n = values.len() as f64;
+                let scale = match op {
+                    ReduceOp::Min | ReduceOp::Max => return g == w,
+                    ReduceOp::Prod => w.abs(),
+                    ReduceOp::Sum => values.iter().map(|&x| $to(x).abs()).sum(),
+                    ReduceOp::Avg => values.iter().map(|&x| $to(x).abs()).sum::<f64>() / n,
+                };
+                (g - w).abs() <= (n + 1.0) * $eps * scale.max(f64::MIN_POSITIVE)
+            }
+        }
+    )*};
+}
+
+float_kit! {
+    f32 => |x: f32| x as f64, |v: f64| v as f32, f32::EPSILON as f64;
+    f64 => |x: f64| x, |v: f64| v, f64::EPSILON;
+    f16 => |x: f16| x.to_f64(), f16::from_f64, f16::EPSILON.to_f64();
+    bf16 => |x: bf16| x.to_f64(), bf16::from_f64, bf16::EPSILON.to_f64();
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Run `case` on `harness` with the element type its `dtype` names.
+pub fn check_case(harness: &impl Harness, case: &Case) -> Result<(), String> {
+    match case.dtype {
+        DataType::I8 => check_typed::<i8>(harness, case),
+        DataType::U8 => check_typed::<u8>(harness, case),
+        DataType::I32 => check_typed::<i32>(harness, case),
+        DataType::U32 => check_typed::<u32>(harness, case),
+        DataType::I64 => check_typed::<i64>(harness, case),
+        DataType::U64 => check_typed::<u64>(harness, case),
+        DataType::F16 => check_typed::<f16>(harness, case),
+        DataType::Bf16 => check_typed::<bf16>(harness, case),
+        DataType::F32 => check_typed::<f32>(harness, case),
+        DataType::F64 => check_typed::<f64>(harness, case),
+    }
+}
+
+fn check_typed<T: KitElement>(harness: &impl Harness, case: &Case) -> Result<(), String> {
+    let n = case.world_size;
+    let (count, c) = (case.count, case.collective);
+    let mut rng = Rng(case.seed);
+    let inputs: Vec<Vec<T>> = (0..n)
+        .map(|_| {
+            (0..c.input_blocks(n) as usize * count)
+                .map(|_| T::random(rng.next(), case.op))
+                .collect()
+        })
+        .collect();
+    let outputs = vec![vec![T::poison(); c.output_blocks(n) as usize * count]; n as usize];
+    let got = harness.run(case, &inputs, outputs)?;
+    let ctx = |r: Rank, i: usize| format!("{case:?}: rank {r} element {i}");
+    for r in 0..n {
+        let out = &got[r as usize];
+        let want = expected(c, case.op, n, count, r, &inputs);
+        match want {
+            Expectation::Values(want) => {
+                for (i, (&g, (w, values))) in out.iter().zip(want).enumerate() {
+                    if !T::close(case.op, g, w, &values) {
+                        return Err(format!("{}: got {g:?}, want {w:?}", ctx(r, i)));
+                    }
+                }
+            }
+            Expectation::Untouched => {
+                let original: Vec<T> = if case.in_place {
+                    inputs[r as usize].clone()
+                } else {
+                    vec![T::poison(); count]
+                };
+                if *out != original {
+                    return Err(format!(
+                        "{case:?}: reduce changed non-root rank {r}'s output"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+enum Expectation<T> {
+    /// Per element: the wanted value and the values it reduces.
+    Values(Vec<(T, Vec<T>)>),
+    /// Reduce on a non-root rank.
+    Untouched,
+}
+
+fn expected<T: KitElement>(
+    c: Collective,
+    op: ReduceOp,
+    n: u32,
+    count: usize,
+    r: Rank,
+    inputs: &[Vec<T>],
+) -> Expectation<T> {
+    let reduce_block = |block: usize| -> Vec<(T, Vec<T>)> {
+        (0..count)
+            .map(|i| {
+                let values: Vec<T> = inputs.iter().map(|x| x[block * count + i]).collect();
+                (T::reference(op, &values), values)
+            })
+            .collect()
+    };
+    let copy = |v: Vec<T>| -> Vec<(T, Vec<T>)> { v.into_iter().map(|x| (x, vec![x])).collect() };
+    let r = r as usize;
+    Expectation::Values(match c {
+        Collective::AllReduce => reduce_block(0),
+        Collective::ReduceScatter => reduce_block(r),
+        Collective::AllGather => copy(inputs.concat()),
+        Collective::Broadcast { root } => copy(inputs[root as usize].clone()),
+        Collective::Reduce { root } if root as usize == r => reduce_block(0),
+        Collective::Reduce { .. } => return Expectation::Untouched,
+        Collective::AllToAll => copy(
+            (0..n as usize)
+                .flat_map(|k| inputs[k][r * count..(r + 1) * count].to_vec())
+                .collect(),
+        ),
+        Collective::SendRecv => copy(inputs[(r + n as usize - 1) % n as usize].clone()),
+    })
+}
+
+/// Place rank `rank`'s input inside its output the way the in-place call of
+/// `c` expects; returns the buffer to pass.
+pub fn in_place_buffer<T: Element>(
+    c: Collective,
+    rank: Rank,
+    count: usize,
+    input: &[T],
+    output: Vec<T>,
+) -> Vec<T> {
+    use crate::types::InPlaceAlias;
+    match c.in_place_alias(rank) {
+        Some(InPlaceAlias::InputIsOutputBlock(b)) => {
+            let mut out = output;
+            let at = b as usize * count;
+            out[at..at + count].copy_from_slice(input);
+            out
+        }
+        Some(InPlaceAlias::OutputIsInputBlock(_)) => input.to_vec(),
+        None => output,
+    }
+}

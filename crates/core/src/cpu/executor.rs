@@ -1,0 +1,408 @@
+//! Runs one rank's share of a verified schedule on host memory.
+//!
+//! Every channel of the rank advances in one thread, round-robin: a step
+//! fires when its messages are there, its outgoing links have a free slot
+//! and its `after` steps are done — the buffering model the verifier proved.
+//! How a message travels is decided per message, cheapest first:
+//! 1. **direct write** — the receiver is waiting to copy the message into
+//!    its output and has posted where; the sender writes the value there
+//!    itself (no copy on the receiving side);
+//! 2. **pointer** — the value sits in the sender's memory and no later step
+//!    of the sender changes it; the receiver reads it in place;
+//! 3. **slot** — otherwise the sender writes it into the link's slot buffer.
+//!
+//! A rank returns only when every message it sent has been consumed, so no
+//! peer is left holding a pointer into a buffer its owner may reuse.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::group::{Group, Link, Msg, Pieces};
+use super::kernels::Reduce;
+use super::plan::{Plan, Stable};
+use crate::comm::CommError;
+use crate::schedule::layout::Layout;
+use crate::schedule::{Slice, Step};
+use crate::types::{Rank, ReduceOp};
+
+/// Elements reduced into the first destination before it is copied to the
+/// others: small enough that the copies read from L1/L2.
+const FAN_OUT_BLOCK: usize = 4096;
+
+/// One rank's view of one collective call.
+pub(crate) struct Call<'a> {
+    pub group: &'a Group,
+    pub plan: &'a Plan,
+    pub rank: Rank,
+    pub in_place: bool,
+    pub layout: Layout,
+    pub op: ReduceOp,
+    /// Base addresses of the physical input, output and scratch buffers.
+    pub bases: [usize; 3],
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Cursor {
+    segment: u32,
+    index: u32,
+}
+
+impl Call<'_> {
+    fn pieces<T>(&self, segment: u32, slice: Slice, chunks: u32) -> Pieces {
+        let s = self.plan.verified.schedule();
+        let (buffer, chunk) = s.physical(self.in_place, self.rank, slice.buffer, slice.chunk);
+        let base = self.bases[buffer as usize];
+        let size = std::mem::size_of::<T>();
+        self.layout
+            .slice_ranges(segment, chunk, chunks)
+            .into_iter()
+            .map(|r| (base + r.start * size, r.len() * size))
+            .collect()
+    }
+
+    fn link(&self, from: Rank, to: Rank, channel: u32) -> Arc<Link> {
+        self.group.link(from, to, channel)
+    }
+}
+
+/// Run every segment of the schedule for `call.rank`.
+pub(crate) fn execute<T: Reduce>(call: &Call) -> Result<(), CommError> {
+    let schedule = call.plan.verified.schedule();
+    let program = &schedule.ranks[call.rank as usize];
+    let segments = call.layout.segments();
+    let mut cursors: Vec<Cursor> = program
+        .channels
+        .iter()
+        .map(|steps| Cursor {
+            segment: if steps.is_empty() { segments } else { 0 },
+            index: 0,
+        })
+        .collect();
+    let mut deadline = Instant::now() + call.timeout;
+    loop {
+        let seen = call.group.generation(call.rank);
+        call.group.check()?;
+        let mut progressed = false;
+        let mut done = true;
+        for channel in 0..cursors.len() {
+            while cursors[channel].segment < segments {
+                let steps = &program.channels[channel];
+                let at = cursors[channel];
+                post_ahead::<T>(call, channel as u32, steps, at);
+                if !try_fire::<T>(
+                    call,
+                    channel as u32,
+                    &steps[at.index as usize],
+                    at,
+                    &cursors,
+                )? {
+                    break;
+                }
+                progressed = true;
+                let c = &mut cursors[channel];
+                c.index += 1;
+                if c.index as usize == steps.len() {
+                    c.index = 0;
+                    c.segment += 1;
+                }
+            }
+            done &= cursors[channel].segment >= segments;
+        }
+        if done {
+            break;
+        }
+        if progressed {
+            deadline = Instant::now() + call.timeout;
+        } else {
+            let what = || waiting_for(call, &cursors, segments);
+            call.group
+                .wait(call.rank, seen, deadline, what, call.timeout)?;
+        }
+    }
+    drain(call, deadline)
+}
+
+/// Post the destinations of the direct targets this channel may accept now.
+fn post_ahead<T>(call: &Call, channel: u32, steps: &[Step], at: Cursor) {
+    const LOOKAHEAD: usize = 64;
+    let start = at.index as usize;
+    for (offset, step) in steps[start..].iter().enumerate().take(LOOKAHEAD) {
+        let index = (start + offset) as u32;
+        let sp = call.plan.step(call.in_place, call.rank, channel, index);
+        if !sp.direct_target || sp.post_from > at.index {
+            continue;
+        }
+        let link = call.link(step.recv_from[0], call.rank, channel);
+        let mut st = call.group.lock_link(&link);
+        if st.queue.is_empty() && st.posted.is_none() && !st.claimed {
+            let w = step.write.expect("direct targets write");
+            st.posted = Some(call.pieces::<T>(at.segment, w, step.chunks));
+        }
+    }
+}
+
+/// Fire the step at `at` if it can fire now.
+fn try_fire<T: Reduce>(
+    call: &Call,
+    channel: u32,
+    step: &Step,
+    at: Cursor,
+    cursors: &[Cursor],
+) -> Result<bool, CommError> {
+    for dep in &step.after {
+        let other = cursors[dep.channel as usize];
+        if other
+            <= (Cursor {
+                segment: at.segment,
+                index: dep.step,
+            })
+        {
+            return Ok(false);
+        }
+    }
+    let group = call.group;
+    let recv_links: Vec<Arc<Link>> = step
+        .recv_from
+        .iter()
+        .map(|&p| call.link(p, call.rank, channel))
+        .collect();
+    let send_links: Vec<Arc<Link>> = step
+        .send_to
+        .iter()
+        .map(|&p| call.link(call.rank, p, channel))
+        .collect();
+    if recv_links
+        .iter()
+        .any(|l| group.lock_link(l).queue.is_empty())
+    {
+        return Ok(false);
+    }
+    if send_links
+        .iter()
+        .any(|l| group.lock_link(l).queue.len() >= group.slots)
+    {
+        return Ok(false);
+    }
+    let sp = call.plan.step(call.in_place, call.rank, channel, at.index);
+    let bytes = call
+        .layout
+        .slice_len(at.segment, first_chunk(step), step.chunks)
+        * std::mem::size_of::<T>();
+
+    // Sources: the messages, then the local read.
+    let mut srcs: Vec<Pieces> = Vec::with_capacity(step.input_count());
+    let mut already_written = false;
+    for link in &recv_links {
+        let st = group.lock_link(link);
+        match st.queue.front().expect("checked non-empty") {
+            Msg::Pointer(p) => srcs.push(p.clone()),
+            Msg::Slot { index, bytes } => srcs.push(vec![(link.slots[*index].address(), *bytes)]),
+            Msg::Written => already_written = true,
+        }
+    }
+    if let Some(r) = step.read {
+        srcs.push(call.pieces::<T>(at.segment, r, step.chunks));
+    }
+
+    // Destinations: the local write, then whatever each send needs.
+    let own = step
+        .write
+        .map(|w| call.pieces::<T>(at.segment, w, step.chunks));
+    let mut dsts: Vec<Pieces> = Vec::new();
+    if let Some(p) = &own
+        && !already_written
+    {
+        dsts.push(p.clone());
+    }
+    let mut outgoing: Vec<Msg> = Vec::with_capacity(send_links.len());
+    for link in &send_links {
+        let mut st = group.lock_link(link);
+        if st.queue.is_empty()
+            && let Some(posted) = st.posted.take()
+        {
+            st.claimed = true;
+            dsts.push(posted);
+            outgoing.push(Msg::Written);
+            continue;
+        }
+        let msg = match sp.stable {
+            Stable::Written => Msg::Pointer(own.clone().expect("stable writes exist")),
+            Stable::Read => Msg::Pointer(srcs.last().cloned().expect("stable reads exist")),
+            Stable::No => {
+                let index = (st.pushed % group.slots as u64) as usize;
+                // SAFETY: this rank is the link's only sender and fewer than
+                // `slots` messages are queued, so slot `index` is free.
+                let address = unsafe { link.slots[index].prepare(bytes) };
+                dsts.push(vec![(address, bytes)]);
+                Msg::Slot { index, bytes }
+            }
+        };
+        outgoing.push(msg);
+    }
+    if already_written {
+        // The sender wrote the value into our output; forward it from there.
+        srcs = vec![own.clone().expect("direct targets write")];
+    }
+    if !dsts.is_empty() {
+        combine::<T>(call.op, &srcs, &dsts);
+    }
+
+    for (link, (msg, &peer)) in send_links
+        .iter()
+        .zip(outgoing.into_iter().zip(&step.send_to))
+    {
+        {
+            let mut st = group.lock_link(link);
+            if matches!(msg, Msg::Written) {
+                st.claimed = false;
+            }
+            st.queue.push_back(msg);
+            st.pushed += 1;
+        }
+        group.ring(peer);
+    }
+    for (link, &peer) in recv_links.iter().zip(&step.recv_from) {
+        {
+            let mut st = group.lock_link(link);
+            st.queue.pop_front();
+            // A post this message did not use (it was sent before the post)
+            // belongs to this step, which is done: withdraw it.
+            st.posted = None;
+        }
+        group.ring(peer);
+    }
+    Ok(true)
+}
+
+fn first_chunk(step: &Step) -> u32 {
+    step.write.or(step.read).map_or(0, |s| s.chunk)
+}
+
+/// Reduce `srcs` into the first destination and copy it to the others, in
+/// blocks so the copies read what the reduction just wrote from cache.
+fn combine<T: Reduce>(op: ReduceOp, srcs: &[Pieces], dsts: &[Pieces]) {
+    let size = std::mem::size_of::<T>();
+    let lists: Vec<&Pieces> = srcs.iter().chain(dsts).collect();
+    walk(&lists, |addrs, bytes| {
+        let (src_addrs, dst_addrs) = addrs.split_at(srcs.len());
+        let mut done = 0;
+        while done < bytes {
+            let n = (bytes - done).min(FAN_OUT_BLOCK * size);
+            let mut src: Vec<*const T> =
+                src_addrs.iter().map(|&a| (a + done) as *const T).collect();
+            let first = (dst_addrs[0] + done) as *mut T;
+            // In place, the destination is one of the sources; the kernel
+            // reads its first two sources before writing, so put it first.
+            if let Some(i) = src.iter().position(|&p| std::ptr::eq(p, first)) {
+                src.swap(0, i);
+            }
+            let len = n / size;
+            if !(src.len() == 1 && std::ptr::eq(src[0], first)) {
+                // SAFETY: the verifier proved every slice in bounds of its
+                // buffer (or of a slot sized for it), that a step's read and
+                // write coincide or do not overlap, and that no other step
+                // touches these bytes concurrently.
+                unsafe { T::reduce(op, &src, first, len) };
+            }
+            for &d in &dst_addrs[1..] {
+                let d = (d + done) as *mut T;
+                if d != first {
+                    // SAFETY: as above; distinct destinations never overlap.
+                    unsafe { std::ptr::copy_nonoverlapping(first as *const T, d, len) };
+                }
+            }
+            done += n;
+        }
+    });
+}
+
+/// Walk several lists of byte ranges of equal total length in lock step,
+/// calling `f` with one address per list for each stretch that is
+/// contiguous in all of them.
+fn walk(lists: &[&Pieces], mut f: impl FnMut(&[usize], usize)) {
+    let mut pos: Vec<(usize, usize)> = vec![(0, 0); lists.len()];
+    let mut addrs = vec![0usize; lists.len()];
+    loop {
+        let mut step = usize::MAX;
+        for (l, &(i, off)) in lists.iter().zip(&pos) {
+            // Skip empty pieces.
+            match l.get(i) {
+                Some(&(_, len)) => step = step.min(len - off),
+                None => return,
+            }
+        }
+        if step == 0 {
+            for (l, p) in lists.iter().zip(pos.iter_mut()) {
+                if l[p.0].1 == p.1 {
+                    *p = (p.0 + 1, 0);
+                }
+            }
+            continue;
+        }
+        for ((l, &(i, off)), a) in lists.iter().zip(&pos).zip(addrs.iter_mut()) {
+            *a = l[i].0 + off;
+        }
+        f(&addrs, step);
+        for (l, p) in lists.iter().zip(pos.iter_mut()) {
+            p.1 += step;
+            if p.1 == l[p.0].1 {
+                *p = (p.0 + 1, 0);
+            }
+        }
+    }
+}
+
+/// Wait until every link this rank sends on is empty.
+fn drain(call: &Call, mut deadline: Instant) -> Result<(), CommError> {
+    let schedule = call.plan.verified.schedule();
+    let mut links = Vec::new();
+    for (c, steps) in schedule.ranks[call.rank as usize]
+        .channels
+        .iter()
+        .enumerate()
+    {
+        for step in steps {
+            for &to in &step.send_to {
+                links.push(call.link(call.rank, to, c as u32));
+            }
+        }
+    }
+    links.dedup_by(|a, b| Arc::ptr_eq(a, b));
+    loop {
+        let seen = call.group.generation(call.rank);
+        call.group.check()?;
+        if links
+            .iter()
+            .all(|l| call.group.lock_link(l).queue.is_empty())
+        {
+            return Ok(());
+        }
+        let what = || "peers to consume this rank's last messages".to_owned();
+        call.group
+            .wait(call.rank, seen, deadline, what, call.timeout)?;
+        deadline = deadline.max(Instant::now());
+    }
+}
+
+fn waiting_for(call: &Call, cursors: &[Cursor], segments: u32) -> String {
+    let schedule = call.plan.verified.schedule();
+    let program = &schedule.ranks[call.rank as usize];
+    let parts: Vec<String> = cursors
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.segment < segments)
+        .map(|(ch, c)| {
+            let step = &program.channels[ch][c.index as usize];
+            format!(
+                "channel {ch} step {} of segment {} ({}, from {:?} to {:?})",
+                c.index,
+                c.segment,
+                step.primitive_name(),
+                step.recv_from,
+                step.send_to
+            )
+        })
+        .collect();
+    parts.join("; ")
+}

@@ -1,0 +1,268 @@
+//! State shared by the ranks of one CPU group: links with bounded slots,
+//! per-rank doorbells, the failure flag, the call board and plan cache.
+
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use super::plan::{Plan, PlanKey};
+use crate::comm::CommError;
+use crate::types::Rank;
+
+/// Byte ranges of some rank's memory: (address, length).
+pub(crate) type Pieces = Vec<(usize, usize)>;
+
+/// A message on a link.
+#[derive(Debug, Clone)]
+pub(crate) enum Msg {
+    /// The value sits in the sender's memory, which stays unchanged until
+    /// the message is popped.
+    Pointer(Pieces),
+    /// The value sits in this link's slot buffer `index`.
+    Slot { index: usize, bytes: usize },
+    /// The sender wrote the value straight into the receiver's posted destination.
+    Written,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct LinkState {
+    pub queue: VecDeque<Msg>,
+    /// Messages ever pushed; message `k` uses slot buffer `k % slots`.
+    pub pushed: u64,
+    /// Where the receiver wants the next message written, if it is waiting for it.
+    pub posted: Option<Pieces>,
+    /// A sender took `posted` and is writing there; the receiver must not
+    /// post again until the `Written` message lands.
+    pub claimed: bool,
+}
+
+/// A slot buffer. Written only by the link's sender while the slot is free,
+/// read only by its receiver while the message that names it is queued.
+pub(crate) struct SlotBuffer(UnsafeCell<Vec<u8>>);
+
+// SAFETY: access follows the slot protocol above: the sender writes a slot
+// only when fewer than `slots` messages are queued (so the message that last
+// used it was popped) and the receiver reads it only while its message is
+// queued; the link mutex orders the two.
+unsafe impl Sync for SlotBuffer {}
+
+impl SlotBuffer {
+    /// # Safety
+    /// The caller is the link's sender and the slot is free (see the type's docs).
+    pub(crate) unsafe fn prepare(&self, bytes: usize) -> usize {
+        // SAFETY: exclusive by the caller's contract.
+        let v = unsafe { &mut *self.0.get() };
+        if v.len() < bytes {
+            v.resize(bytes, 0);
+        }
+        v.as_mut_ptr() as usize
+    }
+
+    pub(crate) fn address(&self) -> usize {
+        // SAFETY: reading the pointer value only; the vector is not resized
+        // while a message names this slot.
+        unsafe { (*self.0.get()).as_ptr() as usize }
+    }
+}
+
+pub(crate) struct Link {
+    pub state: Mutex<LinkState>,
+    pub slots: Vec<SlotBuffer>,
+}
+
+struct Bell {
+    generation: Mutex<u64>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Clone)]
+struct Failure {
+    rank: Rank,
+    reason: String,
+}
+
+/// What each rank called, per call number, to catch mismatches.
+#[derive(Default)]
+struct CallBoard {
+    calls: HashMap<u64, (Rank, String, u32)>,
+}
+
+pub(crate) struct Group {
+    pub n: u32,
+    pub slots: usize,
+    bells: Vec<Bell>,
+    links: Mutex<HashMap<(Rank, Rank, u32), Arc<Link>>>,
+    failed: AtomicBool,
+    failure: Mutex<Option<Failure>>,
+    board: Mutex<CallBoard>,
+    pub plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    barrier: Mutex<(u64, u32)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking rank never holds these locks across user code, and the
+    // data stays consistent; keep going with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Group {
+    pub fn new(n: u32, slots: usize) -> Self {
+        Group {
+            n,
+            slots,
+            bells: (0..n)
+                .map(|_| Bell {
+                    generation: Mutex::new(0),
+                    changed: Condvar::new(),
+                })
+                .collect(),
+            links: Mutex::new(HashMap::new()),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            board: Mutex::new(CallBoard::default()),
+            plans: Mutex::new(HashMap::new()),
+            barrier: Mutex::new((0, 0)),
+        }
+    }
+
+    pub fn link(&self, from: Rank, to: Rank, channel: u32) -> Arc<Link> {
+        let slots = self.slots;
+        lock(&self.links)
+            .entry((from, to, channel))
+            .or_insert_with(|| {
+                Arc::new(Link {
+                    state: Mutex::new(LinkState::default()),
+                    slots: (0..slots)
+                        .map(|_| SlotBuffer(UnsafeCell::new(Vec::new())))
+                        .collect(),
+                })
+            })
+            .clone()
+    }
+
+    pub fn lock_link<'a>(&self, link: &'a Link) -> MutexGuard<'a, LinkState> {
+        lock(&link.state)
+    }
+
+    pub fn generation(&self, rank: Rank) -> u64 {
+        *lock(&self.bells[rank as usize].generation)
+    }
+
+    pub fn ring(&self, rank: Rank) {
+        let bell = &self.bells[rank as usize];
+        *lock(&bell.generation) += 1;
+        bell.changed.notify_all();
+    }
+
+    /// Sleep until `rank`'s bell rings past `seen`, the group fails, or `deadline`.
+    pub fn wait(
+        &self,
+        rank: Rank,
+        seen: u64,
+        deadline: Instant,
+        what: impl Fn() -> String,
+        timeout: std::time::Duration,
+    ) -> Result<(), CommError> {
+        let bell = &self.bells[rank as usize];
+        let mut generation = lock(&bell.generation);
+        while *generation == seen {
+            self.check()?;
+            let now = Instant::now();
+            if now >= deadline {
+                drop(generation);
+                let err = CommError::Timeout {
+                    rank,
+                    timeout,
+                    what: what(),
+                };
+                self.fail(rank, &err);
+                return Err(err);
+            }
+            generation = bell
+                .changed
+                .wait_timeout(generation, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Mark the group failed (first failure wins) and wake every rank.
+    pub fn fail(&self, rank: Rank, err: &dyn std::fmt::Display) {
+        {
+            let mut f = lock(&self.failure);
+            if f.is_none() {
+                *f = Some(Failure {
+                    rank,
+                    reason: err.to_string(),
+                });
+            }
+        }
+        self.failed.store(true, Ordering::SeqCst);
+        for r in 0..self.n {
+            self.ring(r);
+        }
+    }
+
+    /// `Err` once any rank has failed.
+    pub fn check(&self) -> Result<(), CommError> {
+        if !self.failed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let f = lock(&self.failure)
+            .clone()
+            .expect("failed implies a failure record");
+        Err(CommError::PeerFailed {
+            rank: f.rank,
+            reason: f.reason,
+        })
+    }
+
+    /// Record that `rank` makes call number `call` described by `what`;
+    /// `Err` if an earlier rank described it differently.
+    pub fn register_call(&self, call: u64, rank: Rank, what: &str) -> Result<(), CommError> {
+        let mut board = lock(&self.board);
+        let n = self.n;
+        let entry = board
+            .calls
+            .entry(call)
+            .or_insert_with(|| (rank, what.to_owned(), 0));
+        if entry.1 != what {
+            return Err(CommError::Mismatch {
+                call,
+                rank,
+                other: entry.0,
+                expected: entry.1.clone(),
+                got: what.to_owned(),
+            });
+        }
+        entry.2 += 1;
+        if entry.2 == n {
+            board.calls.remove(&call);
+        }
+        Ok(())
+    }
+
+    /// Arrive at the barrier; returns the generation to wait past.
+    pub fn arrive(&self) -> (u64, bool) {
+        let mut b = lock(&self.barrier);
+        let generation = b.0;
+        b.1 += 1;
+        if b.1 == self.n {
+            b.0 += 1;
+            b.1 = 0;
+            drop(b);
+            for r in 0..self.n {
+                self.ring(r);
+            }
+            return (generation, true);
+        }
+        (generation, false)
+    }
+
+    pub fn barrier_generation(&self) -> u64 {
+        lock(&self.barrier).0
+    }
+}

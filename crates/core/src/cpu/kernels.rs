@@ -1,0 +1,211 @@
+//! Reduction kernels: elementwise combine of several sources into one
+//! destination, for every element type × op.
+//!
+//! Integers wrap on overflow. `f16` and `bf16` accumulate every source in
+//! `f32` and round once per element, so a k-way sum rounds once, not k−1
+//! times. `Avg` reduces as a sum here; the executor divides once at the end.
+//! Loops run over raw pointers because in-place calls make the destination
+//! the same memory as one of the sources (exactly the same range, element
+//! for element — partial overlaps are staged by the caller).
+
+use crate::types::{Element, ReduceOp};
+
+/// Elements processed per block: small enough to stay in L1 while several
+/// sources are folded into the destination.
+const BLOCK: usize = 2048;
+
+/// An element type the CPU executor can reduce.
+pub trait Reduce: Element {
+    /// `dst[i] = op(srcs[0][i], srcs[1][i], ...)` for `i < len`.
+    ///
+    /// # Safety
+    /// Every pointer in `srcs` is valid for `len` reads and `dst` for `len`
+    /// writes; `dst` overlaps no source except, exactly, `srcs[0]` (the
+    /// kernel reads the first two sources of an element before writing it,
+    /// then folds the rest into `dst`). `srcs` is not empty.
+    unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize);
+
+    /// `self / n`, the final step of `Avg` (integers truncate toward zero).
+    fn divide(self, n: u32) -> Self;
+}
+
+/// Fold `srcs` into `dst` block by block with `f`.
+///
+/// # Safety
+/// As [`Reduce::reduce`].
+#[inline(always)]
+unsafe fn fold<T: Copy>(srcs: &[*const T], dst: *mut T, len: usize, f: impl Fn(T, T) -> T) {
+    let mut start = 0;
+    while start < len {
+        let n = BLOCK.min(len - start);
+        // SAFETY: the caller guarantees every source and the destination
+        // cover `len` elements; `start + n <= len`.
+        unsafe {
+            let d = dst.add(start);
+            match srcs {
+                [] => unreachable!("a reduction has at least one source"),
+                [a] => std::ptr::copy(a.add(start), d, n),
+                [a, b, rest @ ..] => {
+                    let (a, b) = (a.add(start), b.add(start));
+                    for i in 0..n {
+                        d.add(i).write(f(a.add(i).read(), b.add(i).read()));
+                    }
+                    for s in rest {
+                        let s = s.add(start);
+                        for i in 0..n {
+                            d.add(i).write(f(d.add(i).read(), s.add(i).read()));
+                        }
+                    }
+                }
+            }
+        }
+        start += n;
+    }
+}
+
+macro_rules! integer_reduce {
+    ($($t:ty),*) => {$(
+        impl Reduce for $t {
+            unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => fold(srcs, dst, len, <$t>::wrapping_add),
+                        ReduceOp::Prod => fold(srcs, dst, len, <$t>::wrapping_mul),
+                        ReduceOp::Min => fold(srcs, dst, len, |a: $t, b: $t| a.min(b)),
+                        ReduceOp::Max => fold(srcs, dst, len, |a: $t, b: $t| a.max(b)),
+                    }
+                }
+            }
+
+            fn divide(self, n: u32) -> Self {
+                // Every world size fits the signed and unsigned 32/64-bit
+                // types; for 8-bit types a world size above 127/255 makes
+                // the average 0 (or unchanged for 1), as documented.
+                match <$t>::try_from(n) {
+                    Ok(d) if d != 0 => self / d,
+                    _ => 0,
+                }
+            }
+        }
+    )*};
+}
+
+integer_reduce!(i8, u8, i32, u32, i64, u64);
+
+macro_rules! float_reduce {
+    ($($t:ty),*) => {$(
+        impl Reduce for $t {
+            unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => fold(srcs, dst, len, |a: $t, b: $t| a + b),
+                        ReduceOp::Prod => fold(srcs, dst, len, |a: $t, b: $t| a * b),
+                        ReduceOp::Min => fold(srcs, dst, len, |a: $t, b: $t| if b < a { b } else { a }),
+                        ReduceOp::Max => fold(srcs, dst, len, |a: $t, b: $t| if b > a { b } else { a }),
+                    }
+                }
+            }
+
+            fn divide(self, n: u32) -> Self {
+                self / n as $t
+            }
+        }
+    )*};
+}
+
+float_reduce!(f32, f64);
+
+macro_rules! half_reduce {
+    ($($t:ty),*) => {$(
+        impl Reduce for $t {
+            unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+                let f: fn(f32, f32) -> f32 = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => |a, b| a + b,
+                    ReduceOp::Prod => |a, b| a * b,
+                    ReduceOp::Min => |a, b| if b < a { b } else { a },
+                    ReduceOp::Max => |a, b| if b > a { b } else { a },
+                };
+                for i in 0..len {
+                    // SAFETY: every source and the destination hold `len`
+                    // elements; each element is read before it is written.
+                    unsafe {
+                        let mut acc = srcs[0].add(i).read().to_f32();
+                        for s in &srcs[1..] {
+                            acc = f(acc, s.add(i).read().to_f32());
+                        }
+                        dst.add(i).write(<$t>::from_f32(acc));
+                    }
+                }
+            }
+
+            fn divide(self, n: u32) -> Self {
+                <$t>::from_f32(self.to_f32() / n as f32)
+            }
+        }
+    )*};
+}
+
+half_reduce!(half::f16, half::bf16);
+
+/// Reduce safe slices into `dst` (a convenience for tests and benches).
+pub fn reduce_slices<T: Reduce>(op: ReduceOp, srcs: &[&[T]], dst: &mut [T]) {
+    assert!(!srcs.is_empty() && srcs.iter().all(|s| s.len() == dst.len()));
+    let ptrs: Vec<*const T> = srcs.iter().map(|s| s.as_ptr()).collect();
+    // SAFETY: every slice holds `dst.len()` elements and `dst` is a unique
+    // borrow, so it overlaps none of the shared source slices.
+    unsafe { T::reduce(op, &ptrs, dst.as_mut_ptr(), dst.len()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    #[test]
+    fn integer_ops_wrap_and_fold_many_sources() {
+        let a = [250u8, 1, 7];
+        let b = [10u8, 2, 3];
+        let c = [1u8, 3, 9];
+        let mut out = [0u8; 3];
+        reduce_slices(ReduceOp::Sum, &[&a, &b, &c], &mut out);
+        assert_eq!(out, [5, 6, 19]);
+        reduce_slices(ReduceOp::Max, &[&a, &b, &c], &mut out);
+        assert_eq!(out, [250, 3, 9]);
+        reduce_slices(ReduceOp::Prod, &[&a, &b], &mut out);
+        assert_eq!(out, [250u8.wrapping_mul(10), 2, 21]);
+        assert_eq!(7i32.divide(2), 3);
+        assert_eq!((-7i32).divide(2), -3);
+    }
+
+    #[test]
+    fn half_precision_rounds_once() {
+        // 1 + 2^-11 eight times: pairwise f16 adds would lose every
+        // increment; accumulating in f32 keeps them.
+        let one = [f16::from_f32(1.0)];
+        let tiny = [f16::from_f32(2f32.powi(-11))];
+        let mut srcs: Vec<&[f16]> = vec![&one];
+        srcs.extend(std::iter::repeat_n(&tiny[..], 8));
+        let mut out = [f16::ZERO];
+        reduce_slices(ReduceOp::Sum, &srcs, &mut out);
+        assert_eq!(out[0], f16::from_f32(1.0 + 8.0 * 2f32.powi(-11)));
+        let mut out = [bf16::ZERO];
+        reduce_slices(
+            ReduceOp::Min,
+            &[&[bf16::from_f32(3.0)][..], &[bf16::from_f32(-2.0)][..]],
+            &mut out,
+        );
+        assert_eq!(out[0].to_f32(), -2.0);
+    }
+
+    #[test]
+    fn long_runs_cross_block_boundaries() {
+        let n = BLOCK * 2 + 17;
+        let a: Vec<f64> = (0..n).map(|i| i as f64).collect();
+        let b: Vec<f64> = (0..n).map(|i| 2.0 * i as f64).collect();
+        let mut out = vec![0.0; n];
+        reduce_slices(ReduceOp::Sum, &[&a, &b], &mut out);
+        assert!(out.iter().enumerate().all(|(i, &x)| x == 3.0 * i as f64));
+    }
+}

@@ -1,0 +1,69 @@
+//! The CPU executor: ranks are threads of one process, exchanging through
+//! shared memory, running any [`Verified`](crate::Verified) schedule.
+//!
+//! ```
+//! use ferrocoll_core::cpu::{self, CpuConfig};
+//! use ferrocoll_core::comm::Communicator;
+//! use ferrocoll_core::ReduceOp;
+//!
+//! let results = cpu::run(4, &CpuConfig::default(), |comm| {
+//!     let mine = vec![comm.rank() as f32 + 1.0; 1000];
+//!     let mut sum = vec![0.0f32; 1000];
+//!     comm.all_reduce(&mine, &mut sum, ReduceOp::Sum)?;
+//!     Ok(sum[0])
+//! });
+//! for r in results {
+//!     assert_eq!(r.unwrap(), 10.0);
+//! }
+//! ```
+//!
+//! Waits are bounded by [`CpuConfig::timeout`]; a rank that errors, times
+//! out or panics marks the group failed, and every other rank's pending and
+//! later calls return [`CommError::PeerFailed`](crate::comm::CommError::PeerFailed)
+//! instead of hanging.
+
+mod communicator;
+mod executor;
+mod group;
+mod kernels;
+mod plan;
+mod select;
+
+pub use communicator::{CpuCommunicator, group, run};
+pub use kernels::{Reduce, reduce_slices};
+pub use select::auto_algorithm;
+
+use std::time::Duration;
+
+use crate::algorithms::Algorithm;
+
+/// Settings of a CPU group. Every rank of a group shares them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// The longest any wait may last before the rank gives up and fails the group.
+    pub timeout: Duration,
+    /// Force an algorithm; `None` picks per call with [`auto_algorithm`].
+    pub algorithm: Option<Algorithm>,
+    /// Channels for ring, tree and direct.
+    pub channels: u32,
+    /// The largest chunk, in bytes, moved in one step; larger buffers run
+    /// in several segments that pipeline through the links. Tests make it
+    /// tiny so small inputs still cross many segments.
+    pub max_chunk_bytes: usize,
+    /// Messages each link holds in flight (at least the verifier's 2).
+    pub slots_per_link: u32,
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        CpuConfig {
+            timeout: Duration::from_secs(60),
+            algorithm: None,
+            channels: 1,
+            // Large enough that per-step overhead is noise, small enough
+            // that a few chunks in flight stay in the last-level cache.
+            max_chunk_bytes: 1 << 20,
+            slots_per_link: 4,
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The conformance kit on the CPU executor: every collective × algorithm ×
+//! world size × awkward length, and every dtype × op, against the serial
+//! reference, in place and out of place, with chunks so small that even
+//! short buffers cross many segments.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, in_place_buffer};
+use ferrocoll_core::cpu::{self, CpuCommunicator, CpuConfig};
+use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
+
+struct Cpu {
+    max_chunk_bytes: usize,
+}
+
+fn call<T: KitElement>(
+    comm: &mut CpuCommunicator,
+    case: &Case,
+    input: &[T],
+    output: &mut Vec<T>,
+) -> Result<(), CommError> {
+    let (op, count) = (case.op, case.count);
+    let r = comm.rank() as usize;
+    if case.in_place {
+        let mut buf = in_place_buffer(
+            case.collective,
+            comm.rank(),
+            count,
+            input,
+            std::mem::take(output),
+        );
+        match case.collective {
+            Collective::AllReduce => comm.all_reduce_in_place(&mut buf, op)?,
+            Collective::ReduceScatter => {
+                comm.reduce_scatter_in_place(&mut buf, op)?;
+                buf = buf[r * count..(r + 1) * count].to_vec();
+            }
+            Collective::AllGather => comm.all_gather_in_place(&mut buf)?,
+            Collective::Broadcast { root } => comm.broadcast_in_place(&mut buf, root)?,
+            Collective::Reduce { root } => comm.reduce_in_place(&mut buf, op, root)?,
+            Collective::AllToAll | Collective::SendRecv => unreachable!("not in place"),
+        }
+        *output = buf;
+        return Ok(());
+    }
+    match case.collective {
+        Collective::AllReduce => comm.all_reduce(input, output, op),
+        Collective::ReduceScatter => comm.reduce_scatter(input, output, op),
+        Collective::AllGather => comm.all_gather(input, output),
+        Collective::Broadcast { root } => comm.broadcast(input, output, root),
+        Collective::Reduce { root } => comm.reduce(input, output, op, root),
+        Collective::AllToAll => comm.all_to_all(input, output),
+        Collective::SendRecv => {
+            let n = comm.world_size();
+            let rank = comm.rank();
+            if n == 1 {
+                output.copy_from_slice(input);
+                return Ok(());
+            }
+            // Even ranks send first, odd ranks receive first: no cycle of
+            // blocking sends even though each send waits for its receiver.
+            if rank % 2 == 0 {
+                comm.send(input, (rank + 1) % n)?;
+                comm.recv(output, (rank + n - 1) % n)
+            } else {
+                comm.recv(output, (rank + n - 1) % n)?;
+                comm.send(input, (rank + 1) % n)
+            }
+        }
+    }
+}
+
+impl Harness for Cpu {
+    fn run<T: KitElement>(
+        &self,
+        case: &Case,
+        inputs: &[Vec<T>],
+        outputs: Vec<Vec<T>>,
+    ) -> Result<Vec<Vec<T>>, String> {
+        let config = CpuConfig {
+            timeout: Duration::from_secs(20),
+            algorithm: case.algorithm,
+            max_chunk_bytes: self.max_chunk_bytes,
+            ..CpuConfig::default()
+        };
+        let outputs: Vec<Mutex<Vec<T>>> = outputs.into_iter().map(Mutex::new).collect();
+        let results = cpu::run(case.world_size, &config, |comm| {
+            let r = comm.rank() as usize;
+            let mut out = std::mem::take(&mut *outputs[r].lock().unwrap());
+            call(comm, case, &inputs[r], &mut out)?;
+            Ok(out)
+        });
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(r, x)| x.map_err(|e| format!("rank {r}: {e}")))
+            .collect()
+    }
+}
+
+fn supported() -> Vec<(Algorithm, CollectiveKind)> {
+    let mut out = Vec::new();
+    for a in Algorithm::ALL {
+        for k in CollectiveKind::ALL {
+            if a.supports(k).is_ok() {
+                out.push((a, k));
+            }
+        }
+    }
+    out
+}
+
+fn run_all(cases: impl IntoIterator<Item = Case>, max_chunk_bytes: usize) -> usize {
+    let harness = Cpu { max_chunk_bytes };
+    let mut ran = 0;
+    for case in cases {
+        if let Err(e) = check_case(&harness, &case) {
+            panic!("{e}");
+        }
+        ran += 1;
+    }
+    ran
+}
+
+fn in_place_ok(c: Collective) -> bool {
+    c.in_place_alias(0).is_some()
+}
+
+#[test]
+fn every_algorithm_and_collective_over_world_sizes_and_awkward_lengths() {
+    let mut cases = Vec::new();
+    let mut seed = 0;
+    for (algorithm, kind) in supported() {
+        for n in (1..=9).chain([16, 17]) {
+            let collective = kind.with_root(n / 2);
+            let n_us = n as usize;
+            for count in [0, 1, n_us - 1, n_us, n_us + 1, 97] {
+                for in_place in [false, true] {
+                    if in_place && !in_place_ok(collective) {
+                        continue;
+                    }
+                    seed += 1;
+                    cases.push(Case {
+                        collective,
+                        algorithm: Some(algorithm),
+                        world_size: n,
+                        count,
+                        dtype: DataType::I32,
+                        op: ReduceOp::Sum,
+                        in_place,
+                        seed,
+                    });
+                }
+            }
+        }
+    }
+    let ran = run_all(cases, 16);
+    println!("{ran} cases passed");
+}
+
+#[test]
+fn every_dtype_and_op() {
+    let mut cases = Vec::new();
+    let mut seed = 1000;
+    for (algorithm, kind) in supported() {
+        let collective = kind.with_root(1);
+        if !collective.reduces() {
+            continue;
+        }
+        for dtype in DataType::ALL {
+            for op in ReduceOp::ALL {
+                for (n, in_place) in [(3, false), (4, true)] {
+                    seed += 1;
+                    cases.push(Case {
+                        collective,
+                        algorithm: Some(algorithm),
+                        world_size: n,
+                        count: 61,
+                        dtype,
+                        op,
+                        in_place,
+                        seed,
+                    });
+                }
+            }
+        }
+    }
+    // Data movement without reduction, for every dtype.
+    for dtype in DataType::ALL {
+        for kind in [
+            CollectiveKind::AllGather,
+            CollectiveKind::Broadcast,
+            CollectiveKind::AllToAll,
+        ] {
+            seed += 1;
+            cases.push(Case {
+                collective: kind.with_root(2),
+                algorithm: None,
+                world_size: 5,
+                count: 33,
+                dtype,
+                op: ReduceOp::Sum,
+                in_place: false,
+                seed,
+            });
+        }
+    }
+    let ran = run_all(cases, 24);
+    println!("{ran} cases passed");
+}
+
+#[test]
+fn a_million_elements_stream_through_every_algorithm() {
+    let cases = Algorithm::ALL.into_iter().flat_map(|algorithm| {
+        [(DataType::F32, false), (DataType::U8, true)].map(|(dtype, in_place)| Case {
+            collective: Collective::AllReduce,
+            algorithm: Some(algorithm),
+            world_size: 4,
+            count: 1 << 20,
+            dtype,
+            op: ReduceOp::Sum,
+            in_place,
+            seed: 7,
+        })
+    });
+    run_all(cases, 64 << 10);
+}
+
+#[test]
+fn auto_choice_and_default_chunking_work_too() {
+    let cases = (1..=6).map(|n| Case {
+        collective: Collective::AllReduce,
+        algorithm: None,
+        world_size: n,
+        count: 100_003,
+        dtype: DataType::F64,
+        op: ReduceOp::Avg,
+        in_place: n % 2 == 0,
+        seed: n as u64,
+    });
+    run_all(cases, CpuConfig::default().max_chunk_bytes);
+}

@@ -1,0 +1,137 @@
+//! Failure semantics of the CPU executor: nobody hangs.
+
+use std::time::{Duration, Instant};
+
+use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::cpu::{self, CpuConfig};
+use ferrocoll_core::{Algorithm, ReduceOp};
+
+fn config(timeout_ms: u64) -> CpuConfig {
+    CpuConfig {
+        timeout: Duration::from_millis(timeout_ms),
+        max_chunk_bytes: 256,
+        ..CpuConfig::default()
+    }
+}
+
+#[test]
+fn a_rank_that_panics_mid_collective_fails_every_other_rank() {
+    for algorithm in Algorithm::ALL {
+        let started = Instant::now();
+        let cfg = CpuConfig {
+            algorithm: Some(algorithm),
+            ..config(10_000)
+        };
+        let results = cpu::run(4, &cfg, |comm| {
+            let input = vec![1.0f32; 10_000];
+            let mut output = vec![0.0f32; 10_000];
+            comm.all_reduce(&input, &mut output, ReduceOp::Sum)?;
+            if comm.rank() == 2 {
+                panic!("rank 2 gives up");
+            }
+            comm.all_reduce(&input, &mut output, ReduceOp::Sum)?;
+            Ok(())
+        });
+        // Others fail as soon as the panic is seen, long before the timeout.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{algorithm}: took {:?}",
+            started.elapsed()
+        );
+        for (r, res) in results.iter().enumerate() {
+            match res {
+                Err(CommError::PeerFailed { rank: 2, reason }) => {
+                    assert!(reason.contains("panicked"), "{reason}")
+                }
+                other => panic!("{algorithm}: rank {r} returned {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_never_arrives_times_out_instead_of_hanging() {
+    let started = Instant::now();
+    let results = cpu::run(3, &config(200), |comm| {
+        if comm.rank() == 0 {
+            // Rank 0 skips the collective but stays alive (no error, no panic).
+            std::thread::sleep(Duration::from_millis(600));
+            return Ok(());
+        }
+        let mut buf = vec![1u64; 1000];
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+    });
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(results[0].is_ok());
+    let timed_out = results[1..]
+        .iter()
+        .filter(|r| matches!(r, Err(CommError::Timeout { .. })))
+        .count();
+    assert!(timed_out >= 1, "{results:?}");
+    assert!(results[1..].iter().all(Result::is_err), "{results:?}");
+}
+
+#[test]
+fn mismatched_counts_are_reported_not_hung() {
+    let results = cpu::run(3, &config(5_000), |comm| {
+        let len = if comm.rank() == 1 { 11 } else { 10 };
+        let mut buf = vec![1i32; len];
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+    });
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
+        "{results:?}"
+    );
+    let text = format!("{results:?}");
+    assert!(
+        text.contains("count=11") && text.contains("count=10"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_roots_and_buffer_sizes_are_typed_errors() {
+    let results = cpu::run(2, &config(5_000), |comm| {
+        let mut buf = vec![0u8; 4];
+        let e = comm.broadcast_in_place(&mut buf, 7).unwrap_err();
+        assert!(matches!(
+            e,
+            CommError::RankOutOfRange {
+                rank: 7,
+                world_size: 2
+            }
+        ));
+        let input = vec![0u8; 4];
+        let mut small = vec![0u8; 3];
+        let e = comm.all_gather(&input, &mut small).unwrap_err();
+        assert!(matches!(e, CommError::BufferSize { needed: 8, .. }), "{e}");
+        // The group is still usable after errors caught before anything moved.
+        comm.barrier()?;
+        Ok(())
+    });
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+#[test]
+fn send_recv_and_barrier_work() {
+    let results = cpu::run(3, &config(5_000), |comm| {
+        let n = comm.world_size();
+        let me = comm.rank();
+        let data = vec![me; 5];
+        let mut got = vec![0u32; 5];
+        if me == 0 {
+            comm.send(&data, 1)?;
+            comm.recv(&mut got, n - 1)?;
+        } else {
+            comm.recv(&mut got, me - 1)?;
+            comm.send(&data, (me + 1) % n)?;
+        }
+        comm.barrier()?;
+        Ok(got[0])
+    });
+    let got: Vec<u32> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(got, vec![2, 0, 1]);
+}
