@@ -4,9 +4,9 @@
 //! **schedules that are data**, proven correct by a symbolic verifier
 //! before anything runs.
 //!
-//! This facade re-exports [`ferrocoll_core`] and ships the `ferrocoll`
-//! command-line tool (`verify`, `schedule`). Executors, the topology crate
-//! and the NCCL communicator join it as they land.
+//! This facade re-exports [`ferrocoll_core`], reads the environment
+//! ([`env`], the only place that does) and ships the `ferrocoll`
+//! command-line tool (`bench`, `verify`, `schedule`).
 //!
 //! ```
 //! use ferrocoll::{generate, verify, Algorithm, AlgorithmParams, Collective, VerifyOptions};
@@ -21,6 +21,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub use ferrocoll_core::*;
+
+pub mod env;
 
 /// Facts about this build, from `build.rs`.
 pub mod build_info {

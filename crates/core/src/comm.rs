@@ -67,6 +67,12 @@ pub enum CommError {
         /// The group's size.
         world_size: u32,
     },
+    /// The collective has no in-place form.
+    #[error("{collective} has no in-place form")]
+    InPlaceUnsupported {
+        /// The collective.
+        collective: String,
+    },
     /// The algorithm cannot run this call.
     #[error(transparent)]
     Algorithm(#[from] AlgorithmError),
@@ -170,4 +176,59 @@ pub trait Communicator {
 
     /// Return once every rank has entered the barrier.
     fn barrier(&mut self) -> Result<(), CommError>;
+}
+
+/// Run `collective` through the matching [`Communicator`] method.
+///
+/// Out of place, `input` and `output` are the two buffers. In place, `input`
+/// is ignored and `output` is the single buffer, prepared as the
+/// collective's in-place call expects (see
+/// [`Collective::in_place_alias`](crate::Collective::in_place_alias)); for
+/// reduce-scatter it holds all `n` blocks. Send/recv pairs ranks `r → r+1`,
+/// even ranks sending first so blocking sends cannot form a cycle. Benches
+/// and the conformance kit drive every backend through this one function.
+pub fn dispatch<C: Communicator, T: Reduce>(
+    comm: &mut C,
+    collective: crate::Collective,
+    op: ReduceOp,
+    in_place: bool,
+    input: &[T],
+    output: &mut [T],
+) -> Result<(), CommError> {
+    use crate::Collective as K;
+    if in_place {
+        return match collective {
+            K::AllReduce => comm.all_reduce_in_place(output, op),
+            K::ReduceScatter => comm.reduce_scatter_in_place(output, op),
+            K::AllGather => comm.all_gather_in_place(output),
+            K::Broadcast { root } => comm.broadcast_in_place(output, root),
+            K::Reduce { root } => comm.reduce_in_place(output, op, root),
+            K::AllToAll | K::SendRecv => Err(CommError::InPlaceUnsupported {
+                collective: collective.kind().to_string(),
+            }),
+        };
+    }
+    match collective {
+        K::AllReduce => comm.all_reduce(input, output, op),
+        K::ReduceScatter => comm.reduce_scatter(input, output, op),
+        K::AllGather => comm.all_gather(input, output),
+        K::Broadcast { root } => comm.broadcast(input, output, root),
+        K::Reduce { root } => comm.reduce(input, output, op, root),
+        K::AllToAll => comm.all_to_all(input, output),
+        K::SendRecv => {
+            let (n, rank) = (comm.world_size(), comm.rank());
+            if n == 1 {
+                output.copy_from_slice(input);
+                return Ok(());
+            }
+            let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+            if rank % 2 == 0 {
+                comm.send(input, next)?;
+                comm.recv(output, prev)
+            } else {
+                comm.recv(output, prev)?;
+                comm.send(input, next)
+            }
+        }
+    }
 }

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::comm::{CommError, Communicator, dispatch};
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, in_place_buffer};
 use ferrocoll_core::cpu::{self, CpuCommunicator, CpuConfig};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
@@ -15,61 +15,19 @@ struct Cpu {
     max_chunk_bytes: usize,
 }
 
-fn call<T: KitElement>(
-    comm: &mut CpuCommunicator,
-    case: &Case,
-    input: &[T],
-    output: &mut Vec<T>,
-) -> Result<(), CommError> {
-    let (op, count) = (case.op, case.count);
-    let r = comm.rank() as usize;
-    if case.in_place {
-        let mut buf = in_place_buffer(
-            case.collective,
-            comm.rank(),
-            count,
-            input,
-            std::mem::take(output),
-        );
-        match case.collective {
-            Collective::AllReduce => comm.all_reduce_in_place(&mut buf, op)?,
-            Collective::ReduceScatter => {
-                comm.reduce_scatter_in_place(&mut buf, op)?;
-                buf = buf[r * count..(r + 1) * count].to_vec();
-            }
-            Collective::AllGather => comm.all_gather_in_place(&mut buf)?,
-            Collective::Broadcast { root } => comm.broadcast_in_place(&mut buf, root)?,
-            Collective::Reduce { root } => comm.reduce_in_place(&mut buf, op, root)?,
-            Collective::AllToAll | Collective::SendRecv => unreachable!("not in place"),
-        }
-        *output = buf;
-        return Ok(());
+fn call<T: KitElement>(comm: &mut CpuCommunicator, case: &Case, input: &[T], output: &mut Vec<T>) -> Result<(), CommError> {
+    let (c, count) = (case.collective, case.count);
+    if !case.in_place {
+        return dispatch(comm, c, case.op, false, input, output);
     }
-    match case.collective {
-        Collective::AllReduce => comm.all_reduce(input, output, op),
-        Collective::ReduceScatter => comm.reduce_scatter(input, output, op),
-        Collective::AllGather => comm.all_gather(input, output),
-        Collective::Broadcast { root } => comm.broadcast(input, output, root),
-        Collective::Reduce { root } => comm.reduce(input, output, op, root),
-        Collective::AllToAll => comm.all_to_all(input, output),
-        Collective::SendRecv => {
-            let n = comm.world_size();
-            let rank = comm.rank();
-            if n == 1 {
-                output.copy_from_slice(input);
-                return Ok(());
-            }
-            // Even ranks send first, odd ranks receive first: no cycle of
-            // blocking sends even though each send waits for its receiver.
-            if rank % 2 == 0 {
-                comm.send(input, (rank + 1) % n)?;
-                comm.recv(output, (rank + n - 1) % n)
-            } else {
-                comm.recv(output, (rank + n - 1) % n)?;
-                comm.send(input, (rank + 1) % n)
-            }
-        }
+    let mut buf = in_place_buffer(c, comm.rank(), count, input, std::mem::take(output));
+    dispatch(comm, c, case.op, true, &[], &mut buf)?;
+    if c == Collective::ReduceScatter {
+        let r = comm.rank() as usize;
+        buf = buf[r * count..(r + 1) * count].to_vec();
     }
+    *output = buf;
+    Ok(())
 }
 
 impl Harness for Cpu {

@@ -1,6 +1,7 @@
 //! The `ferrocoll` command-line tool: prove schedules (`verify`) and print
 //! them (`schedule`). Run `ferrocoll --help` for the commands.
 
+mod bench;
 mod schedule_cmd;
 mod spec;
 mod verify_cmd;
@@ -21,7 +22,7 @@ use clap::{Parser, Subcommand};
         env!("FERROCOLL_BUILD_TARGET"),
         ")"
     ),
-    about = "Collective communication schedules: generate, prove, print."
+    about = "Collective communication: benchmark, prove and print schedules."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,6 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Benchmark collectives like nccl-tests (time, algbw, busbw, #wrong).
+    Bench(bench::BenchArgs),
     /// Prove built-in algorithms or a schedule file correct for a range of world sizes.
     Verify(verify_cmd::VerifyArgs),
     /// Print a built-in schedule as an ASCII grid or as JSON.
@@ -38,7 +41,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_max_level(ferrocoll::env::log_level())
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => verify_cmd::run(&args),
         Command::Schedule(args) => schedule_cmd::run(&args),
     };

@@ -1,0 +1,225 @@
+//! `ferrocoll bench`: nccl-tests' table, on ferrocoll's executors.
+//!
+//! Sizes follow nccl-tests: `size` is the bytes of the larger buffer of one
+//! rank (the all-gather output, the reduce-scatter input, the whole
+//! all-to-all buffer), `count` its elements; `algbw = size / time` and
+//! `busbw = algbw × factor` (all-reduce 2(n−1)/n; reduce-scatter,
+//! all-gather, all-to-all (n−1)/n; others 1), with GB = 1e9 bytes.
+
+mod membw;
+mod report;
+mod run;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use ferrocoll::cpu::CpuConfig;
+use ferrocoll::{Algorithm, CollectiveKind, DataType, ReduceOp};
+
+pub(crate) use report::Row;
+
+#[derive(Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// Executor: `cpu` (CUDA and NCCL backends arrive with their issues).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Number of ranks (threads).
+    #[arg(long, default_value_t = 4)]
+    ranks: u32,
+    /// Collective: all-reduce, reduce-scatter, all-gather, broadcast,
+    /// reduce, all-to-all, send-recv, or `all`.
+    #[arg(long, default_value = "all-reduce", value_parser = crate::spec::parse_ops)]
+    op: crate::spec::Ops,
+    /// `auto`, `ring`, `tree`, `direct`, `halving-doubling`, or `all`.
+    #[arg(long, default_value = "auto")]
+    algo: String,
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "4K", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this much each row.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    step_factor: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: u32,
+    /// Untimed warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: u32,
+    /// Check results (1) or not (0); wrong elements go in `#wrong`.
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: u32,
+    /// Element type (`float`, `half`, `bf16`, `int32`, ... or `all`).
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Reduction op (`sum`, `prod`, `min`, `max`, `avg`, or `all`).
+    #[arg(short = 'o', long = "redop", default_value = "sum")]
+    redop: String,
+    /// Root of broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: u32,
+    /// Also write the rows as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also write the rows as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Draw busbw against size as SVG, one line per algorithm.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Measure memory bandwidth first and report busbw against the
+    /// in-process ceiling BW·(n−1)/n² (all-reduce).
+    #[arg(long)]
+    membw: bool,
+    /// Largest chunk per step, in bytes (pipelining granularity).
+    #[arg(long, value_parser = parse_size)]
+    max_chunk_bytes: Option<usize>,
+}
+
+/// `4096`, `4K`, `64M`, `1G` (binary multiples, as nccl-tests).
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 10),
+        Some('M') => (&s[..s.len() - 1], 20),
+        Some('G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits
+        .parse::<usize>()
+        .map(|v| v << shift)
+        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 4K, 64M)"))
+}
+
+fn list<T: Copy>(s: &str, all: &[T], parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(all.to_vec());
+    }
+    s.split(',').map(|x| parse(x.trim())).collect()
+}
+
+/// One table: a collective, algorithm, type and op over all sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Section {
+    pub kind: CollectiveKind,
+    pub algorithm: Option<Algorithm>,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
+    if args.backend != "cpu" {
+        return Err(format!(
+            "backend `{}` is not available in this build; only `cpu` is (CUDA and NCCL backends are planned)",
+            args.backend
+        ));
+    }
+    if args.ranks == 0 {
+        return Err("--ranks must be at least 1".to_owned());
+    }
+    if args.min_bytes > args.max_bytes || args.step_factor < 2 {
+        return Err("need -b <= -e and -f >= 2".to_owned());
+    }
+    let algorithms: Vec<Option<Algorithm>> = match args.algo.as_str() {
+        "auto" => vec![None],
+        "all" => Algorithm::ALL.map(Some).to_vec(),
+        other => other
+            .split(',')
+            .map(|a| a.parse::<Algorithm>().map(Some).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?,
+    };
+    let dtypes = list(&args.dtype, &DataType::ALL, |s| s.parse().map_err(|e: ferrocoll::ParseNameError| e.to_string()))?;
+    let ops = list(&args.redop, &ReduceOp::ALL, |s| s.parse().map_err(|e: ferrocoll::ParseNameError| e.to_string()))?;
+    let base = CpuConfig {
+        max_chunk_bytes: args.max_chunk_bytes.unwrap_or(CpuConfig::default().max_chunk_bytes),
+        ..CpuConfig::default()
+    };
+    let config = ferrocoll::env::cpu_config_from_env(base).map_err(|e| e.to_string())?;
+
+    let mut sections = Vec::new();
+    for &kind in &args.op.0 {
+        for &algorithm in &algorithms {
+            if let Some(a) = algorithm
+                && a.supports(kind).is_err()
+            {
+                continue;
+            }
+            for &dtype in &dtypes {
+                let reduces = kind.with_root(0).reduces();
+                for &op in if reduces { &ops[..] } else { &ops[..1] } {
+                    sections.push(Section {
+                        kind,
+                        algorithm,
+                        dtype,
+                        op,
+                    });
+                }
+            }
+        }
+    }
+    if sections.is_empty() {
+        return Err("no algorithm given can run the collective(s) asked for".to_owned());
+    }
+    let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
+    report::print_header(args, &config);
+    let bandwidth = args.membw.then(|| {
+        let bw = membw::measure();
+        report::print_membw(&bw, args.ranks);
+        bw
+    });
+    let progress = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new((sections.len() * sizes.len()) as u64);
+        bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {msg}").expect("valid template"));
+        bar
+    });
+    let mut rows: Vec<Row> = Vec::new();
+    for section in &sections {
+        report::print_section(section, args.ranks);
+        let section_rows = run::section(args, &config, section, &sizes, progress.as_ref())?;
+        for row in &section_rows {
+            report::print_row(row, bandwidth.as_ref(), args.ranks);
+        }
+        rows.extend(section_rows);
+    }
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    let wrong = report::print_footer(&rows, bandwidth.as_ref(), args.ranks);
+    if let Some(path) = &args.json {
+        report::write_json(path, &rows, bandwidth.as_ref()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.csv {
+        report::write_csv(path, &rows).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        report::write_svg(path, &rows).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(if wrong == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = min.max(1);
+    while s <= max {
+        out.push(s);
+        s = s.saturating_mul(factor);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_step() {
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("64m").unwrap(), 64 << 20);
+        assert!(parse_size("lots").is_err());
+        assert_eq!(sizes(4096, 16384, 2), vec![4096, 8192, 16384]);
+    }
+}

@@ -1,0 +1,245 @@
+//! The table (nccl-tests' columns), its footer, and the JSON, CSV and SVG files.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use ferrocoll::cpu::CpuConfig;
+use serde::Serialize;
+
+use super::membw::MemoryBandwidth;
+use super::{BenchArgs, Section};
+
+/// One mode's numbers for one size.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Measure {
+    pub time_us: f64,
+    pub algbw: f64,
+    pub busbw: f64,
+    pub wrong: u64,
+}
+
+/// One size of one section.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Row {
+    pub collective: String,
+    pub algorithm: String,
+    pub ranks: u32,
+    pub size: usize,
+    pub count: usize,
+    pub dtype: String,
+    pub redop: String,
+    pub root: i64,
+    pub out_of_place: Option<Measure>,
+    pub in_place: Option<Measure>,
+}
+
+/// busbw ceiling of an in-process collective that reads each input once
+/// and writes each output once: BW·(n−1)/n² (all-reduce's bus factor over
+/// n ranks' 2·S bytes of traffic).
+pub(crate) fn ceiling(bw: &MemoryBandwidth, n: u32) -> f64 {
+    let n = f64::from(n);
+    bw.best * (n - 1.0) / (n * n)
+}
+
+pub(crate) fn print_header(args: &BenchArgs, config: &CpuConfig) {
+    println!(
+        "# ferrocoll bench: backend {} ranks {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
+        args.backend, args.ranks, args.min_bytes, args.max_bytes, args.step_factor, args.warmup, args.iters, args.check
+    );
+    println!(
+        "# executor: cpu threads, max chunk {} B, {} slots per link, timeout {:?}, algorithm {}",
+        config.max_chunk_bytes,
+        config.slots_per_link,
+        config.timeout,
+        config.algorithm.map_or("auto", |a| a.name())
+    );
+}
+
+pub(crate) fn print_membw(bw: &MemoryBandwidth, n: u32) {
+    let nt = bw.nt_copy.map_or("n/a".to_owned(), |v| format!("{v:.2}"));
+    println!(
+        "# memory bandwidth ({} threads, GB/s): copy {:.2}  non-temporal copy {nt}  accumulate {:.2}  best {:.2}",
+        bw.threads, bw.copy, bw.accumulate, bw.best
+    );
+    println!(
+        "# in-process ceiling for all-reduce busbw, BW·(n−1)/n² at n={n}: {:.2} GB/s",
+        ceiling(bw, n)
+    );
+}
+
+pub(crate) fn print_section(s: &Section, n: u32) {
+    println!("#");
+    println!(
+        "# {} on {n} ranks, algorithm {}",
+        s.kind,
+        s.algorithm.map_or("auto", |a| a.name())
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+        "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", ""
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+}
+
+fn cells(m: Option<Measure>) -> String {
+    match m {
+        Some(m) => format!("{:>9.2} {:>7.2} {:>7.2} {:>6}", m.time_us, m.algbw, m.busbw, m.wrong),
+        None => format!("{:>9} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A"),
+    }
+}
+
+pub(crate) fn print_row(row: &Row, bw: Option<&MemoryBandwidth>, n: u32) {
+    let mut line = format!(
+        "  {:>10} {:>12} {:>8} {:>6} {:>6}   {}   {}",
+        row.size,
+        row.count,
+        row.dtype,
+        row.redop,
+        row.root,
+        cells(row.out_of_place),
+        cells(row.in_place)
+    );
+    if let (Some(bw), Some(m)) = (bw, row.out_of_place)
+        && row.collective == "all-reduce"
+    {
+        let _ = write!(line, "   {:.2}x ceiling", m.busbw / ceiling(bw, n));
+    }
+    println!("{line}");
+}
+
+/// Print the footer; returns the number of wrong elements.
+pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -> u64 {
+    let measures: Vec<Measure> = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place, r.in_place])
+        .flatten()
+        .collect();
+    let wrong: u64 = measures.iter().map(|m| m.wrong).sum();
+    let avg = if measures.is_empty() {
+        0.0
+    } else {
+        measures.iter().map(|m| m.busbw).sum::<f64>() / measures.len() as f64
+    };
+    println!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" });
+    println!("# Avg bus bandwidth    : {avg:.4} ");
+    if let Some(bw) = bw
+        && let Some(largest) = rows.iter().filter(|r| r.collective == "all-reduce").max_by_key(|r| r.size)
+    {
+        let ratio = |m: Option<Measure>| m.map_or("N/A".to_owned(), |m| format!("{:.3}", m.busbw / ceiling(bw, n)));
+        println!(
+            "# busbw / ceiling at {} B ({}): out-of-place {}, in-place {}",
+            largest.size,
+            largest.algorithm,
+            ratio(largest.out_of_place),
+            ratio(largest.in_place)
+        );
+    }
+    println!("#");
+    wrong
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    version: u32,
+    memory_bandwidth: Option<&'a MemoryBandwidth>,
+    rows: &'a [Row],
+}
+
+pub(crate) fn write_json(path: &Path, rows: &[Row], bw: Option<&MemoryBandwidth>) -> std::io::Result<()> {
+    let report = JsonReport {
+        version: 1,
+        memory_bandwidth: bw,
+        rows,
+    };
+    std::fs::write(path, serde_json::to_string_pretty(&report).expect("rows serialize"))
+}
+
+pub(crate) fn write_csv(path: &Path, rows: &[Row]) -> std::io::Result<()> {
+    let mut out = String::from(
+        "collective,algorithm,ranks,size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n",
+    );
+    let m = |m: Option<Measure>| match m {
+        Some(m) => format!("{:.3},{:.4},{:.4},{}", m.time_us, m.algbw, m.busbw, m.wrong),
+        None => ",,,".to_owned(),
+    };
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{}",
+            r.collective,
+            r.algorithm,
+            r.ranks,
+            r.size,
+            r.count,
+            r.dtype,
+            r.redop,
+            r.root,
+            m(r.out_of_place),
+            m(r.in_place)
+        );
+    }
+    std::fs::write(path, out)
+}
+
+pub(crate) fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows {
+        let Some(m) = r.out_of_place else { continue };
+        let label = format!("{} {} {} {}", r.collective, r.algorithm, r.dtype, r.redop);
+        let point = ((r.size.max(1) as f64).log2(), m.busbw);
+        match series.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, pts)) => pts.push(point),
+            None => series.push((label, vec![point])),
+        }
+    }
+    let x_max = series.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(1.0, f64::max);
+    let x_min = series.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(x_max, f64::min);
+    let y_max = series.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max) * 1.1 + 1e-9;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("busbw vs message size (out-of-place)", ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x_min..x_max.max(x_min + 1.0), 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("size (bytes)")
+        .y_desc("busbw (GB/s)")
+        .x_label_formatter(&|x| human(2f64.powf(*x)))
+        .draw()?;
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn human(bytes: f64) -> String {
+    let b = bytes.round() as u64;
+    match b {
+        b if b >= 1 << 30 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
+}
