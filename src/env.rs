@@ -33,7 +33,10 @@ pub fn cpu_config_from_env(base: CpuConfig) -> Result<CpuConfig, EnvError> {
     apply(base, |k| std::env::var(k).ok())
 }
 
-fn apply(mut config: CpuConfig, get: impl Fn(&str) -> Option<String>) -> Result<CpuConfig, EnvError> {
+fn apply(
+    mut config: CpuConfig,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<CpuConfig, EnvError> {
     if let Some(v) = get("FERROCOLL_ALGO") {
         config.algorithm = match v.trim() {
             "" | "auto" => None,
@@ -68,15 +71,30 @@ mod tests {
     #[test]
     fn overrides_apply_and_bad_values_are_errors() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
         };
-        let c = apply(CpuConfig::default(), env(&[("FERROCOLL_ALGO", "ring"), ("FERROCOLL_TIMEOUT_MS", "250")])).unwrap();
+        let c = apply(
+            CpuConfig::default(),
+            env(&[("FERROCOLL_ALGO", "ring"), ("FERROCOLL_TIMEOUT_MS", "250")]),
+        )
+        .unwrap();
         assert_eq!(c.algorithm, Some(Algorithm::Ring));
         assert_eq!(c.timeout, Duration::from_millis(250));
         let c = apply(CpuConfig::default(), env(&[("FERROCOLL_ALGO", "auto")])).unwrap();
         assert_eq!(c.algorithm, None);
         let e = apply(CpuConfig::default(), env(&[("FERROCOLL_ALGO", "rung")])).unwrap_err();
         assert!(e.to_string().contains("FERROCOLL_ALGO"), "{e}");
-        assert!(apply(CpuConfig::default(), env(&[("FERROCOLL_TIMEOUT_MS", "soon")])).is_err());
+        assert!(
+            apply(
+                CpuConfig::default(),
+                env(&[("FERROCOLL_TIMEOUT_MS", "soon")])
+            )
+            .is_err()
+        );
     }
 }

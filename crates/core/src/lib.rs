@@ -12,6 +12,7 @@
 //! | [`flow`] | the buffering model every executor implements, and why one run decides deadlock |
 //! | [`verify`] | [`verify()`](verify::verify): a [`Schedule`] in, a [`Verified`] schedule or every violation out |
 //! | [`replay`] | a serial run of a verified schedule on concrete numbers: the oracle executors are tested against |
+//! | [`bucket`] | gradient bucketing: many small tensors, few large all-reduces |
 //! | [`comm`] | the [`Communicator`](comm::Communicator) trait and [`CommError`](comm::CommError) |
 //! | [`cpu`] | the CPU executor: ranks as threads over shared memory |
 //! | [`conformance`] | the kit every executor is checked with against a serial reference |
@@ -43,6 +44,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod algorithms;
+pub mod bucket;
 pub mod comm;
 pub mod conformance;
 pub mod cpu;

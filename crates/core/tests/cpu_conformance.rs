@@ -15,7 +15,12 @@ struct Cpu {
     max_chunk_bytes: usize,
 }
 
-fn call<T: KitElement>(comm: &mut CpuCommunicator, case: &Case, input: &[T], output: &mut Vec<T>) -> Result<(), CommError> {
+fn call<T: KitElement>(
+    comm: &mut CpuCommunicator,
+    case: &Case,
+    input: &[T],
+    output: &mut Vec<T>,
+) -> Result<(), CommError> {
     let (c, count) = (case.collective, case.count);
     if !case.in_place {
         return dispatch(comm, c, case.op, false, input, output);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::group::{Group, Link, Msg, Pieces};
-use super::kernels::Reduce;
+use super::kernels::{self, Reduce};
 use super::plan::{Plan, Stable};
 use crate::comm::CommError;
 use crate::schedule::layout::Layout;
@@ -123,7 +123,8 @@ pub(crate) fn execute<T: Reduce>(call: &Call) -> Result<(), CommError> {
     drain(call, deadline)
 }
 
-/// Post the destinations of the direct targets this channel may accept now.
+/// Post the destinations of the direct targets this channel may accept
+/// now, each for the exact message number it will receive on its link.
 fn post_ahead<T>(call: &Call, channel: u32, steps: &[Step], at: Cursor) {
     const LOOKAHEAD: usize = 64;
     let start = at.index as usize;
@@ -133,11 +134,18 @@ fn post_ahead<T>(call: &Call, channel: u32, steps: &[Step], at: Cursor) {
         if !sp.direct_target || sp.post_from > at.index {
             continue;
         }
-        let link = call.link(step.recv_from[0], call.rank, channel);
+        let peer = step.recv_from[0];
+        // Receives from the same peer still ahead of this one on the channel.
+        let before = steps[start..start + offset]
+            .iter()
+            .filter(|s| s.recv_from.contains(&peer))
+            .count() as u64;
+        let link = call.link(peer, call.rank, channel);
         let mut st = call.group.lock_link(&link);
-        if st.queue.is_empty() && st.posted.is_none() && !st.claimed {
+        let seq = st.popped + before;
+        if st.posted.is_none() && st.pushed <= seq {
             let w = step.write.expect("direct targets write");
-            st.posted = Some(call.pieces::<T>(at.segment, w, step.chunks));
+            st.posted = Some((seq, call.pieces::<T>(at.segment, w, step.chunks)));
         }
     }
 }
@@ -218,10 +226,8 @@ fn try_fire<T: Reduce>(
     let mut outgoing: Vec<Msg> = Vec::with_capacity(send_links.len());
     for link in &send_links {
         let mut st = group.lock_link(link);
-        if st.queue.is_empty()
-            && let Some(posted) = st.posted.take()
-        {
-            st.claimed = true;
+        if st.posted.as_ref().is_some_and(|(seq, _)| *seq == st.pushed) {
+            let (_, posted) = st.posted.take().expect("checked");
             dsts.push(posted);
             outgoing.push(Msg::Written);
             continue;
@@ -254,9 +260,6 @@ fn try_fire<T: Reduce>(
     {
         {
             let mut st = group.lock_link(link);
-            if matches!(msg, Msg::Written) {
-                st.claimed = false;
-            }
             st.queue.push_back(msg);
             st.pushed += 1;
         }
@@ -266,9 +269,12 @@ fn try_fire<T: Reduce>(
         {
             let mut st = group.lock_link(link);
             st.queue.pop_front();
-            // A post this message did not use (it was sent before the post)
-            // belongs to this step, which is done: withdraw it.
-            st.posted = None;
+            let consumed = st.popped;
+            st.popped += 1;
+            // A post for this message that its sender did not use is stale.
+            if st.posted.as_ref().is_some_and(|(seq, _)| *seq <= consumed) {
+                st.posted = None;
+            }
         }
         group.ring(peer);
     }
@@ -279,42 +285,76 @@ fn first_chunk(step: &Step) -> u32 {
     step.write.or(step.read).map_or(0, |s| s.chunk)
 }
 
-/// Reduce `srcs` into the first destination and copy it to the others, in
-/// blocks so the copies read what the reduction just wrote from cache.
+/// Stretches at least this long are written with non-temporal stores: they
+/// will not be read again from cache, and skipping the write-allocate read
+/// of every destination line saves a third of the memory traffic.
+const STREAM_MIN_BYTES: usize = 256 << 10;
+
+/// Reduce `srcs` into every destination. Short stretches reduce into the
+/// first destination and copy from it while it is in cache; long ones
+/// reduce a block at a time into a small buffer that stays in L1 and
+/// stream it to every destination.
 fn combine<T: Reduce>(op: ReduceOp, srcs: &[Pieces], dsts: &[Pieces]) {
     let size = std::mem::size_of::<T>();
     let lists: Vec<&Pieces> = srcs.iter().chain(dsts).collect();
+    let mut block: Vec<T> = Vec::with_capacity(FAN_OUT_BLOCK);
+    let mut streamed = false;
     walk(&lists, |addrs, bytes| {
         let (src_addrs, dst_addrs) = addrs.split_at(srcs.len());
+        let stream = bytes >= STREAM_MIN_BYTES;
+        streamed |= stream;
         let mut done = 0;
         while done < bytes {
             let n = (bytes - done).min(FAN_OUT_BLOCK * size);
+            let len = n / size;
             let mut src: Vec<*const T> =
                 src_addrs.iter().map(|&a| (a + done) as *const T).collect();
-            let first = (dst_addrs[0] + done) as *mut T;
-            // In place, the destination is one of the sources; the kernel
-            // reads its first two sources before writing, so put it first.
-            if let Some(i) = src.iter().position(|&p| std::ptr::eq(p, first)) {
-                src.swap(0, i);
-            }
-            let len = n / size;
-            if !(src.len() == 1 && std::ptr::eq(src[0], first)) {
-                // SAFETY: the verifier proved every slice in bounds of its
-                // buffer (or of a slot sized for it), that a step's read and
-                // write coincide or do not overlap, and that no other step
-                // touches these bytes concurrently.
-                unsafe { T::reduce(op, &src, first, len) };
-            }
-            for &d in &dst_addrs[1..] {
-                let d = (d + done) as *mut T;
-                if d != first {
-                    // SAFETY: as above; distinct destinations never overlap.
-                    unsafe { std::ptr::copy_nonoverlapping(first as *const T, d, len) };
+            if stream {
+                let from: *const u8 = if src.len() == 1 {
+                    src[0] as *const u8
+                } else {
+                    // SAFETY: `block` has room for FAN_OUT_BLOCK ≥ len
+                    // elements and overlaps no source.
+                    unsafe { T::reduce(op, &src, block.as_mut_ptr(), len) };
+                    block.as_ptr() as *const u8
+                };
+                for &d in dst_addrs {
+                    let d = (d + done) as *mut u8;
+                    if !std::ptr::eq(d, from) {
+                        // SAFETY: destinations are in bounds (verified) and
+                        // never overlap a different source or each other.
+                        unsafe { kernels::stream_copy(from, d, n) };
+                    }
+                }
+            } else {
+                let first = (dst_addrs[0] + done) as *mut T;
+                // In place, the destination is one of the sources; the
+                // kernel reads its first two sources before writing, so put
+                // it first.
+                if let Some(i) = src.iter().position(|&p| std::ptr::eq(p, first)) {
+                    src.swap(0, i);
+                }
+                if !(src.len() == 1 && std::ptr::eq(src[0], first)) {
+                    // SAFETY: the verifier proved every slice in bounds of
+                    // its buffer (or of a slot sized for it), that a step's
+                    // read and write coincide or do not overlap, and that no
+                    // other step touches these bytes concurrently.
+                    unsafe { T::reduce(op, &src, first, len) };
+                }
+                for &d in &dst_addrs[1..] {
+                    let d = (d + done) as *mut T;
+                    if d != first {
+                        // SAFETY: as above; distinct destinations never overlap.
+                        unsafe { std::ptr::copy_nonoverlapping(first as *const T, d, len) };
+                    }
                 }
             }
             done += n;
         }
     });
+    if streamed {
+        kernels::stream_fence();
+    }
 }
 
 /// Walk several lists of byte ranges of equal total length in lock step,

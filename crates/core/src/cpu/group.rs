@@ -31,11 +31,11 @@ pub(crate) struct LinkState {
     pub queue: VecDeque<Msg>,
     /// Messages ever pushed; message `k` uses slot buffer `k % slots`.
     pub pushed: u64,
-    /// Where the receiver wants the next message written, if it is waiting for it.
-    pub posted: Option<Pieces>,
-    /// A sender took `posted` and is writing there; the receiver must not
-    /// post again until the `Written` message lands.
-    pub claimed: bool,
+    /// Messages ever consumed by the receiver.
+    pub popped: u64,
+    /// Where the receiver wants message number `.0` written: the sender of
+    /// exactly that message may write the value there itself.
+    pub posted: Option<(u64, Pieces)>,
 }
 
 /// A slot buffer. Written only by the link's sender while the slot is free,

@@ -158,6 +158,51 @@ pub fn reduce_slices<T: Reduce>(op: ReduceOp, srcs: &[&[T]], dst: &mut [T]) {
     unsafe { T::reduce(op, &ptrs, dst.as_mut_ptr(), dst.len()) }
 }
 
+/// Copy `bytes` from `src` to `dst` with non-temporal stores where the
+/// target supports them, so large outputs skip the write-allocate read of
+/// every destination line. Call [`stream_fence`] before other threads may
+/// read what was written.
+///
+/// # Safety
+/// `src` is valid for `bytes` reads, `dst` for `bytes` writes, and they do
+/// not overlap.
+pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let lead = dst.align_offset(16).min(bytes);
+        let body = (bytes - lead) / 16;
+        // SAFETY: all offsets stay within `bytes`; `dst + lead` is 16-byte
+        // aligned as `_mm_stream_si128` requires; loads are unaligned-safe.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, lead);
+            let (s, d) = (
+                src.add(lead) as *const __m128i,
+                dst.add(lead) as *mut __m128i,
+            );
+            for i in 0..body {
+                _mm_stream_si128(d.add(i), _mm_loadu_si128(s.add(i)));
+            }
+            let done = lead + body * 16;
+            std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), bytes - done);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, bytes);
+    }
+}
+
+/// Order earlier [`stream_copy`] stores before later ordinary ones.
+pub(crate) fn stream_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` has no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,8 +33,7 @@ pub(crate) struct StepPlan {
     /// A single receive copied to `write`: the sender may write there itself.
     pub direct_target: bool,
     /// For a direct target: the earliest index on its channel from which it
-    /// may post its destination — no step in between touches that memory
-    /// or receives from the same peer.
+    /// may post its destination — no step in between touches that memory.
     pub post_from: u32,
 }
 
@@ -142,7 +141,7 @@ fn earliest_post(s: &Schedule, in_place: bool, rank: u32, steps: &[Step], target
     let mut from = target;
     while from > 0 {
         let prev = &steps[from - 1];
-        if touches(prev) || prev.recv_from.contains(&t.recv_from[0]) {
+        if touches(prev) {
             break;
         }
         from -= 1;

@@ -50,7 +50,13 @@ pub(crate) fn measure() -> MemoryBandwidth {
 
 /// Best rate over a few repeats of `kernel` split across `threads`, with
 /// `passes` array-sizes of traffic per run.
-fn best(threads: usize, src: &[u64], dst: &mut [u64], passes: f64, kernel: impl Fn(&[u64], &mut [u64]) + Sync) -> f64 {
+fn best(
+    threads: usize,
+    src: &[u64],
+    dst: &mut [u64],
+    passes: f64,
+    kernel: impl Fn(&[u64], &mut [u64]) + Sync,
+) -> f64 {
     let per = src.len().div_ceil(threads);
     let mut rate: f64 = 0.0;
     for _ in 0..REPEATS {

@@ -95,7 +95,11 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 4K, 64M)"))
 }
 
-fn list<T: Copy>(s: &str, all: &[T], parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+fn list<T: Copy>(
+    s: &str,
+    all: &[T],
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
     if s.eq_ignore_ascii_case("all") {
         return Ok(all.to_vec());
     }
@@ -132,10 +136,18 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             .map(|a| a.parse::<Algorithm>().map(Some).map_err(|e| e.to_string()))
             .collect::<Result<_, _>>()?,
     };
-    let dtypes = list(&args.dtype, &DataType::ALL, |s| s.parse().map_err(|e: ferrocoll::ParseNameError| e.to_string()))?;
-    let ops = list(&args.redop, &ReduceOp::ALL, |s| s.parse().map_err(|e: ferrocoll::ParseNameError| e.to_string()))?;
+    let dtypes = list(&args.dtype, &DataType::ALL, |s| {
+        s.parse()
+            .map_err(|e: ferrocoll::ParseNameError| e.to_string())
+    })?;
+    let ops = list(&args.redop, &ReduceOp::ALL, |s| {
+        s.parse()
+            .map_err(|e: ferrocoll::ParseNameError| e.to_string())
+    })?;
     let base = CpuConfig {
-        max_chunk_bytes: args.max_chunk_bytes.unwrap_or(CpuConfig::default().max_chunk_bytes),
+        max_chunk_bytes: args
+            .max_chunk_bytes
+            .unwrap_or(CpuConfig::default().max_chunk_bytes),
         ..CpuConfig::default()
     };
     let config = ferrocoll::env::cpu_config_from_env(base).map_err(|e| e.to_string())?;
@@ -173,7 +185,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     });
     let progress = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new((sections.len() * sizes.len()) as u64);
-        bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {msg}").expect("valid template"));
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {msg}")
+                .expect("valid template"),
+        );
         bar
     });
     let mut rows: Vec<Row> = Vec::new();
@@ -190,7 +205,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     }
     let wrong = report::print_footer(&rows, bandwidth.as_ref(), args.ranks);
     if let Some(path) = &args.json {
-        report::write_json(path, &rows, bandwidth.as_ref()).map_err(|e| format!("{}: {e}", path.display()))?;
+        report::write_json(path, &rows, bandwidth.as_ref())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if let Some(path) = &args.csv {
         report::write_csv(path, &rows).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -198,7 +214,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     if let Some(path) = &args.plot {
         report::write_svg(path, &rows).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    Ok(if wrong == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if wrong == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {

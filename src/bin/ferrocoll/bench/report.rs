@@ -44,7 +44,14 @@ pub(crate) fn ceiling(bw: &MemoryBandwidth, n: u32) -> f64 {
 pub(crate) fn print_header(args: &BenchArgs, config: &CpuConfig) {
     println!(
         "# ferrocoll bench: backend {} ranks {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
-        args.backend, args.ranks, args.min_bytes, args.max_bytes, args.step_factor, args.warmup, args.iters, args.check
+        args.backend,
+        args.ranks,
+        args.min_bytes,
+        args.max_bytes,
+        args.step_factor,
+        args.warmup,
+        args.iters,
+        args.check
     );
     println!(
         "# executor: cpu threads, max chunk {} B, {} slots per link, timeout {:?}, algorithm {}",
@@ -80,17 +87,44 @@ pub(crate) fn print_section(s: &Section, n: u32) {
     );
     println!(
         "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
     );
     println!(
         "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        ""
     );
 }
 
 fn cells(m: Option<Measure>) -> String {
     match m {
-        Some(m) => format!("{:>9.2} {:>7.2} {:>7.2} {:>6}", m.time_us, m.algbw, m.busbw, m.wrong),
+        Some(m) => format!(
+            "{:>9.2} {:>7.2} {:>7.2} {:>6}",
+            m.time_us, m.algbw, m.busbw, m.wrong
+        ),
         None => format!("{:>9} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A"),
     }
 }
@@ -127,12 +161,22 @@ pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -
     } else {
         measures.iter().map(|m| m.busbw).sum::<f64>() / measures.len() as f64
     };
-    println!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" });
+    println!(
+        "# Out of bounds values : {wrong} {}",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    );
     println!("# Avg bus bandwidth    : {avg:.4} ");
     if let Some(bw) = bw
-        && let Some(largest) = rows.iter().filter(|r| r.collective == "all-reduce").max_by_key(|r| r.size)
+        && let Some(largest) = rows
+            .iter()
+            .filter(|r| r.collective == "all-reduce")
+            .max_by_key(|r| r.size)
     {
-        let ratio = |m: Option<Measure>| m.map_or("N/A".to_owned(), |m| format!("{:.3}", m.busbw / ceiling(bw, n)));
+        let ratio = |m: Option<Measure>| {
+            m.map_or("N/A".to_owned(), |m| {
+                format!("{:.3}", m.busbw / ceiling(bw, n))
+            })
+        };
         println!(
             "# busbw / ceiling at {} B ({}): out-of-place {}, in-place {}",
             largest.size,
@@ -152,13 +196,20 @@ struct JsonReport<'a> {
     rows: &'a [Row],
 }
 
-pub(crate) fn write_json(path: &Path, rows: &[Row], bw: Option<&MemoryBandwidth>) -> std::io::Result<()> {
+pub(crate) fn write_json(
+    path: &Path,
+    rows: &[Row],
+    bw: Option<&MemoryBandwidth>,
+) -> std::io::Result<()> {
     let report = JsonReport {
         version: 1,
         memory_bandwidth: bw,
         rows,
     };
-    std::fs::write(path, serde_json::to_string_pretty(&report).expect("rows serialize"))
+    std::fs::write(
+        path,
+        serde_json::to_string_pretty(&report).expect("rows serialize"),
+    )
 }
 
 pub(crate) fn write_csv(path: &Path, rows: &[Row]) -> std::io::Result<()> {
@@ -201,9 +252,23 @@ pub(crate) fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::er
             None => series.push((label, vec![point])),
         }
     }
-    let x_max = series.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(1.0, f64::max);
-    let x_min = series.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(x_max, f64::min);
-    let y_max = series.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max) * 1.1 + 1e-9;
+    let x_max = series
+        .iter()
+        .flat_map(|(_, p)| p)
+        .map(|p| p.0)
+        .fold(1.0, f64::max);
+    let x_min = series
+        .iter()
+        .flat_map(|(_, p)| p)
+        .map(|p| p.0)
+        .fold(x_max, f64::min);
+    let y_max = series
+        .iter()
+        .flat_map(|(_, p)| p)
+        .map(|p| p.1)
+        .fold(0.0, f64::max)
+        * 1.1
+        + 1e-9;
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -221,9 +286,14 @@ pub(crate) fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::er
     for (i, (label, points)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))?
             .label(label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

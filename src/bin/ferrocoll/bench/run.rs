@@ -72,7 +72,8 @@ fn typed<T: KitElement>(
                 if in_place && collective.in_place_alias(0).is_none() {
                     continue;
                 }
-                let (time, bad) = one_size::<T>(comm, args, section, collective, count, in_place, i as u64)?;
+                let (time, bad) =
+                    one_size::<T>(comm, args, section, collective, count, in_place, i as u64)?;
                 wrong.lock().unwrap()[i][m] += bad;
                 measures[m] = Some(time);
             }
@@ -83,7 +84,11 @@ fn typed<T: KitElement>(
                 let w = wrong.lock().unwrap()[i];
                 let measure = |m: usize| {
                     measures[m].map(|secs: f64| {
-                        let algbw = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
+                        let algbw = if secs > 0.0 {
+                            bytes as f64 / secs / 1e9
+                        } else {
+                            0.0
+                        };
                         Measure {
                             time_us: secs * 1e6,
                             algbw,
@@ -94,12 +99,18 @@ fn typed<T: KitElement>(
                 };
                 rows.lock().unwrap().push(Row {
                     collective: section.kind.name().to_owned(),
-                    algorithm: section.algorithm.map_or("auto".to_owned(), |a| a.name().to_owned()),
+                    algorithm: section
+                        .algorithm
+                        .map_or("auto".to_owned(), |a| a.name().to_owned()),
                     ranks: n,
                     size: bytes,
                     count: count * blocks,
                     dtype: section.dtype.nccl_tests_name().to_owned(),
-                    redop: if collective.reduces() { section.op.name().to_owned() } else { "none".to_owned() },
+                    redop: if collective.reduces() {
+                        section.op.name().to_owned()
+                    } else {
+                        "none".to_owned()
+                    },
                     root: collective.root().map_or(-1, i64::from),
                     out_of_place: measure(0),
                     in_place: measure(1),
@@ -138,7 +149,13 @@ fn one_size<T: KitElement>(
     let mine: Vec<T> = inputs(rank, in_len, seed, op);
     let fresh = |mine: &[T]| -> Vec<T> {
         if in_place {
-            in_place_buffer(collective, rank, count, mine, vec![T::poison(); out_len.max(in_len)])
+            in_place_buffer(
+                collective,
+                rank,
+                count,
+                mine,
+                vec![T::poison(); out_len.max(in_len)],
+            )
         } else {
             vec![T::poison(); out_len]
         }
@@ -159,7 +176,10 @@ fn one_size<T: KitElement>(
     }
     let mut out = fresh(&mine);
     dispatch(comm, collective, op, in_place, &mine, &mut out)?;
-    Ok((secs, count_wrong(collective, op, n, rank, count, seed, in_place, &mine, &out)))
+    Ok((
+        secs,
+        count_wrong(collective, op, n, rank, count, seed, in_place, &mine, &out),
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -175,11 +195,17 @@ fn count_wrong<T: KitElement>(
     out: &[T],
 ) -> u64 {
     let in_len = mine.len();
-    let all = |r: u32| if r == rank { mine.to_vec() } else { inputs::<T>(r, in_len, seed, op) };
+    let all = |r: u32| {
+        if r == rank {
+            mine.to_vec()
+        } else {
+            inputs::<T>(r, in_len, seed, op)
+        }
+    };
     let r = rank as usize;
     let result: &[T] = match (collective, in_place) {
         (Collective::ReduceScatter, true) => &out[r * count..(r + 1) * count],
-        _ => &out[..],
+        _ => out,
     };
     let reduced = |block: usize| -> Vec<(T, Vec<T>)> {
         let others: Vec<Vec<T>> = (0..n).map(all).collect();
@@ -198,7 +224,11 @@ fn count_wrong<T: KitElement>(
         Collective::Broadcast { root } => copy(all(root)),
         Collective::Reduce { root } if root == rank => reduced(0),
         Collective::Reduce { .. } => return 0,
-        Collective::AllToAll => copy((0..n).flat_map(|k| all(k)[r * count..(r + 1) * count].to_vec()).collect()),
+        Collective::AllToAll => copy(
+            (0..n)
+                .flat_map(|k| all(k)[r * count..(r + 1) * count].to_vec())
+                .collect(),
+        ),
         Collective::SendRecv => copy(all((rank + n - 1) % n)),
     };
     result
