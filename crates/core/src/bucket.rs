@@ -98,7 +98,7 @@ mod tests {
             let mut a = vec![r; 5];
             let mut b = vec![2.0 * r; 7];
             let mut c = vec![r + 1.0; 100];
-            let mut bucketer = Bucketer::new(64);
+            let mut bucketer = Bucketer::new(128);
             let calls = bucketer.all_reduce(comm, &mut [&mut a, &mut b, &mut c], ReduceOp::Avg)?;
             Ok((calls, a[0], b[6], c[99]))
         });
