@@ -21,6 +21,8 @@
 //! completes too (each segment starts from empty links), and by confluence
 //! so does every other interleaving: verifying one segment covers any number.
 
+use std::collections::HashSet;
+
 use crate::schedule::{Schedule, Step, StepAt, StepRef};
 use crate::types::Rank;
 
@@ -381,4 +383,69 @@ fn waits<P>(step: &Step, at: StepAt, pc: &[Vec<u32>], links: &Links<P>) -> Vec<W
         }
     }
     out
+}
+
+/// The happens-before graph of a run: every step is a node; edges are
+/// program order, `after` references and delivered messages.
+pub(crate) struct HappensBefore {
+    /// First node id of each (rank, channel).
+    base: Vec<Vec<usize>>,
+    succ: Vec<Vec<usize>>,
+}
+
+impl HappensBefore {
+    pub(crate) fn new(schedule: &Schedule, deliveries: &[(StepAt, StepAt)]) -> Self {
+        let mut base = Vec::new();
+        let mut total = 0;
+        for prog in &schedule.ranks {
+            let mut row = Vec::new();
+            for steps in &prog.channels {
+                row.push(total);
+                total += steps.len();
+            }
+            base.push(row);
+        }
+        let mut order = HappensBefore {
+            base,
+            succ: vec![Vec::new(); total],
+        };
+        for (at, step) in schedule.steps() {
+            let id = order.id(at);
+            let len = schedule.ranks[at.rank as usize].channels[at.channel as usize].len();
+            if (at.index as usize) + 1 < len {
+                order.succ[id].push(id + 1);
+            }
+            for dep in &step.after {
+                let from = order.base[at.rank as usize][dep.channel as usize] + dep.step as usize;
+                order.succ[from].push(id);
+            }
+        }
+        for &(from, to) in deliveries {
+            let (f, t) = (order.id(from), order.id(to));
+            order.succ[f].push(t);
+        }
+        order
+    }
+
+    fn id(&self, at: StepAt) -> usize {
+        self.base[at.rank as usize][at.channel as usize] + at.index as usize
+    }
+
+    /// True when `from` happens before `to` (or is `to`).
+    pub(crate) fn reaches(&self, from: StepAt, to: StepAt) -> bool {
+        let (from, to) = (self.id(from), self.id(to));
+        let mut seen = HashSet::new();
+        let mut stack = vec![from];
+        while let Some(v) = stack.pop() {
+            if v == to {
+                return true;
+            }
+            for &w in &self.succ[v] {
+                if seen.insert(w) {
+                    stack.push(w);
+                }
+            }
+        }
+        false
+    }
 }

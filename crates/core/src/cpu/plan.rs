@@ -2,8 +2,11 @@
 //! which sent values may be read in place by the receiver (zero copy) and
 //! which receives may be written straight into by the sender.
 
+use std::collections::HashMap;
+
 use crate::algorithms::Algorithm;
-use crate::schedule::{Buffer, Schedule, Step};
+use crate::flow::{self, HappensBefore, Semantics};
+use crate::schedule::{Buffer, Schedule, Step, StepAt};
 use crate::types::Collective;
 use crate::verify::Verified;
 
@@ -20,9 +23,10 @@ pub(crate) struct PlanKey {
 pub(crate) enum Stable {
     /// Nowhere: it must be materialised in the link's slot.
     No,
-    /// In the step's `write` slice, which no other step of the rank writes.
+    /// In the step's `write` slice: every other write to it happens
+    /// before this step or after every receiver has read it.
     Written,
-    /// In the step's `read` slice, which no step of the rank writes.
+    /// In the step's `read` slice, under the same condition.
     Read,
 }
 
@@ -55,52 +59,112 @@ impl Plan {
     }
 }
 
+/// Runs the schedule through the buffering model without data, to learn
+/// which step receives each message.
+struct Deliveries;
+
+impl Semantics for Deliveries {
+    type Payload = ();
+
+    fn fire(&mut self, _: StepAt, step: &Step, _: &mut Vec<()>) -> Option<()> {
+        (!step.send_to.is_empty()).then_some(())
+    }
+}
+
 fn analyse(s: &Schedule, in_place: bool) -> Vec<Vec<Vec<StepPlan>>> {
+    let outcome = flow::run(
+        s,
+        crate::verify::DEFAULT_SLOTS_PER_LINK,
+        &mut Deliveries,
+        true,
+    );
+    let order = HappensBefore::new(s, &outcome.deliveries);
+    let mut receivers: HashMap<StepAt, Vec<StepAt>> = HashMap::new();
+    let mut sender: HashMap<StepAt, StepAt> = HashMap::new();
+    for &(from, to) in &outcome.deliveries {
+        receivers.entry(from).or_default().push(to);
+        sender.insert(to, from);
+    }
+    // A direct target's memory may be written by its message's sender, at
+    // the sender's step: that is the write that must come late enough.
+    let effective = |w: StepAt| -> StepAt {
+        let step = s.step(w).expect("writers are steps");
+        let direct = step.recv_from.len() == 1 && step.read.is_none() && step.after.is_empty();
+        if direct {
+            sender.get(&w).copied().unwrap_or(w)
+        } else {
+            w
+        }
+    };
     (0..s.world_size)
         .map(|rank| {
-            // How many steps write each physical chunk of this rank.
-            let mut writers: [Vec<u32>; 3] = [
-                vec![0; s.buffer_chunks(Buffer::Input) as usize],
-                vec![0; s.buffer_chunks(Buffer::Output) as usize],
-                vec![0; s.buffer_chunks(Buffer::Scratch) as usize],
+            // Which steps write each physical chunk of this rank.
+            let mut writers: [Vec<Vec<StepAt>>; 3] = [
+                vec![Vec::new(); s.buffer_chunks(Buffer::Input) as usize],
+                vec![Vec::new(); s.buffer_chunks(Buffer::Output) as usize],
+                vec![Vec::new(); s.buffer_chunks(Buffer::Scratch) as usize],
             ];
             let prog = &s.ranks[rank as usize];
-            for step in prog.channels.iter().flatten() {
-                if let Some(w) = step.write {
-                    let (buffer, first) = s.physical(in_place, rank, w.buffer, w.chunk);
-                    for c in first..first + step.chunks {
-                        writers[buffer as usize][c as usize] += 1;
+            for (c, steps) in prog.channels.iter().enumerate() {
+                for (i, step) in steps.iter().enumerate() {
+                    if let Some(w) = step.write {
+                        let (buffer, first) = s.physical(in_place, rank, w.buffer, w.chunk);
+                        let at = StepAt {
+                            rank,
+                            channel: c as u32,
+                            index: i as u32,
+                        };
+                        for c in first..first + step.chunks {
+                            writers[buffer as usize][c as usize].push(at);
+                        }
                     }
                 }
             }
-            let writers = &writers;
-            let written = |step: &Step, buffer: Buffer, chunk: u32| {
-                let (buffer, first) = s.physical(in_place, rank, buffer, chunk);
-                (first..first + step.chunks)
-                    .map(move |c| (buffer, writers[buffer as usize][c as usize]))
+            // A value may be read in place if every other write to its
+            // memory happens before the sending step, or after every step
+            // that receives it.
+            let in_place_ok = |at: StepAt, step: &Step, slice: crate::schedule::Slice| {
+                let (buffer, first) = s.physical(in_place, rank, slice.buffer, slice.chunk);
+                if buffer == Buffer::Scratch {
+                    return false;
+                }
+                let readers = receivers.get(&at).map_or(&[][..], Vec::as_slice);
+                (first..first + step.chunks).all(|c| {
+                    writers[buffer as usize][c as usize].iter().all(|&w| {
+                        w == at
+                            || order.reaches(w, at)
+                            || readers
+                                .iter()
+                                .all(|&b| order.reaches(b, w) && order.reaches(b, effective(w)))
+                    })
+                })
             };
             prog.channels
                 .iter()
-                .map(|steps| {
+                .enumerate()
+                .map(|(channel, steps)| {
                     steps
                         .iter()
                         .enumerate()
                         .map(|(index, step)| {
-                            let only_writer = step.write.is_some_and(|w| {
-                                written(step, w.buffer, w.chunk)
-                                    .all(|(b, k)| b != Buffer::Scratch && k == 1)
-                            });
-                            let never_written = step.recv_from.is_empty()
-                                && step.read.is_some_and(|r| {
-                                    written(step, r.buffer, r.chunk)
-                                        .all(|(b, k)| b != Buffer::Scratch && k == 0)
-                                });
-                            let stable = if only_writer {
-                                Stable::Written
-                            } else if never_written {
-                                Stable::Read
-                            } else {
-                                Stable::No
+                            let at = StepAt {
+                                rank,
+                                channel: channel as u32,
+                                index: index as u32,
+                            };
+                            let sends = !step.send_to.is_empty();
+                            let stable = match (step.write, step.read) {
+                                (Some(w), _) if sends && in_place_ok(at, step, w) => {
+                                    Stable::Written
+                                }
+                                (None, Some(r))
+                                    if sends
+                                        && step.recv_from.is_empty()
+                                        && in_place_ok(at, step, r) =>
+                                {
+                                    Stable::Read
+                                }
+                                _ => Stable::No,
                             };
                             let direct_target = step.recv_from.len() == 1
                                 && step.read.is_none()
