@@ -121,3 +121,64 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(2));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
+
+#[test]
+fn bench_prints_the_nccl_tests_table_and_writes_every_report() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, csv, svg) = (dir.join("b.json"), dir.join("b.csv"), dir.join("b.svg"));
+    let out = ferrocoll(&[
+        "bench",
+        "--ranks",
+        "3",
+        "--algo",
+        "all",
+        "-b",
+        "1K",
+        "-e",
+        "16K",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    for header in [
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+    ] {
+        assert!(text.contains(header), "missing column {header}: {text}");
+    }
+    assert!(text.contains("# Out of bounds values : 0 OK"), "{text}");
+    assert!(text.contains("# Avg bus bandwidth"), "{text}");
+    assert!(text.contains("algorithm halving-doubling"), "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4 * 3, "4 algorithms × 3 sizes");
+    assert_eq!(rows[0]["out_of_place"]["wrong"], 0);
+    assert!(
+        std::fs::read_to_string(&csv)
+            .unwrap()
+            .starts_with("collective,algorithm,ranks,size")
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_refuses_what_it_cannot_do() {
+    let out = ferrocoll(&["bench", "--backend", "cuda"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not available"));
+    let out = ferrocoll(&["bench", "-d", "float128"]);
+    assert_eq!(out.status.code(), Some(2));
+}
