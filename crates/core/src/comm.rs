@@ -67,6 +67,12 @@ pub enum CommError {
         /// The group's size.
         world_size: u32,
     },
+    /// A rank named itself as the peer of a send or receive.
+    #[error("rank {rank} cannot send to or receive from itself")]
+    SelfPeer {
+        /// The rank.
+        rank: Rank,
+    },
     /// The collective has no in-place form.
     #[error("{collective} has no in-place form")]
     InPlaceUnsupported {

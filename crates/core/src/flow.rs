@@ -21,8 +21,6 @@
 //! completes too (each segment starts from empty links), and by confluence
 //! so does every other interleaving: verifying one segment covers any number.
 
-use std::collections::HashSet;
-
 use crate::schedule::{Schedule, Step, StepAt, StepRef};
 use crate::types::Rank;
 
@@ -434,14 +432,16 @@ impl HappensBefore {
     /// True when `from` happens before `to` (or is `to`).
     pub(crate) fn reaches(&self, from: StepAt, to: StepAt) -> bool {
         let (from, to) = (self.id(from), self.id(to));
-        let mut seen = HashSet::new();
+        let mut seen = vec![false; self.succ.len()];
         let mut stack = vec![from];
+        seen[from] = true;
         while let Some(v) = stack.pop() {
             if v == to {
                 return true;
             }
             for &w in &self.succ[v] {
-                if seen.insert(w) {
+                if !seen[w] {
+                    seen[w] = true;
                     stack.push(w);
                 }
             }

@@ -116,6 +116,19 @@ fn bad_roots_and_buffer_sizes_are_typed_errors() {
 }
 
 #[test]
+fn sending_to_yourself_is_refused_at_once() {
+    let started = Instant::now();
+    let results = cpu::run(2, &config(10_000), |comm| {
+        let me = comm.rank();
+        let e = comm.send(&[1u32], me).unwrap_err();
+        assert!(matches!(e, CommError::SelfPeer { .. }), "{e}");
+        Ok(())
+    });
+    assert!(results.iter().all(Result::is_ok));
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
 fn send_recv_and_barrier_work() {
     let results = cpu::run(3, &config(5_000), |comm| {
         let n = comm.world_size();

@@ -98,6 +98,14 @@ fn check_len(what: &'static str, got: usize, needed: usize) -> Result<(), CommEr
 }
 
 impl CpuCommunicator {
+    fn check_peer(&self, peer: Rank) -> Result<(), CommError> {
+        self.check_root(peer)?;
+        if peer == self.rank {
+            return Err(CommError::SelfPeer { rank: peer });
+        }
+        Ok(())
+    }
+
     fn check_root(&self, root: Rank) -> Result<(), CommError> {
         if root < self.group.n {
             Ok(())
@@ -129,19 +137,24 @@ impl CpuCommunicator {
             collective,
             channels,
         };
-        let mut plans = self.group.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = plans.get(&key) {
-            return Ok((p.clone(), why));
-        }
-        let params = AlgorithmParams {
-            channels,
-            ..AlgorithmParams::default()
-        };
-        let schedule = generate(algorithm, collective, n, &params)?;
-        let verified = verify(schedule, &VerifyOptions::default()).map_err(Box::new)?;
-        let plan = Arc::new(Plan::new(verified));
-        plans.insert(key, plan.clone());
-        Ok((plan, why))
+        let cell = self
+            .group
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default()
+            .clone();
+        let plan = cell.get_or_init(|| {
+            let params = AlgorithmParams {
+                channels,
+                ..AlgorithmParams::default()
+            };
+            let schedule = generate(algorithm, collective, n, &params)?;
+            let verified = verify(schedule, &VerifyOptions::default()).map_err(Box::new)?;
+            Ok(Arc::new(Plan::new(verified)))
+        });
+        plan.clone().map(|p| (p, why))
     }
 
     /// Run one collective. `input` is null for in-place calls whose input
@@ -470,7 +483,7 @@ impl Communicator for CpuCommunicator {
     }
 
     fn send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
-        self.check_root(peer)?;
+        self.check_peer(peer)?;
         self.group.check()?;
         let link = self.group.link(self.rank, peer, P2P_CHANNEL);
         let bytes = std::mem::size_of_val(data);
@@ -481,18 +494,25 @@ impl Communicator for CpuCommunicator {
             st.pushed += 1;
         }
         self.group.ring(peer);
-        // The receiver reads `data` in place: return only once it has.
-        self.wait_for(&format!("rank {peer} to receive a send"), |g| {
+        // The receiver reads `data` in place: return only once it has, or,
+        // on failure, once it provably never will.
+        let waited = self.wait_for(&format!("rank {peer} to receive a send"), |g| {
             g.lock_link(&link).queue.is_empty()
-        })
+        });
+        if let Err(e) = &waited {
+            self.group.quiesce(self.rank, e);
+            self.group.lock_link(&link).queue.clear();
+        }
+        waited
     }
 
     fn recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
-        self.check_root(peer)?;
+        self.check_peer(peer)?;
         let link = self.group.link(peer, self.rank, P2P_CHANNEL);
         self.wait_for(&format!("a send from rank {peer}"), |g| {
             !g.lock_link(&link).queue.is_empty()
         })?;
+        let moving = self.group.begin_movement()?;
         let msg = self.group.lock_link(&link).queue.front().cloned();
         let Some(Msg::Pointer(pieces)) = msg else {
             unreachable!("point-to-point links carry pointers only")
@@ -500,6 +520,7 @@ impl Communicator for CpuCommunicator {
         let (address, bytes) = pieces[0];
         let wanted = std::mem::size_of_val(buffer);
         if bytes != wanted {
+            drop(moving);
             let e = CommError::BufferSize {
                 what: "recv buffer (bytes)",
                 got: wanted,
@@ -508,8 +529,10 @@ impl Communicator for CpuCommunicator {
             self.group.fail(self.rank, &e);
             return Err(e);
         }
-        // SAFETY: the sender blocks until this message is popped, so its
-        // `bytes`-long slice stays alive and unchanged; `buffer` is ours.
+        // SAFETY: the sender returns only after this message is popped, or,
+        // if it gives up, only after taking the movement lock for writing,
+        // which waits for our read guard; so its `bytes`-long slice stays
+        // alive and unchanged while we copy. `buffer` is ours.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 address as *const u8,
@@ -518,6 +541,7 @@ impl Communicator for CpuCommunicator {
             );
         }
         self.group.lock_link(&link).queue.pop_front();
+        drop(moving);
         self.group.ring(peer);
         Ok(())
     }

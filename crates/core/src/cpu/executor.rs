@@ -66,8 +66,17 @@ impl Call<'_> {
     }
 }
 
-/// Run every segment of the schedule for `call.rank`.
+/// Run every segment of the schedule for `call.rank`. On error, returns
+/// only once no peer can still be reading or writing this rank's memory.
 pub(crate) fn execute<T: Reduce>(call: &Call) -> Result<(), CommError> {
+    let result = run_segments::<T>(call);
+    if let Err(e) = &result {
+        call.group.quiesce(call.rank, e);
+    }
+    result
+}
+
+fn run_segments<T: Reduce>(call: &Call) -> Result<(), CommError> {
     let schedule = call.plan.verified.schedule();
     let program = &schedule.ranks[call.rank as usize];
     let segments = call.layout.segments();
@@ -193,10 +202,7 @@ fn try_fire<T: Reduce>(
         return Ok(false);
     }
     let sp = call.plan.step(call.in_place, call.rank, channel, at.index);
-    let bytes = call
-        .layout
-        .slice_len(at.segment, first_chunk(step), step.chunks)
-        * std::mem::size_of::<T>();
+    let _moving = group.begin_movement()?;
 
     // Sources: the messages, then the local read.
     let mut srcs: Vec<Pieces> = Vec::with_capacity(step.input_count());
@@ -217,6 +223,12 @@ fn try_fire<T: Reduce>(
     let own = step
         .write
         .map(|w| call.pieces::<T>(at.segment, w, step.chunks));
+    // The value's length: a message's or a slice's (a step that only
+    // forwards has no slice of its own).
+    let bytes: usize = srcs
+        .first()
+        .or(own.as_ref())
+        .map_or(0, |p| p.iter().map(|&(_, len)| len).sum());
     let mut dsts: Vec<Pieces> = Vec::new();
     if let Some(p) = &own
         && !already_written
@@ -279,10 +291,6 @@ fn try_fire<T: Reduce>(
         group.ring(peer);
     }
     Ok(true)
-}
-
-fn first_chunk(step: &Step) -> u32 {
-    step.write.or(step.read).map_or(0, |s| s.chunk)
 }
 
 /// Stretches at least this long are written with non-temporal stores: they

@@ -4,12 +4,15 @@
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
 use super::plan::{Plan, PlanKey};
 use crate::comm::CommError;
 use crate::types::Rank;
+
+/// A plan, built once by whichever rank needs it first.
+pub(crate) type PlanCell = OnceLock<Result<Arc<Plan>, CommError>>;
 
 /// Byte ranges of some rank's memory: (address, length).
 pub(crate) type Pieces = Vec<(usize, usize)>;
@@ -40,7 +43,8 @@ pub(crate) struct LinkState {
 
 /// A slot buffer. Written only by the link's sender while the slot is free,
 /// read only by its receiver while the message that names it is queued.
-pub(crate) struct SlotBuffer(UnsafeCell<Vec<u8>>);
+/// Backed by `u64`s so it is aligned for every element type.
+pub(crate) struct SlotBuffer(UnsafeCell<Vec<u64>>);
 
 // SAFETY: access follows the slot protocol above: the sender writes a slot
 // only when fewer than `slots` messages are queued (so the message that last
@@ -54,8 +58,9 @@ impl SlotBuffer {
     pub(crate) unsafe fn prepare(&self, bytes: usize) -> usize {
         // SAFETY: exclusive by the caller's contract.
         let v = unsafe { &mut *self.0.get() };
-        if v.len() < bytes {
-            v.resize(bytes, 0);
+        let words = bytes.div_ceil(8);
+        if v.len() < words {
+            v.resize(words, 0);
         }
         v.as_mut_ptr() as usize
     }
@@ -97,8 +102,15 @@ pub(crate) struct Group {
     failed: AtomicBool,
     failure: Mutex<Option<Failure>>,
     board: Mutex<CallBoard>,
-    pub plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    /// One cell per plan: the first rank to need it builds it, the others
+    /// wait for that (finite) computation rather than repeat it.
+    pub plans: Mutex<HashMap<PlanKey, Arc<PlanCell>>>,
     barrier: Mutex<(u64, u32)>,
+    /// Held for reading while a rank touches another rank's memory (pointer
+    /// reads, direct writes); a rank that gives up takes it for writing
+    /// once, after failing the group, so no peer is still inside its
+    /// buffers when it returns.
+    movement: RwLock<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -124,6 +136,7 @@ impl Group {
             board: Mutex::new(CallBoard::default()),
             plans: Mutex::new(HashMap::new()),
             barrier: Mutex::new((0, 0)),
+            movement: RwLock::new(()),
         }
     }
 
@@ -204,6 +217,22 @@ impl Group {
         for r in 0..self.n {
             self.ring(r);
         }
+    }
+
+    /// Enter a stretch of work on shared memory; `Err` if the group has
+    /// failed (then nothing may be touched).
+    pub fn begin_movement(&self) -> Result<RwLockReadGuard<'_, ()>, CommError> {
+        let guard = self.movement.read().unwrap_or_else(|e| e.into_inner());
+        self.check()?;
+        Ok(guard)
+    }
+
+    /// After this rank failed the group (or saw it failed): wait until no
+    /// rank is inside a stretch of work that could still touch this
+    /// rank's memory. Later stretches see the failure and touch nothing.
+    pub fn quiesce(&self, rank: Rank, err: &dyn std::fmt::Display) {
+        self.fail(rank, err);
+        drop(self.movement.write().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// `Err` once any rank has failed.

@@ -71,7 +71,12 @@ impl Semantics for Deliveries {
     }
 }
 
+/// Above this many steps the happens-before queries would cost more than
+/// the copies they save; values with other writers then travel in slots.
+const MAX_ORDER_ANALYSIS_STEPS: usize = 4_096;
+
 fn analyse(s: &Schedule, in_place: bool) -> Vec<Vec<Vec<StepPlan>>> {
+    let analyse_order = s.step_count() <= MAX_ORDER_ANALYSIS_STEPS;
     let outcome = flow::run(
         s,
         crate::verify::DEFAULT_SLOTS_PER_LINK,
@@ -132,7 +137,7 @@ fn analyse(s: &Schedule, in_place: bool) -> Vec<Vec<Vec<StepPlan>>> {
                 (first..first + step.chunks).all(|c| {
                     writers[buffer as usize][c as usize].iter().all(|&w| {
                         w == at
-                            || order.reaches(w, at)
+                            || analyse_order && order.reaches(w, at)
                             || readers
                                 .iter()
                                 .all(|&b| order.reaches(b, w) && order.reaches(b, effective(w)))

@@ -8,7 +8,10 @@ use crate::error::ParseNameError;
 /// A reduction operator (NCCL's `ncclRedOp_t`).
 ///
 /// `Avg` sums the contributions and divides once, at the end, by the world
-/// size. On integer types that division truncates toward zero (as Rust's `/`
+/// size. The partial sums have the element type's range: an `f16` average
+/// overflows to infinity when a partial sum exceeds 65504 even if the mean
+/// would fit (NCCL pre-scales floats instead; use `bf16` or `f32`, or scale
+/// the inputs, when that matters). On integer types that division truncates toward zero (as Rust's `/`
 /// does), after a sum that wraps on overflow, so an integer average of large
 /// values can differ from the mathematical mean; use a float type when that
 /// matters.
