@@ -175,19 +175,28 @@ fn every_dtype_and_op() {
 }
 
 #[test]
-fn a_million_elements_stream_through_every_algorithm() {
-    let cases = Algorithm::ALL.into_iter().flat_map(|algorithm| {
-        [(DataType::F32, false), (DataType::U8, true)].map(|(dtype, in_place)| Case {
-            collective: Collective::AllReduce,
-            algorithm: Some(algorithm),
-            world_size: 4,
-            count: 1 << 20,
-            dtype,
-            op: ReduceOp::Sum,
-            in_place,
-            seed: 7,
-        })
-    });
+fn a_million_elements_stream_through_every_algorithm_and_collective() {
+    let mut cases = Vec::new();
+    for (algorithm, kind) in supported() {
+        let collective = kind.with_root(1);
+        let modes: &[(DataType, bool)] = if in_place_ok(collective) {
+            &[(DataType::F32, false), (DataType::U8, true)]
+        } else {
+            &[(DataType::F32, false)]
+        };
+        for &(dtype, in_place) in modes {
+            cases.push(Case {
+                collective,
+                algorithm: Some(algorithm),
+                world_size: 3,
+                count: (1 << 20) + 3,
+                dtype,
+                op: ReduceOp::Sum,
+                in_place,
+                seed: 7,
+            });
+        }
+    }
     run_all(cases, 64 << 10);
 }
 

@@ -3,7 +3,7 @@
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
@@ -79,8 +79,15 @@ pub(crate) struct Link {
 
 struct Bell {
     generation: Mutex<u64>,
+    /// A copy of `generation` for waiters that spin before they sleep.
+    ticks: AtomicU64,
     changed: Condvar,
 }
+
+/// How long a waiter spins before sleeping, when every rank has a core of
+/// its own: a wake-up through the kernel costs tens of microseconds, which
+/// dominates small collectives.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 #[derive(Debug, Clone)]
 struct Failure {
@@ -97,6 +104,8 @@ struct CallBoard {
 pub(crate) struct Group {
     pub n: u32,
     pub slots: usize,
+    /// Spin before sleeping (only when ranks do not outnumber cores).
+    spin: bool,
     bells: Vec<Bell>,
     links: Mutex<HashMap<(Rank, Rank, u32), Arc<Link>>>,
     failed: AtomicBool,
@@ -121,12 +130,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Group {
     pub fn new(n: u32, slots: usize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         Group {
             n,
             slots,
+            spin: n as usize <= cores,
             bells: (0..n)
                 .map(|_| Bell {
                     generation: Mutex::new(0),
+                    ticks: AtomicU64::new(0),
                     changed: Condvar::new(),
                 })
                 .collect(),
@@ -160,12 +172,16 @@ impl Group {
     }
 
     pub fn generation(&self, rank: Rank) -> u64 {
-        *lock(&self.bells[rank as usize].generation)
+        self.bells[rank as usize].ticks.load(Ordering::Acquire)
     }
 
     pub fn ring(&self, rank: Rank) {
         let bell = &self.bells[rank as usize];
-        *lock(&bell.generation) += 1;
+        {
+            let mut g = lock(&bell.generation);
+            *g += 1;
+            bell.ticks.store(*g, Ordering::Release);
+        }
         bell.changed.notify_all();
     }
 
@@ -179,6 +195,17 @@ impl Group {
         timeout: std::time::Duration,
     ) -> Result<(), CommError> {
         let bell = &self.bells[rank as usize];
+        if self.spin {
+            let until = Instant::now() + SPIN;
+            let mut spins = 0u32;
+            while bell.ticks.load(Ordering::Acquire) == seen {
+                std::hint::spin_loop();
+                spins += 1;
+                if spins % 64 == 0 && Instant::now() >= until {
+                    break;
+                }
+            }
+        }
         let mut generation = lock(&bell.generation);
         while *generation == seen {
             self.check()?;
