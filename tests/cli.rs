@@ -182,3 +182,22 @@ fn bench_refuses_what_it_cannot_do() {
     let out = ferrocoll(&["bench", "-d", "float128"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn bench_runs_a_hand_written_schedule_file() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/schedules/star_all_reduce_3.json"
+    );
+    let out = ferrocoll(&[
+        "bench", "--algo", path, "--ranks", "3", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2",
+        "-w", "1",
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("algorithm from the schedule file"), "{text}");
+    assert!(text.contains("# Out of bounds values : 0 OK"), "{text}");
+    let out = ferrocoll(&["bench", "--algo", path, "--ranks", "4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pass --ranks 3"));
+}

@@ -123,6 +123,13 @@ impl CpuCommunicator {
         bytes: usize,
     ) -> Result<(Arc<Plan>, &'static str), CommError> {
         let n = self.group.n;
+        if let Some(custom) = &self.config.schedule {
+            let s = custom.schedule();
+            if s.collective == collective && s.world_size == n {
+                let plan = self.cached(PlanKey::Custom, || Ok(Plan::new((**custom).clone())))?;
+                return Ok((plan, "the configured schedule"));
+            }
+        }
         let (algorithm, why) = match self.config.algorithm {
             Some(a) => (a, "forced by configuration"),
             None => auto_algorithm(collective.kind(), n, bytes),
@@ -132,11 +139,29 @@ impl CpuCommunicator {
         } else {
             self.config.channels
         };
-        let key = PlanKey {
+        let key = PlanKey::Builtin {
             algorithm,
             collective,
             channels,
         };
+        let plan = self.cached(key, || {
+            let params = AlgorithmParams {
+                channels,
+                ..AlgorithmParams::default()
+            };
+            let schedule = generate(algorithm, collective, n, &params)?;
+            let verified = verify(schedule, &VerifyOptions::default()).map_err(Box::new)?;
+            Ok(Plan::new(verified))
+        })?;
+        Ok((plan, why))
+    }
+
+    /// The plan under `key`, built by `build` by the first rank that needs it.
+    fn cached(
+        &self,
+        key: PlanKey,
+        build: impl FnOnce() -> Result<Plan, CommError>,
+    ) -> Result<Arc<Plan>, CommError> {
         let cell = self
             .group
             .plans
@@ -145,16 +170,7 @@ impl CpuCommunicator {
             .entry(key)
             .or_default()
             .clone();
-        let plan = cell.get_or_init(|| {
-            let params = AlgorithmParams {
-                channels,
-                ..AlgorithmParams::default()
-            };
-            let schedule = generate(algorithm, collective, n, &params)?;
-            let verified = verify(schedule, &VerifyOptions::default()).map_err(Box::new)?;
-            Ok(Arc::new(Plan::new(verified)))
-        });
-        plan.clone().map(|p| (p, why))
+        cell.get_or_init(|| build().map(Arc::new)).clone()
     }
 
     /// Run one collective. `input` is null for in-place calls whose input
@@ -202,6 +218,14 @@ impl CpuCommunicator {
         self.group.register_call(call, self.rank, signature)?;
         let size = std::mem::size_of::<T>();
         let (plan, why) = self.plan(collective, count * size)?;
+        if in_place && !plan.verified.supports_in_place() {
+            return Err(CommError::InPlaceUnsupported {
+                collective: format!(
+                    "{collective} with schedule `{}`",
+                    plan.verified.schedule().name
+                ),
+            });
+        }
         let schedule = plan.verified.schedule();
         let layout = Layout::with_max_chunk_bytes(
             count,

@@ -33,9 +33,11 @@ pub use communicator::{CpuCommunicator, group, run};
 pub use kernels::{Reduce, reduce_slices};
 pub use select::auto_algorithm;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithms::Algorithm;
+use crate::verify::Verified;
 
 /// Settings of a CPU group. Every rank of a group shares them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +54,10 @@ pub struct CpuConfig {
     pub max_chunk_bytes: usize,
     /// Messages each link holds in flight (at least the verifier's 2).
     pub slots_per_link: u32,
+    /// A schedule of your own: every call whose collective (with its root)
+    /// and world size match it runs this schedule; other calls use
+    /// `algorithm` or `auto`.
+    pub schedule: Option<Arc<Verified>>,
 }
 
 impl Default for CpuConfig {
@@ -64,6 +70,7 @@ impl Default for CpuConfig {
             // that a few chunks in flight stay in the last-level cache.
             max_chunk_bytes: 1 << 20,
             slots_per_link: 4,
+            schedule: None,
         }
     }
 }

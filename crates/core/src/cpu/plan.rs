@@ -12,10 +12,15 @@ use crate::verify::Verified;
 
 /// Identifies a cached plan.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct PlanKey {
-    pub algorithm: Algorithm,
-    pub collective: Collective,
-    pub channels: u32,
+pub(crate) enum PlanKey {
+    /// A built-in algorithm's schedule.
+    Builtin {
+        algorithm: Algorithm,
+        collective: Collective,
+        channels: u32,
+    },
+    /// The configured schedule of the user's.
+    Custom,
 }
 
 /// Where a sent value can be read from without a copy.

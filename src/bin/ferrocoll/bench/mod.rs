@@ -32,7 +32,9 @@ pub(crate) struct BenchArgs {
     /// reduce, all-to-all, send-recv, or `all`.
     #[arg(long, default_value = "all-reduce", value_parser = crate::spec::parse_ops)]
     op: crate::spec::Ops,
-    /// `auto`, `ring`, `tree`, `direct`, `halving-doubling`, or `all`.
+    /// `auto`, `ring`, `tree`, `direct`, `halving-doubling`, `all`, or a
+    /// schedule file (`FILE.json`, proven before it runs; its collective
+    /// and root replace `--op` and `-r`).
     #[arg(long, default_value = "auto")]
     algo: String,
     /// Smallest size (bytes; K, M, G suffixes).
@@ -111,6 +113,8 @@ fn list<T: Copy>(
 pub(crate) struct Section {
     pub kind: CollectiveKind,
     pub algorithm: Option<Algorithm>,
+    /// Set when the section runs the configured schedule file.
+    pub custom: bool,
     pub dtype: DataType,
     pub op: ReduceOp,
 }
@@ -128,7 +132,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     if args.min_bytes > args.max_bytes || args.step_factor < 2 {
         return Err("need -b <= -e and -f >= 2".to_owned());
     }
+    let custom = custom_schedule(args)?;
     let algorithms: Vec<Option<Algorithm>> = match args.algo.as_str() {
+        _ if custom.is_some() => vec![None],
         "auto" => vec![None],
         "all" => Algorithm::ALL.map(Some).to_vec(),
         other => other
@@ -150,10 +156,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             .unwrap_or(CpuConfig::default().max_chunk_bytes),
         ..CpuConfig::default()
     };
-    let config = ferrocoll::env::cpu_config_from_env(base).map_err(|e| e.to_string())?;
+    let mut config = ferrocoll::env::cpu_config_from_env(base).map_err(|e| e.to_string())?;
+    let kinds: Vec<CollectiveKind> = match &custom {
+        Some(v) => vec![v.schedule().collective.kind()],
+        None => args.op.0.clone(),
+    };
+    config.schedule = custom.clone();
 
     let mut sections = Vec::new();
-    for &kind in &args.op.0 {
+    for &kind in &kinds {
         for &algorithm in &algorithms {
             if let Some(a) = algorithm
                 && a.supports(kind).is_err()
@@ -166,6 +177,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
                     sections.push(Section {
                         kind,
                         algorithm,
+                        custom: custom.is_some(),
                         dtype,
                         op,
                     });
@@ -233,6 +245,28 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The schedule file `--algo` names, loaded and proven, if it names one.
+fn custom_schedule(
+    args: &BenchArgs,
+) -> Result<Option<std::sync::Arc<ferrocoll::Verified>>, String> {
+    let path = std::path::Path::new(&args.algo);
+    if !(args.algo.ends_with(".json") || path.is_file()) {
+        return Ok(None);
+    }
+    let schedule = ferrocoll::Schedule::load(path).map_err(|e| e.to_string())?;
+    if schedule.world_size != args.ranks {
+        return Err(format!(
+            "{} is a schedule for {} ranks; pass --ranks {}",
+            path.display(),
+            schedule.world_size,
+            schedule.world_size
+        ));
+    }
+    let verified = ferrocoll::verify(schedule, &ferrocoll::VerifyOptions::default())
+        .map_err(|e| e.to_string())?;
+    Ok(Some(std::sync::Arc::new(verified)))
 }
 
 fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {

@@ -76,11 +76,12 @@ pub(crate) fn print_membw(bw: &MemoryBandwidth, n: u32) {
 
 pub(crate) fn print_section(s: &Section, n: u32) {
     println!("#");
-    println!(
-        "# {} on {n} ranks, algorithm {}",
-        s.kind,
+    let algorithm = if s.custom {
+        "from the schedule file"
+    } else {
         s.algorithm.map_or("auto", |a| a.name())
-    );
+    };
+    println!("# {} on {n} ranks, algorithm {algorithm}", s.kind);
     println!(
         "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
         "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", ""

@@ -56,7 +56,10 @@ fn typed<T: KitElement>(
     progress: Option<&indicatif::ProgressBar>,
 ) -> Result<Vec<Row>, String> {
     let n = args.ranks;
-    let collective = section.kind.with_root(args.root % n);
+    let collective = match (&config.schedule, section.custom) {
+        (Some(v), true) => v.schedule().collective,
+        _ => section.kind.with_root(args.root % n),
+    };
     let config = CpuConfig {
         algorithm: section.algorithm.or(config.algorithm),
         ..config.clone()
@@ -69,7 +72,11 @@ fn typed<T: KitElement>(
             let count = size / (std::mem::size_of::<T>() * blocks);
             let mut measures = [None, None];
             for (m, in_place) in [false, true].into_iter().enumerate() {
-                if in_place && collective.in_place_alias(0).is_none() {
+                let proven_in_place = match (&config.schedule, section.custom) {
+                    (Some(v), true) => v.supports_in_place(),
+                    _ => true,
+                };
+                if in_place && (collective.in_place_alias(0).is_none() || !proven_in_place) {
                     continue;
                 }
                 let (time, bad) =
