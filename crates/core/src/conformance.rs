@@ -131,10 +131,14 @@ float_kit! {
     bf16 => |x: bf16| x.to_f64(), bf16::from_f64, bf16::EPSILON.to_f64();
 }
 
-struct Rng(u64);
+/// A small, fast, seedable generator (SplitMix64) for reproducible test
+/// and benchmark data; not for anything that needs real randomness.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
 
-impl Rng {
-    fn next(&mut self) -> u64 {
+impl SplitMix64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -162,11 +166,11 @@ pub fn check_case(harness: &impl Harness, case: &Case) -> Result<(), String> {
 fn check_typed<T: KitElement>(harness: &impl Harness, case: &Case) -> Result<(), String> {
     let n = case.world_size;
     let (count, c) = (case.count, case.collective);
-    let mut rng = Rng(case.seed);
+    let mut rng = SplitMix64(case.seed);
     let inputs: Vec<Vec<T>> = (0..n)
         .map(|_| {
             (0..c.input_blocks(n) as usize * count)
-                .map(|_| T::random(rng.next(), case.op))
+                .map(|_| T::random(rng.next_u64(), case.op))
                 .collect()
         })
         .collect();

@@ -64,15 +64,7 @@ impl Harness for Cpu {
 }
 
 fn supported() -> Vec<(Algorithm, CollectiveKind)> {
-    let mut out = Vec::new();
-    for a in Algorithm::ALL {
-        for k in CollectiveKind::ALL {
-            if a.supports(k).is_ok() {
-                out.push((a, k));
-            }
-        }
-    }
-    out
+    ferrocoll_core::algorithms::applicable().collect()
 }
 
 fn run_all(cases: impl IntoIterator<Item = Case>, max_chunk_bytes: usize) -> usize {

@@ -109,6 +109,16 @@ impl FromStr for Algorithm {
 /// The most channels a generator accepts (NCCL tops out at 64 too).
 pub const MAX_CHANNELS: u32 = 64;
 
+/// Every (algorithm, collective) pair a built-in generator can express.
+pub fn applicable() -> impl Iterator<Item = (Algorithm, CollectiveKind)> {
+    Algorithm::ALL.into_iter().flat_map(|a| {
+        CollectiveKind::ALL
+            .into_iter()
+            .filter(move |&k| a.supports(k).is_ok())
+            .map(move |k| (a, k))
+    })
+}
+
 /// Knobs for the generators. The default is one channel and rings in rank order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AlgorithmParams {

@@ -7,15 +7,7 @@ use crate::schedule::layout::Layout;
 use crate::verify::{VerifyOptions, verify};
 
 fn supported() -> Vec<(Algorithm, CollectiveKind)> {
-    let mut out = Vec::new();
-    for a in Algorithm::ALL {
-        for k in CollectiveKind::ALL {
-            if a.supports(k).is_ok() {
-                out.push((a, k));
-            }
-        }
-    }
-    out
+    applicable().collect()
 }
 
 #[test]
@@ -39,18 +31,7 @@ fn every_algorithm_verifies_for_every_world_size_up_to_64() {
     }
 }
 
-/// A small deterministic generator (splitmix64), so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+use crate::conformance::SplitMix64 as Rng;
 
 const POISON: u64 = 0xdead_beef_dead_beef;
 
@@ -104,7 +85,7 @@ fn check_replay(
     let in_len = collective.input_blocks(n) as usize * count;
     let out_len = collective.output_blocks(n) as usize * count;
     let inputs: Vec<Vec<u64>> = (0..n)
-        .map(|_| (0..in_len).map(|_| rng.next() | 1).collect())
+        .map(|_| (0..in_len).map(|_| rng.next_u64() | 1).collect())
         .collect();
     let ops: [fn(u64, u64) -> u64; 2] = [u64::wrapping_add, u64::max];
     for op in ops {
@@ -241,7 +222,7 @@ mod random {
             .map(|_| {
                 let mut order: Vec<Rank> = (0..n).collect();
                 for i in (1..order.len()).rev() {
-                    order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+                    order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
                 }
                 order
             })
