@@ -206,3 +206,29 @@ fn auto_choice_and_default_chunking_work_too() {
     });
     run_all(cases, CpuConfig::default().max_chunk_bytes);
 }
+
+#[test]
+fn large_chunks_take_the_streaming_paths() {
+    // 1 MiB chunks: stretches ≥ 256 KiB go through the streaming stores
+    // (fused for f32/f64 sums, staged for the rest).
+    let mut cases = Vec::new();
+    for algorithm in Algorithm::ALL {
+        for (dtype, op, in_place) in [
+            (DataType::F32, ReduceOp::Sum, false),
+            (DataType::F64, ReduceOp::Sum, true),
+            (DataType::I32, ReduceOp::Max, false),
+        ] {
+            cases.push(Case {
+                collective: Collective::AllReduce,
+                algorithm: Some(algorithm),
+                world_size: 2,
+                count: (1 << 19) + 5,
+                dtype,
+                op,
+                in_place,
+                seed: 11,
+            });
+        }
+    }
+    run_all(cases, 1 << 20);
+}

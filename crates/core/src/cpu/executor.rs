@@ -310,6 +310,9 @@ fn combine<T: Reduce>(op: ReduceOp, srcs: &[Pieces], dsts: &[Pieces]) {
         let (src_addrs, dst_addrs) = addrs.split_at(srcs.len());
         let stream = bytes >= STREAM_MIN_BYTES;
         streamed |= stream;
+        if stream && fused::<T>(op, src_addrs, dst_addrs, bytes) {
+            return;
+        }
         let mut done = 0;
         while done < bytes {
             let n = (bytes - done).min(FAN_OUT_BLOCK * size);
@@ -347,6 +350,21 @@ fn combine<T: Reduce>(op: ReduceOp, srcs: &[Pieces], dsts: &[Pieces]) {
     if streamed {
         kernels::stream_fence();
     }
+}
+
+/// Try the element type's fused reduce-and-stream kernel for a whole
+/// stretch; false when it has none or a destination is also a source
+/// (in place, where ordinary stores into just-read lines are cheaper).
+fn fused<T: Reduce>(op: ReduceOp, src_addrs: &[usize], dst_addrs: &[usize], bytes: usize) -> bool {
+    if dst_addrs.iter().any(|d| src_addrs.contains(d)) {
+        return false;
+    }
+    let srcs: Vec<*const T> = src_addrs.iter().map(|&a| a as *const T).collect();
+    let dsts: Vec<*mut T> = dst_addrs.iter().map(|&a| a as *mut T).collect();
+    // SAFETY: every address covers `bytes` bytes (verified slices or sized
+    // slots); destinations are distinct from each other and, as checked
+    // above, from every source.
+    unsafe { T::reduce_stream(op, &srcs, &dsts, bytes / std::mem::size_of::<T>()) }
 }
 
 /// Bytes reduced at a time on the streaming path: small enough that the

@@ -27,7 +27,97 @@ pub trait Reduce: Element {
 
     /// `self / n`, the final step of `Avg` (integers truncate toward zero).
     fn divide(self, n: u32) -> Self;
+
+    /// Reduce `srcs` and store the result into every destination with
+    /// non-temporal stores in one pass, when this type and op have a fused
+    /// kernel; returns false (having done nothing) otherwise, and the
+    /// caller falls back to reduce-then-copy.
+    ///
+    /// # Safety
+    /// Every source is valid for `len` reads and every destination for
+    /// `len` writes; destinations overlap no source and no other destination.
+    unsafe fn reduce_stream(
+        _op: ReduceOp,
+        _srcs: &[*const Self],
+        _dsts: &[*mut Self],
+        _len: usize,
+    ) -> bool {
+        false
+    }
 }
+
+/// Fused sum-and-stream for one SSE2 lane type: loads, adds and streams a
+/// 16-byte vector per step, writing every destination from registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! sum_stream {
+    ($name:ident, $t:ty, $lanes:expr, $v:ty, $load:ident, $add:ident, $stream:ident) => {
+        /// # Safety
+        /// As [`Reduce::reduce_stream`].
+        unsafe fn $name(srcs: &[*const $t], dsts: &[*mut $t], len: usize) -> bool {
+            use std::arch::x86_64::*;
+            let Some(&first) = dsts.first() else {
+                return true;
+            };
+            let head = first.align_offset(16);
+            // Streams need every destination aligned at the same element.
+            if head > len || dsts.iter().any(|d| d.align_offset(16) != head) {
+                return false;
+            }
+            let scalar = |i: usize| {
+                // SAFETY: `i < len`; bounds from the caller.
+                unsafe {
+                    let mut acc = srcs[0].add(i).read();
+                    for s in &srcs[1..] {
+                        acc += s.add(i).read();
+                    }
+                    for d in dsts {
+                        d.add(i).write(acc);
+                    }
+                }
+            };
+            (0..head).for_each(scalar);
+            let body_end = head + (len - head) / $lanes * $lanes;
+            let mut i = head;
+            while i < body_end {
+                // SAFETY: `i + lanes <= len`; destinations are 16-byte
+                // aligned at `i` (checked above); loads are unaligned-safe.
+                unsafe {
+                    let mut v: $v = $load(srcs[0].add(i));
+                    for s in &srcs[1..] {
+                        v = $add(v, $load(s.add(i)));
+                    }
+                    for d in dsts {
+                        $stream(d.add(i), v);
+                    }
+                }
+                i += $lanes;
+            }
+            (body_end..len).for_each(scalar);
+            true
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+sum_stream!(
+    sum_stream_f32,
+    f32,
+    4,
+    std::arch::x86_64::__m128,
+    _mm_loadu_ps,
+    _mm_add_ps,
+    _mm_stream_ps
+);
+#[cfg(target_arch = "x86_64")]
+sum_stream!(
+    sum_stream_f64,
+    f64,
+    2,
+    std::arch::x86_64::__m128d,
+    _mm_loadu_pd,
+    _mm_add_pd,
+    _mm_stream_pd
+);
 
 /// Fold `srcs` into `dst` block by block with `f`.
 ///
@@ -94,7 +184,7 @@ macro_rules! integer_reduce {
 integer_reduce!(i8, u8, i32, u32, i64, u64);
 
 macro_rules! float_reduce {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $fused:ident),*) => {$(
         impl Reduce for $t {
             unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
                 // SAFETY: forwarded from the caller.
@@ -111,11 +201,21 @@ macro_rules! float_reduce {
             fn divide(self, n: u32) -> Self {
                 self / n as $t
             }
+
+            unsafe fn reduce_stream(op: ReduceOp, srcs: &[*const Self], dsts: &[*mut Self], len: usize) -> bool {
+                #[cfg(target_arch = "x86_64")]
+                if matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+                    // SAFETY: forwarded from the caller.
+                    return unsafe { $fused(srcs, dsts, len) };
+                }
+                let _ = (op, srcs, dsts, len);
+                false
+            }
         }
     )*};
 }
 
-float_reduce!(f32, f64);
+float_reduce!(f32 => sum_stream_f32, f64 => sum_stream_f64);
 
 macro_rules! half_reduce {
     ($($t:ty),*) => {$(
@@ -252,5 +352,39 @@ mod tests {
         let mut out = vec![0.0; n];
         reduce_slices(ReduceOp::Sum, &[&a, &b], &mut out);
         assert!(out.iter().enumerate().all(|(i, &x)| x == 3.0 * i as f64));
+    }
+
+    #[test]
+    fn fused_streaming_sum_handles_odd_alignment_and_tails() {
+        for offset in 0..4 {
+            let len = 1001;
+            let a: Vec<f32> = (0..len + 4).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..len + 4).map(|i| 0.5 * i as f32).collect();
+            let mut d0 = vec![0f32; len + 4];
+            let mut d1 = vec![0f32; len + 4];
+            let srcs = [a[offset..].as_ptr(), b[offset..].as_ptr()];
+            let dsts = [d0[offset..].as_mut_ptr(), d1[offset..].as_mut_ptr()];
+            // SAFETY: every pointer has at least `len` elements; the
+            // destinations are distinct vectors.
+            let done = unsafe { f32::reduce_stream(ReduceOp::Sum, &srcs, &dsts, len) };
+            if !done {
+                continue; // no fused kernel on this target
+            }
+            stream_fence();
+            for i in 0..len {
+                let want = 1.5 * (i + offset) as f32;
+                assert_eq!(
+                    (d0[offset + i], d1[offset + i]),
+                    (want, want),
+                    "offset {offset} i {i}"
+                );
+            }
+        }
+        let a = [1.0f64; 7];
+        let mut d = [0.0f64; 7];
+        // SAFETY: as above.
+        let done =
+            unsafe { f64::reduce_stream(ReduceOp::Max, &[a.as_ptr()], &[d.as_mut_ptr()], 7) };
+        assert!(!done, "only sums are fused");
     }
 }
