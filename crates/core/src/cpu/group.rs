@@ -195,15 +195,19 @@ impl Group {
         timeout: std::time::Duration,
     ) -> Result<(), CommError> {
         let bell = &self.bells[rank as usize];
-        if self.spin {
-            let until = Instant::now() + SPIN;
-            let mut spins = 0u32;
-            while bell.ticks.load(Ordering::Acquire) == seen {
+        let until = Instant::now() + SPIN;
+        let mut spins = 0u32;
+        while bell.ticks.load(Ordering::Acquire) == seen {
+            if self.spin {
                 std::hint::spin_loop();
-                spins += 1;
-                if spins % 64 == 0 && Instant::now() >= until {
-                    break;
-                }
+            } else {
+                // More ranks than cores: hand the core to a peer that can
+                // make progress instead of burning it.
+                std::thread::yield_now();
+            }
+            spins += 1;
+            if spins % 64 == 0 && Instant::now() >= until {
+                break;
             }
         }
         let mut generation = lock(&bell.generation);
