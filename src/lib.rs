@@ -5,7 +5,7 @@
 //! before anything runs.
 //!
 //! This facade re-exports [`ferrocoll_core`], reads the environment
-//! ([`env`], the only place that does) and ships the `ferrocoll`
+//! ([`env`](mod@env), the only place that does) and ships the `ferrocoll`
 //! command-line tool (`bench`, `verify`, `schedule`).
 //!
 //! ```

@@ -1,5 +1,5 @@
 //! Error types shared across modules. Verification failures have their own
-//! type in [`crate::verify`]; algorithm errors live with the algorithms.
+//! type in [`crate::verify`](mod@crate::verify); algorithm errors live with the algorithms.
 
 use thiserror::Error;
 

@@ -10,7 +10,7 @@
 //! | [`schedule`] | [`Schedule`], [`Step`], the chunk-to-element [`layout`](schedule::layout), JSON and ASCII forms |
 //! | [`algorithms`] | ring, double binary tree, direct (full mesh), halving-doubling |
 //! | [`flow`] | the buffering model every executor implements, and why one run decides deadlock |
-//! | [`verify`] | [`verify()`](verify::verify): a [`Schedule`] in, a [`Verified`] schedule or every violation out |
+//! | [`verify`](mod@verify) | [`verify()`](verify::verify): a [`Schedule`] in, a [`Verified`] schedule or every violation out |
 //! | [`replay`] | a serial run of a verified schedule on concrete numbers: the oracle executors are tested against |
 //! | [`bucket`] | gradient bucketing: many small tensors, few large all-reduces |
 //! | [`comm`] | the [`Communicator`](comm::Communicator) trait and [`CommError`](comm::CommError) |

@@ -1,5 +1,5 @@
 //! The CPU executor: ranks are threads of one process, exchanging through
-//! shared memory, running any [`Verified`](crate::Verified) schedule.
+//! shared memory, running any [`crate::Verified`] schedule.
 //!
 //! ```
 //! use ferrocoll_core::cpu::{self, CpuConfig};
