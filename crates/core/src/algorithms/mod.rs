@@ -106,6 +106,10 @@ impl FromStr for Algorithm {
     }
 }
 
+/// The largest world size the generators build a schedule for: ring and
+/// direct schedules hold O(n²) steps, about 250 MB at this size.
+pub const MAX_WORLD_SIZE: u32 = 1024;
+
 /// The most channels a generator accepts (NCCL tops out at 64 too).
 pub const MAX_CHANNELS: u32 = 64;
 
@@ -163,6 +167,14 @@ pub enum AlgorithmError {
         /// The world size.
         world_size: u32,
     },
+    /// More ranks than [`MAX_WORLD_SIZE`].
+    #[error(
+        "world size {world_size} is above the {MAX_WORLD_SIZE} ranks a schedule is generated for"
+    )]
+    WorldSizeTooLarge {
+        /// The world size asked for.
+        world_size: u32,
+    },
     /// Zero channels requested.
     #[error("at least one channel is needed")]
     ZeroChannels,
@@ -201,6 +213,9 @@ pub fn generate(
 ) -> Result<Schedule, AlgorithmError> {
     if world_size == 0 {
         return Err(AlgorithmError::WorldSizeZero);
+    }
+    if world_size > MAX_WORLD_SIZE {
+        return Err(AlgorithmError::WorldSizeTooLarge { world_size });
     }
     if let Some(root) = collective.root()
         && root >= world_size

@@ -197,6 +197,12 @@ fn inapplicable_combinations_are_typed_errors() {
         generate(Algorithm::Direct, Collective::AllReduce, 0, &p).unwrap_err(),
         AlgorithmError::WorldSizeZero
     );
+    assert!(matches!(
+        generate(Algorithm::Ring, Collective::AllReduce, 100_000, &p),
+        Err(AlgorithmError::WorldSizeTooLarge {
+            world_size: 100_000
+        })
+    ));
     let bad_order = AlgorithmParams {
         channels: 1,
         ring_orders: vec![vec![0, 1, 1]],
