@@ -149,18 +149,7 @@ impl SplitMix64 {
 
 /// Run `case` on `harness` with the element type its `dtype` names.
 pub fn check_case(harness: &impl Harness, case: &Case) -> Result<(), String> {
-    match case.dtype {
-        DataType::I8 => check_typed::<i8>(harness, case),
-        DataType::U8 => check_typed::<u8>(harness, case),
-        DataType::I32 => check_typed::<i32>(harness, case),
-        DataType::U32 => check_typed::<u32>(harness, case),
-        DataType::I64 => check_typed::<i64>(harness, case),
-        DataType::U64 => check_typed::<u64>(harness, case),
-        DataType::F16 => check_typed::<f16>(harness, case),
-        DataType::Bf16 => check_typed::<bf16>(harness, case),
-        DataType::F32 => check_typed::<f32>(harness, case),
-        DataType::F64 => check_typed::<f64>(harness, case),
-    }
+    crate::with_element_type!(case.dtype, T => check_typed::<T>(harness, case))
 }
 
 fn check_typed<T: KitElement>(harness: &impl Harness, case: &Case) -> Result<(), String> {
@@ -176,43 +165,43 @@ fn check_typed<T: KitElement>(harness: &impl Harness, case: &Case) -> Result<(),
         .collect();
     let outputs = vec![vec![T::poison(); c.output_blocks(n) as usize * count]; n as usize];
     let got = harness.run(case, &inputs, outputs)?;
-    let ctx = |r: Rank, i: usize| format!("{case:?}: rank {r} element {i}");
     for r in 0..n {
         let out = &got[r as usize];
         let want = expected(c, case.op, n, count, r, &inputs);
-        match want {
-            Expectation::Values(want) => {
-                for (i, (&g, (w, values))) in out.iter().zip(want).enumerate() {
-                    if !T::close(case.op, g, w, &values) {
-                        return Err(format!("{}: got {g:?}, want {w:?}", ctx(r, i)));
-                    }
+        let untouched = if case.in_place {
+            inputs[r as usize].clone()
+        } else {
+            vec![T::poison(); count]
+        };
+        if let Some(&i) = wrong_elements(case.op, &want, out, &untouched).first() {
+            return Err(match &want {
+                Expectation::Values(w) => format!(
+                    "{case:?}: rank {r} element {i}: got {:?}, want {:?}",
+                    out.get(i),
+                    w.get(i).map(|(v, _)| v)
+                ),
+                Expectation::Untouched => {
+                    format!("{case:?}: reduce changed non-root rank {r}'s output")
                 }
-            }
-            Expectation::Untouched => {
-                let original: Vec<T> = if case.in_place {
-                    inputs[r as usize].clone()
-                } else {
-                    vec![T::poison(); count]
-                };
-                if *out != original {
-                    return Err(format!(
-                        "{case:?}: reduce changed non-root rank {r}'s output"
-                    ));
-                }
-            }
+            });
         }
     }
     Ok(())
 }
 
-enum Expectation<T> {
+/// What one rank's output must hold after a collective.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expectation<T> {
     /// Per element: the wanted value and the values it reduces.
     Values(Vec<(T, Vec<T>)>),
-    /// Reduce on a non-root rank.
+    /// Reduce on a non-root rank: the output must be left as it was.
     Untouched,
 }
 
-fn expected<T: KitElement>(
+/// The serial reference: what rank `r`'s output must hold when every
+/// rank's input is `inputs[rank]` (`count` elements per block). The
+/// result of an in-place reduce-scatter is block `r` of the buffer.
+pub fn expected<T: KitElement>(
     c: Collective,
     op: ReduceOp,
     n: u32,
@@ -244,6 +233,39 @@ fn expected<T: KitElement>(
         ),
         Collective::SendRecv => copy(inputs[(r + n as usize - 1) % n as usize].clone()),
     })
+}
+
+/// Indices of `out` that miss `want` (`untouched` is what an output left
+/// alone holds); an output of the wrong length counts its missing or extra
+/// elements as wrong, at the end.
+pub fn wrong_elements<T: KitElement>(
+    op: ReduceOp,
+    want: &Expectation<T>,
+    out: &[T],
+    untouched: &[T],
+) -> Vec<usize> {
+    let (wanted, mut wrong): (usize, Vec<usize>) = match want {
+        Expectation::Values(w) => (
+            w.len(),
+            out.iter()
+                .zip(w)
+                .enumerate()
+                .filter(|(_, (g, (w, values)))| !T::close(op, **g, *w, values))
+                .map(|(i, _)| i)
+                .collect(),
+        ),
+        Expectation::Untouched => (
+            untouched.len(),
+            out.iter()
+                .zip(untouched)
+                .enumerate()
+                .filter(|(_, (g, u))| g != u)
+                .map(|(i, _)| i)
+                .collect(),
+        ),
+    };
+    wrong.extend(out.len().min(wanted)..out.len().max(wanted));
+    wrong
 }
 
 /// Place rank `rank`'s input inside its output the way the in-place call of

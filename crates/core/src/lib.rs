@@ -55,6 +55,9 @@ pub mod schedule;
 pub mod types;
 pub mod verify;
 
+/// The 16-bit float types `f16` and `bf16` elements use.
+pub use half;
+
 pub use algorithms::{Algorithm, AlgorithmError, AlgorithmParams, generate};
 pub use error::{ParseNameError, ScheduleFileError};
 pub use schedule::{Buffer, Schedule, ScheduleBuilder, Step};

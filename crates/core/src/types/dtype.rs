@@ -116,6 +116,62 @@ impl FromStr for DataType {
     }
 }
 
+/// Evaluate `$body` with `$t` naming the Rust type of the [`DataType`]
+/// `$dtype`: the one place a run-time type becomes a generic parameter.
+///
+/// ```
+/// use ferrocoll_core::{DataType, with_element_type};
+/// let size = with_element_type!(DataType::Bf16, T => std::mem::size_of::<T>());
+/// assert_eq!(size, 2);
+/// ```
+#[macro_export]
+macro_rules! with_element_type {
+    ($dtype:expr, $t:ident => $body:expr) => {{
+        match $dtype {
+            $crate::DataType::I8 => {
+                type $t = i8;
+                $body
+            }
+            $crate::DataType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::DataType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::DataType::U32 => {
+                type $t = u32;
+                $body
+            }
+            $crate::DataType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::DataType::U64 => {
+                type $t = u64;
+                $body
+            }
+            $crate::DataType::F16 => {
+                type $t = $crate::half::f16;
+                $body
+            }
+            $crate::DataType::Bf16 => {
+                type $t = $crate::half::bf16;
+                $body
+            }
+            $crate::DataType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::DataType::F64 => {
+                type $t = f64;
+                $body
+            }
+        }
+    }};
+}
+
 /// A Rust type that can travel through a collective.
 ///
 /// Implemented for the ten NCCL element types; `half::f16` and `half::bf16`
