@@ -3,10 +3,10 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use ferrocoll::Collective;
 use ferrocoll::comm::{CommError, Communicator, dispatch};
 use ferrocoll::conformance::{KitElement, SplitMix64, expected, in_place_buffer, wrong_elements};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
-use ferrocoll::Collective;
 
 use super::report::{Measure, Row};
 use super::{BenchArgs, Section};
