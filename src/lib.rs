@@ -21,6 +21,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub use ferrocoll_core::*;
+/// The topology crate: link graph, sources, simulator, search and selector.
+pub use ferrocoll_topo as topo;
 
 pub mod env;
 

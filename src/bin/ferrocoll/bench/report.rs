@@ -6,7 +6,7 @@ use std::path::Path;
 use ferrocoll::cpu::CpuConfig;
 use serde::Serialize;
 
-use super::membw::MemoryBandwidth;
+use ferrocoll::topo::probe::membw::MemoryBandwidth;
 use super::{BenchArgs, Section};
 
 /// One mode's numbers for one size.

@@ -1,5 +1,6 @@
-//! Measures this machine's memory bandwidth, so the bench can report busbw
-//! as a fraction of what the memory allows in the same run.
+//! This machine's memory bandwidth, so the bench can report busbw as a
+//! fraction of what the memory allows in the same run and the `host`
+//! topology can carry a measured rate.
 //!
 //! Three kernels on buffers far larger than the caches, split over every
 //! core: a plain copy (which also pays a hidden write-allocate read per
@@ -12,28 +13,35 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-/// Bytes per array: large enough to defeat any last-level cache.
-const ARRAY_BYTES: usize = 256 << 20;
-const REPEATS: usize = 5;
+/// Bytes per array for a careful measurement: large enough to defeat any
+/// last-level cache.
+pub const ARRAY_BYTES: usize = 256 << 20;
 
 /// Best sustained rates, in GB/s (1e9 bytes per second).
 #[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct MemoryBandwidth {
+pub struct MemoryBandwidth {
+    /// Plain copy, read + written bytes per second / 1e9.
     pub copy: f64,
+    /// Copy with non-temporal stores, where the CPU has them.
     pub nt_copy: Option<f64>,
+    /// In-place accumulate `a[i] += b[i]` (two reads and a write per element).
     pub accumulate: f64,
+    /// The best of the three.
     pub best: f64,
+    /// Threads the kernels were split over.
     pub threads: usize,
 }
 
-pub(crate) fn measure() -> MemoryBandwidth {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let words = ARRAY_BYTES / 8;
+/// Measure with arrays of `array_bytes` split over `threads` threads, the
+/// best of `repeats` runs per kernel.
+pub fn measure(array_bytes: usize, threads: usize, repeats: usize) -> MemoryBandwidth {
+    let threads = threads.max(1);
+    let words = (array_bytes / 8).max(threads);
     let src: Vec<u64> = (0..words as u64).collect();
     let mut dst = vec![0u64; words];
-    let copy = best(threads, &src, &mut dst, 2.0, |s, d| d.copy_from_slice(s));
-    let nt_copy = nt::available().then(|| best(threads, &src, &mut dst, 2.0, nt::copy));
-    let accumulate = best(threads, &src, &mut dst, 3.0, |s, d| {
+    let copy = best(threads, repeats, &src, &mut dst, 2.0, |s, d| d.copy_from_slice(s));
+    let nt_copy = nt::available().then(|| best(threads, repeats, &src, &mut dst, 2.0, nt::copy));
+    let accumulate = best(threads, repeats, &src, &mut dst, 3.0, |s, d| {
         for (x, y) in d.iter_mut().zip(s) {
             *x = x.wrapping_add(*y);
         }
@@ -52,6 +60,7 @@ pub(crate) fn measure() -> MemoryBandwidth {
 /// `passes` array-sizes of traffic per run.
 fn best(
     threads: usize,
+    repeats: usize,
     src: &[u64],
     dst: &mut [u64],
     passes: f64,
@@ -59,7 +68,7 @@ fn best(
 ) -> f64 {
     let per = src.len().div_ceil(threads);
     let mut rate: f64 = 0.0;
-    for _ in 0..REPEATS {
+    for _ in 0..repeats.max(1) {
         let started = Instant::now();
         std::thread::scope(|scope| {
             for (s, d) in src.chunks(per).zip(dst.chunks_mut(per)) {

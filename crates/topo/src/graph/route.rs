@@ -1,0 +1,245 @@
+//! Routes between devices, and the `nvidia-smi topo -m` class of each path.
+//!
+//! A route is the widest path (largest bottleneck bandwidth; then fewest
+//! hops; then least latency; then lowest link ids, so every rank computes
+//! the same one) that forwards only through non-device nodes: GPUs do not
+//! relay for each other. A pair without peer-to-peer access is staged
+//! through the memory of a CPU node instead, as a CUDA copy between
+//! devices without peer access is.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use super::{LinkId, LinkKind, NodeId, NodeKind, Topology};
+use crate::error::TopologyError;
+
+/// How data travels from one device to another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// The links crossed, in order.
+    pub links: Vec<LinkId>,
+    /// The CPU node whose memory stages the data when peer access is off.
+    pub staged_in: Option<NodeId>,
+    /// The narrowest raw link rate on the way, GB/s.
+    pub bandwidth: f64,
+    /// Sum of the hops' latencies, µs.
+    pub latency_us: f64,
+}
+
+/// The kind of path between two devices, as `nvidia-smi topo -m` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PathClass {
+    /// The device itself.
+    Same,
+    /// NVLink all the way; the narrowest hop bundles this many links.
+    NvLink(u8),
+    /// At most one PCIe switch, no host bridge.
+    Pix,
+    /// Several PCIe switches, no host bridge.
+    Pxb,
+    /// Through a PCIe host bridge (the CPU).
+    Phb,
+    /// Across host bridges of one NUMA node.
+    Node,
+    /// Across NUMA nodes (UPI, QPI, xGMI).
+    Sys,
+    /// Threads sharing host memory.
+    Shm,
+}
+
+impl fmt::Display for PathClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathClass::Same => f.write_str("X"),
+            PathClass::NvLink(n) => write!(f, "NV{n}"),
+            PathClass::Pix => f.write_str("PIX"),
+            PathClass::Pxb => f.write_str("PXB"),
+            PathClass::Phb => f.write_str("PHB"),
+            PathClass::Node => f.write_str("NODE"),
+            PathClass::Sys => f.write_str("SYS"),
+            PathClass::Shm => f.write_str("SHM"),
+        }
+    }
+}
+
+/// Quality of a partial path; larger is better.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Score {
+    bandwidth: f64,
+    hops: usize,
+    latency: f64,
+}
+
+impl Score {
+    fn better_than(&self, other: &Score) -> bool {
+        self.cmp(other) == Ordering::Greater
+    }
+
+    fn cmp(&self, other: &Score) -> Ordering {
+        self.bandwidth
+            .total_cmp(&other.bandwidth)
+            .then(other.hops.cmp(&self.hops))
+            .then(other.latency.total_cmp(&self.latency))
+    }
+}
+
+impl Topology {
+    /// The widest path from `from` to `to` that forwards only through
+    /// non-device nodes, ignoring peer-to-peer settings.
+    fn widest_path(&self, from: NodeId, to: NodeId) -> Option<Vec<LinkId>> {
+        let n = self.nodes.len();
+        let mut best: Vec<Option<Score>> = vec![None; n];
+        let mut via: Vec<Option<LinkId>> = vec![None; n];
+        let mut done = vec![false; n];
+        best[from] = Some(Score {
+            bandwidth: f64::INFINITY,
+            hops: 0,
+            latency: 0.0,
+        });
+        loop {
+            // The unsettled node with the best score; ties by lowest id.
+            let mut pick: Option<NodeId> = None;
+            for v in 0..n {
+                if done[v] {
+                    continue;
+                }
+                if let Some(s) = best[v]
+                    && pick.is_none_or(|p| s.better_than(&best[p].unwrap()))
+                {
+                    pick = Some(v);
+                }
+            }
+            let u = pick?;
+            if u == to {
+                break;
+            }
+            done[u] = true;
+            if u != from && self.nodes[u].kind.is_device() {
+                continue;
+            }
+            let su = best[u].unwrap();
+            for (id, link) in self.links_from(u) {
+                let s = Score {
+                    bandwidth: su.bandwidth.min(link.bandwidth),
+                    hops: su.hops + 1,
+                    latency: su.latency + link.latency_us,
+                };
+                let v = link.to;
+                if !done[v] && best[v].is_none_or(|b| s.better_than(&b)) {
+                    best[v] = Some(s);
+                    via[v] = Some(id);
+                }
+            }
+        }
+        let mut links = Vec::new();
+        let mut at = to;
+        while at != from {
+            let id = via[at]?;
+            links.push(id);
+            at = self.links[id].from;
+        }
+        links.reverse();
+        Some(links)
+    }
+
+    fn route_of(&self, links: Vec<LinkId>, staged_in: Option<NodeId>) -> Route {
+        Route {
+            bandwidth: links
+                .iter()
+                .map(|&l| self.links[l].bandwidth)
+                .fold(f64::INFINITY, f64::min),
+            latency_us: links.iter().map(|&l| self.links[l].latency_us).sum(),
+            links,
+            staged_in,
+        }
+    }
+
+    /// How device `from` reaches device `to`: directly when peer-to-peer is
+    /// possible, else staged through the best-placed CPU node's memory.
+    pub fn route(&self, from: NodeId, to: NodeId) -> Result<Route, TopologyError> {
+        let unreachable = || TopologyError::Unreachable {
+            from: self.nodes[from].name.clone(),
+            to: self.nodes[to].name.clone(),
+        };
+        if from == to {
+            return Ok(self.route_of(Vec::new(), None));
+        }
+        if self.p2p(from, to)
+            && let Some(links) = self.widest_path(from, to)
+        {
+            return Ok(self.route_of(links, None));
+        }
+        let mut best: Option<Route> = None;
+        for cpu in (0..self.nodes.len()).filter(|&c| self.nodes[c].kind == NodeKind::Cpu) {
+            let (Some(mut up), Some(down)) =
+                (self.widest_path(from, cpu), self.widest_path(cpu, to))
+            else {
+                continue;
+            };
+            up.extend(down);
+            let r = self.route_of(up, Some(cpu));
+            let better = best.as_ref().is_none_or(|b| {
+                r.bandwidth > b.bandwidth
+                    || (r.bandwidth == b.bandwidth && r.links.len() < b.links.len())
+            });
+            if better {
+                best = Some(r);
+            }
+        }
+        best.ok_or_else(unreachable)
+    }
+
+    /// The `nvidia-smi topo -m` class of the hardware path between two
+    /// devices (peer-to-peer settings do not change it).
+    pub fn path_class(&self, a: NodeId, b: NodeId) -> Result<PathClass, TopologyError> {
+        if a == b {
+            return Ok(PathClass::Same);
+        }
+        let links = self
+            .widest_path(a, b)
+            .ok_or_else(|| TopologyError::Unreachable {
+                from: self.nodes[a].name.clone(),
+                to: self.nodes[b].name.clone(),
+            })?;
+        let kinds: Vec<&LinkKind> = links.iter().map(|&l| &self.links[l].kind).collect();
+        if kinds.iter().all(|k| k.is_nvlink()) {
+            let narrowest = kinds
+                .iter()
+                .filter_map(|k| match k {
+                    LinkKind::Nvlink { count, .. } => Some(*count),
+                    _ => None,
+                })
+                .min()
+                .unwrap_or(0);
+            return Ok(PathClass::NvLink(narrowest));
+        }
+        if kinds.iter().all(|k| matches!(k, LinkKind::SharedMemory)) {
+            return Ok(PathClass::Shm);
+        }
+        if kinds
+            .iter()
+            .any(|k| matches!(k, LinkKind::CpuInterconnect))
+        {
+            return Ok(PathClass::Sys);
+        }
+        let passed = |kind: NodeKind| {
+            links[..links.len() - 1]
+                .iter()
+                .filter(|&&l| self.nodes[self.links[l].to].kind == kind)
+                .count()
+        };
+        let cpus = passed(NodeKind::Cpu);
+        let bridges = passed(NodeKind::HostBridge);
+        Ok(if cpus > 1 {
+            PathClass::Sys
+        } else if bridges > 1 {
+            PathClass::Node
+        } else if cpus + bridges > 0 {
+            PathClass::Phb
+        } else if passed(NodeKind::PcieSwitch) > 1 {
+            PathClass::Pxb
+        } else {
+            PathClass::Pix
+        })
+    }
+}

@@ -1,0 +1,1 @@
+//! Text and picture renderings of a topology.

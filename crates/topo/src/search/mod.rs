@@ -1,0 +1,1 @@
+//! Ring and tree orders searched on the link graph.

@@ -1,0 +1,1 @@
+//! Per-call algorithm selection.
