@@ -45,6 +45,7 @@
 
 pub mod algorithms;
 pub mod bucket;
+pub mod choose;
 pub mod comm;
 pub mod conformance;
 pub mod cpu;

@@ -1,1 +1,352 @@
-//! Per-call algorithm selection.
+//! Per-call algorithm selection: simulate every candidate on the topology
+//! and take the fastest.
+//!
+//! Candidates are each applicable algorithm with the orders the
+//! [`crate::search`] found (the best ring set and the single best ring,
+//! trees laid over the best ring) at a few chunk sizes. The choice is a
+//! pure function of (collective, size, world size, topology, options), so
+//! every rank that holds the same topology picks the same plan; ties go to
+//! the earlier candidate in a fixed order. Choices are cached per
+//! (collective, size).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use ferrocoll_core::choose::{Choice, Chooser};
+use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, Rank, generate};
+
+use crate::error::TopologyError;
+use crate::graph::{NodeId, NodeKind, Topology};
+use crate::search;
+use crate::sim::{self, CostModel, Prediction, SimOptions};
+
+/// Cached choices kept at most; past it the cache starts over.
+const CACHE_LIMIT: usize = 4096;
+
+/// What the selector may choose from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelectOptions {
+    /// Algorithms to consider, in tie-breaking order.
+    pub algorithms: Vec<Algorithm>,
+    /// Chunk sizes to consider; empty takes the devices' defaults (GPUs:
+    /// 128 KiB, 512 KiB, 2 MiB; threads: 1 MiB and 4 MiB).
+    pub chunk_sizes: Vec<usize>,
+    /// Rings a ring set may hold.
+    pub max_rings: usize,
+    /// Bytes per element of the calls.
+    pub element_size: usize,
+    /// Messages a link holds in flight.
+    pub slots_per_link: u32,
+    /// The cost model.
+    pub cost: CostModel,
+}
+
+impl Default for SelectOptions {
+    fn default() -> Self {
+        SelectOptions {
+            algorithms: vec![
+                Algorithm::Ring,
+                Algorithm::Tree,
+                Algorithm::Direct,
+                Algorithm::HalvingDoubling,
+            ],
+            chunk_sizes: Vec::new(),
+            max_rings: search::MAX_RINGS,
+            element_size: 4,
+            slots_per_link: 4,
+            cost: CostModel::default(),
+        }
+    }
+}
+
+/// One thing the selector can run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Its channels and orders.
+    pub params: AlgorithmParams,
+    /// The pipelining grain.
+    pub max_chunk_bytes: usize,
+}
+
+impl fmt::Display for Candidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.algorithm)?;
+        if self.params.channels > 1 {
+            write!(f, " x{}", self.params.channels)?;
+        }
+        write!(f, " @{}", human_bytes(self.max_chunk_bytes))
+    }
+}
+
+/// `4K`, `512K`, `4M`.
+pub fn human_bytes(b: usize) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b}"),
+    }
+}
+
+/// A choice with its evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// What to run.
+    pub candidate: Candidate,
+    /// Its predicted time and bottleneck.
+    pub prediction: Prediction,
+    /// The next best candidate and its predicted time, µs.
+    pub runner_up: Option<(Candidate, f64)>,
+}
+
+impl Plan {
+    /// One line: the choice, its prediction, the runner-up.
+    pub fn explain(&self) -> String {
+        let mut s = format!(
+            "{} predicted {:.1} us",
+            self.candidate, self.prediction.time_us
+        );
+        if let Some(b) = self.prediction.bottleneck() {
+            s += &format!(", bottleneck {} at {:.0}%", b.resource, b.utilisation * 100.0);
+        }
+        if let Some((c, t)) = &self.runner_up {
+            s += &format!("; runner-up {c} {t:.1} us");
+        }
+        s
+    }
+}
+
+/// Picks plans for one world size on one topology.
+pub struct Selector {
+    topology: Topology,
+    devices: Vec<NodeId>,
+    world_size: u32,
+    options: SelectOptions,
+    rings: search::RingSet,
+    tree_order: Vec<Rank>,
+    cache: Mutex<HashMap<(Collective, usize), Arc<Plan>>>,
+}
+
+impl fmt::Debug for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Selector")
+            .field("topology", &self.topology.name)
+            .field("world_size", &self.world_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Selector {
+    /// A selector for `world_size` ranks on the first devices of `topology`.
+    pub fn new(
+        topology: Topology,
+        world_size: u32,
+        options: SelectOptions,
+    ) -> Result<Selector, TopologyError> {
+        topology.validate()?;
+        let all = topology.devices();
+        if all.len() < world_size as usize || world_size == 0 {
+            return Err(TopologyError::TooFewDevices {
+                ranks: world_size,
+                devices: all.len(),
+                topology: topology.name.clone(),
+            });
+        }
+        let devices = all[..world_size as usize].to_vec();
+        let rings = search::rings(&topology, &devices, &options.cost, options.max_rings)?;
+        let tree_order = rings.orders[0].clone();
+        Ok(Selector {
+            topology,
+            devices,
+            world_size,
+            options,
+            rings,
+            tree_order,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The topology it selects on.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The ring set the search found.
+    pub fn rings(&self) -> &search::RingSet {
+        &self.rings
+    }
+
+    fn chunk_sizes(&self) -> Vec<usize> {
+        if !self.options.chunk_sizes.is_empty() {
+            return self.options.chunk_sizes.clone();
+        }
+        if self.topology.nodes[self.devices[0]].kind == NodeKind::Thread {
+            vec![1 << 20, sim::THREAD_CHUNK_BYTES]
+        } else {
+            vec![128 << 10, sim::GPU_CHUNK_BYTES, 2 << 20]
+        }
+    }
+
+    /// Every candidate for `collective`, in tie-breaking order.
+    pub fn candidates(&self, collective: Collective) -> Vec<Candidate> {
+        let identity: Vec<Rank> = (0..self.world_size).collect();
+        let mut variants: Vec<(Algorithm, AlgorithmParams)> = Vec::new();
+        for &a in &self.options.algorithms {
+            if a.supports(collective.kind()).is_err() {
+                continue;
+            }
+            match a {
+                Algorithm::Ring => {
+                    let orders = &self.rings.orders;
+                    let mut sets = vec![orders[..1].to_vec()];
+                    if orders.len() > 1 {
+                        sets.push(orders.clone());
+                    }
+                    for set in sets {
+                        let plain = set.iter().all(|o| *o == identity);
+                        variants.push((
+                            a,
+                            AlgorithmParams {
+                                channels: set.len() as u32,
+                                ring_orders: if plain { Vec::new() } else { set },
+                                ..AlgorithmParams::default()
+                            },
+                        ));
+                    }
+                }
+                Algorithm::Tree => variants.push((
+                    a,
+                    AlgorithmParams {
+                        tree_order: if self.tree_order == identity {
+                            Vec::new()
+                        } else {
+                            self.tree_order.clone()
+                        },
+                        ..AlgorithmParams::default()
+                    },
+                )),
+                _ => variants.push((a, AlgorithmParams::default())),
+            }
+        }
+        let mut out = Vec::new();
+        for (algorithm, params) in variants {
+            for &chunk in &self.chunk_sizes() {
+                out.push(Candidate {
+                    algorithm,
+                    params: params.clone(),
+                    max_chunk_bytes: chunk,
+                });
+            }
+        }
+        out
+    }
+
+    /// Simulate one candidate.
+    pub fn predict(
+        &self,
+        candidate: &Candidate,
+        collective: Collective,
+        size: usize,
+    ) -> Result<Prediction, TopologyError> {
+        let schedule = generate(
+            candidate.algorithm,
+            collective,
+            self.world_size,
+            &candidate.params,
+        )
+        .map_err(|e| TopologyError::Invalid(e.to_string()))?;
+        let options = SimOptions {
+            max_chunk_bytes: Some(candidate.max_chunk_bytes),
+            slots_per_link: self.options.slots_per_link,
+            in_place: false,
+            element_size: self.options.element_size,
+            cost: self.options.cost.clone(),
+            placement: Some(self.devices.clone()),
+        };
+        sim::simulate(&schedule, &self.topology, size, &options)
+    }
+
+    /// Every candidate with its prediction, in candidate order.
+    pub fn evaluate(
+        &self,
+        collective: Collective,
+        size: usize,
+    ) -> Result<Vec<(Candidate, Prediction)>, TopologyError> {
+        self.candidates(collective)
+            .into_iter()
+            .map(|c| {
+                let p = self.predict(&c, collective, size)?;
+                Ok((c, p))
+            })
+            .collect()
+    }
+
+    /// The fastest candidate for `collective` at `size` bytes.
+    pub fn choose(&self, collective: Collective, size: usize) -> Result<Arc<Plan>, TopologyError> {
+        let key = (collective, size);
+        if let Some(p) = self.lock().get(&key) {
+            return Ok(p.clone());
+        }
+        let mut ranked = self.evaluate(collective, size)?;
+        if ranked.is_empty() {
+            return Err(TopologyError::Invalid(format!(
+                "no algorithm among {:?} runs {collective}",
+                self.options.algorithms
+            )));
+        }
+        // Stable sort: equal times keep candidate order.
+        ranked.sort_by(|a, b| a.1.time_us.total_cmp(&b.1.time_us));
+        let mut it = ranked.into_iter();
+        let (candidate, prediction) = it.next().expect("not empty");
+        let runner_up = it
+            .find(|(c, _)| c.algorithm != candidate.algorithm || c.params != candidate.params)
+            .map(|(c, p)| (c, p.time_us));
+        let plan = Arc::new(Plan {
+            candidate,
+            prediction,
+            runner_up,
+        });
+        tracing::trace!(
+            topology = %self.topology.name,
+            "{collective} {size} B on {} ranks: {}",
+            self.world_size,
+            plan.explain()
+        );
+        let mut cache = self.lock();
+        if cache.len() >= CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(key, plan.clone());
+        Ok(plan)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Collective, usize), Arc<Plan>>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Chooser for Selector {
+    fn choose(&self, collective: Collective, world_size: u32, bytes: usize) -> Option<Choice> {
+        if world_size != self.world_size {
+            return None;
+        }
+        match Selector::choose(self, collective, bytes) {
+            Ok(plan) => Some(Choice {
+                algorithm: plan.candidate.algorithm,
+                params: plan.candidate.params.clone(),
+                max_chunk_bytes: Some(plan.candidate.max_chunk_bytes),
+                why: format!("selected on `{}`: {}", self.topology.name, plan.explain()),
+            }),
+            Err(e) => {
+                tracing::warn!("selector on `{}` failed, using the fixed rule: {e}", self.topology.name);
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -124,7 +124,7 @@ pub fn applicable() -> impl Iterator<Item = (Algorithm, CollectiveKind)> {
 }
 
 /// Knobs for the generators. The default is one channel and rings in rank order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AlgorithmParams {
     /// Independent channels, each carrying `1/channels` of the data on its
     /// own links (ring, tree and direct; halving-doubling takes 1).
@@ -132,6 +132,10 @@ pub struct AlgorithmParams {
     /// Ring order per channel (ring only): a permutation of `0..n`. Empty
     /// means rank order for every channel; a single order serves all channels.
     pub ring_orders: Vec<Vec<Rank>>,
+    /// Tree only: position `p` of the trees is rank `tree_order[p]`, so a
+    /// topology search can keep parents and children on nearby devices.
+    /// Empty means rank order.
+    pub tree_order: Vec<Rank>,
 }
 
 impl Default for AlgorithmParams {
@@ -139,6 +143,7 @@ impl Default for AlgorithmParams {
         AlgorithmParams {
             channels: 1,
             ring_orders: Vec::new(),
+            tree_order: Vec::new(),
         }
     }
 }
@@ -174,6 +179,14 @@ pub enum AlgorithmError {
     WorldSizeTooLarge {
         /// The world size asked for.
         world_size: u32,
+    },
+    /// The tree order is not a permutation of the ranks.
+    #[error("tree order is not a permutation of 0..{world_size}: {order:?}")]
+    BadTreeOrder {
+        /// The world size.
+        world_size: u32,
+        /// The order given.
+        order: Vec<Rank>,
     },
     /// Zero channels requested.
     #[error("at least one channel is needed")]
@@ -242,7 +255,10 @@ pub fn generate(
     }
     match algorithm {
         Algorithm::Ring => ring::generate(collective, world_size, params),
-        Algorithm::Tree => Ok(tree::generate(collective, world_size, params.channels)),
+        Algorithm::Tree if params.tree_order.is_empty() => {
+            Ok(tree::generate(collective, world_size, params.channels))
+        }
+        Algorithm::Tree => tree::generate_in_order(collective, world_size, params),
         Algorithm::Direct => Ok(direct::generate(collective, world_size, params.channels)),
         Algorithm::HalvingDoubling => {
             if params.channels != 1 {

@@ -173,9 +173,16 @@ fn inapplicable_combinations_are_typed_errors() {
     let bad_order = AlgorithmParams {
         channels: 1,
         ring_orders: vec![vec![0, 1, 1]],
+        ..AlgorithmParams::default()
     };
     let e = generate(Algorithm::Ring, Collective::AllReduce, 3, &bad_order).unwrap_err();
     assert!(matches!(e, AlgorithmError::BadRingOrder { .. }));
+    let bad_tree = AlgorithmParams {
+        tree_order: vec![2, 0, 0],
+        ..AlgorithmParams::default()
+    };
+    let e = generate(Algorithm::Tree, Collective::AllReduce, 3, &bad_tree).unwrap_err();
+    assert!(matches!(e, AlgorithmError::BadTreeOrder { .. }));
     let two = AlgorithmParams {
         channels: 2,
         ..AlgorithmParams::default()
@@ -191,18 +198,18 @@ mod random {
     fn params(channels: u32, n: u32, shuffle: u64) -> AlgorithmParams {
         // A random ring order per channel (Fisher-Yates driven by `shuffle`).
         let mut rng = Rng(shuffle);
-        let ring_orders = (0..channels)
-            .map(|_| {
-                let mut order: Vec<Rank> = (0..n).collect();
-                for i in (1..order.len()).rev() {
-                    order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-                }
-                order
-            })
-            .collect();
+        let mut shuffled = || {
+            let mut order: Vec<Rank> = (0..n).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            order
+        };
+        let ring_orders = (0..channels).map(|_| shuffled()).collect();
         AlgorithmParams {
             channels,
             ring_orders,
+            tree_order: shuffled(),
         }
     }
 

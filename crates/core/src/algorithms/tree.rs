@@ -251,3 +251,44 @@ mod tests {
         assert!(both <= 1, "inner in both trees: {both}");
     }
 }
+
+/// The trees built on positions, with position `p` run by rank
+/// `params.tree_order[p]`. Tree schedules index no block by rank (their
+/// collectives have one block per buffer), so renaming ranks keeps them
+/// correct; only the root moves, and it is placed where it must end up.
+pub(super) fn generate_in_order(
+    collective: Collective,
+    n: u32,
+    params: &super::AlgorithmParams,
+) -> Result<Schedule, super::AlgorithmError> {
+    let order = &params.tree_order;
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    if sorted != (0..n).collect::<Vec<_>>() {
+        return Err(super::AlgorithmError::BadTreeOrder {
+            world_size: n,
+            order: order.clone(),
+        });
+    }
+    let mut position = vec![0; n as usize];
+    for (p, &r) in order.iter().enumerate() {
+        position[r as usize] = p as Rank;
+    }
+    let at_positions = match collective.root() {
+        Some(root) => collective.kind().with_root(position[root as usize]),
+        None => collective,
+    };
+    let mut schedule = generate(at_positions, n, params.channels);
+    let rename = |p: Rank| order[p as usize];
+    let mut ranks = vec![Default::default(); n as usize];
+    for (p, mut program) in std::mem::take(&mut schedule.ranks).into_iter().enumerate() {
+        for step in program.channels.iter_mut().flatten() {
+            step.recv_from.iter_mut().for_each(|q| *q = rename(*q));
+            step.send_to.iter_mut().for_each(|q| *q = rename(*q));
+        }
+        ranks[order[p] as usize] = program;
+    }
+    schedule.ranks = ranks;
+    schedule.collective = collective;
+    Ok(schedule)
+}

@@ -2,6 +2,7 @@
 //! the launchers that create a group.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,7 +11,7 @@ use super::group::{Group, Msg};
 use super::kernels::Reduce;
 use super::plan::{Plan, PlanKey};
 use super::{CpuConfig, auto_algorithm};
-use crate::algorithms::{AlgorithmParams, generate};
+use crate::algorithms::{Algorithm, AlgorithmParams, generate};
 use crate::comm::{CommError, Communicator};
 use crate::schedule::layout::Layout;
 use crate::types::{Collective, Rank, ReduceOp};
@@ -117,43 +118,52 @@ impl CpuCommunicator {
         }
     }
 
+    /// The plan of a call, why it was chosen, and the chunk size the
+    /// chooser asked for, if any.
     fn plan(
         &self,
         collective: Collective,
         bytes: usize,
-    ) -> Result<(Arc<Plan>, &'static str), CommError> {
+    ) -> Result<(Arc<Plan>, Cow<'static, str>, Option<usize>), CommError> {
         let n = self.group.n;
         if let Some(custom) = &self.config.schedule {
             let s = custom.schedule();
             if s.collective == collective && s.world_size == n {
                 let plan = self.cached(PlanKey::Custom, || Ok(Plan::new((**custom).clone())))?;
-                return Ok((plan, "the configured schedule"));
+                return Ok((plan, "the configured schedule".into(), None));
             }
         }
-        let (algorithm, why) = match self.config.algorithm {
-            Some(a) => (a, "forced by configuration"),
-            None => auto_algorithm(collective.kind(), n, bytes),
+        let fixed = |algorithm: Algorithm| AlgorithmParams {
+            channels: if algorithm == Algorithm::HalvingDoubling {
+                1
+            } else {
+                self.config.channels
+            },
+            ..AlgorithmParams::default()
         };
-        let channels = if algorithm == crate::Algorithm::HalvingDoubling {
-            1
-        } else {
-            self.config.channels
+        let chosen = match (self.config.algorithm, &self.config.chooser) {
+            (Some(a), _) => Some((a, fixed(a), None, "forced by configuration".into())),
+            (None, Some(chooser)) => chooser
+                .0
+                .choose(collective, n, bytes)
+                .map(|c| (c.algorithm, c.params, c.max_chunk_bytes, Cow::Owned(c.why))),
+            (None, None) => None,
         };
+        let (algorithm, params, chunk, why) = chosen.unwrap_or_else(|| {
+            let (a, why) = auto_algorithm(collective.kind(), n, bytes);
+            (a, fixed(a), None, why.into())
+        });
         let key = PlanKey::Builtin {
             algorithm,
             collective,
-            channels,
+            params: params.clone(),
         };
         let plan = self.cached(key, || {
-            let params = AlgorithmParams {
-                channels,
-                ..AlgorithmParams::default()
-            };
             let schedule = generate(algorithm, collective, n, &params)?;
             let verified = verify(schedule, &VerifyOptions::default()).map_err(Box::new)?;
             Ok(Plan::new(verified))
         })?;
-        Ok((plan, why))
+        Ok((plan, why, chunk))
     }
 
     /// The plan under `key`, built by `build` by the first rank that needs it.
@@ -217,7 +227,7 @@ impl CpuCommunicator {
     ) -> Result<(), CommError> {
         self.group.register_call(call, self.rank, signature)?;
         let size = std::mem::size_of::<T>();
-        let (plan, why) = self.plan(collective, count * size)?;
+        let (plan, why, chunk) = self.plan(collective, count * size)?;
         if in_place && !plan.verified.supports_in_place() {
             return Err(CommError::InPlaceUnsupported {
                 collective: format!(
@@ -231,7 +241,7 @@ impl CpuCommunicator {
             count,
             schedule.chunks_per_block,
             size,
-            self.config.max_chunk_bytes,
+            chunk.unwrap_or(self.config.max_chunk_bytes),
         );
         tracing::debug!(
             rank = self.rank,

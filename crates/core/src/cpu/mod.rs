@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithms::Algorithm;
+use crate::choose::SharedChooser;
 use crate::verify::Verified;
 
 /// Settings of a CPU group. Every rank of a group shares them.
@@ -44,8 +45,11 @@ use crate::verify::Verified;
 pub struct CpuConfig {
     /// The longest any wait may last before the rank gives up and fails the group.
     pub timeout: Duration,
-    /// Force an algorithm; `None` picks per call with [`auto_algorithm`].
+    /// Force an algorithm; `None` asks `chooser`, then [`auto_algorithm`].
     pub algorithm: Option<Algorithm>,
+    /// Picks the algorithm of calls that do not force one (the facade
+    /// plugs in the topology-aware selector); `None` uses [`auto_algorithm`].
+    pub chooser: Option<SharedChooser>,
     /// Channels for ring, tree and direct.
     pub channels: u32,
     /// The largest chunk, in bytes, moved in one step; larger buffers run
@@ -65,6 +69,7 @@ impl Default for CpuConfig {
         CpuConfig {
             timeout: Duration::from_secs(60),
             algorithm: None,
+            chooser: None,
             channels: 1,
             // Every segment boundary is a round of hand-offs between ranks;
             // with zero-copy messages little is gained from finer

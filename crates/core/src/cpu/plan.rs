@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::algorithms::Algorithm;
+use crate::algorithms::{Algorithm, AlgorithmParams};
 use crate::flow::{self, HappensBefore, Semantics};
 use crate::schedule::{Buffer, Schedule, Step, StepAt};
 use crate::types::Collective;
@@ -17,7 +17,7 @@ pub(crate) enum PlanKey {
     Builtin {
         algorithm: Algorithm,
         collective: Collective,
-        channels: u32,
+        params: AlgorithmParams,
     },
     /// The configured schedule of the user's.
     Custom,

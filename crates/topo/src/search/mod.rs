@@ -1,1 +1,13 @@
 //! Ring and tree orders searched on the link graph.
+//!
+//! A ring's speed is set by its busiest resource: every edge of the ring
+//! carries the same bytes, and edges whose routes share a link (two GPUs
+//! behind one PCIe switch uplink, say) split it. [`rings`] finds the order
+//! whose worst resource is least loaded, and keeps adding rings while the
+//! set as a whole gets faster, as NCCL adds channels on links with spare
+//! capacity. [`tree_order`] lays the trees over the best ring order, so a
+//! parent and its children are neighbours on the fastest paths.
+
+mod ring;
+
+pub use ring::{EXHAUSTIVE_MAX_RANKS, MAX_RINGS, RingSet, rings, tree_order};

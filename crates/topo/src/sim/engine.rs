@@ -17,8 +17,8 @@ use ferrocoll_core::schedule::{Buffer, Schedule, Step};
 
 use super::cost::CostModel;
 use super::fairshare::{self, Uses};
-use crate::graph::{LinkKind, NodeId, NodeKind, Topology};
 use crate::error::TopologyError;
+use crate::graph::{LinkKind, NodeId, NodeKind, Topology};
 
 /// A resource flows compete for.
 #[derive(Debug, Clone)]
@@ -52,11 +52,7 @@ pub(crate) struct Fabric<'a> {
 }
 
 impl<'a> Fabric<'a> {
-    pub(crate) fn new(
-        topo: &'a Topology,
-        devices: Vec<NodeId>,
-        cost: &'a CostModel,
-    ) -> Fabric<'a> {
+    pub(crate) fn new(topo: &'a Topology, devices: Vec<NodeId>, cost: &'a CostModel) -> Fabric<'a> {
         let mut resources = Vec::new();
         let mut link_res = Vec::new();
         for l in &topo.links {
@@ -120,7 +116,7 @@ impl<'a> Fabric<'a> {
     /// Resources a message from `from` to `to` crosses, and the route
     /// latency. Over shared memory a message is read in place by its
     /// consumer, whose local work pays for it, so it crosses nothing.
-    fn route(&mut self, from: u32, to: u32) -> Result<(Uses, f64), TopologyError> {
+    pub(crate) fn route(&mut self, from: u32, to: u32) -> Result<(Uses, f64), TopologyError> {
         if let Some(r) = self.routes.get(&(from, to)) {
             return Ok(r.clone());
         }
@@ -200,8 +196,16 @@ enum Event {
 
 #[derive(Debug, Clone, Copy)]
 enum Done {
-    Work { rank: u32, channel: u32 },
-    Transfer { from: u32, to: u32, channel: u32, latency: f64 },
+    Work {
+        rank: u32,
+        channel: u32,
+    },
+    Transfer {
+        from: u32,
+        to: u32,
+        channel: u32,
+        latency: f64,
+    },
 }
 
 struct Flow {
@@ -227,7 +231,8 @@ pub(crate) fn run(
     let n = schedule.world_size;
     let segments = layout.segments();
     let channels: Vec<usize> = schedule.ranks.iter().map(|p| p.channels.len()).collect();
-    let total = |r: usize, c: usize| schedule.ranks[r].channels[c].len() as u64 * u64::from(segments);
+    let total =
+        |r: usize, c: usize| schedule.ranks[r].channels[c].len() as u64 * u64::from(segments);
     // Completed step instances per (rank, channel), and whether one runs.
     let mut completed: Vec<Vec<u64>> = channels.iter().map(|&c| vec![0; c]).collect();
     let mut busy: Vec<Vec<bool>> = channels.iter().map(|&c| vec![false; c]).collect();
@@ -242,7 +247,10 @@ pub(crate) fn run(
 
     let step_at = |r: u32, c: usize, k: u64| -> (&Step, u32) {
         let steps = &schedule.ranks[r as usize].channels[c];
-        (&steps[(k % steps.len() as u64) as usize], (k / steps.len() as u64) as u32)
+        (
+            &steps[(k % steps.len() as u64) as usize],
+            (k / steps.len() as u64) as u32,
+        )
     };
     let bytes_of = |step: &Step, seg: u32| -> f64 {
         let chunk = step.write.or(step.read).map_or(0, |s| s.chunk);
@@ -263,7 +271,8 @@ pub(crate) fn run(
                 let ch = c as u32;
                 let after_ok = step.after.iter().all(|a| {
                     let len = schedule.ranks[r as usize].channels[a.channel as usize].len() as u64;
-                    completed[r as usize][a.channel as usize] > u64::from(seg) * len + u64::from(a.step)
+                    completed[r as usize][a.channel as usize]
+                        > u64::from(seg) * len + u64::from(a.step)
                 });
                 let need = |p: u32| step.recv_from.iter().filter(|&&q| q == p).count() as u32;
                 let recv_ok = step
@@ -288,7 +297,14 @@ pub(crate) fn run(
                 busy[r as usize][c] = true;
                 let (_, step_us) = fabric.cost.overheads(fabric.kind(r));
                 seq += 1;
-                events.push(Reverse((key(now + step_us), seq, Event::Work { rank: r, channel: ch })));
+                events.push(Reverse((
+                    key(now + step_us),
+                    seq,
+                    Event::Work {
+                        rank: r,
+                        channel: ch,
+                    },
+                )));
             }
         }
 
@@ -300,13 +316,19 @@ pub(crate) fn run(
             .zip(&rate)
             .map(|(f, &r)| if r.is_infinite() { 0.0 } else { f.left / r })
             .fold(f64::INFINITY, f64::min);
-        let next_event = events.peek().map_or(f64::INFINITY, |Reverse((t, _, _))| f64::from_bits(*t) - now);
+        let next_event = events
+            .peek()
+            .map_or(f64::INFINITY, |Reverse((t, _, _))| f64::from_bits(*t) - now);
         let dt = next_flow.min(next_event).max(0.0);
         if !dt.is_finite() {
             break;
         }
         for (f, &r) in flows.iter_mut().zip(&rate) {
-            let moved = if r.is_infinite() { f.left } else { (r * dt).min(f.left) };
+            let moved = if r.is_infinite() {
+                f.left
+            } else {
+                (r * dt).min(f.left)
+            };
             f.left -= moved;
             for &(res, w) in &f.uses {
                 carried[res] += moved * w;
@@ -346,7 +368,11 @@ pub(crate) fn run(
                     let (bytes, uses) = fabric.local_work(rank, step, m, pure_local_copy);
                     let done = Done::Work { rank, channel };
                     if bytes > 0.0 && !uses.is_empty() {
-                        flows.push(Flow { left: bytes, uses, done });
+                        flows.push(Flow {
+                            left: bytes,
+                            uses,
+                            done,
+                        });
                     } else {
                         finished.push(done);
                     }
@@ -365,15 +391,28 @@ pub(crate) fn run(
                     let m = bytes_of(step, seg);
                     for &s in &step.send_to {
                         let (uses, latency) = fabric.route(rank, s)?;
-                        let done = Done::Transfer { from: rank, to: s, channel, latency };
+                        let done = Done::Transfer {
+                            from: rank,
+                            to: s,
+                            channel,
+                            latency,
+                        };
                         if m > 0.0 && !uses.is_empty() {
-                            flows.push(Flow { left: m, uses, done });
+                            flows.push(Flow {
+                                left: m,
+                                uses,
+                                done,
+                            });
                         } else {
                             seq += 1;
                             events.push(Reverse((
                                 key(now + latency),
                                 seq,
-                                Event::Deliver { from: rank, to: s, channel },
+                                Event::Deliver {
+                                    from: rank,
+                                    to: s,
+                                    channel,
+                                },
                             )));
                         }
                     }
@@ -381,9 +420,18 @@ pub(crate) fn run(
                     busy[rank as usize][c] = false;
                     dirty.push(rank);
                 }
-                Done::Transfer { from, to, channel, latency } => {
+                Done::Transfer {
+                    from,
+                    to,
+                    channel,
+                    latency,
+                } => {
                     seq += 1;
-                    events.push(Reverse((key(now + latency), seq, Event::Deliver { from, to, channel })));
+                    events.push(Reverse((
+                        key(now + latency),
+                        seq,
+                        Event::Deliver { from, to, channel },
+                    )));
                 }
             }
         }
@@ -391,15 +439,17 @@ pub(crate) fn run(
             break;
         }
     }
-    let unfinished = (0..n as usize)
-        .any(|r| (0..channels[r]).any(|c| completed[r][c] < total(r, c)));
+    let unfinished =
+        (0..n as usize).any(|r| (0..channels[r]).any(|c| completed[r][c] < total(r, c)));
     if unfinished {
         return Err(TopologyError::Invalid(format!(
             "schedule `{}` stalls in the simulator (a schedule that passed the verifier never does)",
             schedule.name
         )));
     }
-    let call_us = (0..n).map(|r| fabric.cost.overheads(fabric.kind(r)).0).fold(0.0, f64::max);
+    let call_us = (0..n)
+        .map(|r| fabric.cost.overheads(fabric.kind(r)).0)
+        .fold(0.0, f64::max);
     Ok(Raw {
         time_us: now + call_us,
         carried,

@@ -73,7 +73,10 @@ mod tests {
         let a: Uses = vec![(0, 1.0)];
         let b: Uses = vec![(0, 1.0), (1, 1.0)];
         let r = rates(&[10.0, 2.0], &[&a, &b]);
-        assert!((r[0] - 8.0).abs() < 1e-9 && (r[1] - 2.0).abs() < 1e-9, "{r:?}");
+        assert!(
+            (r[0] - 8.0).abs() < 1e-9 && (r[1] - 2.0).abs() < 1e-9,
+            "{r:?}"
+        );
         // Equal flows on one link halve it.
         let r = rates(&[10.0], &[&a, &a]);
         assert_eq!(r, vec![5.0, 5.0]);

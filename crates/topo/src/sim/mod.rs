@@ -9,7 +9,7 @@
 //! narrowest path decides, as the seed article puts it.
 
 pub mod cost;
-mod engine;
+pub(crate) mod engine;
 mod fairshare;
 
 pub use cost::CostModel;
@@ -134,7 +134,8 @@ pub fn simulate(
             GPU_CHUNK_BYTES
         }
     });
-    let layout = Layout::with_max_chunk_bytes(count, schedule.chunks_per_block, element, chunk_bytes);
+    let layout =
+        Layout::with_max_chunk_bytes(count, schedule.chunks_per_block, element, chunk_bytes);
     let segments = layout.segments();
     let mut fabric = engine::Fabric::new(topology, devices, &options.cost);
     let mut run = |layout: &Layout| {

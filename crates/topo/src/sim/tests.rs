@@ -47,7 +47,14 @@ fn full_mesh(n: usize, bw: f64, lat: f64) -> Topology {
     t
 }
 
-fn sim(algo: Algorithm, c: Collective, topo: &Topology, n: u32, size: usize, options: &SimOptions) -> Prediction {
+fn sim(
+    algo: Algorithm,
+    c: Collective,
+    topo: &Topology,
+    n: u32,
+    size: usize,
+    options: &SimOptions,
+) -> Prediction {
     let s = generate(algo, c, n, &AlgorithmParams::default()).unwrap();
     simulate(&s, topo, size, options).unwrap()
 }
@@ -68,10 +75,21 @@ fn ring_all_reduce_matches_the_closed_form_on_a_uniform_ring() {
             cost: ideal(0.0),
             ..SimOptions::default()
         };
-        let p = sim(Algorithm::Ring, Collective::AllReduce, &ring_topology(n as usize, bw, lat), n, size, &o);
+        let p = sim(
+            Algorithm::Ring,
+            Collective::AllReduce,
+            &ring_topology(n as usize, bw, lat),
+            n,
+            size,
+            &o,
+        );
         let m = size as f64 / f64::from(n);
         let want = 2.0 * f64::from(n - 1) * (lat + m / (bw * 1e3));
-        assert!(close(p.time_us, want, 1e-6), "n={n}: {} vs {want}", p.time_us);
+        assert!(
+            close(p.time_us, want, 1e-6),
+            "n={n}: {} vs {want}",
+            p.time_us
+        );
     }
 }
 
@@ -84,13 +102,29 @@ fn pipelined_ring_all_reduce_approaches_the_bandwidth_bound() {
         cost: ideal(0.0),
         ..SimOptions::default()
     };
-    let p = sim(Algorithm::Ring, Collective::AllReduce, &ring_topology(8, bw, 0.0), n, size, &o);
+    let p = sim(
+        Algorithm::Ring,
+        Collective::AllReduce,
+        &ring_topology(8, bw, 0.0),
+        n,
+        size,
+        &o,
+    );
     // 2(n-1)/n · S / B, plus the pipeline's fill of 2(n-1) chunks.
     let bound = 2.0 * 7.0 / 8.0 * size as f64 / (bw * 1e3);
     let fill = 2.0 * 7.0 * (1 << 20) as f64 / (bw * 1e3);
     assert!(p.time_us >= bound * (1.0 - 1e-9), "{} < {bound}", p.time_us);
-    assert!(p.time_us <= bound + fill, "{} > {}", p.time_us, bound + fill);
-    assert!(p.busbw <= bw * (1.0 + 1e-9) && p.busbw > 0.85 * bw, "busbw {}", p.busbw);
+    assert!(
+        p.time_us <= bound + fill,
+        "{} > {}",
+        p.time_us,
+        bound + fill
+    );
+    assert!(
+        p.busbw <= bw * (1.0 + 1e-9) && p.busbw > 0.85 * bw,
+        "busbw {}",
+        p.busbw
+    );
     // Above 64 segments the run is extrapolated; it must agree with the
     // formula as well.
     assert!(p.segments > MAX_SIMULATED_SEGMENTS);
@@ -116,7 +150,17 @@ fn tree_latency_grows_with_log_n_and_ring_with_n() {
         cost: ideal(1.0),
         ..SimOptions::default()
     };
-    let time = |algo, n: u32| sim(algo, Collective::AllReduce, &full_mesh(n as usize, 100.0, 0.5), n, 1024, &o).time_us;
+    let time = |algo, n: u32| {
+        sim(
+            algo,
+            Collective::AllReduce,
+            &full_mesh(n as usize, 100.0, 0.5),
+            n,
+            1024,
+            &o,
+        )
+        .time_us
+    };
     let (tree8, tree64) = (time(Algorithm::Tree, 8), time(Algorithm::Tree, 64));
     let (ring8, ring64) = (time(Algorithm::Ring, 8), time(Algorithm::Ring, 64));
     assert!(tree64 / tree8 < 2.5, "tree {tree8} -> {tree64}");
@@ -133,12 +177,30 @@ fn direct_on_a_full_mesh_uses_every_link_at_once() {
         cost: ideal(0.0),
         ..SimOptions::default()
     };
-    let p = sim(Algorithm::Direct, Collective::AllReduce, &full_mesh(4, bw, 0.0), n, size, &o);
+    let p = sim(
+        Algorithm::Direct,
+        Collective::AllReduce,
+        &full_mesh(4, bw, 0.0),
+        n,
+        size,
+        &o,
+    );
     // Reduce-scatter then all-gather, each one block of S/n per link.
     let want = 2.0 * (size as f64 / 4.0) / (bw * 1e3);
     assert!(close(p.time_us, want, 1e-6), "{} vs {want}", p.time_us);
-    let a2a = sim(Algorithm::Direct, Collective::AllToAll, &full_mesh(4, bw, 0.0), n, size, &o);
-    assert!(close(a2a.time_us, size as f64 / 4.0 / (bw * 1e3), 1e-6), "{}", a2a.time_us);
+    let a2a = sim(
+        Algorithm::Direct,
+        Collective::AllToAll,
+        &full_mesh(4, bw, 0.0),
+        n,
+        size,
+        &o,
+    );
+    assert!(
+        close(a2a.time_us, size as f64 / 4.0 / (bw * 1e3), 1e-6),
+        "{}",
+        a2a.time_us
+    );
 }
 
 #[test]
@@ -167,16 +229,36 @@ fn staging_without_p2p_costs_host_memory_twice() {
     let off = presets::by_name("pcie4-4gpu-nop2p", 1).unwrap();
     let o = SimOptions::default();
     let a = sim(Algorithm::Ring, Collective::AllReduce, &on, 4, 64 << 20, &o);
-    let b = sim(Algorithm::Ring, Collective::AllReduce, &off, 4, 64 << 20, &o);
+    let b = sim(
+        Algorithm::Ring,
+        Collective::AllReduce,
+        &off,
+        4,
+        64 << 20,
+        &o,
+    );
     assert!(b.time_us >= a.time_us, "{} vs {}", b.time_us, a.time_us);
     assert!(b.loads.iter().any(|l| l.resource == "CPU0 memory"));
 }
 
 #[test]
 fn a_schedule_needing_more_devices_is_an_error() {
-    let s = generate(Algorithm::Ring, Collective::AllReduce, 8, &AlgorithmParams::default()).unwrap();
+    let s = generate(
+        Algorithm::Ring,
+        Collective::AllReduce,
+        8,
+        &AlgorithmParams::default(),
+    )
+    .unwrap();
     let err = simulate(&s, &gpus(4), 1024, &SimOptions::default()).unwrap_err();
-    assert!(matches!(err, TopologyError::TooFewDevices { ranks: 8, devices: 4, .. }));
+    assert!(matches!(
+        err,
+        TopologyError::TooFewDevices {
+            ranks: 8,
+            devices: 4,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -185,10 +267,26 @@ fn every_builtin_schedule_runs_to_the_end_on_every_preset_shape() {
     for (algo, kind) in ferrocoll_core::algorithms::applicable() {
         for n in [1u32, 2, 3, 5, 8] {
             let c = kind.with_root(n - 1);
-            let s = generate(algo, c, n, &AlgorithmParams { channels: if algo == Algorithm::HalvingDoubling { 1 } else { 2 }, ..AlgorithmParams::default() }).unwrap();
+            let s = generate(
+                algo,
+                c,
+                n,
+                &AlgorithmParams {
+                    channels: if algo == Algorithm::HalvingDoubling {
+                        1
+                    } else {
+                        2
+                    },
+                    ..AlgorithmParams::default()
+                },
+            )
+            .unwrap();
             for size in [0usize, 1000, 3 << 20] {
                 let p = simulate(&s, &t, size, &SimOptions::default()).unwrap();
-                assert!(p.time_us.is_finite() && p.time_us >= 0.0, "{algo} {kind} n={n}");
+                assert!(
+                    p.time_us.is_finite() && p.time_us >= 0.0,
+                    "{algo} {kind} n={n}"
+                );
             }
         }
     }
