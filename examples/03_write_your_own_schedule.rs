@@ -23,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let params = AlgorithmParams {
         channels: 2,
         ring_orders: vec![clockwise, counter],
+        ..AlgorithmParams::default()
     };
     let bidirectional = generate(Algorithm::Ring, Collective::AllReduce, n, &params)?;
     let verified = verify(bidirectional, &VerifyOptions::default())?;

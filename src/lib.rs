@@ -24,6 +24,7 @@ pub use ferrocoll_core::*;
 /// The topology crate: link graph, sources, simulator, search and selector.
 pub use ferrocoll_topo as topo;
 
+pub mod auto;
 pub mod env;
 
 /// Facts about this build, from `build.rs`.

@@ -36,7 +36,9 @@ pub enum TopologyError {
         found: Option<String>,
     },
     /// A topology file of another format version.
-    #[error("topology file version {found:?} is not supported (this build reads version {supported})")]
+    #[error(
+        "topology file version {found:?} is not supported (this build reads version {supported})"
+    )]
     UnsupportedVersion {
         /// The version found.
         found: Option<u32>,

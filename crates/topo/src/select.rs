@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use ferrocoll_core::algorithms::MAX_CHANNELS;
 use ferrocoll_core::choose::{Choice, Chooser};
 use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, Rank, generate};
 
@@ -34,6 +35,11 @@ pub struct SelectOptions {
     pub chunk_sizes: Vec<usize>,
     /// Rings a ring set may hold.
     pub max_rings: usize,
+    /// Copies of each channel layout to consider (NCCL runs many channels
+    /// on the same rings so that one channel's step latency hides behind
+    /// the others' transfers); empty takes the devices' defaults (GPUs:
+    /// 1, 2, 4, 8, 16; threads: 1).
+    pub channel_multipliers: Vec<u32>,
     /// Bytes per element of the calls.
     pub element_size: usize,
     /// Messages a link holds in flight.
@@ -53,6 +59,7 @@ impl Default for SelectOptions {
             ],
             chunk_sizes: Vec::new(),
             max_rings: search::MAX_RINGS,
+            channel_multipliers: Vec::new(),
             element_size: 4,
             slots_per_link: 4,
             cost: CostModel::default(),
@@ -69,6 +76,8 @@ pub struct Candidate {
     pub params: AlgorithmParams,
     /// The pipelining grain.
     pub max_chunk_bytes: usize,
+    /// How many copies of its channel layout `params` holds.
+    pub multiplier: u32,
 }
 
 impl fmt::Display for Candidate {
@@ -110,7 +119,11 @@ impl Plan {
             self.candidate, self.prediction.time_us
         );
         if let Some(b) = self.prediction.bottleneck() {
-            s += &format!(", bottleneck {} at {:.0}%", b.resource, b.utilisation * 100.0);
+            s += &format!(
+                ", bottleneck {} at {:.0}%",
+                b.resource,
+                b.utilisation * 100.0
+            );
         }
         if let Some((c, t)) = &self.runner_up {
             s += &format!("; runner-up {c} {t:.1} us");
@@ -190,54 +203,88 @@ impl Selector {
         }
     }
 
+    fn channel_multipliers(&self) -> Vec<u32> {
+        if !self.options.channel_multipliers.is_empty() {
+            return self.options.channel_multipliers.clone();
+        }
+        if self.topology.nodes[self.devices[0]].kind == NodeKind::Thread {
+            vec![1]
+        } else {
+            vec![1, 2, 4, 8, 16]
+        }
+    }
+
     /// Every candidate for `collective`, in tie-breaking order.
     pub fn candidates(&self, collective: Collective) -> Vec<Candidate> {
         let identity: Vec<Rank> = (0..self.world_size).collect();
-        let mut variants: Vec<(Algorithm, AlgorithmParams)> = Vec::new();
+        let unless_identity = |o: &Vec<Rank>| {
+            if *o == identity {
+                Vec::new()
+            } else {
+                o.clone()
+            }
+        };
+        let mut variants: Vec<(Algorithm, AlgorithmParams, u32)> = Vec::new();
         for &a in &self.options.algorithms {
             if a.supports(collective.kind()).is_err() {
                 continue;
             }
-            match a {
-                Algorithm::Ring => {
-                    let orders = &self.rings.orders;
-                    let mut sets = vec![orders[..1].to_vec()];
-                    if orders.len() > 1 {
-                        sets.push(orders.clone());
+            for &m in &self.channel_multipliers() {
+                match a {
+                    Algorithm::Ring => {
+                        let orders = &self.rings.orders;
+                        let mut sets = vec![orders[..1].to_vec()];
+                        if orders.len() > 1 {
+                            sets.push(orders.clone());
+                        }
+                        for set in sets {
+                            let channels = set.len() as u32 * m;
+                            if channels > MAX_CHANNELS {
+                                continue;
+                            }
+                            let repeated: Vec<Vec<Rank>> =
+                                (0..m).flat_map(|_| set.iter().cloned()).collect();
+                            let plain = set.iter().all(|o| *o == identity);
+                            variants.push((
+                                a,
+                                AlgorithmParams {
+                                    channels,
+                                    ring_orders: if plain { Vec::new() } else { repeated },
+                                    ..AlgorithmParams::default()
+                                },
+                                m,
+                            ));
+                        }
                     }
-                    for set in sets {
-                        let plain = set.iter().all(|o| *o == identity);
-                        variants.push((
-                            a,
-                            AlgorithmParams {
-                                channels: set.len() as u32,
-                                ring_orders: if plain { Vec::new() } else { set },
-                                ..AlgorithmParams::default()
-                            },
-                        ));
-                    }
-                }
-                Algorithm::Tree => variants.push((
-                    a,
-                    AlgorithmParams {
-                        tree_order: if self.tree_order == identity {
-                            Vec::new()
-                        } else {
-                            self.tree_order.clone()
+                    Algorithm::Tree => variants.push((
+                        a,
+                        AlgorithmParams {
+                            channels: m,
+                            tree_order: unless_identity(&self.tree_order),
+                            ..AlgorithmParams::default()
                         },
-                        ..AlgorithmParams::default()
-                    },
-                )),
-                _ => variants.push((a, AlgorithmParams::default())),
+                        m,
+                    )),
+                    Algorithm::HalvingDoubling if m > 1 => {}
+                    _ => variants.push((
+                        a,
+                        AlgorithmParams {
+                            channels: m,
+                            ..AlgorithmParams::default()
+                        },
+                        m,
+                    )),
+                }
             }
         }
         let mut out = Vec::new();
-        for (algorithm, params) in variants {
+        for (algorithm, params, multiplier) in variants {
             for &chunk in &self.chunk_sizes() {
                 out.push(Candidate {
                     algorithm,
                     params: params.clone(),
                     max_chunk_bytes: chunk,
+                    multiplier,
                 });
             }
         }
@@ -269,19 +316,50 @@ impl Selector {
         sim::simulate(&schedule, &self.topology, size, &options)
     }
 
-    /// Every candidate with its prediction, in candidate order.
+    /// Every candidate with its prediction, in candidate order — except
+    /// that more copies of one channel layout are tried only while they
+    /// help: once a multiple gains under 1 % over the smaller ones, larger
+    /// multiples of that layout are skipped (their extra channels only add
+    /// steps).
     pub fn evaluate(
         &self,
         collective: Collective,
         size: usize,
     ) -> Result<Vec<(Candidate, Prediction)>, TopologyError> {
-        self.candidates(collective)
-            .into_iter()
-            .map(|c| {
-                let p = self.predict(&c, collective, size)?;
-                Ok((c, p))
-            })
-            .collect()
+        struct Progress {
+            multiplier: u32,
+            current: f64,
+            before: f64,
+            stopped: bool,
+        }
+        let mut out: Vec<(Candidate, Prediction)> = Vec::new();
+        let mut layouts: HashMap<(Algorithm, u32), Progress> = HashMap::new();
+        for c in self.candidates(collective) {
+            let key = (c.algorithm, c.params.channels / c.multiplier.max(1));
+            let st = layouts.entry(key).or_insert(Progress {
+                multiplier: c.multiplier,
+                current: f64::INFINITY,
+                before: f64::INFINITY,
+                stopped: false,
+            });
+            if st.stopped {
+                continue;
+            }
+            if c.multiplier != st.multiplier {
+                let gained = st.current < st.before * 0.99;
+                if !gained {
+                    st.stopped = true;
+                    continue;
+                }
+                st.before = st.before.min(st.current);
+                st.current = f64::INFINITY;
+                st.multiplier = c.multiplier;
+            }
+            let p = self.predict(&c, collective, size)?;
+            st.current = st.current.min(p.time_us);
+            out.push((c, p));
+        }
+        Ok(out)
     }
 
     /// The fastest candidate for `collective` at `size` bytes.
@@ -302,7 +380,7 @@ impl Selector {
         let mut it = ranked.into_iter();
         let (candidate, prediction) = it.next().expect("not empty");
         let runner_up = it
-            .find(|(c, _)| c.algorithm != candidate.algorithm || c.params != candidate.params)
+            .find(|(c, _)| c.algorithm != candidate.algorithm)
             .map(|(c, p)| (c, p.time_us));
         let plan = Arc::new(Plan {
             candidate,
@@ -341,7 +419,10 @@ impl Chooser for Selector {
                 why: format!("selected on `{}`: {}", self.topology.name, plan.explain()),
             }),
             Err(e) => {
-                tracing::warn!("selector on `{}` failed, using the fixed rule: {e}", self.topology.name);
+                tracing::warn!(
+                    "selector on `{}` failed, using the fixed rule: {e}",
+                    self.topology.name
+                );
                 None
             }
         }

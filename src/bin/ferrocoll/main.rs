@@ -1,9 +1,13 @@
-//! The `ferrocoll` command-line tool: prove schedules (`verify`) and print
-//! them (`schedule`). Run `ferrocoll --help` for the commands.
+//! The `ferrocoll` command-line tool: benchmark (`bench`), prove
+//! (`verify`), print (`schedule`), show topologies (`topo`), predict
+//! (`sim`, `estimate`). Run `ferrocoll --help` for the commands.
 
 mod bench;
+mod estimate_cmd;
 mod schedule_cmd;
+mod sim_cmd;
 mod spec;
+mod topo;
 mod verify_cmd;
 
 use std::process::ExitCode;
@@ -22,7 +26,7 @@ use clap::{Parser, Subcommand};
         env!("FERROCOLL_BUILD_TARGET"),
         ")"
     ),
-    about = "Collective communication: benchmark, prove and print schedules."
+    about = "Collective communication: benchmark, prove, print and simulate schedules on topologies."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,6 +41,12 @@ enum Command {
     Verify(verify_cmd::VerifyArgs),
     /// Print a built-in schedule as an ASCII grid or as JSON.
     Schedule(schedule_cmd::ScheduleArgs),
+    /// Show a link graph: the nvidia-smi topo -m matrix, bandwidth and latency matrices, rings, bottlenecks.
+    Topo(topo::TopoArgs),
+    /// Predict the bench table on a topology, with the bottleneck link of each row.
+    Sim(sim_cmd::SimArgs),
+    /// Gradient-sync time per training step and its share of the step.
+    Estimate(estimate_cmd::EstimateArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +59,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => verify_cmd::run(&args),
         Command::Schedule(args) => schedule_cmd::run(&args),
+        Command::Topo(args) => topo::run(&args),
+        Command::Sim(args) => sim_cmd::run(&args),
+        Command::Estimate(args) => estimate_cmd::run(&args),
     };
     match result {
         Ok(code) => code,

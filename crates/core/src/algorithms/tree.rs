@@ -218,40 +218,6 @@ fn reduce(b: &mut ScheduleBuilder, tree: &Labeled, r: Rank, chunk: u32, channel:
     b.push(r, channel, step);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn in_order_tree_spans_every_position_with_logarithmic_depth() {
-        for n in 1..=200usize {
-            let t = BinaryTree::in_order(n);
-            assert!(t.parent[t.root].is_none());
-            let roots = t.parent.iter().filter(|p| p.is_none()).count();
-            assert_eq!(roots, 1, "n={n}");
-            assert!(t.children.iter().all(|c| c.len() <= 2));
-            let bound = (usize::BITS - n.leading_zeros()) as usize; // ⌈log2(n+1)⌉
-            assert!(t.depth() < bound.max(1), "n={n} depth={}", t.depth());
-        }
-    }
-
-    #[test]
-    fn the_two_all_reduce_trees_share_few_inner_ranks() {
-        let n = 16;
-        let shape = BinaryTree::in_order(n);
-        let [a, b] = tree_labels(Collective::AllReduce, &shape, n as u32);
-        let inner = |l: &Vec<Rank>| -> Vec<Rank> {
-            (0..n)
-                .filter(|&p| !shape.children[p].is_empty())
-                .map(|p| l[p])
-                .collect()
-        };
-        let (ia, ib) = (inner(&a), inner(&b));
-        let both = ia.iter().filter(|r| ib.contains(r)).count();
-        assert!(both <= 1, "inner in both trees: {both}");
-    }
-}
-
 /// The trees built on positions, with position `p` run by rank
 /// `params.tree_order[p]`. Tree schedules index no block by rank (their
 /// collectives have one block per buffer), so renaming ranks keeps them
@@ -291,4 +257,38 @@ pub(super) fn generate_in_order(
     schedule.ranks = ranks;
     schedule.collective = collective;
     Ok(schedule)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_order_tree_spans_every_position_with_logarithmic_depth() {
+        for n in 1..=200usize {
+            let t = BinaryTree::in_order(n);
+            assert!(t.parent[t.root].is_none());
+            let roots = t.parent.iter().filter(|p| p.is_none()).count();
+            assert_eq!(roots, 1, "n={n}");
+            assert!(t.children.iter().all(|c| c.len() <= 2));
+            let bound = (usize::BITS - n.leading_zeros()) as usize; // ⌈log2(n+1)⌉
+            assert!(t.depth() < bound.max(1), "n={n} depth={}", t.depth());
+        }
+    }
+
+    #[test]
+    fn the_two_all_reduce_trees_share_few_inner_ranks() {
+        let n = 16;
+        let shape = BinaryTree::in_order(n);
+        let [a, b] = tree_labels(Collective::AllReduce, &shape, n as u32);
+        let inner = |l: &Vec<Rank>| -> Vec<Rank> {
+            (0..n)
+                .filter(|&p| !shape.children[p].is_empty())
+                .map(|p| l[p])
+                .collect()
+        };
+        let (ia, ib) = (inner(&a), inner(&b));
+        let both = ia.iter().filter(|r| ib.contains(r)).count();
+        assert!(both <= 1, "inner in both trees: {both}");
+    }
 }

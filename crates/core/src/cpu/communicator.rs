@@ -1,8 +1,8 @@
 //! `CpuCommunicator`: the [`Communicator`] of one rank of a CPU group, and
 //! the launchers that create a group.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::borrow::Cow;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -120,17 +120,17 @@ impl CpuCommunicator {
 
     /// The plan of a call, why it was chosen, and the chunk size the
     /// chooser asked for, if any.
-    fn plan(
-        &self,
-        collective: Collective,
-        bytes: usize,
-    ) -> Result<(Arc<Plan>, Cow<'static, str>, Option<usize>), CommError> {
+    fn plan(&self, collective: Collective, bytes: usize) -> Result<Planned, CommError> {
         let n = self.group.n;
         if let Some(custom) = &self.config.schedule {
             let s = custom.schedule();
             if s.collective == collective && s.world_size == n {
                 let plan = self.cached(PlanKey::Custom, || Ok(Plan::new((**custom).clone())))?;
-                return Ok((plan, "the configured schedule".into(), None));
+                return Ok(Planned {
+                    plan,
+                    why: "the configured schedule".into(),
+                    chunk: None,
+                });
             }
         }
         let fixed = |algorithm: Algorithm| AlgorithmParams {
@@ -163,7 +163,7 @@ impl CpuCommunicator {
             let verified = verify(schedule, &VerifyOptions::default()).map_err(Box::new)?;
             Ok(Plan::new(verified))
         })?;
-        Ok((plan, why, chunk))
+        Ok(Planned { plan, why, chunk })
     }
 
     /// The plan under `key`, built by `build` by the first rank that needs it.
@@ -227,7 +227,7 @@ impl CpuCommunicator {
     ) -> Result<(), CommError> {
         self.group.register_call(call, self.rank, signature)?;
         let size = std::mem::size_of::<T>();
-        let (plan, why, chunk) = self.plan(collective, count * size)?;
+        let Planned { plan, why, chunk } = self.plan(collective, count * size)?;
         if in_place && !plan.verified.supports_in_place() {
             return Err(CommError::InPlaceUnsupported {
                 collective: format!(
@@ -590,4 +590,11 @@ impl Communicator for CpuCommunicator {
             g.barrier_generation() > generation
         })
     }
+}
+
+/// A call's plan, why it was chosen, and the chunk size asked for.
+struct Planned {
+    plan: Arc<Plan>,
+    why: Cow<'static, str>,
+    chunk: Option<usize>,
 }

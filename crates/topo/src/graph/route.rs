@@ -3,7 +3,8 @@
 //! A route is the widest path (largest bottleneck bandwidth; then fewest
 //! hops; then least latency; then lowest link ids, so every rank computes
 //! the same one) that forwards only through non-device nodes: GPUs do not
-//! relay for each other. A pair without peer-to-peer access is staged
+//! relay for each other. An all-NVLink path wins over any other, as it does
+//! for CUDA peer copies. A pair without peer-to-peer access is staged
 //! through the memory of a CPU node instead, as a CUDA copy between
 //! devices without peer access is.
 
@@ -84,9 +85,18 @@ impl Score {
 }
 
 impl Topology {
+    /// The hardware path between two devices, ignoring peer-to-peer
+    /// settings: all-NVLink when there is one (CUDA and NCCL send peer
+    /// traffic over NVLink whenever the GPUs are NVLink-connected, even a
+    /// single link slower than their PCIe), else the widest.
+    fn best_path(&self, from: NodeId, to: NodeId) -> Option<Vec<LinkId>> {
+        self.widest_path(from, to, true)
+            .or_else(|| self.widest_path(from, to, false))
+    }
+
     /// The widest path from `from` to `to` that forwards only through
-    /// non-device nodes, ignoring peer-to-peer settings.
-    fn widest_path(&self, from: NodeId, to: NodeId) -> Option<Vec<LinkId>> {
+    /// non-device nodes (over NVLink only, if asked).
+    fn widest_path(&self, from: NodeId, to: NodeId, nvlink_only: bool) -> Option<Vec<LinkId>> {
         let n = self.nodes.len();
         let mut best: Vec<Option<Score>> = vec![None; n];
         let mut via: Vec<Option<LinkId>> = vec![None; n];
@@ -119,6 +129,9 @@ impl Topology {
             }
             let su = best[u].unwrap();
             for (id, link) in self.links_from(u) {
+                if nvlink_only && !link.kind.is_nvlink() {
+                    continue;
+                }
                 let s = Score {
                     bandwidth: su.bandwidth.min(link.bandwidth),
                     hops: su.hops + 1,
@@ -165,15 +178,16 @@ impl Topology {
             return Ok(self.route_of(Vec::new(), None));
         }
         if self.p2p(from, to)
-            && let Some(links) = self.widest_path(from, to)
+            && let Some(links) = self.best_path(from, to)
         {
             return Ok(self.route_of(links, None));
         }
         let mut best: Option<Route> = None;
         for cpu in (0..self.nodes.len()).filter(|&c| self.nodes[c].kind == NodeKind::Cpu) {
-            let (Some(mut up), Some(down)) =
-                (self.widest_path(from, cpu), self.widest_path(cpu, to))
-            else {
+            let (Some(mut up), Some(down)) = (
+                self.widest_path(from, cpu, false),
+                self.widest_path(cpu, to, false),
+            ) else {
                 continue;
             };
             up.extend(down);
@@ -196,7 +210,7 @@ impl Topology {
             return Ok(PathClass::Same);
         }
         let links = self
-            .widest_path(a, b)
+            .best_path(a, b)
             .ok_or_else(|| TopologyError::Unreachable {
                 from: self.nodes[a].name.clone(),
                 to: self.nodes[b].name.clone(),
@@ -216,10 +230,7 @@ impl Topology {
         if kinds.iter().all(|k| matches!(k, LinkKind::SharedMemory)) {
             return Ok(PathClass::Shm);
         }
-        if kinds
-            .iter()
-            .any(|k| matches!(k, LinkKind::CpuInterconnect))
-        {
+        if kinds.iter().any(|k| matches!(k, LinkKind::CpuInterconnect)) {
             return Ok(PathClass::Sys);
         }
         let passed = |kind: NodeKind| {

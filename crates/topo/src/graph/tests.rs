@@ -18,11 +18,14 @@ fn malformed_files_are_typed_errors_with_positions() {
     let err = Topology::from_json("{ \"format\": ").unwrap_err();
     assert!(matches!(err, TopologyError::Json { line: 1, .. }), "{err}");
     let err = Topology::from_json(&good.replace("\"version\": 1", "\"version\": 7")).unwrap_err();
-    assert!(matches!(err, TopologyError::UnsupportedVersion { found: Some(7), .. }));
+    assert!(matches!(
+        err,
+        TopologyError::UnsupportedVersion { found: Some(7), .. }
+    ));
     let err = Topology::from_json(&good.replace("ferrocoll-topology", "other")).unwrap_err();
     assert!(matches!(err, TopologyError::NotATopologyFile { .. }));
-    let err = Topology::from_json(&good.replacen("\"to\": \"PLX0\"", "\"to\": \"PLX9\"", 1))
-        .unwrap_err();
+    let err =
+        Topology::from_json(&good.replacen("\"to\": \"PLX0\"", "\"to\": \"PLX9\"", 1)).unwrap_err();
     assert_eq!(err, TopologyError::UnknownNode("PLX9".into()));
     let err = Topology::from_json(&good.replacen("\"bandwidth\"", "\"bandwith\"", 1)).unwrap_err();
     assert!(
@@ -60,7 +63,11 @@ fn routes_prefer_nvlink_and_stage_without_p2p() {
     assert_eq!(r.bandwidth, 50.0);
     // 0 and 5 have no NVLink: PCIe up through both sockets.
     let r = v.route(0, 5).unwrap();
-    assert!(r.links.iter().any(|&l| v.links[l].kind == LinkKind::CpuInterconnect));
+    assert!(
+        r.links
+            .iter()
+            .any(|&l| v.links[l].kind == LinkKind::CpuInterconnect)
+    );
     let t = presets::by_name("pcie4-4gpu-nop2p", 1).unwrap();
     let r = t.route(0, 1).unwrap();
     assert_eq!(r.staged_in, t.node_id("CPU0"));
@@ -73,7 +80,14 @@ fn validation_names_the_problem() {
     let mut t = Topology::new("bad", "");
     let a = t.add_node(Node::new("A", NodeKind::Gpu));
     let b = t.add_node(Node::new("A", NodeKind::Gpu));
-    t.connect(a, b, LinkKind::Pcie { generation: 4, width: 16 });
+    t.connect(
+        a,
+        b,
+        LinkKind::Pcie {
+            generation: 4,
+            width: 16,
+        },
+    );
     assert!(matches!(t.validate(), Err(TopologyError::Invalid(m)) if m.contains("used twice")));
     t.nodes[1].name = "B".into();
     t.validate().unwrap();
@@ -82,5 +96,8 @@ fn validation_names_the_problem() {
     let mut t = Topology::new("islands", "");
     let a = t.add_node(Node::new("A", NodeKind::Gpu));
     let b = t.add_node(Node::new("B", NodeKind::Gpu));
-    assert!(matches!(t.route(a, b), Err(TopologyError::Unreachable { .. })));
+    assert!(matches!(
+        t.route(a, b),
+        Err(TopologyError::Unreachable { .. })
+    ));
 }

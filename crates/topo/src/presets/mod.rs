@@ -5,7 +5,7 @@
 
 mod host;
 mod nvlink;
-mod pcie;
+pub(crate) mod pcie;
 
 pub use host::host;
 
@@ -67,7 +67,11 @@ fn pcie_server(name: &str) -> Option<Topology> {
     let p2p = !name.ends_with("-nop2p");
     let description = format!(
         "{gpus} GPUs on PCIe {generation}.0 x16, two per PCIe switch, {numa_nodes} NUMA node(s), peer-to-peer {}",
-        if p2p { "on" } else { "off (staged through host memory)" }
+        if p2p {
+            "on"
+        } else {
+            "off (staged through host memory)"
+        }
     );
     Some(
         PcieBox {

@@ -72,7 +72,8 @@ impl PcieBox {
             for (s, group) in gpus.chunks(self.gpus_per_switch).enumerate() {
                 let first = s * self.gpus_per_switch;
                 let sw = t.add_node(
-                    Node::new(format!("PLX{s}"), NodeKind::PcieSwitch).numa(t.nodes[group[0]].numa.unwrap_or(0)),
+                    Node::new(format!("PLX{s}"), NodeKind::PcieSwitch)
+                        .numa(t.nodes[group[0]].numa.unwrap_or(0)),
                 );
                 t.connect(sw, cpu_of(first), link.clone());
                 for &g in group {

@@ -39,7 +39,9 @@ pub fn measure(array_bytes: usize, threads: usize, repeats: usize) -> MemoryBand
     let words = (array_bytes / 8).max(threads);
     let src: Vec<u64> = (0..words as u64).collect();
     let mut dst = vec![0u64; words];
-    let copy = best(threads, repeats, &src, &mut dst, 2.0, |s, d| d.copy_from_slice(s));
+    let copy = best(threads, repeats, &src, &mut dst, 2.0, |s, d| {
+        d.copy_from_slice(s)
+    });
     let nt_copy = nt::available().then(|| best(threads, repeats, &src, &mut dst, 2.0, nt::copy));
     let accumulate = best(threads, repeats, &src, &mut dst, 3.0, |s, d| {
         for (x, y) in d.iter_mut().zip(s) {

@@ -48,10 +48,10 @@ pub fn bandwidth_matrix(topo: &Topology, cost: &CostModel) -> Result<Matrix, Top
     let n = devices.len();
     let mut fabric = Fabric::new(topo, devices.clone(), cost);
     let mut m = Matrix::new(n);
-    for a in 0..n {
+    for (a, &device) in devices.iter().enumerate() {
         for b in 0..n {
             let v = if a == b {
-                topo.nodes[devices[a]].memory_bandwidth.unwrap_or(0.0)
+                topo.nodes[device].memory_bandwidth.unwrap_or(0.0)
             } else {
                 let (uses, _) = fabric.route(a as u32, b as u32)?;
                 uses.iter()
@@ -91,7 +91,10 @@ mod tests {
         let text = smi_matrix(&t).unwrap();
         let row0 = text.lines().nth(1).unwrap();
         let cells: Vec<&str> = row0.split_whitespace().collect();
-        assert_eq!(&cells[..9], ["GPU0", "X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]);
+        assert_eq!(
+            &cells[..9],
+            ["GPU0", "X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]
+        );
         let off = presets::by_name("pcie4-4gpu-nop2p", 1).unwrap();
         assert!(smi_matrix(&off).unwrap().contains("PIX*"));
     }
@@ -106,8 +109,17 @@ mod tests {
         assert!(m.get(0, 5) < 13.0, "{}", m.get(0, 5));
         let off = presets::by_name("pcie4-4gpu-nop2p", 1).unwrap();
         let m = bandwidth_matrix(&off, &CostModel::default()).unwrap();
-        assert!(m.get(0, 1) > 20.0 && m.get(0, 1) <= 24.01, "{}", m.get(0, 1));
+        assert!(
+            m.get(0, 1) > 20.0 && m.get(0, 1) <= 24.01,
+            "{}",
+            m.get(0, 1)
+        );
         let lat = latency_matrix(&off).unwrap();
-        assert!(lat.get(0, 1) > latency_matrix(&presets::by_name("pcie4-4gpu", 1).unwrap()).unwrap().get(0, 1));
+        assert!(
+            lat.get(0, 1)
+                > latency_matrix(&presets::by_name("pcie4-4gpu", 1).unwrap())
+                    .unwrap()
+                    .get(0, 1)
+        );
     }
 }

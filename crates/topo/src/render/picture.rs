@@ -11,20 +11,29 @@ fn connections(topo: &Topology) -> Vec<usize> {
     (0..topo.links.len())
         .filter(|&i| {
             let l = &topo.links[i];
-            let reverse = topo.links.iter().any(|m| m.from == l.to && m.to == l.from && m.kind == l.kind);
+            let reverse = topo
+                .links
+                .iter()
+                .any(|m| m.from == l.to && m.to == l.from && m.kind == l.kind);
             !reverse || l.from < l.to
         })
         .collect()
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// Graphviz DOT: devices as boxes, CPUs as ellipses, switches as
 /// diamonds; each connection labelled with its kind and per-direction rate.
 pub fn dot(topo: &Topology) -> String {
-    let mut s = format!("graph \"{}\" {{\n  layout=neato; overlap=false; splines=true;\n", topo.name.replace('"', "'"));
+    let mut s = format!(
+        "graph \"{}\" {{\n  layout=neato; overlap=false; splines=true;\n",
+        topo.name.replace('"', "'")
+    );
     for n in &topo.nodes {
         let shape = match n.kind {
             NodeKind::Gpu | NodeKind::Thread => "box",
@@ -56,8 +65,12 @@ pub fn dot(topo: &Topology) -> String {
 pub fn svg(topo: &Topology) -> String {
     let (w, h) = (900.0, 760.0);
     let (cx, cy) = (w / 2.0, h / 2.0 + 20.0);
-    let outer: Vec<usize> = (0..topo.nodes.len()).filter(|&i| topo.nodes[i].kind.is_device()).collect();
-    let inner: Vec<usize> = (0..topo.nodes.len()).filter(|&i| !topo.nodes[i].kind.is_device()).collect();
+    let outer: Vec<usize> = (0..topo.nodes.len())
+        .filter(|&i| topo.nodes[i].kind.is_device())
+        .collect();
+    let inner: Vec<usize> = (0..topo.nodes.len())
+        .filter(|&i| !topo.nodes[i].kind.is_device())
+        .collect();
     let mut pos = vec![(0.0, 0.0); topo.nodes.len()];
     let place = |ids: &[usize], r: f64, pos: &mut Vec<(f64, f64)>| {
         for (k, &i) in ids.iter().enumerate() {
@@ -124,7 +137,10 @@ mod tests {
         let t = presets::by_name("dgx-h100", 1).unwrap();
         let d = dot(&t);
         assert_eq!(d.matches(" -- ").count(), t.links.len() / 2);
-        assert!(d.contains("\"GPU0\" -- \"NVSwitch\" [label=\"NVLink4 x18 450 GB/s\""), "{d}");
+        assert!(
+            d.contains("\"GPU0\" -- \"NVSwitch\" [label=\"NVLink4 x18 450 GB/s\""),
+            "{d}"
+        );
         let s = svg(&t);
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         for n in &t.nodes {

@@ -174,7 +174,8 @@ pub fn rings(
         let ring = best_ring(&costs, &mut load);
         costs.add(&mut load, &ring, 1.0);
         let bw = set_bandwidth(&load, orders.len() + 1);
-        if !orders.is_empty() && !(bw > bandwidth * 1.01) {
+        let gains = bw > bandwidth * 1.01;
+        if !orders.is_empty() && !gains {
             break;
         }
         orders.push(ring);

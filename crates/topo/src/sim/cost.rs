@@ -10,8 +10,9 @@ use crate::graph::{LinkKind, NodeKind};
 /// documented on each constant below.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CostModel {
-    /// Fraction of an NVLink's raw rate that carries payload.
-    pub nvlink_efficiency: f64,
+    /// Fraction of an NVLink's raw rate that carries payload, per
+    /// generation (index 0 is NVLink 1).
+    pub nvlink_efficiency: [f64; 5],
     /// Fraction of a PCIe link's raw rate that carries payload.
     pub pcie_efficiency: f64,
     /// Fraction of a CPU interconnect's stated rate that carries payload.
@@ -28,12 +29,20 @@ pub struct CostModel {
     pub thread_step_us: f64,
 }
 
-/// NVLink payload share: NCCL models an NVLink 3 link at 20 of its 25 GB/s
-/// and an NVLink 4 link at 20.6 (NVIDIA/nccl `src/graph/topo.h`), and its
-/// maintainers put the application-visible rate at about 80 % of the line
-/// rate because of packet headers and flow control (NVIDIA/nccl issue
-/// 1054, NVIDIA/nccl-tests issue 212).
-pub const NVLINK_EFFICIENCY: f64 = 0.80;
+/// NVLink payload share per generation (index 0 is NVLink 1). NCCL models
+/// a link at 18 of 20 GB/s on P100, 20 of 25 on V100 and A100, 20.6 of 25
+/// on H100 and 40.1 of 50 on Blackwell (NVIDIA/nccl `src/graph/topo.h`,
+/// the per-architecture NVLink bandwidths); its maintainers put the
+/// application-visible rate at about 80 % of the line rate because of
+/// packet headers and flow control (NVIDIA/nccl issue 1054,
+/// NVIDIA/nccl-tests issue 212).
+pub const NVLINK_EFFICIENCY: [f64; 5] = [
+    18.0 / 20.0,
+    20.0 / 25.0,
+    20.0 / 25.0,
+    20.6 / 25.0,
+    40.1 / 50.0,
+];
 
 /// PCIe payload share: NCCL models an x16 link as width × speed / 80, 24
 /// GB/s for gen 4 against 31.5 raw (NVIDIA/nccl `src/graph/topo.cc`); the
@@ -57,7 +66,9 @@ pub const GPU_CALL_US: f64 = 8.4;
 /// Per-step synchronisation on a GPU (flag write, remote poll, fence):
 /// NCCL charges 3.4 µs per Simple-protocol ring step over NVLink
 /// (`tuning.cc`, `hwLat`); 0.6 µs of that is the wire, which our links
-/// carry themselves, so a step adds 2.8 µs.
+/// carry themselves, so a step adds 2.8 µs. It is a *latency*: the
+/// kernel keeps streaming earlier slices while a step's flags travel, so
+/// it delays a message's arrival and does not hold the channel.
 pub const GPU_STEP_US: f64 = 2.8;
 
 /// The CPU executor's fixed cost per call (checking the call's signature
@@ -90,7 +101,10 @@ impl CostModel {
     pub fn effective_bandwidth(&self, kind: &LinkKind, bandwidth: f64) -> f64 {
         bandwidth
             * match kind {
-                LinkKind::Nvlink { .. } => self.nvlink_efficiency,
+                LinkKind::Nvlink { generation, .. } => {
+                    let i = usize::from((*generation).clamp(1, 5)) - 1;
+                    self.nvlink_efficiency[i]
+                }
                 LinkKind::Pcie { .. } => self.pcie_efficiency,
                 LinkKind::CpuInterconnect => self.cpu_interconnect_efficiency,
                 LinkKind::Network => self.network_efficiency,
@@ -98,11 +112,31 @@ impl CostModel {
             }
     }
 
-    /// The fixed cost of a call and of a step on a device of `kind`, µs.
-    pub fn overheads(&self, kind: NodeKind) -> (f64, f64) {
+    /// The fixed costs on a device of `kind`.
+    pub fn overheads(&self, kind: NodeKind) -> Overheads {
         match kind {
-            NodeKind::Thread => (self.thread_call_us, self.thread_step_us),
-            _ => (self.gpu_call_us, self.gpu_step_us),
+            // A thread does its bookkeeping itself: the channel waits.
+            NodeKind::Thread => Overheads {
+                call_us: self.thread_call_us,
+                step_busy_us: self.thread_step_us,
+                step_latency_us: 0.0,
+            },
+            _ => Overheads {
+                call_us: self.gpu_call_us,
+                step_busy_us: 0.0,
+                step_latency_us: self.gpu_step_us,
+            },
         }
     }
+}
+
+/// Fixed costs of one device kind, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overheads {
+    /// Once per call.
+    pub call_us: f64,
+    /// Per step, holding the step's channel before its work starts.
+    pub step_busy_us: f64,
+    /// Per step, delaying the step's messages without holding the channel.
+    pub step_latency_us: f64,
 }

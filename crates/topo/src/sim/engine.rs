@@ -139,6 +139,30 @@ impl<'a> Fabric<'a> {
         Ok(entry)
     }
 
+    /// Whether the step's local work streams with its sends: a GPU kernel
+    /// reduces slices as it copies them, so the reduction overlaps the wire.
+    pub(crate) fn fuses_into_sends(&self, rank: u32, step: &Step) -> bool {
+        self.kind(rank) != NodeKind::Thread && !step.send_to.is_empty()
+    }
+
+    /// The memories a fused GPU send streams through: the sender reads each
+    /// input once, the receiver writes the message once.
+    fn streaming_memory(&self, from: u32, to: u32, step: &Step) -> Uses {
+        let mut uses = Uses::new();
+        let reads = if step.reduces() {
+            step.input_count() as f64
+        } else {
+            1.0
+        };
+        if let Some(r) = self.memory_res[self.device(from)] {
+            uses.push((r, reads));
+        }
+        if let Some(r) = self.memory_res[self.device(to)] {
+            uses.push((r, 1.0));
+        }
+        uses
+    }
+
     /// Bytes of local memory traffic for a step moving `m` bytes, and the
     /// resources it crosses.
     fn local_work(&self, rank: u32, step: &Step, m: f64, pure_local_copy: bool) -> (f64, Uses) {
@@ -295,7 +319,7 @@ pub(crate) fn run(
                     *in_flight.entry((r, s, ch)).or_default() += 1;
                 }
                 busy[r as usize][c] = true;
-                let (_, step_us) = fabric.cost.overheads(fabric.kind(r));
+                let step_us = fabric.cost.overheads(fabric.kind(r)).step_busy_us;
                 seq += 1;
                 events.push(Reverse((
                     key(now + step_us),
@@ -365,7 +389,11 @@ pub(crate) fn run(
                             }
                             _ => false,
                         };
-                    let (bytes, uses) = fabric.local_work(rank, step, m, pure_local_copy);
+                    let (bytes, uses) = if fabric.fuses_into_sends(rank, step) {
+                        (0.0, Uses::new())
+                    } else {
+                        fabric.local_work(rank, step, m, pure_local_copy)
+                    };
                     let done = Done::Work { rank, channel };
                     if bytes > 0.0 && !uses.is_empty() {
                         flows.push(Flow {
@@ -389,8 +417,13 @@ pub(crate) fn run(
                     let c = channel as usize;
                     let (step, seg) = step_at(rank, c, completed[rank as usize][c]);
                     let m = bytes_of(step, seg);
+                    let step_latency = fabric.cost.overheads(fabric.kind(rank)).step_latency_us;
                     for &s in &step.send_to {
-                        let (uses, latency) = fabric.route(rank, s)?;
+                        let (mut uses, latency) = fabric.route(rank, s)?;
+                        let latency = latency + step_latency;
+                        if fabric.fuses_into_sends(rank, step) {
+                            uses.extend(fabric.streaming_memory(rank, s, step));
+                        }
                         let done = Done::Transfer {
                             from: rank,
                             to: s,
@@ -448,7 +481,7 @@ pub(crate) fn run(
         )));
     }
     let call_us = (0..n)
-        .map(|r| fabric.cost.overheads(fabric.kind(r)).0)
+        .map(|r| fabric.cost.overheads(fabric.kind(r)).call_us)
         .fold(0.0, f64::max);
     Ok(Raw {
         time_us: now + call_us,

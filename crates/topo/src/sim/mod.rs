@@ -12,7 +12,7 @@ pub mod cost;
 pub(crate) mod engine;
 mod fairshare;
 
-pub use cost::CostModel;
+pub use cost::{CostModel, Overheads};
 
 use ferrocoll_core::schedule::Schedule;
 use ferrocoll_core::schedule::layout::Layout;
@@ -23,7 +23,7 @@ use crate::graph::{NodeId, NodeKind, Topology};
 
 /// Above this many segments the run is extrapolated from two shorter runs:
 /// a pipeline in steady state adds the same time per segment.
-pub const MAX_SIMULATED_SEGMENTS: u32 = 64;
+pub const MAX_SIMULATED_SEGMENTS: u32 = 32;
 
 /// The largest chunk a GPU step moves by default: NCCL's Simple protocol
 /// splits its 4 MiB buffer into 8 slots (`NCCL_STEPS`), 512 KiB each.
@@ -162,13 +162,21 @@ pub fn simulate(
         let a = run(&short(k1))?;
         let b = run(&short(k2))?;
         let extra = f64::from(segments - k2) / f64::from(k2 - k1);
-        let time = b.time_us + (b.time_us - a.time_us) * extra;
-        let carried = a
+        let carried: Vec<f64> = a
             .carried
             .iter()
             .zip(&b.carried)
             .map(|(x, y)| y + (y - x) * extra)
             .collect();
+        // A pipeline not yet in steady state can show a slope below the
+        // real one; no resource can carry more than its capacity, so that
+        // bounds the time from below.
+        let busiest = carried
+            .iter()
+            .zip(&fabric.resources)
+            .map(|(bytes, r)| bytes / r.capacity)
+            .fold(0.0, f64::max);
+        let time = (b.time_us + (b.time_us - a.time_us) * extra).max(busiest);
         (time, carried)
     };
     let mut loads: Vec<Load> = fabric

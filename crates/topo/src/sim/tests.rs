@@ -13,7 +13,7 @@ const NV: LinkKind = LinkKind::Nvlink {
 /// compared with closed forms.
 fn ideal(step_us: f64) -> CostModel {
     CostModel {
-        nvlink_efficiency: 1.0,
+        nvlink_efficiency: [1.0; 5],
         gpu_call_us: 0.0,
         gpu_step_us: step_us,
         ..CostModel::default()
@@ -139,9 +139,10 @@ fn step_overhead_adds_per_step_and_latency_terms_dominate_small_messages() {
     let t = ring_topology(4, 100.0, 0.0);
     let without = sim(Algorithm::Ring, Collective::AllReduce, &t, 4, 4096, &o(0.0));
     let with = sim(Algorithm::Ring, Collective::AllReduce, &t, 4, 4096, &o(2.0));
-    // The chain of dependent steps of a ring all-reduce is 2n-1 long.
+    // A GPU step's overhead delays its messages: a ring all-reduce's chain
+    // of dependent messages is 2(n-1) long.
     let extra = with.time_us - without.time_us;
-    assert!(close(extra, 2.0 * 7.0, 1e-6), "{extra}");
+    assert!(close(extra, 2.0 * 6.0, 1e-6), "{extra}");
 }
 
 #[test]

@@ -1,1 +1,1400 @@
-//! (being written)
+//! A topology from NCCL's topology dump (the file `NCCL_TOPO_DUMP_FILE`
+//! names, the format `NCCL_TOPO_FILE` reads).
+//!
+//! The dump is a small XML tree: `<system>` holds one `<cpu>` per NUMA
+//! node; below a CPU, nested `<pci>` elements follow the PCIe hierarchy
+//! (bridges and switches, class `0x060400`) down to GPUs (class `0x03….`,
+//! with a `<gpu>` child listing its `<nvlink>`s) and NICs (class `0x02….`,
+//! with a `<nic>` child listing its `<net>` ports). [`parse_nccl_xml`]
+//! turns CPUs, bridges, GPUs and NIC ports into nodes, the nesting into
+//! PCIe links at each element's `link_speed` and `link_width`, and the
+//! NVLinks into direct GPU links, links to one NVSwitch fabric node, or
+//! links to the local CPU, the way NCCL itself reads them.
+//!
+//! The XML is read by a small tokenizer made for what NCCL writes:
+//! elements with attributes, self-closing tags, comments, an optional
+//! `<?xml …?>` declaration, quotes of either kind and the five predefined
+//! entities (plus numeric ones). Tolerated: unknown elements (`c2c`,
+//! `pcilink` and whatever newer NCCL adds) and unknown attributes, which
+//! are skipped with a debug log; a missing or unreadable `link_speed`
+//! (PCIe 3.0, as NCCL assumes) or `link_width` (x16); text between
+//! elements. Refused, as [`TopologyError::NcclXml`] with the line and the
+//! element: malformed XML (unclosed or mismatched tags, bad attribute
+//! syntax, unknown entities, a second root), a root that is not
+//! `<system>`, and GPUs or NIC ports that cannot be told apart.
+
+use std::collections::BTreeMap;
+
+use super::smi::join_cpus;
+use crate::error::TopologyError;
+use crate::graph::{LinkKind, Node, NodeId, NodeKind, Topology};
+
+/// Parse an NCCL topology dump into a [`Topology`].
+///
+/// GPUs are named `GPU{dev}` and come first, in `dev` order, so rank `r`
+/// runs on CUDA device `r`; they carry their PCI bus id. CPUs are named
+/// `CPU{numaid}`, NIC ports by their `net` name, PCIe bridges `PLX0`,
+/// `PLX1`, … in document order (with their bus id). The NVLink generation
+/// of a GPU follows its `sm`: 6x → 1, 7x → 2, 8x → 3, 9x → 4, 10x and
+/// later → 5; a link between two GPUs takes the older one's.
+pub fn parse_nccl_xml(text: &str) -> Result<Topology, TopologyError> {
+    let root = parse_document(text)?;
+    let plan = Plan::from_system(&root)?;
+    plan.build()
+}
+
+fn xml_error(line: usize, element: &str, message: impl Into<String>) -> TopologyError {
+    TopologyError::NcclXml {
+        line,
+        element: element.to_string(),
+        message: message.into(),
+    }
+}
+
+/// How deep elements may nest. NCCL's own reader stops at the same depth
+/// (`NCCL_TOPO_XML_DEPTH_MAX`); the limit also bounds the recursion that
+/// walks the tree.
+const MAX_DEPTH: usize = 256;
+
+/// The element name reported for problems outside any element.
+const DOCUMENT: &str = "document";
+
+/// One element of the XML tree.
+#[derive(Debug, Clone, PartialEq)]
+struct Element {
+    name: String,
+    attrs: Vec<(String, String)>,
+    children: Vec<Element>,
+    /// Line of the start tag's `<`.
+    line: usize,
+}
+
+impl Element {
+    fn attr(&self, key: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn children_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Element> + 'a {
+        self.children.iter().filter(move |c| c.name == name)
+    }
+}
+
+/// A cursor over the text that knows its line.
+struct Cursor<'a> {
+    text: &'a str,
+    pos: usize,
+    line: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn rest(&self) -> &'a str {
+        &self.text[self.pos..]
+    }
+
+    fn at_end(&self) -> bool {
+        self.pos >= self.text.len()
+    }
+
+    fn peek(&self) -> Option<char> {
+        self.rest().chars().next()
+    }
+
+    /// Move `bytes` forward (always to a char boundary), counting lines.
+    fn advance(&mut self, bytes: usize) {
+        let end = (self.pos + bytes).min(self.text.len());
+        self.line += self.text[self.pos..end].matches('\n').count();
+        self.pos = end;
+    }
+
+    fn skip_whitespace(&mut self) {
+        let n = self.rest().len() - self.rest().trim_start().len();
+        self.advance(n);
+    }
+
+    /// Move past the next `end`, returning what came before it; `None`
+    /// (and no move) when `end` never comes.
+    fn take_through(&mut self, end: &str) -> Option<&'a str> {
+        let at = self.rest().find(end)?;
+        let before = &self.rest()[..at];
+        self.advance(at + end.len());
+        Some(before)
+    }
+
+    fn name(&mut self) -> Option<&'a str> {
+        let rest = self.rest();
+        let first = rest.chars().next()?;
+        if !(first.is_alphabetic() || first == '_' || first == ':') {
+            return None;
+        }
+        let len = rest
+            .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | ':' | '-' | '.')))
+            .unwrap_or(rest.len());
+        self.advance(len);
+        Some(&rest[..len])
+    }
+}
+
+/// Replace entity references in an attribute value.
+fn decode_entities(raw: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(amp) = rest.find('&') {
+        out.push_str(&rest[..amp]);
+        let after = &rest[amp + 1..];
+        let Some(semi) = after.find(';') else {
+            return Err("`&` starts an entity that has no `;`".into());
+        };
+        let entity = &after[..semi];
+        let decoded = match entity {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            _ => entity
+                .strip_prefix("#x")
+                .map(|hex| u32::from_str_radix(hex, 16))
+                .or_else(|| entity.strip_prefix('#').map(str::parse::<u32>))
+                .and_then(Result::ok)
+                .and_then(char::from_u32),
+        };
+        match decoded {
+            Some(c) => out.push(c),
+            None => return Err(format!("unknown entity `&{entity};`")),
+        }
+        rest = &after[semi + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Read a start tag after its `<`: the name, the attributes, and whether
+/// it closes itself.
+fn start_tag(cur: &mut Cursor<'_>, line: usize) -> Result<(Element, bool), TopologyError> {
+    let Some(name) = cur.name() else {
+        let what: String = cur.rest().chars().take(12).collect();
+        return Err(xml_error(
+            cur.line,
+            DOCUMENT,
+            format!("`<` is not followed by an element name (found `{what}`)"),
+        ));
+    };
+    let mut el = Element {
+        name: name.to_string(),
+        attrs: Vec::new(),
+        children: Vec::new(),
+        line,
+    };
+    loop {
+        let before = cur.pos;
+        cur.skip_whitespace();
+        let spaced = cur.pos > before;
+        let rest = cur.rest();
+        if rest.starts_with("/>") {
+            cur.advance(2);
+            return Ok((el, true));
+        }
+        if rest.starts_with('>') {
+            cur.advance(1);
+            return Ok((el, false));
+        }
+        if cur.at_end() {
+            return Err(xml_error(
+                el.line,
+                &el.name,
+                "the start tag never ends (no `>` before the end of the input)",
+            ));
+        }
+        let Some(key) = cur.name() else {
+            let found = cur.peek().map_or(String::new(), String::from);
+            return Err(xml_error(
+                cur.line,
+                &el.name,
+                format!("bad attribute syntax: expected a name, `>` or `/>`, found `{found}`"),
+            ));
+        };
+        if !spaced {
+            return Err(xml_error(
+                cur.line,
+                &el.name,
+                format!("bad attribute syntax: attribute `{key}` is not separated by whitespace"),
+            ));
+        }
+        cur.skip_whitespace();
+        if cur.peek() != Some('=') {
+            return Err(xml_error(
+                cur.line,
+                &el.name,
+                format!("bad attribute syntax: attribute `{key}` has no `=` and value"),
+            ));
+        }
+        cur.advance(1);
+        cur.skip_whitespace();
+        let quote = match cur.peek() {
+            Some(q @ ('"' | '\'')) => q,
+            _ => {
+                return Err(xml_error(
+                    cur.line,
+                    &el.name,
+                    format!("bad attribute syntax: the value of `{key}` is not in quotes"),
+                ));
+            }
+        };
+        let value_line = cur.line;
+        cur.advance(1);
+        let Some(raw) = cur.take_through(if quote == '"' { "\"" } else { "'" }) else {
+            return Err(xml_error(
+                value_line,
+                &el.name,
+                format!("bad attribute syntax: the value of `{key}` is never closed"),
+            ));
+        };
+        if raw.contains('<') {
+            return Err(xml_error(
+                value_line,
+                &el.name,
+                format!("bad attribute syntax: the value of `{key}` holds a `<`"),
+            ));
+        }
+        let value = decode_entities(raw)
+            .map_err(|m| xml_error(value_line, &el.name, format!("attribute `{key}`: {m}")))?;
+        if el.attr(key).is_some() {
+            return Err(xml_error(
+                value_line,
+                &el.name,
+                format!("attribute `{key}` appears twice"),
+            ));
+        }
+        el.attrs.push((key.to_string(), value));
+    }
+}
+
+/// Parse the text into its root element.
+fn parse_document(text: &str) -> Result<Element, TopologyError> {
+    let mut cur = Cursor {
+        text: text.strip_prefix('\u{feff}').unwrap_or(text),
+        pos: 0,
+        line: 1,
+    };
+    let mut open: Vec<Element> = Vec::new();
+    let mut root: Option<Element> = None;
+    loop {
+        let text_end = cur.rest().find('<').unwrap_or(cur.rest().len());
+        let between = &cur.rest()[..text_end];
+        if !between.trim().is_empty() {
+            match open.last() {
+                Some(parent) => tracing::debug!(
+                    line = cur.line,
+                    element = parent.name.as_str(),
+                    "NCCL XML: text inside an element; ignored"
+                ),
+                None => {
+                    let mut probe = Cursor {
+                        text: cur.text,
+                        pos: cur.pos,
+                        line: cur.line,
+                    };
+                    probe.advance(between.len() - between.trim_start().len());
+                    return Err(xml_error(
+                        probe.line,
+                        DOCUMENT,
+                        "text outside the root element",
+                    ));
+                }
+            }
+        }
+        cur.advance(text_end);
+        if cur.at_end() {
+            break;
+        }
+        let line = cur.line;
+        let rest = cur.rest();
+        if rest.starts_with("<?") {
+            if cur.take_through("?>").is_none() {
+                return Err(xml_error(line, DOCUMENT, "`<?` is never closed by `?>`"));
+            }
+        } else if rest.starts_with("<!--") {
+            cur.advance(4);
+            if cur.take_through("-->").is_none() {
+                return Err(xml_error(
+                    line,
+                    DOCUMENT,
+                    "a comment is never closed by `-->`",
+                ));
+            }
+        } else if rest.starts_with("<!") {
+            return Err(xml_error(
+                line,
+                DOCUMENT,
+                "`<!` markup other than a comment (DOCTYPE, CDATA) is not part of NCCL's format",
+            ));
+        } else if rest.starts_with("</") {
+            cur.advance(2);
+            let name = cur.name().unwrap_or("").to_string();
+            cur.skip_whitespace();
+            if cur.peek() != Some('>') {
+                return Err(xml_error(
+                    line,
+                    &name,
+                    format!("the end tag `</{name}` is not closed by `>`"),
+                ));
+            }
+            cur.advance(1);
+            let Some(el) = open.pop() else {
+                return Err(xml_error(
+                    line,
+                    &name,
+                    format!("`</{name}>` closes an element that was never opened"),
+                ));
+            };
+            if el.name != name {
+                return Err(xml_error(
+                    line,
+                    &el.name,
+                    format!(
+                        "mismatched tag: `</{name}>` closes `<{}>` opened on line {}",
+                        el.name, el.line
+                    ),
+                ));
+            }
+            attach(el, &mut open, &mut root)?;
+        } else {
+            if open.is_empty() && root.is_some() {
+                return Err(xml_error(line, DOCUMENT, "a second root element"));
+            }
+            cur.advance(1);
+            let (el, closed) = start_tag(&mut cur, line)?;
+            if closed {
+                attach(el, &mut open, &mut root)?;
+            } else if open.len() >= MAX_DEPTH {
+                return Err(xml_error(
+                    line,
+                    &el.name,
+                    format!("elements nest deeper than {MAX_DEPTH} levels"),
+                ));
+            } else {
+                open.push(el);
+            }
+        }
+    }
+    if let Some(el) = open.last() {
+        return Err(xml_error(
+            el.line,
+            &el.name,
+            format!(
+                "unclosed element: `<{}>` opened on line {} is never closed (the input ends on \
+                 line {})",
+                el.name, el.line, cur.line
+            ),
+        ));
+    }
+    root.ok_or_else(|| xml_error(cur.line, DOCUMENT, "no root element: the input is empty"))
+}
+
+/// Hand a finished element to its parent, or make it the root.
+fn attach(
+    el: Element,
+    open: &mut [Element],
+    root: &mut Option<Element>,
+) -> Result<(), TopologyError> {
+    match open.last_mut() {
+        Some(parent) => parent.children.push(el),
+        None if root.is_none() => *root = Some(el),
+        None => return Err(xml_error(el.line, &el.name, "a second root element")),
+    }
+    Ok(())
+}
+
+/// The PCIe generation of a `link_speed` as Linux prints it: `8 GT/s`
+/// (kernels up to 5.6) or `8.0 GT/s PCIe` (later).
+fn pcie_generation(speed: &str) -> Option<u8> {
+    let mut words = speed.split_whitespace();
+    let rate: f64 = words.next()?.parse().ok()?;
+    if words.next() != Some("GT/s") {
+        return None;
+    }
+    [
+        (2.5, 1),
+        (5.0, 2),
+        (8.0, 3),
+        (16.0, 4),
+        (32.0, 5),
+        (64.0, 6),
+    ]
+    .iter()
+    .find(|(r, _)| (rate - r).abs() < 0.01)
+    .map(|&(_, g)| g)
+}
+
+/// The PCIe link between an element and its parent. Speeds and widths
+/// that are missing or unreadable (`Unknown`, `0`, as sysfs reports for
+/// some slots) fall back to what NCCL assumes: PCIe 3.0, x16.
+fn pcie_link(el: &Element) -> LinkKind {
+    let speed = el.attr("link_speed");
+    let generation = speed.and_then(pcie_generation).unwrap_or_else(|| {
+        tracing::debug!(
+            line = el.line,
+            speed,
+            "NCCL XML: PCIe link speed missing or unknown; assuming PCIe 3.0 like NCCL"
+        );
+        3
+    });
+    let width_attr = el.attr("link_width");
+    let width = width_attr
+        .and_then(|w| w.trim().parse::<u8>().ok())
+        .filter(|w| (1..=16).contains(w))
+        .unwrap_or_else(|| {
+            tracing::debug!(
+                line = el.line,
+                width = width_attr,
+                "NCCL XML: PCIe link width missing or unusable; assuming x16 like NCCL"
+            );
+            16
+        });
+    LinkKind::Pcie { generation, width }
+}
+
+/// NVLink generation from the compute capability NCCL stores as `sm`.
+fn nvlink_generation(sm: u32) -> u8 {
+    match sm {
+        0..=69 => 1,
+        70..=79 => 2,
+        80..=89 => 3,
+        90..=99 => 4,
+        _ => 5,
+    }
+}
+
+/// A PCI bus id as a number, read the way NCCL reads it (hex digits, `:`
+/// and `.` skipped), so `0000:07:00.0` and NVML's `00000000:07:00.0`
+/// agree.
+fn bus_id_key(id: &str) -> Option<u64> {
+    let mut key: u64 = 0;
+    let mut digits = 0;
+    for c in id.trim().chars() {
+        if c == ':' || c == '.' {
+            continue;
+        }
+        let d = c.to_digit(16)?;
+        key = key.checked_mul(16)?.checked_add(u64::from(d))?;
+        digits += 1;
+    }
+    (digits > 0).then_some(key)
+}
+
+/// Where a device or bridge hangs.
+#[derive(Debug, Clone, Copy)]
+enum Parent {
+    Cpu(usize),
+    Switch(usize),
+}
+
+#[derive(Debug)]
+struct CpuPlan {
+    numa: u32,
+}
+
+#[derive(Debug)]
+struct SwitchPlan {
+    bus_id: Option<String>,
+    parent: Parent,
+    link: LinkKind,
+    cpu: usize,
+}
+
+#[derive(Debug)]
+struct NvlinkPlan {
+    target: Option<String>,
+    class: String,
+    count: u32,
+    line: usize,
+}
+
+#[derive(Debug)]
+struct GpuPlan {
+    dev: u32,
+    bus_id: Option<String>,
+    generation: u8,
+    parent: Parent,
+    link: LinkKind,
+    cpu: usize,
+    nvlinks: Vec<NvlinkPlan>,
+    line: usize,
+}
+
+#[derive(Debug)]
+struct NicPlan {
+    name: String,
+    parent: Parent,
+    link: LinkKind,
+    cpu: usize,
+}
+
+/// What the tree describes, gathered before any node is made, so GPUs can
+/// be added first and in `dev` order wherever the dump lists them.
+#[derive(Debug, Default)]
+struct Plan {
+    cpus: Vec<CpuPlan>,
+    switches: Vec<SwitchPlan>,
+    gpus: Vec<GpuPlan>,
+    nics: Vec<NicPlan>,
+}
+
+fn ignored(el: &Element, inside: &str) {
+    tracing::debug!(
+        line = el.line,
+        element = el.name.as_str(),
+        inside,
+        "NCCL XML: element not modelled; ignored"
+    );
+}
+
+impl Plan {
+    fn from_system(root: &Element) -> Result<Plan, TopologyError> {
+        if root.name != "system" {
+            return Err(xml_error(
+                root.line,
+                &root.name,
+                "the root element must be `<system>`",
+            ));
+        }
+        let mut plan = Plan::default();
+        for child in &root.children {
+            if child.name == "cpu" {
+                plan.cpu(child)?;
+            } else {
+                ignored(child, "system");
+            }
+        }
+        Ok(plan)
+    }
+
+    fn cpu(&mut self, el: &Element) -> Result<(), TopologyError> {
+        let index = self.cpus.len();
+        let numa = match el.attr("numaid").map(|v| v.trim().parse::<u32>()) {
+            Some(Ok(numa)) => numa,
+            _ => {
+                let free = (0..)
+                    .find(|n| !self.cpus.iter().any(|c| c.numa == *n))
+                    .unwrap_or(0);
+                tracing::debug!(
+                    line = el.line,
+                    numaid = el.attr("numaid"),
+                    "NCCL XML: cpu without a usable numaid; numbering it {free}"
+                );
+                free
+            }
+        };
+        self.cpus.push(CpuPlan { numa });
+        for child in &el.children {
+            match child.name.as_str() {
+                "pci" => self.pci(child, Parent::Cpu(index), index)?,
+                // NCCL puts a NIC it cannot place on PCIe (a socket
+                // interface, say) straight under its CPU.
+                "nic" => {
+                    let link = LinkKind::Pcie {
+                        generation: 3,
+                        width: 16,
+                    };
+                    tracing::debug!(
+                        line = child.line,
+                        "NCCL XML: nic without a pci parent; joined to its CPU by PCIe 3.0 x16"
+                    );
+                    self.nic(child, Parent::Cpu(index), &link, index)?;
+                }
+                _ => ignored(child, "cpu"),
+            }
+        }
+        Ok(())
+    }
+
+    fn pci(&mut self, el: &Element, parent: Parent, cpu: usize) -> Result<(), TopologyError> {
+        let class = el.attr("class").unwrap_or("");
+        let bus_id = el.attr("busid").map(String::from);
+        // As in NCCL, a `gpu` or `nic` child decides what the function is,
+        // whatever its class says.
+        if let Some(gpu) = el.children_named("gpu").next() {
+            for other in el.children.iter().filter(|c| !std::ptr::eq(*c, gpu)) {
+                ignored(other, "pci of a GPU");
+            }
+            return self.gpu(gpu, bus_id, parent, pcie_link(el), cpu);
+        }
+        if el.children_named("nic").next().is_some() {
+            let link = pcie_link(el);
+            for child in &el.children {
+                if child.name == "nic" {
+                    self.nic(child, parent, &link, cpu)?;
+                } else {
+                    ignored(child, "pci of a NIC");
+                }
+            }
+            return Ok(());
+        }
+        if class.starts_with("0x0680") || class.starts_with("0x03") || class.starts_with("0x02") {
+            // An NVSwitch is reached through the NVLinks that name it; a
+            // GPU or NIC function without its child is one NCCL skipped.
+            tracing::debug!(
+                line = el.line,
+                class,
+                "NCCL XML: pci function without gpu or nic; ignored"
+            );
+            return Ok(());
+        }
+        if class != "0x060400" {
+            tracing::debug!(
+                line = el.line,
+                class,
+                "NCCL XML: pci of another class; taken as a bridge, as NCCL does"
+            );
+        }
+        let index = self.switches.len();
+        self.switches.push(SwitchPlan {
+            bus_id,
+            parent,
+            link: pcie_link(el),
+            cpu,
+        });
+        for child in &el.children {
+            if child.name == "pci" {
+                self.pci(child, Parent::Switch(index), cpu)?;
+            } else {
+                // `pcilink` (links between Broadcom switch chips) included.
+                ignored(child, "pci bridge");
+            }
+        }
+        Ok(())
+    }
+
+    fn gpu(
+        &mut self,
+        el: &Element,
+        bus_id: Option<String>,
+        parent: Parent,
+        link: LinkKind,
+        cpu: usize,
+    ) -> Result<(), TopologyError> {
+        let number = |key: &str| -> Result<Option<u32>, TopologyError> {
+            el.attr(key)
+                .map(|v| {
+                    v.trim().parse::<u32>().map_err(|_| {
+                        xml_error(el.line, "gpu", format!("`{key}` is `{v}`, not a number"))
+                    })
+                })
+                .transpose()
+        };
+        let Some(dev) = number("dev")? else {
+            return Err(xml_error(el.line, "gpu", "a gpu without `dev`"));
+        };
+        let generation = match number("sm")? {
+            Some(sm) => nvlink_generation(sm),
+            None => {
+                tracing::debug!(
+                    line = el.line,
+                    "NCCL XML: gpu without `sm`; taking NVLink 3"
+                );
+                3
+            }
+        };
+        let mut nvlinks = Vec::new();
+        for child in &el.children {
+            if child.name != "nvlink" {
+                // `c2c` (Grace's chip-to-chip link) included.
+                ignored(child, "gpu");
+                continue;
+            }
+            let Some(class) = child.attr("tclass") else {
+                return Err(xml_error(
+                    child.line,
+                    "nvlink",
+                    "an nvlink without `tclass`",
+                ));
+            };
+            let count = match child.attr("count").map(|c| c.trim().parse::<u32>()) {
+                Some(Ok(count)) => count,
+                Some(Err(_)) | None => {
+                    return Err(xml_error(
+                        child.line,
+                        "nvlink",
+                        "`count` is missing or not a number",
+                    ));
+                }
+            };
+            if count == 0 {
+                tracing::debug!(line = child.line, "NCCL XML: nvlink with count 0; ignored");
+                continue;
+            }
+            nvlinks.push(NvlinkPlan {
+                target: child.attr("target").map(String::from),
+                class: class.to_string(),
+                count,
+                line: child.line,
+            });
+        }
+        self.gpus.push(GpuPlan {
+            dev,
+            bus_id,
+            generation,
+            parent,
+            link,
+            cpu,
+            nvlinks,
+            line: el.line,
+        });
+        Ok(())
+    }
+
+    fn nic(
+        &mut self,
+        el: &Element,
+        parent: Parent,
+        link: &LinkKind,
+        cpu: usize,
+    ) -> Result<(), TopologyError> {
+        for child in &el.children {
+            if child.name != "net" {
+                ignored(child, "nic");
+                continue;
+            }
+            let name = match child.attr("name") {
+                Some(name) if !name.trim().is_empty() => name.trim().to_string(),
+                _ => {
+                    let dev = child.attr("dev").unwrap_or("?");
+                    tracing::debug!(
+                        line = child.line,
+                        "NCCL XML: net without a name; calling it NET{dev}"
+                    );
+                    format!("NET{dev}")
+                }
+            };
+            if self.nics.iter().any(|n| n.name == name) {
+                return Err(xml_error(
+                    child.line,
+                    "net",
+                    format!("two NIC ports are named `{name}`"),
+                ));
+            }
+            // Each port of a multi-port card gets its own link to the
+            // card's parent: the ports are separate devices to NCCL.
+            self.nics.push(NicPlan {
+                name,
+                parent,
+                link: link.clone(),
+                cpu,
+            });
+        }
+        Ok(())
+    }
+
+    fn build(self) -> Result<Topology, TopologyError> {
+        let mut order: Vec<usize> = (0..self.gpus.len()).collect();
+        order.sort_by_key(|&g| (self.gpus[g].dev, self.gpus[g].line));
+        for w in order.windows(2) {
+            let (a, b) = (&self.gpus[w[0]], &self.gpus[w[1]]);
+            if a.dev == b.dev {
+                return Err(xml_error(
+                    a.line.max(b.line),
+                    "gpu",
+                    format!(
+                        "two GPUs have dev {} (lines {} and {})",
+                        a.dev,
+                        a.line.min(b.line),
+                        a.line.max(b.line)
+                    ),
+                ));
+            }
+        }
+
+        let mut t = Topology::new(
+            format!("nccl-{}gpu", self.gpus.len()),
+            format!(
+                "from an NCCL topology dump: {} GPUs, {} NIC ports, {} CPUs, {} PCIe bridges",
+                self.gpus.len(),
+                self.nics.len(),
+                self.cpus.len(),
+                self.switches.len()
+            ),
+        );
+        let mut gpu_node = vec![0; self.gpus.len()];
+        for &g in &order {
+            let gpu = &self.gpus[g];
+            let mut node =
+                Node::new(format!("GPU{}", gpu.dev), NodeKind::Gpu).numa(self.cpus[gpu.cpu].numa);
+            if let Some(id) = &gpu.bus_id {
+                node = node.pci_bus_id(id.clone());
+            }
+            gpu_node[g] = t.add_node(node);
+        }
+        let mut cpu_node = Vec::with_capacity(self.cpus.len());
+        for (i, cpu) in self.cpus.iter().enumerate() {
+            let taken = self.cpus[..i].iter().any(|c| c.numa == cpu.numa);
+            let name = if taken {
+                // Dumps fused from several hosts repeat NUMA ids.
+                format!("CPU{}.{i}", cpu.numa)
+            } else {
+                format!("CPU{}", cpu.numa)
+            };
+            cpu_node.push(t.add_node(Node::new(name, NodeKind::Cpu).numa(cpu.numa)));
+        }
+        join_cpus(&mut t, &cpu_node);
+
+        let mut switch_node: Vec<NodeId> = Vec::with_capacity(self.switches.len());
+        let resolve = |p: Parent, switch_node: &[NodeId]| match p {
+            Parent::Cpu(c) => cpu_node[c],
+            Parent::Switch(s) => switch_node[s],
+        };
+        for (i, sw) in self.switches.iter().enumerate() {
+            let mut node =
+                Node::new(format!("PLX{i}"), NodeKind::PcieSwitch).numa(self.cpus[sw.cpu].numa);
+            if let Some(id) = &sw.bus_id {
+                node = node.pci_bus_id(id.clone());
+            }
+            let id = t.add_node(node);
+            // Parents precede children in the document, so theirs exist.
+            let up = resolve(sw.parent, &switch_node);
+            t.connect(id, up, sw.link.clone());
+            switch_node.push(id);
+        }
+        for &g in &order {
+            let gpu = &self.gpus[g];
+            t.connect(
+                gpu_node[g],
+                resolve(gpu.parent, &switch_node),
+                gpu.link.clone(),
+            );
+        }
+        for nic in &self.nics {
+            let id = t
+                .add_node(Node::new(nic.name.clone(), NodeKind::Nic).numa(self.cpus[nic.cpu].numa));
+            t.connect(id, resolve(nic.parent, &switch_node), nic.link.clone());
+        }
+
+        self.add_nvlinks(&mut t, &order, &gpu_node, &cpu_node)?;
+        t.validate()?;
+        Ok(t)
+    }
+
+    /// NVLinks the way NCCL reads them (`ncclTopoAddNvLinks`): a target of
+    /// class `0x03….` is a GPU; `0x068001` is the GPU's own CPU (IBM
+    /// POWER's NPU); anything else — `0x068000` NVSwitches, and the
+    /// bridge class `0x060400` NCCL writes for switches it cannot see —
+    /// is the one NVSwitch fabric. Each GPU lists its links to another
+    /// GPU itself, so a pair's bundle is read from both ends.
+    fn add_nvlinks(
+        &self,
+        t: &mut Topology,
+        order: &[usize],
+        gpu_node: &[NodeId],
+        cpu_node: &[NodeId],
+    ) -> Result<(), TopologyError> {
+        let mut by_bus: BTreeMap<u64, usize> = BTreeMap::new();
+        for (g, gpu) in self.gpus.iter().enumerate() {
+            if let Some(key) = gpu.bus_id.as_deref().and_then(bus_id_key) {
+                by_bus.insert(key, g);
+            }
+        }
+        let mut one_way: BTreeMap<(usize, usize), u32> = BTreeMap::new();
+        let mut to_cpu = vec![0u32; self.gpus.len()];
+        let mut to_fabric = vec![0u32; self.gpus.len()];
+        for &g in order {
+            for nv in &self.gpus[g].nvlinks {
+                if nv.class.starts_with("0x03") {
+                    let peer = nv
+                        .target
+                        .as_deref()
+                        .and_then(bus_id_key)
+                        .and_then(|k| by_bus.get(&k));
+                    match peer {
+                        Some(&h) if h != g => *one_way.entry((g, h)).or_default() += nv.count,
+                        _ => tracing::debug!(
+                            line = nv.line,
+                            target = nv.target.as_deref(),
+                            "NCCL XML: nvlink to a GPU not in the dump; ignored, as NCCL does"
+                        ),
+                    }
+                } else if nv.class == "0x068001" {
+                    to_cpu[g] += nv.count;
+                } else {
+                    if nv.class != "0x068000" {
+                        tracing::debug!(
+                            line = nv.line,
+                            class = nv.class.as_str(),
+                            "NCCL XML: nvlink target class taken as an NVSwitch, as NCCL does"
+                        );
+                    }
+                    to_fabric[g] += nv.count;
+                }
+            }
+        }
+        let bundle = |count: u32, generation: u8, line: usize| {
+            u8::try_from(count)
+                .map(|count| LinkKind::Nvlink { generation, count })
+                .map_err(|_| xml_error(line, "gpu", format!("{count} NVLinks in one bundle")))
+        };
+
+        let mut pairs: Vec<(usize, usize)> =
+            one_way.keys().map(|&(a, b)| (a.min(b), a.max(b))).collect();
+        pairs.sort_unstable_by_key(|&(a, b)| (self.gpus[a].dev, self.gpus[b].dev));
+        pairs.dedup();
+        for (a, b) in pairs {
+            let there = one_way.get(&(a, b)).copied();
+            let back = one_way.get(&(b, a)).copied();
+            let count = match (there, back) {
+                (Some(x), Some(y)) => {
+                    if x != y {
+                        tracing::debug!(
+                            a = self.gpus[a].dev,
+                            b = self.gpus[b].dev,
+                            "NCCL XML: the two ends list {x} and {y} NVLinks; taking {}",
+                            x.min(y)
+                        );
+                    }
+                    x.min(y)
+                }
+                (Some(x), None) | (None, Some(x)) => {
+                    tracing::debug!(
+                        a = self.gpus[a].dev,
+                        b = self.gpus[b].dev,
+                        "NCCL XML: an NVLink listed from one end only"
+                    );
+                    x
+                }
+                (None, None) => continue,
+            };
+            let generation = self.gpus[a].generation.min(self.gpus[b].generation);
+            let kind = bundle(count, generation, self.gpus[a].line)?;
+            t.connect(gpu_node[a], gpu_node[b], kind);
+        }
+
+        for &g in order {
+            if to_cpu[g] > 0 {
+                let gpu = &self.gpus[g];
+                let kind = bundle(to_cpu[g], gpu.generation, gpu.line)?;
+                t.connect(gpu_node[g], cpu_node[gpu.cpu], kind);
+            }
+        }
+        if order.iter().any(|&g| to_fabric[g] > 0) {
+            let fabric = t.add_node(Node::new("NVSwitch", NodeKind::NvSwitch));
+            for &g in order {
+                if to_fabric[g] > 0 {
+                    let gpu = &self.gpus[g];
+                    let kind = bundle(to_fabric[g], gpu.generation, gpu.line)?;
+                    t.connect(gpu_node[g], fabric, kind);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::PathClass;
+
+    const A100: &str = include_str!("../../tests/fixtures/nccl_xml/dgx_a100.xml");
+    const PAIR: &str = include_str!("../../tests/fixtures/nccl_xml/nvlink_pair.xml");
+    const PCIE: &str = include_str!("../../tests/fixtures/nccl_xml/pcie_4gpu_nic.xml");
+    const UNCLOSED: &str = include_str!("../../tests/fixtures/nccl_xml/unclosed.xml");
+    const MISMATCHED: &str = include_str!("../../tests/fixtures/nccl_xml/mismatched.xml");
+    const BAD_ATTRIBUTE: &str = include_str!("../../tests/fixtures/nccl_xml/bad_attribute.xml");
+
+    fn count(t: &Topology, kind: NodeKind) -> usize {
+        t.nodes.iter().filter(|n| n.kind == kind).count()
+    }
+
+    fn class(t: &Topology, a: &str, b: &str) -> PathClass {
+        t.path_class(t.node_id(a).unwrap(), t.node_id(b).unwrap())
+            .unwrap()
+    }
+
+    fn error_at(text: &str) -> (usize, String, String) {
+        match parse_nccl_xml(text).unwrap_err() {
+            TopologyError::NcclXml {
+                line,
+                element,
+                message,
+            } => (line, element, message),
+            other => panic!("not an NCCL XML error: {other}"),
+        }
+    }
+
+    /// A minimal dump around one GPU's `<gpu>` body.
+    fn one_cpu(body: &str) -> String {
+        format!(
+            "<system version=\"1\">\n  <cpu numaid=\"0\" arch=\"x86_64\">\n{body}\n  </cpu>\n</system>\n"
+        )
+    }
+
+    #[test]
+    fn dgx_a100_is_eight_gpus_on_one_nvswitch_fabric() {
+        let t = parse_nccl_xml(A100).unwrap();
+        assert_eq!(t.devices().len(), 8);
+        assert_eq!(count(&t, NodeKind::Cpu), 2);
+        assert_eq!(count(&t, NodeKind::Nic), 4);
+        assert_eq!(count(&t, NodeKind::PcieSwitch), 8);
+        assert_eq!(count(&t, NodeKind::NvSwitch), 1);
+        assert_eq!(t.nodes.len(), 8 + 2 + 4 + 8 + 1);
+        // Ranks follow dev, though the dump lists GPU1 before GPU0.
+        for (r, &d) in t.devices().iter().enumerate() {
+            assert_eq!(t.nodes[d].name, format!("GPU{r}"));
+        }
+        assert_eq!(t.nodes[0].pci_bus_id.as_deref(), Some("0000:07:00.0"));
+        assert_eq!(t.nodes[1].pci_bus_id.as_deref(), Some("0000:0f:00.0"));
+        assert_eq!(t.nodes[5].numa, Some(1));
+        for a in 0..8 {
+            for b in 0..8 {
+                let want = if a == b {
+                    PathClass::Same
+                } else {
+                    PathClass::NvLink(12)
+                };
+                assert_eq!(t.path_class(a, b).unwrap(), want, "GPU{a} to GPU{b}");
+            }
+        }
+        let fabric = t.node_id("NVSwitch").unwrap();
+        let bundles: Vec<_> = t.links.iter().filter(|l| l.to == fabric).collect();
+        assert_eq!(bundles.len(), 8);
+        for l in bundles {
+            assert_eq!(
+                l.kind,
+                LinkKind::Nvlink {
+                    generation: 3,
+                    count: 12
+                }
+            );
+            assert_eq!(l.bandwidth, 300.0);
+        }
+        assert_eq!(class(&t, "GPU0", "mlx5_0"), PathClass::Pxb);
+        assert_eq!(class(&t, "GPU0", "mlx5_1"), PathClass::Phb);
+        assert_eq!(class(&t, "GPU0", "mlx5_2"), PathClass::Sys);
+        assert_eq!(class(&t, "mlx5_0", "mlx5_1"), PathClass::Phb);
+        let plx = t.nodes.iter().find(|n| n.name == "PLX0").unwrap();
+        assert_eq!(plx.pci_bus_id.as_deref(), Some("0000:01:00.0"));
+        let gen4 = LinkKind::Pcie {
+            generation: 4,
+            width: 16,
+        };
+        assert!(
+            t.links
+                .iter()
+                .filter(|l| l.kind.is_pcie())
+                .all(|l| l.kind == gen4)
+        );
+    }
+
+    #[test]
+    fn direct_nvlink_pair_is_one_bundle_read_from_both_ends() {
+        let t = parse_nccl_xml(PAIR).unwrap();
+        assert_eq!(t.devices().len(), 2);
+        assert_eq!(t.path_class(0, 1).unwrap(), PathClass::NvLink(4));
+        let nv: Vec<_> = t.links.iter().filter(|l| l.kind.is_nvlink()).collect();
+        assert_eq!(nv.len(), 2, "one bundle, both directions");
+        assert_eq!(
+            nv[0].kind,
+            LinkKind::Nvlink {
+                generation: 3,
+                count: 4
+            }
+        );
+        assert_eq!(count(&t, NodeKind::NvSwitch), 0);
+        assert_eq!(count(&t, NodeKind::PcieSwitch), 0);
+        // Without the NVLink the two cards meet at the CPU.
+        let mut pcie_only = t.clone();
+        pcie_only.links.retain(|l| !l.kind.is_nvlink());
+        assert_eq!(pcie_only.path_class(0, 1).unwrap(), PathClass::Phb);
+    }
+
+    #[test]
+    fn pcie_box_classes_and_fallback_link_speeds() {
+        let t = parse_nccl_xml(PCIE).unwrap();
+        assert_eq!(t.devices().len(), 4);
+        assert_eq!(count(&t, NodeKind::Nic), 1);
+        assert_eq!(count(&t, NodeKind::PcieSwitch), 2);
+        assert!(t.links.iter().all(|l| !l.kind.is_nvlink()));
+        assert_eq!(class(&t, "GPU0", "GPU1"), PathClass::Pix);
+        assert_eq!(class(&t, "GPU2", "GPU3"), PathClass::Pix);
+        assert_eq!(class(&t, "GPU0", "GPU2"), PathClass::Phb);
+        assert_eq!(class(&t, "GPU1", "mlx5_0"), PathClass::Pix);
+        assert_eq!(class(&t, "GPU3", "mlx5_0"), PathClass::Phb);
+        let gpu0 = t.node_id("GPU0").unwrap();
+        let up = t.links.iter().find(|l| l.from == gpu0).unwrap();
+        assert_eq!(
+            up.kind,
+            LinkKind::Pcie {
+                generation: 3,
+                width: 16
+            }
+        );
+        // The NIC's slot reports `Unknown speed` and width 0: PCIe 3.0 x16.
+        let nic = t.node_id("mlx5_0").unwrap();
+        let up = t.links.iter().find(|l| l.from == nic).unwrap();
+        assert_eq!(
+            up.kind,
+            LinkKind::Pcie {
+                generation: 3,
+                width: 16
+            }
+        );
+        // GPU3's own link is gen 4 x8.
+        let gpu3 = t.node_id("GPU3").unwrap();
+        let up = t.links.iter().find(|l| l.from == gpu3).unwrap();
+        assert_eq!(
+            up.kind,
+            LinkKind::Pcie {
+                generation: 4,
+                width: 8
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_fixtures_name_line_and_element() {
+        let (line, element, message) = error_at(UNCLOSED);
+        assert_eq!((line, element.as_str()), (5, "gpu"), "{message}");
+        assert!(message.contains("never closed"), "{message}");
+
+        let (line, element, message) = error_at(MISMATCHED);
+        assert_eq!((line, element.as_str()), (8, "gpu"), "{message}");
+        assert!(
+            message.contains("`</pci>` closes `<gpu>` opened on line 5"),
+            "{message}"
+        );
+
+        let (line, element, message) = error_at(BAD_ATTRIBUTE);
+        assert_eq!((line, element.as_str()), (4, "pci"), "{message}");
+        assert!(message.contains("`class` is not in quotes"), "{message}");
+    }
+
+    #[test]
+    fn link_speeds_map_to_generations() {
+        assert_eq!(pcie_generation("2.5 GT/s"), Some(1));
+        assert_eq!(pcie_generation("5 GT/s"), Some(2));
+        assert_eq!(pcie_generation("5.0 GT/s PCIe"), Some(2));
+        assert_eq!(pcie_generation("8 GT/s"), Some(3));
+        assert_eq!(pcie_generation("16 GT/s"), Some(4));
+        assert_eq!(pcie_generation("16.0 GT/s PCIe"), Some(4));
+        assert_eq!(pcie_generation("32.0 GT/s PCIe"), Some(5));
+        assert_eq!(pcie_generation("64.0 GT/s PCIe"), Some(6));
+        assert_eq!(pcie_generation("Unknown speed"), None);
+        assert_eq!(pcie_generation("16"), None);
+        assert_eq!(pcie_generation("12 GT/s"), None);
+        assert_eq!(nvlink_generation(60), 1);
+        assert_eq!(nvlink_generation(70), 2);
+        assert_eq!(nvlink_generation(80), 3);
+        assert_eq!(nvlink_generation(86), 3);
+        assert_eq!(nvlink_generation(90), 4);
+        assert_eq!(nvlink_generation(100), 5);
+        assert_eq!(nvlink_generation(120), 5);
+        assert_eq!(bus_id_key("0000:07:00.0"), bus_id_key("00000000:07:00.0"));
+        assert_ne!(bus_id_key("0000:07:00.0"), bus_id_key("0000:08:00.0"));
+        assert_eq!(bus_id_key("zz"), None);
+    }
+
+    #[test]
+    fn tokenizer_reads_what_nccl_writes_and_a_little_more() {
+        let text = "\u{feff}<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+                    <!-- dumped by hand -->\n\
+                    <system version='1'>\n\
+                    <cpu numaid = \"0\" vendor=\"A &amp; B &lt;&gt;&quot;&apos;&#65;&#x42;\"/>\n\
+                    stray text\n\
+                    </system >\n\
+                    <!-- trailing -->\n";
+        let root = parse_document(text).unwrap();
+        assert_eq!(root.name, "system");
+        assert_eq!(root.attr("version"), Some("1"));
+        assert_eq!(root.children.len(), 1);
+        let cpu = &root.children[0];
+        assert_eq!(cpu.line, 4);
+        assert_eq!(cpu.attr("vendor"), Some("A & B <>\"'AB"));
+        assert_eq!(cpu.attr("numaid"), Some("0"));
+    }
+
+    #[test]
+    fn malformed_xml_is_refused_with_line_and_element() {
+        let deep = format!("<system>{}", "\n<pci>".repeat(300));
+        let cases: &[(&str, usize, &str, &str)] = &[
+            ("", 1, DOCUMENT, "empty"),
+            ("  \n <!-- only -->\n", 3, DOCUMENT, "empty"),
+            ("<system>\n</cpu>\n", 2, "system", "mismatched"),
+            ("<system/>\n</system>\n", 2, "system", "never opened"),
+            ("<system/>\n<system/>\n", 2, DOCUMENT, "second root"),
+            (
+                "<system>\n<cpu a=\"1\"b=\"2\"/>\n</system>",
+                2,
+                "cpu",
+                "whitespace",
+            ),
+            (
+                "<system>\n<cpu a=\"1\" a=\"2\"/>\n</system>",
+                2,
+                "cpu",
+                "twice",
+            ),
+            ("<system>\n<cpu a/>\n</system>", 2, "cpu", "no `=`"),
+            (
+                "<system>\n<cpu a=\"1/>\n<x b=\"2\"/>\n</system>",
+                2,
+                "cpu",
+                "holds a `<`",
+            ),
+            ("<system>\n<cpu a=\"1\n", 2, "cpu", "never closed"),
+            (
+                "<system>\n<cpu a=\"&nbsp;\"/>\n</system>",
+                2,
+                "cpu",
+                "unknown entity",
+            ),
+            ("<system>\n<cpu a=\"&amp\"/>\n</system>", 2, "cpu", "no `;`"),
+            ("<system>\n< cpu/>\n</system>", 2, DOCUMENT, "element name"),
+            (
+                "<system>\n<cpu $=\"1\"/>\n</system>",
+                2,
+                "cpu",
+                "expected a name",
+            ),
+            ("<system>\n<cpu\n", 2, "cpu", "never ends"),
+            ("<system>\n<!-- open\n</system>", 2, DOCUMENT, "comment"),
+            ("<system>\n<![CDATA[x]]>\n</system>", 2, DOCUMENT, "CDATA"),
+            ("<?xml version=\"1.0\"\n", 1, DOCUMENT, "`?>`"),
+            ("text\n<system/>", 1, DOCUMENT, "outside"),
+            ("<system/>\n\n junk", 3, DOCUMENT, "outside"),
+            ("<topology>\n</topology>", 1, "topology", "<system>"),
+            ("<system>\n</system", 2, "system", "not closed by `>`"),
+            (&deep, 257, "pci", "deeper than 256"),
+        ];
+        for &(text, line, element, needle) in cases {
+            let (l, e, m) = error_at(text);
+            assert_eq!((l, e.as_str()), (line, element), "{text:?}: {m}");
+            assert!(m.contains(needle), "{text:?}: {m}");
+        }
+    }
+
+    #[test]
+    fn semantic_problems_are_refused() {
+        let gpu = |dev: &str, bus: &str| {
+            format!(
+                "    <pci busid=\"{bus}\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n      <gpu dev=\"{dev}\" sm=\"80\" rank=\"{dev}\" gdr=\"1\"/>\n    </pci>"
+            )
+        };
+        let text = one_cpu(&format!(
+            "{}\n{}",
+            gpu("0", "0000:07:00.0"),
+            gpu("0", "0000:08:00.0")
+        ));
+        let (line, element, message) = error_at(&text);
+        assert_eq!((line, element.as_str()), (7, "gpu"), "{message}");
+        assert!(message.contains("dev 0"), "{message}");
+
+        let text = one_cpu(&gpu("x", "0000:07:00.0"));
+        let (line, _, message) = error_at(&text);
+        assert_eq!(line, 4);
+        assert!(message.contains("not a number"), "{message}");
+
+        let text = one_cpu(
+            "    <pci busid=\"0000:07:00.0\" class=\"0x030200\">\n      <gpu sm=\"80\"/>\n    </pci>",
+        );
+        assert!(error_at(&text).2.contains("without `dev`"));
+
+        let text = one_cpu(
+            "    <pci busid=\"0000:07:00.0\" class=\"0x030200\">\n      <gpu dev=\"0\" sm=\"80\">\n        <nvlink target=\"0000:08:00.0\" count=\"2\"/>\n      </gpu>\n    </pci>",
+        );
+        let (line, element, _) = error_at(&text);
+        assert_eq!((line, element.as_str()), (5, "nvlink"));
+
+        let nic =
+            |name: &str| format!("    <nic>\n      <net name=\"{name}\" dev=\"0\"/>\n    </nic>");
+        let text = one_cpu(&format!("{}\n{}", nic("eth0"), nic("eth0")));
+        let (line, element, message) = error_at(&text);
+        assert_eq!((line, element.as_str()), (7, "net"), "{message}");
+    }
+
+    #[test]
+    fn unknown_elements_cpu_links_and_invisible_switches() {
+        // A POWER9-style NVLink to the CPU (0x068001), a link to a switch
+        // NCCL could not see (written as a bridge, 0x060400), a c2c link,
+        // a pcilink and attributes NCCL adds in newer versions.
+        let text = "<system version=\"1\">
+  <cpu host_hash=\"0x1234\" numaid=\"0\" arch=\"ppc64\">
+    <pci busid=\"0000:01:00.0\" class=\"0x060400\" link_speed=\"16 GT/s\" link_width=\"16\">
+      <pcilink target=\"0000:02:00.0\"/>
+      <pci busid=\"0000:04:00.0\" class=\"0x030200\" link_speed=\"16 GT/s\" link_width=\"16\">
+        <gpu dev=\"0\" sm=\"70\" rank=\"0\" gdr=\"1\" future=\"yes\">
+          <nvlink target=\"0000:00:00.0\" count=\"3\" tclass=\"0x068001\"/>
+          <c2c count=\"10\" bw=\"45000\"/>
+        </gpu>
+      </pci>
+      <pci busid=\"0000:05:00.0\" class=\"0x030200\" link_speed=\"16 GT/s\" link_width=\"16\">
+        <gpu dev=\"1\" sm=\"90\" rank=\"1\" gdr=\"1\">
+          <nvlink target=\"ffffffff:ff:ff.0\" count=\"18\" tclass=\"0x060400\"/>
+          <nvlink target=\"0000:99:00.0\" count=\"1\" tclass=\"0x030200\"/>
+          <nvlink target=\"0000:04:00.0\" count=\"0\" tclass=\"0x030200\"/>
+        </gpu>
+      </pci>
+    </pci>
+    <telemetry/>
+  </cpu>
+  <extra/>
+</system>
+";
+        let t = parse_nccl_xml(text).unwrap();
+        assert_eq!(t.devices().len(), 2);
+        let cpu = t.node_id("CPU0").unwrap();
+        let to_cpu = t.links.iter().find(|l| l.from == 0 && l.to == cpu).unwrap();
+        assert_eq!(
+            to_cpu.kind,
+            LinkKind::Nvlink {
+                generation: 2,
+                count: 3
+            }
+        );
+        let fabric = t.node_id("NVSwitch").unwrap();
+        let to_fabric = t.links.iter().find(|l| l.to == fabric).unwrap();
+        assert_eq!(to_fabric.from, 1);
+        assert_eq!(
+            to_fabric.kind,
+            LinkKind::Nvlink {
+                generation: 4,
+                count: 18
+            }
+        );
+        // GPU0 reaches the CPU by NVLink and GPU1 by PCIe: they meet on
+        // PCIe through the bridge.
+        assert_eq!(t.path_class(0, 1).unwrap(), PathClass::Pix);
+    }
+
+    #[test]
+    fn nvlink_counts_from_both_ends_and_one_end() {
+        let gpu = |dev: u32, bus: &str, links: &str| {
+            format!(
+                "    <pci busid=\"{bus}\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n      <gpu dev=\"{dev}\" sm=\"80\" rank=\"{dev}\" gdr=\"1\">\n{links}\n      </gpu>\n    </pci>"
+            )
+        };
+        let link = |to: &str, n: u32| {
+            format!("        <nvlink target=\"{to}\" count=\"{n}\" tclass=\"0x030200\"/>")
+        };
+        // GPU0 says 4 links to GPU1, GPU1 says 2: the smaller stands. GPU2
+        // is listed only by GPU0 (NVML's target in the long form).
+        let text = one_cpu(&format!(
+            "{}\n{}\n{}",
+            gpu(
+                0,
+                "0000:07:00.0",
+                &format!(
+                    "{}\n{}",
+                    link("0000:08:00.0", 4),
+                    link("00000000:09:00.0", 2)
+                )
+            ),
+            gpu(1, "0000:08:00.0", &link("0000:07:00.0", 2)),
+            gpu(2, "0000:09:00.0", "")
+        ));
+        let t = parse_nccl_xml(&text).unwrap();
+        assert_eq!(t.path_class(0, 1).unwrap(), PathClass::NvLink(2));
+        assert_eq!(t.path_class(0, 2).unwrap(), PathClass::NvLink(2));
+        assert_eq!(t.path_class(1, 2).unwrap(), PathClass::Phb);
+        assert_eq!(t.links.iter().filter(|l| l.kind.is_nvlink()).count(), 4);
+    }
+}

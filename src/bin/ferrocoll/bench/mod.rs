@@ -6,6 +6,7 @@
 //! `busbw = algbw × factor` (all-reduce 2(n−1)/n; reduce-scatter,
 //! all-gather, all-to-all (n−1)/n; others 1), with GB = 1e9 bytes.
 
+mod predict;
 mod report;
 mod run;
 
@@ -80,6 +81,10 @@ pub(crate) struct BenchArgs {
     /// Largest chunk per step, in bytes (pipelining granularity).
     #[arg(long, value_parser = parse_size)]
     max_chunk_bytes: Option<usize>,
+    /// Print the simulator's prediction for each row on this host's
+    /// measured topology, and its error against the measurement.
+    #[arg(long)]
+    predict: bool,
 }
 
 /// `4096`, `4K`, `64M`, `1G` (binary multiples, as nccl-tests).
@@ -156,7 +161,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             .unwrap_or(CpuConfig::default().max_chunk_bytes),
         ..CpuConfig::default()
     };
-    let mut config = ferrocoll::env::cpu_config_from_env(base).map_err(|e| e.to_string())?;
+    let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
     let kinds: Vec<CollectiveKind> = match &custom {
         Some(v) => vec![v.schedule().collective.kind()],
         None => args.op.0.clone(),
@@ -191,7 +196,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
     report::print_header(args, &config);
     let bandwidth = args.membw.then(|| {
-        let bw = membw::measure(membw::ARRAY_BYTES, std::thread::available_parallelism().map_or(1, |n| n.get()), 5);
+        let bw = membw::measure(
+            membw::ARRAY_BYTES,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            5,
+        );
         report::print_membw(&bw, args.ranks);
         bw
     });
@@ -203,10 +212,24 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         );
         bar
     });
+    let predictor = if args.predict {
+        Some(predict::Predictor::new(args.ranks, &config)?)
+    } else {
+        None
+    };
     let mut rows: Vec<Row> = Vec::new();
     for section in &sections {
         report::print_section(section, args.ranks);
-        let section_rows = run::section(args, &config, section, &sizes, progress.as_ref())?;
+        let mut section_rows = run::section(args, &config, section, &sizes, progress.as_ref())?;
+        if let Some(p) = &predictor {
+            for row in &mut section_rows {
+                let collective = match (&config.schedule, section.custom) {
+                    (Some(v), true) => v.schedule().collective,
+                    _ => section.kind.with_root(args.root % args.ranks),
+                };
+                row.predicted_us = p.time_us(section, collective, row.size);
+            }
+        }
         for row in &section_rows {
             report::print_row(row, bandwidth.as_ref(), args.ranks);
         }
@@ -218,7 +241,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     // Shared machines drift: measure again and judge against the higher of
     // the two, so the reported fraction errs low, never high.
     let bandwidth = bandwidth.map(|before| {
-        let after = membw::measure(membw::ARRAY_BYTES, std::thread::available_parallelism().map_or(1, |n| n.get()), 5);
+        let after = membw::measure(
+            membw::ARRAY_BYTES,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            5,
+        );
         println!(
             "# memory bandwidth again after the sweep: best {:.2} GB/s (before: {:.2})",
             after.best, before.best

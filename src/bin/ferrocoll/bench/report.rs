@@ -6,8 +6,8 @@ use std::path::Path;
 use ferrocoll::cpu::CpuConfig;
 use serde::Serialize;
 
-use ferrocoll::topo::probe::membw::MemoryBandwidth;
 use super::{BenchArgs, Section};
+use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
 /// One mode's numbers for one size.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -31,6 +31,8 @@ pub(crate) struct Row {
     pub root: i64,
     pub out_of_place: Option<Measure>,
     pub in_place: Option<Measure>,
+    /// The simulator's out-of-place time on this host (`--predict`), µs.
+    pub predicted_us: Option<f64>,
 }
 
 /// busbw ceiling of an in-process collective that reads each input once
@@ -145,6 +147,13 @@ pub(crate) fn print_row(row: &Row, bw: Option<&MemoryBandwidth>, n: u32) {
         && row.collective == "all-reduce"
     {
         let _ = write!(line, "   {:.2}x ceiling", m.busbw / ceiling(bw, n));
+    }
+    if let (Some(p), Some(m)) = (row.predicted_us, row.out_of_place) {
+        let _ = write!(
+            line,
+            "   predicted {p:.2} us ({:+.0}%)",
+            100.0 * (p - m.time_us) / m.time_us
+        );
     }
     println!("{line}");
 }

@@ -101,6 +101,7 @@ fn typed<T: KitElement>(
                     root: collective.root().map_or(-1, i64::from),
                     out_of_place: measure(0),
                     in_place: measure(1),
+                    predicted_us: None,
                 });
                 if let Some(bar) = progress {
                     bar.inc(1);

@@ -1,0 +1,208 @@
+//! `ferrocoll sim`: the `bench` table, predicted on a topology, with the
+//! bottleneck link of each row.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use ferrocoll::topo::select::{Candidate, SelectOptions, Selector};
+use ferrocoll::topo::sim::{self, Prediction, SimOptions};
+use ferrocoll::{Algorithm, CollectiveKind, DataType, Schedule, VerifyOptions, verify};
+
+use crate::bench::parse_size;
+use crate::topo::source;
+
+#[derive(Args, Debug)]
+pub(crate) struct SimArgs {
+    /// Topology: a preset, `discover`, or a file (.json ours, .xml NCCL,
+    /// else `nvidia-smi topo -m` text).
+    #[arg(long, default_value = "host")]
+    topo: String,
+    /// Ranks; default every device of the topology (4 threads for `host`).
+    #[arg(long)]
+    ranks: Option<u32>,
+    /// Collective.
+    #[arg(long, default_value = "all-reduce")]
+    op: CollectiveKind,
+    /// `auto` (the selector's pick per size), `ring`, `tree`, `direct`,
+    /// `halving-doubling`, `all` (every algorithm, with crossovers), or a
+    /// schedule file.
+    #[arg(long, default_value = "auto")]
+    algo: String,
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "4K", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "1G", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this much each row.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    step_factor: usize,
+    /// Element type (sets the element size).
+    #[arg(short = 'd', long, default_value = "float")]
+    dtype: DataType,
+    /// Root of broadcast and reduce.
+    #[arg(short = 'r', long, default_value_t = 0)]
+    root: u32,
+}
+
+struct Row {
+    size: usize,
+    label: String,
+    prediction: Prediction,
+    chosen: bool,
+}
+
+pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
+    if args.min_bytes > args.max_bytes || args.step_factor < 2 {
+        return Err("need -b <= -e and -f >= 2".into());
+    }
+    let host_ranks = args.ranks.unwrap_or(source::DEFAULT_HOST_RANKS);
+    let topology = source::load(&args.topo, host_ranks)?;
+    let n = args.ranks.unwrap_or(topology.devices().len() as u32);
+    let e = |e: ferrocoll::topo::TopologyError| e.to_string();
+    let collective = args.op.with_root(args.root % n.max(1));
+    let options = SelectOptions {
+        element_size: args.dtype.size_bytes(),
+        ..SelectOptions::default()
+    };
+    let selector = Selector::new(topology.clone(), n, options).map_err(e)?;
+    let mut sizes = Vec::new();
+    let mut s = args.min_bytes.max(1);
+    while s <= args.max_bytes {
+        sizes.push(s);
+        s = s.saturating_mul(args.step_factor);
+    }
+    println!(
+        "# ferrocoll sim: topology {} ({})",
+        topology.name, topology.description
+    );
+    println!(
+        "# {collective} on {n} ranks, algorithm {}, sizes {}..{} x{}; predicted, not measured",
+        args.algo, args.min_bytes, args.max_bytes, args.step_factor
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    let all = args.algo == "all";
+    for &size in &sizes {
+        if args.algo.ends_with(".json") {
+            let schedule = Schedule::load(&args.algo).map_err(|e| e.to_string())?;
+            let verified =
+                verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
+            let o = SimOptions {
+                element_size: args.dtype.size_bytes(),
+                ..SimOptions::default()
+            };
+            let p = sim::simulate(verified.schedule(), &topology, size, &o).map_err(e)?;
+            rows.push(Row {
+                size,
+                label: verified.schedule().name.clone(),
+                prediction: p,
+                chosen: false,
+            });
+            continue;
+        }
+        let plan = selector.choose(collective, size).map_err(e)?;
+        if args.algo == "auto" {
+            rows.push(Row {
+                size,
+                label: plan.candidate.to_string(),
+                prediction: plan.prediction.clone(),
+                chosen: true,
+            });
+            continue;
+        }
+        let wanted: Vec<Algorithm> = if all {
+            Algorithm::ALL.to_vec()
+        } else {
+            args.algo
+                .split(',')
+                .map(|a| a.trim().parse::<Algorithm>().map_err(|e| e.to_string()))
+                .collect::<Result<_, _>>()?
+        };
+        let evaluated = selector.evaluate(collective, size).map_err(e)?;
+        for a in wanted {
+            let best: Option<&(Candidate, Prediction)> = evaluated
+                .iter()
+                .filter(|(c, _)| c.algorithm == a)
+                .min_by(|x, y| x.1.time_us.total_cmp(&y.1.time_us));
+            match best {
+                Some((c, p)) => rows.push(Row {
+                    size,
+                    label: c.to_string(),
+                    prediction: p.clone(),
+                    chosen: c.algorithm == plan.candidate.algorithm,
+                }),
+                None if !all => return Err(format!("{a} cannot run {collective}")),
+                None => {}
+            }
+        }
+    }
+    print_table(&rows, args, collective.root().map_or(-1, i64::from));
+    if all {
+        print_crossovers(&rows);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(rows: &[Row], args: &SimArgs, root: i64) {
+    println!(
+        "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:<24} {:>10} {:>8} {:>8}   bottleneck",
+        "size", "count", "type", "redop", "root", "algorithm", "time", "algbw", "busbw"
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:<24} {:>10} {:>8} {:>8}",
+        "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)"
+    );
+    let redop = if args.op.with_root(0).reduces() {
+        "sum"
+    } else {
+        "none"
+    };
+    for r in rows {
+        let label = if r.chosen && args.algo == "all" {
+            format!("{} *", r.label)
+        } else {
+            r.label.clone()
+        };
+        let b = r.prediction.bottleneck().map_or("-".to_owned(), |l| {
+            format!("{} {:.0}%", l.resource, l.utilisation * 100.0)
+        });
+        println!(
+            "  {:>10} {:>12} {:>8} {:>6} {:>6}   {:<24} {:>10.2} {:>8.2} {:>8.2}   {b}",
+            r.size,
+            r.size / args.dtype.size_bytes(),
+            args.dtype.nccl_tests_name(),
+            redop,
+            root,
+            label,
+            r.prediction.time_us,
+            r.prediction.algbw,
+            r.prediction.busbw
+        );
+    }
+    if args.algo == "all" {
+        println!("# * marks the selector's choice");
+    }
+}
+
+/// Where the fastest algorithm changes as the size grows.
+fn print_crossovers(rows: &[Row]) {
+    let mut last: Option<(usize, String)> = None;
+    let mut sizes: Vec<usize> = rows.iter().map(|r| r.size).collect();
+    sizes.dedup();
+    for size in sizes {
+        let best = rows
+            .iter()
+            .filter(|r| r.size == size)
+            .min_by(|a, b| a.prediction.time_us.total_cmp(&b.prediction.time_us))
+            .expect("a row per size");
+        let algo = best.label.split(' ').next().unwrap_or("").to_owned();
+        match &last {
+            Some((prev, a)) if *a != algo => {
+                println!("# crossover: {a} -> {algo} between {prev} and {size} B");
+            }
+            None => println!("# fastest at {size} B: {algo}"),
+            _ => {}
+        }
+        last = Some((size, algo));
+    }
+}

@@ -1,0 +1,35 @@
+//! Where a command's topology comes from: `--topo SPEC` or the `topo`
+//! command's own flags.
+
+use std::path::Path;
+
+use ferrocoll::topo::{Topology, presets, sources};
+
+/// Default thread count of the `host` preset when no rank count is given.
+pub(crate) const DEFAULT_HOST_RANKS: u32 = 4;
+
+/// `SPEC` is a preset name, `discover` (NVML), or a file: `.json` is our
+/// own format, `.xml` an NCCL topology dump, anything else `nvidia-smi
+/// topo -m` text.
+pub(crate) fn load(spec: &str, host_ranks: u32) -> Result<Topology, String> {
+    if spec == "discover" {
+        return sources::nvml::discover().map_err(|e| e.to_string());
+    }
+    if presets::NAMES.contains(&spec) {
+        return presets::by_name(spec, host_ranks).map_err(|e| e.to_string());
+    }
+    let path = Path::new(spec);
+    if !path.exists() {
+        return Err(format!(
+            "`{spec}` is neither a preset ({}), `discover`, nor a file",
+            presets::NAMES.join(", ")
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{spec}: {e}"))?;
+    let parsed = match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => Topology::from_json(&text),
+        Some("xml") => sources::nccl_xml::parse_nccl_xml(&text),
+        _ => sources::smi::parse_smi(&text),
+    };
+    parsed.map_err(|e| format!("{spec}: {e}"))
+}
