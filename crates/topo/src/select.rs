@@ -25,13 +25,26 @@ use crate::sim::{self, CostModel, Prediction, SimOptions};
 /// Cached choices kept at most; past it the cache starts over.
 const CACHE_LIMIT: usize = 4096;
 
+/// The default [`SelectOptions::tie_margin`]: 3 %.
+pub const TIE_MARGIN: f64 = 0.03;
+
 /// What the selector may choose from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SelectOptions {
-    /// Algorithms to consider, in tie-breaking order.
+    /// Algorithms to consider, in order of preference; empty takes the
+    /// devices' default: on GPUs ring, tree, direct, halving-doubling (the
+    /// order NCCL prefers its algorithms in), on threads direct first (the
+    /// CPU executor's zero-copy and direct-write paths are built around
+    /// it; docs/cpu-executor.md), then ring, tree, halving-doubling.
     pub algorithms: Vec<Algorithm>,
-    /// Chunk sizes to consider; empty takes the devices' defaults (GPUs:
-    /// 128 KiB, 512 KiB, 2 MiB; threads: 1 MiB and 4 MiB).
+    /// Predictions closer than this fraction of the best are a tie, and
+    /// ties go to the preferred candidate: the simulator is not more
+    /// accurate than that (docs/topology.md, calibration), so a smaller
+    /// lead is no evidence.
+    pub tie_margin: f64,
+    /// Chunk sizes to consider, in order of preference; empty takes the
+    /// devices' defaults (GPUs: 512 KiB, 128 KiB, 2 MiB; threads: 4 MiB,
+    /// 1 MiB — each executor's own default first).
     pub chunk_sizes: Vec<usize>,
     /// Rings a ring set may hold.
     pub max_rings: usize,
@@ -51,12 +64,8 @@ pub struct SelectOptions {
 impl Default for SelectOptions {
     fn default() -> Self {
         SelectOptions {
-            algorithms: vec![
-                Algorithm::Ring,
-                Algorithm::Tree,
-                Algorithm::Direct,
-                Algorithm::HalvingDoubling,
-            ],
+            algorithms: Vec::new(),
+            tie_margin: TIE_MARGIN,
             chunk_sizes: Vec::new(),
             max_rings: search::MAX_RINGS,
             channel_multipliers: Vec::new(),
@@ -196,10 +205,23 @@ impl Selector {
         if !self.options.chunk_sizes.is_empty() {
             return self.options.chunk_sizes.clone();
         }
+        // The executor's default first: it wins ties.
         if self.topology.nodes[self.devices[0]].kind == NodeKind::Thread {
-            vec![1 << 20, sim::THREAD_CHUNK_BYTES]
+            vec![sim::THREAD_CHUNK_BYTES, 1 << 20]
         } else {
-            vec![128 << 10, sim::GPU_CHUNK_BYTES, 2 << 20]
+            vec![sim::GPU_CHUNK_BYTES, 128 << 10, 2 << 20]
+        }
+    }
+
+    fn algorithms(&self) -> Vec<Algorithm> {
+        if !self.options.algorithms.is_empty() {
+            return self.options.algorithms.clone();
+        }
+        use Algorithm::*;
+        if self.topology.nodes[self.devices[0]].kind == NodeKind::Thread {
+            vec![Direct, Ring, Tree, HalvingDoubling]
+        } else {
+            vec![Ring, Tree, Direct, HalvingDoubling]
         }
     }
 
@@ -225,7 +247,7 @@ impl Selector {
             }
         };
         let mut variants: Vec<(Algorithm, AlgorithmParams, u32)> = Vec::new();
-        for &a in &self.options.algorithms {
+        for a in self.algorithms() {
             if a.supports(collective.kind()).is_err() {
                 continue;
             }
@@ -372,15 +394,24 @@ impl Selector {
         if ranked.is_empty() {
             return Err(TopologyError::Invalid(format!(
                 "no algorithm among {:?} runs {collective}",
-                self.options.algorithms
+                self.algorithms()
             )));
         }
-        // Stable sort: equal times keep candidate order.
-        ranked.sort_by(|a, b| a.1.time_us.total_cmp(&b.1.time_us));
-        let mut it = ranked.into_iter();
-        let (candidate, prediction) = it.next().expect("not empty");
-        let runner_up = it
-            .find(|(c, _)| c.algorithm != candidate.algorithm)
+        // The first candidate, in preference order, within the tie margin
+        // of the fastest.
+        let fastest = ranked
+            .iter()
+            .map(|(_, p)| p.time_us)
+            .fold(f64::INFINITY, f64::min);
+        let pick = ranked
+            .iter()
+            .position(|(_, p)| p.time_us <= fastest * (1.0 + self.options.tie_margin))
+            .expect("the fastest is within the margin of itself");
+        let (candidate, prediction) = ranked.swap_remove(pick);
+        let runner_up = ranked
+            .into_iter()
+            .filter(|(c, _)| c.algorithm != candidate.algorithm)
+            .min_by(|a, b| a.1.time_us.total_cmp(&b.1.time_us))
             .map(|(c, p)| (c, p.time_us));
         let plan = Arc::new(Plan {
             candidate,

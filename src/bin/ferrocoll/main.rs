@@ -50,6 +50,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_max_level(ferrocoll::env::log_level())
@@ -69,6 +70,17 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Let `ferrocoll topo | head` end quietly, as other Unix tools do: Rust
+/// ignores SIGPIPE, which turns a closed pipe into a panic in `println!`.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in `main`, before any thread exists;
+    // resetting a signal to its default disposition has no other effect.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

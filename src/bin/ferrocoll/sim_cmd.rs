@@ -180,29 +180,25 @@ fn print_table(rows: &[Row], args: &SimArgs, root: i64) {
         );
     }
     if args.algo == "all" {
-        println!("# * marks the selector's choice");
+        println!(
+            "# * marks the selector's choice: the preferred candidate within {:.0}% of the fastest",
+            100.0 * ferrocoll::topo::select::TIE_MARGIN
+        );
     }
 }
 
-/// Where the fastest algorithm changes as the size grows.
+/// Where the selector's choice changes as the size grows.
 fn print_crossovers(rows: &[Row]) {
     let mut last: Option<(usize, String)> = None;
-    let mut sizes: Vec<usize> = rows.iter().map(|r| r.size).collect();
-    sizes.dedup();
-    for size in sizes {
-        let best = rows
-            .iter()
-            .filter(|r| r.size == size)
-            .min_by(|a, b| a.prediction.time_us.total_cmp(&b.prediction.time_us))
-            .expect("a row per size");
-        let algo = best.label.split(' ').next().unwrap_or("").to_owned();
+    for r in rows.iter().filter(|r| r.chosen) {
+        let algo = r.label.split(' ').next().unwrap_or("").to_owned();
         match &last {
             Some((prev, a)) if *a != algo => {
-                println!("# crossover: {a} -> {algo} between {prev} and {size} B");
+                println!("# crossover: {a} -> {algo} between {prev} and {} B", r.size);
             }
-            None => println!("# fastest at {size} B: {algo}"),
+            None => println!("# chosen at {} B: {algo}", r.size),
             _ => {}
         }
-        last = Some((size, algo));
+        last = Some((r.size, algo));
     }
 }

@@ -10,14 +10,20 @@ use crate::probe::HostMeasurement;
 /// core sustains; the CPU node's memory bandwidth is what all cores
 /// together sustain, and its core count says how many threads run at once.
 /// Over shared memory a message is read in place by whoever consumes it,
-/// so the links carry only the hand-off, at `measured.handoff_us`.
+/// so the links carry only the hand-off: `measured.handoff_us`, or the
+/// oversubscribed hand-off when the ranks outnumber the cores.
 pub fn host(ranks: u32, measured: &HostMeasurement) -> Topology {
+    let handoff = if ranks > measured.cores {
+        measured.oversubscribed_handoff_us
+    } else {
+        measured.handoff_us
+    };
     let mut t = Topology::new(
         "host",
         format!(
             "this host's CPU: {ranks} threads on {} cores sharing {:.1} GB/s of memory bandwidth \
              ({:.1} GB/s per core, {:.2} us hand-off), measured",
-            measured.cores, measured.memory_gbps, measured.core_gbps, measured.handoff_us
+            measured.cores, measured.memory_gbps, measured.core_gbps, handoff
         ),
     );
     let threads: Vec<usize> = (0..ranks)
@@ -35,7 +41,7 @@ pub fn host(ranks: u32, measured: &HostMeasurement) -> Topology {
             cpu,
             LinkKind::SharedMemory,
             measured.core_gbps,
-            measured.handoff_us / 2.0,
+            handoff / 2.0,
         );
     }
     t

@@ -22,6 +22,10 @@ pub struct HostMeasurement {
     pub core_gbps: f64,
     /// One-way hand-off between two threads through a shared flag, µs.
     pub handoff_us: f64,
+    /// The same with twice as many threads as cores, all handing off at
+    /// once, so a waiting thread must be scheduled before it sees the
+    /// flag: what ranks pay when they outnumber the cores, µs.
+    pub oversubscribed_handoff_us: f64,
 }
 
 /// Arrays for the quick probe behind [`measured`]: 64 MiB is past the
@@ -47,31 +51,39 @@ pub fn measure(array_bytes: usize, repeats: usize) -> HostMeasurement {
         cores: cores as u32,
         memory_gbps: all.best.max(one.best),
         core_gbps: one.best,
-        handoff_us: handoff_us(HANDOFF_ROUNDS),
+        handoff_us: handoff_us(HANDOFF_ROUNDS, 1),
+        oversubscribed_handoff_us: handoff_us(HANDOFF_ROUNDS / 4, cores),
     }
 }
 
-/// Half the round trip of a ping-pong between two threads over one atomic
-/// counter, best of three runs, µs. On an oversubscribed machine the
-/// threads yield while they wait, so this includes a reschedule.
-pub fn handoff_us(rounds: u32) -> f64 {
+/// Half the round trip of a ping-pong over one atomic counter, with
+/// `pairs` pairs of threads playing at once, best of three runs, µs. The
+/// threads spin briefly and then yield while they wait, as the CPU
+/// executor's do, so with more threads than cores this includes the
+/// reschedule a waiting rank needs.
+pub fn handoff_us(rounds: u32, pairs: usize) -> f64 {
+    let rounds = u64::from(rounds.max(1));
     let mut best = f64::INFINITY;
     for _ in 0..3 {
-        let flag = AtomicU64::new(0);
+        let flags: Vec<AtomicU64> = (0..pairs.max(1)).map(|_| AtomicU64::new(0)).collect();
         let started = Instant::now();
         std::thread::scope(|s| {
-            s.spawn(|| {
-                for i in 0..u64::from(rounds) {
-                    wait_for(&flag, 2 * i + 1);
-                    flag.store(2 * i + 2, Ordering::Release);
-                }
-            });
-            for i in 0..u64::from(rounds) {
-                flag.store(2 * i + 1, Ordering::Release);
-                wait_for(&flag, 2 * i + 2);
+            for flag in &flags {
+                s.spawn(move || {
+                    for i in 0..rounds {
+                        wait_for(flag, 2 * i + 1);
+                        flag.store(2 * i + 2, Ordering::Release);
+                    }
+                });
+                s.spawn(move || {
+                    for i in 0..rounds {
+                        flag.store(2 * i + 1, Ordering::Release);
+                        wait_for(flag, 2 * i + 2);
+                    }
+                });
             }
         });
-        let us = started.elapsed().as_secs_f64() * 1e6 / (2.0 * f64::from(rounds));
+        let us = started.elapsed().as_secs_f64() * 1e6 / (2.0 * rounds as f64);
         best = best.min(us);
     }
     best
@@ -112,7 +124,7 @@ impl LinkProbe for HostProbe {
         // one measurement per quantity stands for every pair.
         let one = membw::measure(options.bytes, 1, repeats).best / 2.0;
         let two = membw::measure(options.bytes, 2, repeats).best / 2.0;
-        let lat = handoff_us(HANDOFF_ROUNDS);
+        let lat = handoff_us(HANDOFF_ROUNDS, 1);
         let n = self.threads;
         let (mut uni, mut bi, mut latency) = (Matrix::new(n), Matrix::new(n), Matrix::new(n));
         for i in 0..n {

@@ -213,7 +213,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         bar
     });
     let predictor = if args.predict {
-        Some(predict::Predictor::new(args.ranks, &config)?)
+        Some(predict::Predictor::new(
+            args.ranks,
+            &config,
+            bandwidth.as_ref(),
+        )?)
     } else {
         None
     };

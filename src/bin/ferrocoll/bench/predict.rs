@@ -5,6 +5,7 @@
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::topo::presets;
 use ferrocoll::topo::probe::host;
+use ferrocoll::topo::probe::membw::MemoryBandwidth;
 use ferrocoll::topo::select::{Candidate, SelectOptions, Selector};
 use ferrocoll::topo::sim::{self, SimOptions};
 use ferrocoll::{Algorithm, AlgorithmParams, Collective};
@@ -18,8 +19,19 @@ pub(crate) struct Predictor {
 }
 
 impl Predictor {
-    pub(crate) fn new(n: u32, config: &CpuConfig) -> Result<Predictor, String> {
-        let topology = presets::host(n, host::measured());
+    /// `swept` is the bench's own memory-bandwidth measurement, taken just
+    /// before the sweep, which then replaces the start-up probe's: the
+    /// prediction uses the bandwidth of the same run.
+    pub(crate) fn new(
+        n: u32,
+        config: &CpuConfig,
+        swept: Option<&MemoryBandwidth>,
+    ) -> Result<Predictor, String> {
+        let mut measured = *host::measured();
+        if let Some(bw) = swept {
+            measured.memory_gbps = bw.best;
+        }
+        let topology = presets::host(n, &measured);
         let selector =
             Selector::new(topology, n, SelectOptions::default()).map_err(|e| e.to_string())?;
         Ok(Predictor {

@@ -1,0 +1,215 @@
+//! `ferrocoll topo`, `sim` and `estimate` end to end.
+
+use std::process::{Command, Output};
+
+fn ferrocoll(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn fixture(path: &str) -> String {
+    format!(
+        "{}/crates/topo/tests/fixtures/{path}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn topo_prints_the_smi_matrix_bandwidths_rings_and_bottlenecks() {
+    let out = ferrocoll(&["topo", "--preset", "dgx-h100"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let row0 = text.lines().find(|l| l.starts_with("GPU0 ")).unwrap();
+    assert_eq!(row0.split_whitespace().nth(2), Some("NV18"), "{row0}");
+    assert!(text.contains("Predicted unidirectional bandwidth matrix"));
+    assert!(text.contains("Predicted latency matrix"));
+    assert!(text.contains("# ring search: 1 ring(s)"), "{text}");
+    assert!(text.contains("bottleneck GPU"), "{text}");
+}
+
+#[test]
+fn topo_reads_smi_text_and_nccl_xml() {
+    let out = ferrocoll(&["topo", "--smi", &fixture("smi/dgx1v.txt")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let row0 = text.lines().find(|l| l.starts_with("GPU0 ")).unwrap();
+    let cells: Vec<&str> = row0.split_whitespace().collect();
+    assert_eq!(
+        &cells[1..9],
+        ["X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]
+    );
+    let out = ferrocoll(&["topo", "--nccl-xml", &fixture("nccl_xml/dgx_a100.xml")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("NV12"));
+    let out = ferrocoll(&["topo", "--smi", &fixture("smi/bad_code.txt")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("nvidia-smi topo -m, line"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn topo_json_loads_back_and_draws() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-topo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("seed.json");
+    let out = ferrocoll(&["topo", "--preset", "seed-8gpu-mesh", "--json"]);
+    assert!(out.status.success());
+    std::fs::write(&json, &out.stdout).unwrap();
+    let svg = dir.join("seed.svg");
+    let out = ferrocoll(&[
+        "topo",
+        "--file",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let out = ferrocoll(&["topo", "--file", json.to_str().unwrap(), "--dot"]);
+    assert!(stdout(&out).starts_with("graph \"seed-8gpu-mesh\""));
+    std::fs::write(
+        &json,
+        "{\"format\": \"ferrocoll-topology\", \"version\": 9}",
+    )
+    .unwrap();
+    let out = ferrocoll(&["topo", "--file", json.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("version"), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn discovery_without_a_driver_is_a_clean_error() {
+    let out = ferrocoll(&["topo", "--discover"]);
+    if out.status.success() {
+        // A machine with NVIDIA GPUs: the matrix must be there.
+        assert!(stdout(&out).contains("GPU0"));
+    } else {
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains("NVML"), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"));
+    }
+}
+
+/// Parse `sim --algo all` rows: (size, algorithm label, time, starred).
+fn sim_rows(text: &str) -> Vec<(usize, String, f64, bool)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let starred = f.contains(&"*");
+            let algo = f[5].to_owned();
+            // time is the first number after the label (and the star).
+            let t = f[6..].iter().find_map(|x| x.parse::<f64>().ok()).unwrap();
+            (f[0].parse().unwrap(), algo, t, starred)
+        })
+        .collect()
+}
+
+#[test]
+fn sim_all_stars_the_fastest_and_its_crossovers_agree() {
+    for topo in ["dgx-h100", "pcie4-8gpu-2numa"] {
+        let out = ferrocoll(&[
+            "sim", "--topo", topo, "--algo", "all", "-b", "4K", "-e", "256M", "-f", "4",
+        ]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let rows = sim_rows(&text);
+        let mut sizes: Vec<usize> = rows.iter().map(|r| r.0).collect();
+        sizes.dedup();
+        let mut winners = Vec::new();
+        for s in &sizes {
+            let at: Vec<_> = rows.iter().filter(|r| r.0 == *s).collect();
+            let fastest = at.iter().map(|r| r.2).fold(f64::INFINITY, f64::min);
+            let starred: Vec<_> = at.iter().filter(|r| r.3).collect();
+            assert_eq!(starred.len(), 1, "{topo} {s}: {text}");
+            // The choice is the fastest up to the selector's tie margin.
+            assert!(starred[0].2 <= fastest * 1.03 + 0.01, "{topo} {s}: {text}");
+            winners.push(starred[0].1.clone());
+        }
+        // Every printed crossover is a change of the choice, and every
+        // change is printed.
+        let changes = winners.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(text.matches("# crossover:").count(), changes, "{text}");
+        // Latency-bound at 4 KiB, bandwidth-bound at 256 MiB.
+        assert_ne!(winners[0], "ring", "{topo}: {text}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("268435456") && l.contains('*'))
+        );
+    }
+}
+
+#[test]
+fn sim_runs_a_schedule_file_and_names_the_bottleneck() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/schedules/star_all_reduce_3.json"
+    );
+    let out = ferrocoll(&[
+        "sim",
+        "--topo",
+        "pcie4-4gpu",
+        "--ranks",
+        "3",
+        "--algo",
+        path,
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(text.contains("PCIe4 x16"), "{text}");
+    let out = ferrocoll(&["sim", "--topo", "pcie4-4gpu", "--ranks", "9"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("devices"), "{}", stderr(&out));
+}
+
+#[test]
+fn estimate_reproduces_the_seed_articles_arithmetic() {
+    // 10 GB of gradients: PCIe 4.0 about 0.3 s, NVLink 3 about 0.03 s
+    // (the seed's one-link arithmetic); the simulator adds the all-reduce's
+    // 2(n-1)/n factor and the protocol efficiency, so it lands within a
+    // small multiple of those, and the NVLink machine is ~10x faster.
+    let time = |topo: &str| {
+        let out = ferrocoll(&[
+            "estimate",
+            "--topo",
+            topo,
+            "--grad-bytes",
+            "10GB",
+            "--compute-ms",
+            "100",
+        ]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("sync time"))
+            .unwrap()
+            .to_owned();
+        let ms: f64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(text.contains("communication"), "{text}");
+        ms
+    };
+    let pcie = time("pcie4-8gpu-2numa");
+    let nvlink = time("dgx-a100");
+    assert!((300.0..1500.0).contains(&pcie), "{pcie} ms");
+    assert!((30.0..150.0).contains(&nvlink), "{nvlink} ms");
+    assert!(pcie / nvlink > 5.0, "{pcie} / {nvlink}");
+}
