@@ -338,50 +338,19 @@ impl Selector {
         sim::simulate(&schedule, &self.topology, size, &options)
     }
 
-    /// Every candidate with its prediction, in candidate order — except
-    /// that more copies of one channel layout are tried only while they
-    /// help: once a multiple gains under 1 % over the smaller ones, larger
-    /// multiples of that layout are skipped (their extra channels only add
-    /// steps).
+    /// Every candidate with its prediction, in candidate order.
     pub fn evaluate(
         &self,
         collective: Collective,
         size: usize,
     ) -> Result<Vec<(Candidate, Prediction)>, TopologyError> {
-        struct Progress {
-            multiplier: u32,
-            current: f64,
-            before: f64,
-            stopped: bool,
-        }
-        let mut out: Vec<(Candidate, Prediction)> = Vec::new();
-        let mut layouts: HashMap<(Algorithm, u32), Progress> = HashMap::new();
-        for c in self.candidates(collective) {
-            let key = (c.algorithm, c.params.channels / c.multiplier.max(1));
-            let st = layouts.entry(key).or_insert(Progress {
-                multiplier: c.multiplier,
-                current: f64::INFINITY,
-                before: f64::INFINITY,
-                stopped: false,
-            });
-            if st.stopped {
-                continue;
-            }
-            if c.multiplier != st.multiplier {
-                let gained = st.current < st.before * 0.99;
-                if !gained {
-                    st.stopped = true;
-                    continue;
-                }
-                st.before = st.before.min(st.current);
-                st.current = f64::INFINITY;
-                st.multiplier = c.multiplier;
-            }
-            let p = self.predict(&c, collective, size)?;
-            st.current = st.current.min(p.time_us);
-            out.push((c, p));
-        }
-        Ok(out)
+        self.candidates(collective)
+            .into_iter()
+            .map(|c| {
+                let p = self.predict(&c, collective, size)?;
+                Ok((c, p))
+            })
+            .collect()
     }
 
     /// The fastest candidate for `collective` at `size` bytes.

@@ -85,3 +85,77 @@ fn pcie_server(name: &str) -> Option<Topology> {
         .build(name, &description),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{NodeKind, PathClass};
+
+    /// Every preset: its devices, how GPU0 reaches GPU1 and the last
+    /// device, and whether peer access is on.
+    #[test]
+    fn every_preset_has_the_shape_it_claims() {
+        let nv = PathClass::NvLink;
+        let cases: &[(&str, usize, PathClass, PathClass, bool)] = &[
+            ("pcie3-4gpu", 4, PathClass::Pix, PathClass::Phb, true),
+            ("pcie3-8gpu-2numa", 8, PathClass::Pix, PathClass::Sys, true),
+            ("pcie4-4gpu", 4, PathClass::Pix, PathClass::Phb, true),
+            ("pcie4-4gpu-nop2p", 4, PathClass::Pix, PathClass::Phb, false),
+            ("pcie4-8gpu-2numa", 8, PathClass::Pix, PathClass::Sys, true),
+            (
+                "pcie4-8gpu-2numa-nop2p",
+                8,
+                PathClass::Pix,
+                PathClass::Sys,
+                false,
+            ),
+            ("pcie5-4gpu", 4, PathClass::Pix, PathClass::Phb, true),
+            ("pcie5-8gpu-2numa", 8, PathClass::Pix, PathClass::Sys, true),
+            (
+                "consumer-4gpu-pcie4",
+                4,
+                PathClass::Phb,
+                PathClass::Phb,
+                false,
+            ),
+            (
+                "consumer-8gpu-pcie4",
+                8,
+                PathClass::Pix,
+                PathClass::Phb,
+                false,
+            ),
+            ("consumer-2gpu-nvlink-bridge", 2, nv(2), nv(2), true),
+            ("dgx1-v100", 8, nv(1), PathClass::Sys, true),
+            ("dgx-a100", 8, nv(12), nv(12), true),
+            ("dgx-h100", 8, nv(18), nv(18), true),
+            ("seed-8gpu-mesh", 8, nv(2), PathClass::Sys, true),
+            ("host", 3, PathClass::Shm, PathClass::Shm, true),
+        ];
+        assert_eq!(cases.len(), NAMES.len());
+        for &(name, devices, first, last, p2p) in cases {
+            let t = by_name(name, 3).unwrap();
+            let d = t.devices();
+            assert_eq!(d.len(), devices, "{name}");
+            assert_eq!(t.path_class(d[0], d[1]).unwrap(), first, "{name}");
+            assert_eq!(t.path_class(d[0], d[devices - 1]).unwrap(), last, "{name}");
+            assert_eq!(t.p2p(d[0], d[1]), p2p, "{name}");
+            let kind = if name == "host" {
+                NodeKind::Thread
+            } else {
+                NodeKind::Gpu
+            };
+            assert!(d.iter().all(|&i| t.nodes[i].kind == kind), "{name}");
+            // Every device reaches every other.
+            for &a in &d {
+                for &b in &d {
+                    t.route(a, b).unwrap();
+                }
+            }
+        }
+        assert!(matches!(
+            by_name("dgx-b200", 1),
+            Err(TopologyError::UnknownPreset { .. })
+        ));
+    }
+}

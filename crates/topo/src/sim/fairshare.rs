@@ -31,13 +31,14 @@ pub(crate) fn rates(capacity: &[f64], flows: &[&Uses]) -> Vec<f64> {
                 }
             }
         }
-        let step = (0..capacity.len())
+        // The resource that fills first, and how far every flow rises.
+        let Some((tightest, step)) = (0..capacity.len())
             .filter(|&r| weight[r] > 0.0)
-            .map(|r| left[r].max(0.0) / weight[r])
-            .fold(f64::INFINITY, f64::min);
-        if !step.is_finite() {
+            .map(|r| (r, left[r].max(0.0) / weight[r]))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+        else {
             break;
-        }
+        };
         for r in 0..capacity.len() {
             left[r] -= step * weight[r];
         }
@@ -46,8 +47,10 @@ pub(crate) fn rates(capacity: &[f64], flows: &[&Uses]) -> Vec<f64> {
                 *r += step;
             }
         }
-        // Freeze every flow on a resource that is now full.
-        let full = |r: usize| weight[r] > 0.0 && left[r] <= capacity[r] * 1e-12;
+        // Freeze every flow on a resource that is now full: the tightest
+        // one by construction (rounding must not leave it open, or flows
+        // elsewhere would stop rising), and any other within rounding.
+        let full = |r: usize| weight[r] > 0.0 && (r == tightest || left[r] <= capacity[r] * 1e-9);
         let mut any = false;
         for (i, f) in flows.iter().enumerate() {
             if !frozen[i] && f.iter().any(|&(r, _)| full(r)) {
