@@ -17,8 +17,9 @@
 //!   [`select`] picks algorithm, channels and segment size per call by
 //!   simulating the candidates.
 //!
-//! Invariants: every topology handed out has passed
-//! [`Topology::validate`]; routes, simulations and selections are
+//! Invariants: every topology a loader or [`presets::by_name`] hands out
+//! has passed [`Topology::validate`], and the selector validates what it is
+//! given; routes, simulations and selections are
 //! deterministic functions of their inputs, so every rank of a group that
 //! loads the same topology makes the same choice. Bandwidths are GB/s
 //! (1e9 bytes per second) per direction, latencies microseconds.

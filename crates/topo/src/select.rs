@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ferrocoll_core::algorithms::MAX_CHANNELS;
 use ferrocoll_core::choose::{Choice, Chooser};
@@ -21,6 +21,9 @@ use crate::error::TopologyError;
 use crate::graph::{NodeId, NodeKind, Topology};
 use crate::search;
 use crate::sim::{self, CostModel, Prediction, SimOptions};
+
+/// A choice, made once by whoever asks first.
+type PlanCell = OnceLock<Result<Arc<Plan>, TopologyError>>;
 
 /// Cached choices kept at most; past it the cache starts over.
 const CACHE_LIMIT: usize = 4096;
@@ -149,7 +152,7 @@ pub struct Selector {
     options: SelectOptions,
     rings: search::RingSet,
     tree_order: Vec<Rank>,
-    cache: Mutex<HashMap<(Collective, usize), Arc<Plan>>>,
+    cache: Mutex<HashMap<(Collective, usize), Arc<PlanCell>>>,
 }
 
 impl fmt::Debug for Selector {
@@ -169,6 +172,11 @@ impl Selector {
         options: SelectOptions,
     ) -> Result<Selector, TopologyError> {
         topology.validate()?;
+        if world_size == 0 {
+            return Err(TopologyError::Invalid(
+                "world size must be at least 1".into(),
+            ));
+        }
         let all = topology.devices();
         if all.len() < world_size as usize || world_size == 0 {
             return Err(TopologyError::TooFewDevices {
@@ -354,11 +362,22 @@ impl Selector {
     }
 
     /// The fastest candidate for `collective` at `size` bytes.
+    ///
+    /// The first caller for a (collective, size) simulates; callers asking
+    /// for it meanwhile (the other ranks of the call) wait for that result
+    /// instead of simulating too.
     pub fn choose(&self, collective: Collective, size: usize) -> Result<Arc<Plan>, TopologyError> {
-        let key = (collective, size);
-        if let Some(p) = self.lock().get(&key) {
-            return Ok(p.clone());
-        }
+        let cell = {
+            let mut cache = self.lock();
+            if cache.len() >= CACHE_LIMIT {
+                cache.clear();
+            }
+            cache.entry((collective, size)).or_default().clone()
+        };
+        cell.get_or_init(|| self.plan(collective, size)).clone()
+    }
+
+    fn plan(&self, collective: Collective, size: usize) -> Result<Arc<Plan>, TopologyError> {
         let mut ranked = self.evaluate(collective, size)?;
         if ranked.is_empty() {
             return Err(TopologyError::Invalid(format!(
@@ -393,15 +412,10 @@ impl Selector {
             self.world_size,
             plan.explain()
         );
-        let mut cache = self.lock();
-        if cache.len() >= CACHE_LIMIT {
-            cache.clear();
-        }
-        cache.insert(key, plan.clone());
         Ok(plan)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Collective, usize), Arc<Plan>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Collective, usize), Arc<PlanCell>>> {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

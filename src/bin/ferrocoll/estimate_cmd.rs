@@ -54,6 +54,15 @@ pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
 }
 
 pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode, String> {
+    if !(args.compute_ms.is_finite() && args.compute_ms > 0.0) {
+        return Err(format!(
+            "--compute-ms must be a positive number of milliseconds, not {}",
+            args.compute_ms
+        ));
+    }
+    if args.grad_bytes == 0 {
+        return Err("--grad-bytes must be more than 0".into());
+    }
     let topology = source::load(&args.topo, args.ranks.unwrap_or(source::DEFAULT_HOST_RANKS))?;
     let n = args.ranks.unwrap_or(topology.devices().len() as u32);
     let e = |e: ferrocoll::topo::TopologyError| e.to_string();

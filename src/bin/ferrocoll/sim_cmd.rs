@@ -8,7 +8,7 @@ use ferrocoll::topo::select::{Candidate, SelectOptions, Selector};
 use ferrocoll::topo::sim::{self, Prediction, SimOptions};
 use ferrocoll::{Algorithm, CollectiveKind, DataType, Schedule, VerifyOptions, verify};
 
-use crate::bench::parse_size;
+use crate::bench::{parse_size, sizes};
 use crate::topo::source;
 
 #[derive(Args, Debug)]
@@ -58,50 +58,62 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     }
     let host_ranks = args.ranks.unwrap_or(source::DEFAULT_HOST_RANKS);
     let topology = source::load(&args.topo, host_ranks)?;
-    let n = args.ranks.unwrap_or(topology.devices().len() as u32);
     let e = |e: ferrocoll::topo::TopologyError| e.to_string();
+    let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
+    println!(
+        "# ferrocoll sim: topology {} ({})",
+        topology.name, topology.description
+    );
+    if args.algo.ends_with(".json") {
+        // A schedule of the user's: proven once, simulated per size.
+        let schedule = Schedule::load(&args.algo).map_err(|e| e.to_string())?;
+        let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
+        let s = verified.schedule();
+        println!(
+            "# {} on {} ranks, schedule `{}` from {}; predicted, not measured",
+            s.collective, s.world_size, s.name, args.algo
+        );
+        let options = SimOptions {
+            element_size: args.dtype.size_bytes(),
+            ..SimOptions::default()
+        };
+        let mut rows = Vec::new();
+        for &size in &sizes {
+            let p = sim::simulate(s, &topology, size, &options).map_err(e)?;
+            rows.push(Row {
+                size,
+                label: s.name.clone(),
+                prediction: p,
+                chosen: false,
+            });
+        }
+        print_table(&rows, args, s.collective.root().map_or(-1, i64::from));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let n = args.ranks.unwrap_or(topology.devices().len() as u32);
     let collective = args.op.with_root(args.root % n.max(1));
     let options = SelectOptions {
         element_size: args.dtype.size_bytes(),
         ..SelectOptions::default()
     };
     let selector = Selector::new(topology.clone(), n, options).map_err(e)?;
-    let mut sizes = Vec::new();
-    let mut s = args.min_bytes.max(1);
-    while s <= args.max_bytes {
-        sizes.push(s);
-        s = s.saturating_mul(args.step_factor);
-    }
-    println!(
-        "# ferrocoll sim: topology {} ({})",
-        topology.name, topology.description
-    );
     println!(
         "# {collective} on {n} ranks, algorithm {}, sizes {}..{} x{}; predicted, not measured",
         args.algo, args.min_bytes, args.max_bytes, args.step_factor
     );
-    let mut rows: Vec<Row> = Vec::new();
     let all = args.algo == "all";
+    let wanted: Vec<Algorithm> = match args.algo.as_str() {
+        "auto" => Vec::new(),
+        "all" => Algorithm::ALL.to_vec(),
+        list => list
+            .split(',')
+            .map(|a| a.trim().parse::<Algorithm>().map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?,
+    };
+    let mut rows: Vec<Row> = Vec::new();
     for &size in &sizes {
-        if args.algo.ends_with(".json") {
-            let schedule = Schedule::load(&args.algo).map_err(|e| e.to_string())?;
-            let verified =
-                verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
-            let o = SimOptions {
-                element_size: args.dtype.size_bytes(),
-                ..SimOptions::default()
-            };
-            let p = sim::simulate(verified.schedule(), &topology, size, &o).map_err(e)?;
-            rows.push(Row {
-                size,
-                label: verified.schedule().name.clone(),
-                prediction: p,
-                chosen: false,
-            });
-            continue;
-        }
         let plan = selector.choose(collective, size).map_err(e)?;
-        if args.algo == "auto" {
+        if wanted.is_empty() {
             rows.push(Row {
                 size,
                 label: plan.candidate.to_string(),
@@ -110,16 +122,19 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
             });
             continue;
         }
-        let wanted: Vec<Algorithm> = if all {
-            Algorithm::ALL.to_vec()
-        } else {
-            args.algo
-                .split(',')
-                .map(|a| a.trim().parse::<Algorithm>().map_err(|e| e.to_string()))
-                .collect::<Result<_, _>>()?
-        };
         let evaluated = selector.evaluate(collective, size).map_err(e)?;
-        for a in wanted {
+        for &a in &wanted {
+            // Comparing all, the chosen algorithm shows the very plan
+            // `auto` runs; otherwise each algorithm its fastest variant.
+            if all && a == plan.candidate.algorithm {
+                rows.push(Row {
+                    size,
+                    label: plan.candidate.to_string(),
+                    prediction: plan.prediction.clone(),
+                    chosen: true,
+                });
+                continue;
+            }
             let best: Option<&(Candidate, Prediction)> = evaluated
                 .iter()
                 .filter(|(c, _)| c.algorithm == a)
@@ -129,7 +144,7 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
                     size,
                     label: c.to_string(),
                     prediction: p.clone(),
-                    chosen: c.algorithm == plan.candidate.algorithm,
+                    chosen: false,
                 }),
                 None if !all => return Err(format!("{a} cannot run {collective}")),
                 None => {}

@@ -227,7 +227,11 @@ impl CpuCommunicator {
     ) -> Result<(), CommError> {
         self.group.register_call(call, self.rank, signature)?;
         let size = std::mem::size_of::<T>();
-        let Planned { plan, why, chunk } = self.plan(collective, count * size)?;
+        // The nccl-tests size: the larger of one rank's buffers.
+        let blocks = collective
+            .input_blocks(self.group.n)
+            .max(collective.output_blocks(self.group.n)) as usize;
+        let Planned { plan, why, chunk } = self.plan(collective, count * size * blocks)?;
         if in_place && !plan.verified.supports_in_place() {
             return Err(CommError::InPlaceUnsupported {
                 collective: format!(
@@ -247,7 +251,7 @@ impl CpuCommunicator {
             rank = self.rank,
             call,
             "{collective} {} B {}: algorithm={} channels={} chunks/block={} segments={} in_place={in_place} ({why})",
-            count * size,
+            count * size * blocks,
             T::DATA_TYPE,
             schedule.name,
             schedule.channel_count(),

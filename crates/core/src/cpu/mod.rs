@@ -49,6 +49,9 @@ pub struct CpuConfig {
     pub algorithm: Option<Algorithm>,
     /// Picks the algorithm of calls that do not force one (the facade
     /// plugs in the topology-aware selector); `None` uses [`auto_algorithm`].
+    /// A chooser's plan brings its own channels and chunk size, which then
+    /// replace `channels` and `max_chunk_bytes` for that call; leave it
+    /// `None` to set those yourself.
     pub chooser: Option<SharedChooser>,
     /// Channels for ring, tree and direct.
     pub channels: u32,

@@ -110,22 +110,25 @@ impl Topology {
         let file: FileV1 = serde_json::from_str(text).map_err(syntax)?;
         let mut topo = Topology::new(file.name, file.description);
         topo.nodes = file.nodes;
-        let id = |name: &str, topo: &Topology| {
+        let id = |name: &str, at: String, topo: &Topology| {
             topo.node_id(name)
-                .ok_or_else(|| TopologyError::UnknownNode(name.to_string()))
+                .ok_or_else(|| TopologyError::UnknownNode(format!("{name}` in `{at}")))
         };
-        for l in file.links {
+        for (i, l) in file.links.into_iter().enumerate() {
             let link = Link {
-                from: id(&l.from, &topo)?,
-                to: id(&l.to, &topo)?,
+                from: id(&l.from, format!("links[{i}].from"), &topo)?,
+                to: id(&l.to, format!("links[{i}].to"), &topo)?,
                 kind: l.kind,
                 bandwidth: l.bandwidth,
                 latency_us: l.latency_us,
             };
             topo.links.push(link);
         }
-        for [a, b] in &file.p2p_blocked {
-            let (a, b) = (id(a, &topo)?, id(b, &topo)?);
+        for (i, [a, b]) in file.p2p_blocked.iter().enumerate() {
+            let (a, b) = (
+                id(a, format!("p2p_blocked[{i}]"), &topo)?,
+                id(b, format!("p2p_blocked[{i}]"), &topo)?,
+            );
             topo.p2p_blocked.push((a.min(b), a.max(b)));
         }
         topo.validate()?;

@@ -1,8 +1,8 @@
 //! Routes between devices, and the `nvidia-smi topo -m` class of each path.
 //!
 //! A route is the widest path (largest bottleneck bandwidth; then fewest
-//! hops; then least latency; then lowest link ids, so every rank computes
-//! the same one) that forwards only through non-device nodes: GPUs do not
+//! hops; then least latency; then the first found in node and link order,
+//! so every rank computes the same one) that forwards only through non-device nodes: GPUs do not
 //! relay for each other. An all-NVLink path wins over any other, as it does
 //! for CUDA peer copies. A pair without peer-to-peer access is staged
 //! through the memory of a CPU node instead, as a CUDA copy between
@@ -95,8 +95,28 @@ impl Topology {
     }
 
     /// The widest path from `from` to `to` that forwards only through
-    /// non-device nodes (over NVLink only, if asked).
+    /// non-device nodes (over NVLink only, if asked); among the widest, the
+    /// fewest hops, then the least latency. Two passes, because a single
+    /// Dijkstra on (width, hops) is not exact: a node settled through a
+    /// wide detour can hide a shorter path that is just as wide at the end.
     fn widest_path(&self, from: NodeId, to: NodeId, nvlink_only: bool) -> Option<Vec<LinkId>> {
+        let first = self.search(from, to, nvlink_only, None)?;
+        let width = first
+            .iter()
+            .map(|&l| self.links[l].bandwidth)
+            .fold(f64::INFINITY, f64::min);
+        self.search(from, to, nvlink_only, Some(width))
+    }
+
+    /// One Dijkstra pass: widest-first when `min_bandwidth` is `None`,
+    /// else fewest hops then least latency over links at least that wide.
+    fn search(
+        &self,
+        from: NodeId,
+        to: NodeId,
+        nvlink_only: bool,
+        min_bandwidth: Option<f64>,
+    ) -> Option<Vec<LinkId>> {
         let n = self.nodes.len();
         let mut best: Vec<Option<Score>> = vec![None; n];
         let mut via: Vec<Option<LinkId>> = vec![None; n];
@@ -132,8 +152,14 @@ impl Topology {
                 if nvlink_only && !link.kind.is_nvlink() {
                     continue;
                 }
+                if min_bandwidth.is_some_and(|w| link.bandwidth < w) {
+                    continue;
+                }
                 let s = Score {
-                    bandwidth: su.bandwidth.min(link.bandwidth),
+                    bandwidth: match min_bandwidth {
+                        Some(_) => f64::INFINITY,
+                        None => su.bandwidth.min(link.bandwidth),
+                    },
                     hops: su.hops + 1,
                     latency: su.latency + link.latency_us,
                 };

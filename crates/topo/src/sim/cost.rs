@@ -97,6 +97,30 @@ impl Default for CostModel {
 }
 
 impl CostModel {
+    /// Efficiencies in (0, 1] and overheads finite and non-negative.
+    pub fn check(&self) -> Result<(), crate::TopologyError> {
+        let fractions = self.nvlink_efficiency.iter().chain([
+            &self.pcie_efficiency,
+            &self.cpu_interconnect_efficiency,
+            &self.network_efficiency,
+        ]);
+        let times = [
+            self.gpu_call_us,
+            self.gpu_step_us,
+            self.thread_call_us,
+            self.thread_step_us,
+        ];
+        if fractions.into_iter().all(|&f| f > 0.0 && f <= 1.0)
+            && times.iter().all(|t| t.is_finite() && *t >= 0.0)
+        {
+            Ok(())
+        } else {
+            Err(crate::TopologyError::Invalid(format!(
+                "cost model out of range (efficiencies must be in (0, 1], times finite and >= 0): {self:?}"
+            )))
+        }
+    }
+
     /// The payload rate a link of `kind` with raw rate `bandwidth` gives.
     pub fn effective_bandwidth(&self, kind: &LinkKind, bandwidth: f64) -> f64 {
         bandwidth

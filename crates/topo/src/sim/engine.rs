@@ -2,7 +2,8 @@
 //!
 //! Every (rank, channel) runs its steps in order, segment after segment, as
 //! the executors do. A step starts when its messages have arrived, its
-//! `after` steps are complete and each outgoing link has a free slot; it
+//! `after` steps are complete and each (sender, receiver, channel) pair has
+//! a free message slot, as in the CPU executor; it
 //! then pays the device's step overhead, does its local memory work, and
 //! launches one transfer per destination. Transfers and local work are
 //! flows over resources (links, memories, core pools) shared max-min

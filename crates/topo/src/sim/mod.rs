@@ -103,11 +103,21 @@ pub fn simulate(
     size: usize,
     options: &SimOptions,
 ) -> Result<Prediction, TopologyError> {
+    check_schedule(schedule)?;
+    options.cost.check()?;
     let n = schedule.world_size;
     let devices = match &options.placement {
         Some(p) => p.clone(),
         None => topology.devices(),
     };
+    let mut seen = devices.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != devices.len() {
+        return Err(TopologyError::Invalid(
+            "placement puts two ranks on one device".into(),
+        ));
+    }
     if devices.len() < n as usize {
         return Err(TopologyError::TooFewDevices {
             ranks: n,
@@ -204,6 +214,48 @@ pub fn simulate(
         segments,
         loads,
     })
+}
+
+/// The structure the engine relies on, checked so that a hand-built,
+/// unverified schedule is an error and not a panic: ranks and channels
+/// exist, peers are ranks, `after` names existing steps.
+fn check_schedule(s: &Schedule) -> Result<(), TopologyError> {
+    let bad = |what: String| {
+        Err(TopologyError::Invalid(format!(
+            "schedule `{}`: {what}",
+            s.name
+        )))
+    };
+    let n = s.world_size;
+    if n == 0 || s.ranks.len() != n as usize {
+        return bad(format!(
+            "world size {n} with {} rank programs",
+            s.ranks.len()
+        ));
+    }
+    if s.chunks_per_block == 0 {
+        return bad("zero chunks per block".into());
+    }
+    for (r, program) in s.ranks.iter().enumerate() {
+        for (c, steps) in program.channels.iter().enumerate() {
+            for (i, step) in steps.iter().enumerate() {
+                let at = format!("rank {r} channel {c} step {i}");
+                if step.recv_from.iter().chain(&step.send_to).any(|&p| p >= n) {
+                    return bad(format!("{at} names a rank outside 0..{n}"));
+                }
+                let missing = step.after.iter().any(|a| {
+                    program
+                        .channels
+                        .get(a.channel as usize)
+                        .is_none_or(|ch| a.step as usize >= ch.len())
+                });
+                if missing {
+                    return bad(format!("{at} waits for a step that does not exist"));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -292,3 +292,37 @@ fn every_builtin_schedule_runs_to_the_end_on_every_preset_shape() {
         }
     }
 }
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let t = presets::by_name("pcie4-4gpu", 1).unwrap();
+    let s = generate(
+        Algorithm::Direct,
+        Collective::AllToAll,
+        2,
+        &AlgorithmParams::default(),
+    )
+    .unwrap();
+    let o = |placement: Option<Vec<usize>>, cost: CostModel| SimOptions {
+        placement,
+        cost,
+        ..SimOptions::default()
+    };
+    assert!(simulate(&s, &t, 1024, &o(Some(vec![]), CostModel::default())).is_err());
+    assert!(simulate(&s, &t, 1024, &o(Some(vec![0, 0]), CostModel::default())).is_err());
+    let zero = CostModel {
+        pcie_efficiency: 0.0,
+        ..CostModel::default()
+    };
+    assert!(simulate(&s, &t, 1024, &o(None, zero)).is_err());
+    let mut broken = s.clone();
+    broken.ranks[0].channels[0][0].send_to.push(7);
+    assert!(simulate(&broken, &t, 1024, &SimOptions::default()).is_err());
+    let mut empty = s.clone();
+    empty.world_size = 0;
+    empty.ranks.clear();
+    assert!(simulate(&empty, &t, 1024, &SimOptions::default()).is_err());
+    // Size 0 and a size not divisible by anything are fine.
+    simulate(&s, &t, 0, &SimOptions::default()).unwrap();
+    simulate(&s, &t, 12_345, &SimOptions::default()).unwrap();
+}

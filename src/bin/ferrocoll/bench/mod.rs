@@ -78,7 +78,9 @@ pub(crate) struct BenchArgs {
     /// in-process ceiling BW·(n−1)/n² (all-reduce).
     #[arg(long)]
     membw: bool,
-    /// Largest chunk per step, in bytes (pipelining granularity).
+    /// Largest chunk per step, in bytes (pipelining granularity). Giving it
+    /// turns the topology-aware `auto` back into the fixed rule, whose
+    /// plans take their chunk size from here.
     #[arg(long, value_parser = parse_size)]
     max_chunk_bytes: Option<usize>,
     /// Print the simulator's prediction for each row on this host's
@@ -98,8 +100,9 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     };
     digits
         .parse::<usize>()
-        .map(|v| v << shift)
-        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 4K, 64M)"))
+        .ok()
+        .and_then(|v| v.checked_mul(1 << shift))
+        .ok_or_else(|| format!("`{s}` is not a size (e.g. 4096, 4K, 64M)"))
 }
 
 fn list<T: Copy>(
@@ -162,6 +165,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         ..CpuConfig::default()
     };
     let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
+    if args.max_chunk_bytes.is_some() {
+        // A chooser brings its own chunk size; an explicit one wins.
+        config.chooser = None;
+    }
     let kinds: Vec<CollectiveKind> = match &custom {
         Some(v) => vec![v.schedule().collective.kind()],
         None => args.op.0.clone(),
@@ -300,12 +307,13 @@ fn custom_schedule(
     Ok(Some(std::sync::Arc::new(verified)))
 }
 
-fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+/// `min, min·factor, …` up to `max`, stopping before an overflow.
+pub(crate) fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
     let mut out = Vec::new();
-    let mut s = min.max(1);
-    while s <= max {
-        out.push(s);
-        s = s.saturating_mul(factor);
+    let mut s = Some(min.max(1));
+    while let Some(size) = s.filter(|&v| v <= max) {
+        out.push(size);
+        s = size.checked_mul(factor);
     }
     out
 }
@@ -320,5 +328,7 @@ mod tests {
         assert_eq!(parse_size("64m").unwrap(), 64 << 20);
         assert!(parse_size("lots").is_err());
         assert_eq!(sizes(4096, 16384, 2), vec![4096, 8192, 16384]);
+        assert_eq!(sizes(1 << 62, usize::MAX, 2).len(), 2);
+        assert!(parse_size("99999999999999999G").is_err());
     }
 }
