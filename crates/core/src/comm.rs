@@ -79,6 +79,13 @@ pub enum CommError {
         /// The collective.
         collective: String,
     },
+    /// The executor's backend (CUDA driver, NVRTC, NCCL) is missing or
+    /// failed; the message says which and why.
+    #[error("backend: {message}")]
+    Backend {
+        /// What failed.
+        message: String,
+    },
     /// The algorithm cannot run this call.
     #[error(transparent)]
     Algorithm(#[from] AlgorithmError),

@@ -1,0 +1,43 @@
+//! Errors of the CUDA executor.
+
+use ferrocoll_core::comm::CommError;
+use thiserror::Error;
+
+/// Why CUDA work could not be done.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum CudaError {
+    /// The driver, NVRTC or a device is not there; nothing was attempted.
+    #[error("CUDA backend unavailable: {reason}")]
+    BackendUnavailable {
+        /// What is missing, and what to install or set.
+        reason: String,
+    },
+    /// NVRTC could not compile the kernels.
+    #[error("NVRTC could not compile the ferrocoll kernels for {arch}: {log}")]
+    Compile {
+        /// The target architecture (`compute_90`).
+        arch: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    /// A bad argument: device list, buffer sizes, rank.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CudaError::Driver(e.to_string())
+    }
+}
+
+impl From<CudaError> for CommError {
+    fn from(e: CudaError) -> Self {
+        CommError::Backend {
+            message: e.to_string(),
+        }
+    }
+}
