@@ -21,6 +21,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub use ferrocoll_core::*;
+/// The CUDA executor (libraries loaded at run time; a typed error without them).
+pub use ferrocoll_cuda as cuda;
 /// The topology crate: link graph, sources, simulator, search and selector.
 pub use ferrocoll_topo as topo;
 

@@ -213,3 +213,34 @@ fn estimate_reproduces_the_seed_articles_arithmetic() {
     assert!((30.0..150.0).contains(&nvlink), "{nvlink} ms");
     assert!(pcie / nvlink > 5.0, "{pcie} / {nvlink}");
 }
+
+#[test]
+fn the_cuda_backend_without_a_gpu_is_a_clear_error() {
+    let out = ferrocoll(&[
+        "bench",
+        "--backend",
+        "cuda",
+        "--ranks",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+    ]);
+    if out.status.success() {
+        // A machine with a GPU: the bench ran and checked its results.
+        assert!(
+            stdout(&out).contains("Out of bounds values : 0 OK"),
+            "{}",
+            stdout(&out)
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("CUDA backend unavailable"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let out = ferrocoll(&["topo", "--preset", "dgx-h100", "--probe"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unavailable"), "{}", stderr(&out));
+}

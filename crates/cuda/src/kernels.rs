@@ -97,7 +97,10 @@ pub fn include_dirs() -> Vec<PathBuf> {
         let mut pythons: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3")))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("python3"))
+            })
             .collect();
         pythons.sort();
         for py in pythons {
@@ -175,7 +178,9 @@ pub fn arch_name(major: i32, minor: i32) -> Result<&'static str, CudaError> {
         (m, _) if m >= 10 => "compute_100",
         (m, n) => {
             return Err(CudaError::BackendUnavailable {
-                reason: format!("compute capability {m}.{n} is older than the kernels support (7.0)"),
+                reason: format!(
+                    "compute capability {m}.{n} is older than the kernels support (7.0)"
+                ),
             });
         }
     })
@@ -214,9 +219,20 @@ mod tests {
     #[test]
     fn kernel_names_cover_every_type_and_op() {
         assert_eq!(all_kernels().len(), 10 * 5);
-        assert_eq!(reduce_kernel(DataType::Bf16, ReduceOp::Avg), "ferrocoll_sum_bf16");
+        assert_eq!(
+            reduce_kernel(DataType::Bf16, ReduceOp::Avg),
+            "ferrocoll_sum_bf16"
+        );
         for name in all_kernels() {
-            assert!(SOURCE.contains(&name["ferrocoll_".len()..].split('_').next().unwrap().to_string()));
+            assert!(
+                SOURCE.contains(
+                    &name["ferrocoll_".len()..]
+                        .split('_')
+                        .next()
+                        .unwrap()
+                        .to_string()
+                )
+            );
         }
         assert_eq!(arch_name(9, 0).unwrap(), "compute_90");
         assert!(arch_name(6, 1).is_err());

@@ -8,8 +8,17 @@
 //! [`CudaError::BackendUnavailable`], never a panic; every wait on the
 //! device is bounded by the configured timeout.
 
+mod communicator;
+mod config;
+pub mod device;
+mod enqueue;
 pub mod error;
+mod group;
 pub mod kernels;
+mod link_probe;
 pub mod probe;
 
+pub use communicator::{CudaCommunicator, CudaElement, group, run};
+pub use config::{CudaConfig, auto_algorithm};
 pub use error::CudaError;
+pub use link_probe::GpuProbe;

@@ -6,6 +6,7 @@
 //! `busbw = algbw × factor` (all-reduce 2(n−1)/n; reduce-scatter,
 //! all-gather, all-to-all (n−1)/n; others 1), with GB = 1e9 bytes.
 
+mod cuda;
 mod predict;
 mod report;
 mod run;
@@ -23,12 +24,17 @@ pub(crate) use report::Row;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Executor: `cpu` (CUDA and NCCL backends arrive with their issues).
+    /// Executor: `cpu` (threads) or `cuda` (GPUs; the NCCL backend arrives
+    /// with its issue).
     #[arg(long, default_value = "cpu")]
     backend: String,
-    /// Number of ranks (threads).
+    /// Number of ranks (threads, or ranks on GPUs).
     #[arg(long, default_value_t = 4)]
     ranks: u32,
+    /// `cuda` only: the device of each rank, e.g. `0,0,1,1`; shorter lists
+    /// repeat. Default: ranks go round the visible devices.
+    #[arg(long)]
+    devices: Option<String>,
     /// Collective: all-reduce, reduce-scatter, all-gather, broadcast,
     /// reduce, all-to-all, send-recv, or `all`.
     #[arg(long, default_value = "all-reduce", value_parser = crate::spec::parse_ops)]
@@ -128,12 +134,15 @@ pub(crate) struct Section {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
-    if args.backend != "cpu" {
-        return Err(format!(
-            "backend `{}` is not available in this build; only `cpu` is (CUDA and NCCL backends are planned)",
-            args.backend
-        ));
-    }
+    let cuda: Option<Vec<usize>> = match args.backend.as_str() {
+        "cpu" => None,
+        "cuda" => Some(cuda::devices(args.ranks, args.devices.as_deref())?),
+        other => {
+            return Err(format!(
+                "backend `{other}` is not available; `cpu` and `cuda` are (NCCL arrives with its issue)"
+            ));
+        }
+    };
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".to_owned());
     }
@@ -202,15 +211,24 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     }
     let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
     report::print_header(args, &config);
-    let bandwidth = args.membw.then(|| {
-        let bw = membw::measure(
-            membw::ARRAY_BYTES,
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            5,
-        );
-        report::print_membw(&bw, args.ranks);
-        bw
-    });
+    let measure = || -> Result<membw::MemoryBandwidth, String> {
+        match &cuda {
+            Some(devices) => cuda::device_bandwidth(devices[0]),
+            None => Ok(membw::measure(
+                membw::ARRAY_BYTES,
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+                5,
+            )),
+        }
+    };
+    let bandwidth = match args.membw {
+        true => {
+            let bw = measure()?;
+            report::print_membw(&bw, args.ranks);
+            Some(bw)
+        }
+        false => None,
+    };
     let progress = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new((sections.len() * sizes.len()) as u64);
         bar.set_style(
@@ -231,7 +249,23 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     let mut rows: Vec<Row> = Vec::new();
     for section in &sections {
         report::print_section(section, args.ranks);
-        let mut section_rows = run::section(args, &config, section, &sizes, progress.as_ref())?;
+        let config = CpuConfig {
+            algorithm: section.algorithm.or(config.algorithm),
+            ..config.clone()
+        };
+        let mut section_rows = match &cuda {
+            Some(devices) => {
+                let backend = cuda::Cuda::new(devices.clone(), &config, args.ranks);
+                run::section(args, &backend, section, &sizes, progress.as_ref())?
+            }
+            None => {
+                let backend = run::Cpu {
+                    n: args.ranks,
+                    config: &config,
+                };
+                run::section(args, &backend, section, &sizes, progress.as_ref())?
+            }
+        };
         if let Some(p) = &predictor {
             for row in &mut section_rows {
                 let collective = match (&config.schedule, section.custom) {
@@ -252,11 +286,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     // Shared machines drift: measure again and judge against the higher of
     // the two, so the reported fraction errs low, never high.
     let bandwidth = bandwidth.map(|before| {
-        let after = membw::measure(
-            membw::ARRAY_BYTES,
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            5,
-        );
+        let after = measure().unwrap_or(before);
         println!(
             "# memory bandwidth again after the sweep: best {:.2} GB/s (before: {:.2})",
             after.best, before.best

@@ -46,7 +46,8 @@ pub(crate) struct TopoArgs {
     /// Print the topology as a ferrocoll JSON file instead of the report.
     #[arg(long)]
     json: bool,
-    /// Also measure (CPU host only): p2pBandwidthLatencyTest-style matrices.
+    /// Also measure the links (GPUs through CUDA, or the CPU host):
+    /// p2pBandwidthLatencyTest-style matrices.
     #[arg(long)]
     probe: bool,
 }
@@ -163,16 +164,19 @@ fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
         }
     }
     if args.probe {
-        if t.devices()
+        let gpus = t
+            .devices()
             .iter()
-            .any(|&d| t.nodes[d].kind == ferrocoll::topo::NodeKind::Gpu)
-        {
-            return Err("--probe measures the CPU host only in this build; the GPU probe comes with the CUDA executor".into());
+            .any(|&d| t.nodes[d].kind == ferrocoll::topo::NodeKind::Gpu);
+        let report = if gpus {
+            let probe = ferrocoll::cuda::GpuProbe::all().map_err(|e| e.to_string())?;
+            probe.measure(&ProbeOptions::default())
+        } else {
+            HostProbe {
+                threads: n as usize,
+            }
+            .measure(&ProbeOptions::default())
         }
-        let report = HostProbe {
-            threads: n as usize,
-        }
-        .measure(&ProbeOptions::default())
         .map_err(|e| e.to_string())?;
         println!("\n{}", report.render());
     }

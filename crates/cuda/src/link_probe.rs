@@ -1,0 +1,233 @@
+//! The measured link probe for GPUs, in the layout of CUDA's
+//! `p2pBandwidthLatencyTest`: every ordered pair's copy bandwidth one way
+//! and both ways at once, and the latency of a small copy, with peer
+//! access on (direct) or off (staged by the driver through host memory).
+
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys};
+use ferrocoll_topo::probe::{LinkProbe, Matrix, ProbeError, ProbeOptions, ProbeReport};
+
+use crate::device::{self, Device};
+use crate::error::CudaError;
+use crate::probe;
+
+/// Small copies timed for the latency matrix.
+const LATENCY_COPIES: u32 = 100;
+
+/// Probes the links between `devices` (CUDA ordinals).
+#[derive(Debug, Clone)]
+pub struct GpuProbe {
+    /// The devices to measure, in report order.
+    pub devices: Vec<usize>,
+}
+
+impl GpuProbe {
+    /// Every visible device, or an error saying why there is none.
+    pub fn all() -> Result<GpuProbe, CudaError> {
+        Ok(GpuProbe {
+            devices: (0..probe::available()?).collect(),
+        })
+    }
+}
+
+fn unavailable(e: CudaError) -> ProbeError {
+    match e {
+        CudaError::BackendUnavailable { reason } => ProbeError::Unavailable(reason),
+        other => ProbeError::Failed(other.to_string()),
+    }
+}
+
+/// A timing event.
+struct Timer {
+    device: Arc<Device>,
+    event: sys::CUevent,
+}
+
+impl Timer {
+    fn new(device: &Arc<Device>) -> Result<Timer, CudaError> {
+        device.bind()?;
+        Ok(Timer {
+            device: device.clone(),
+            event: result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?,
+        })
+    }
+
+    fn record(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+        self.device.bind()?;
+        // SAFETY: a live event and a live stream of this device.
+        unsafe { result::event::record(self.event, stream) }?;
+        Ok(())
+    }
+
+    /// Milliseconds from `self` to `end`, once `end` has completed.
+    fn ms_to(&self, end: &Timer) -> Result<f64, CudaError> {
+        // SAFETY: both events were recorded; synchronising waits for the
+        // end, so the elapsed time is defined.
+        unsafe {
+            result::event::synchronize(end.event)?;
+            Ok(f64::from(result::event::elapsed(self.event, end.event)?))
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: the event is no longer used.
+            let _ = unsafe { result::event::destroy(self.event) };
+        }
+    }
+}
+
+impl LinkProbe for GpuProbe {
+    fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn measure(&self, options: &ProbeOptions) -> Result<ProbeReport, ProbeError> {
+        self.run(options).map_err(unavailable)
+    }
+}
+
+impl GpuProbe {
+    fn run(&self, options: &ProbeOptions) -> Result<ProbeReport, CudaError> {
+        let count = probe::available()?;
+        let n = self.devices.len();
+        if let Some(&bad) = self.devices.iter().find(|&&d| d >= count) {
+            return Err(CudaError::Invalid(format!("device {bad} does not exist")));
+        }
+        let devs: Vec<Arc<Device>> = self
+            .devices
+            .iter()
+            .map(|&d| Device::open(d).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        let streams: Vec<_> = devs
+            .iter()
+            .map(|d| d.ctx.new_stream())
+            .collect::<Result<Vec<_>, _>>()?;
+        if options.p2p {
+            for a in &devs {
+                for b in &devs {
+                    if a.ordinal != b.ordinal {
+                        let mut can = 0;
+                        // SAFETY: live devices; a local out-pointer.
+                        unsafe {
+                            sys::cuDeviceCanAccessPeer(
+                                &mut can,
+                                a.ctx.cu_device(),
+                                b.ctx.cu_device(),
+                            )
+                        };
+                        if can == 1 {
+                            a.bind()?;
+                            // SAFETY: enabling access to a live context;
+                            // "already enabled" is fine.
+                            let _ = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
+                        }
+                    }
+                }
+            }
+        }
+        let bytes = options.bytes.max(4);
+        let bufs: Vec<u64> = devs
+            .iter()
+            .map(|d| d.alloc(bytes))
+            .collect::<Result<_, _>>()?;
+        let spare: Vec<u64> = devs
+            .iter()
+            .map(|d| d.alloc(bytes))
+            .collect::<Result<_, _>>()?;
+        let repeats = options.repeats.max(1);
+        let copy =
+            |from: usize, to: usize, len: usize, stream: sys::CUstream| -> Result<(), CudaError> {
+                let (src, dst) = (&devs[from], &devs[to]);
+                let dst_ptr = if from == to { spare[to] } else { bufs[to] };
+                // SAFETY: both buffers hold at least `len` bytes.
+                unsafe {
+                    result::memcpy_peer_async(
+                        dst.ctx.cu_ctx(),
+                        dst_ptr,
+                        src.ctx.cu_ctx(),
+                        bufs[from],
+                        len,
+                        stream,
+                    )
+                }?;
+                Ok(())
+            };
+        let (mut uni, mut bi, mut lat) = (Matrix::new(n), Matrix::new(n), Matrix::new(n));
+        for i in 0..n {
+            for j in 0..n {
+                let s = streams[i].cu_stream();
+                let (start, end) = (Timer::new(&devs[i])?, Timer::new(&devs[i])?);
+                copy(i, j, bytes, s)?;
+                start.record(s)?;
+                for _ in 0..repeats {
+                    copy(i, j, bytes, s)?;
+                }
+                end.record(s)?;
+                let ms = start.ms_to(&end)?;
+                uni.set(i, j, bytes as f64 * f64::from(repeats) / (ms * 1e-3) / 1e9);
+                start.record(s)?;
+                for _ in 0..LATENCY_COPIES {
+                    copy(i, j, 4, s)?;
+                }
+                end.record(s)?;
+                lat.set(i, j, start.ms_to(&end)? * 1e3 / f64::from(LATENCY_COPIES));
+                // Both ways at once: j→i on j's stream, started together.
+                let t = streams[j].cu_stream();
+                let (start, end_i, end_j) = (
+                    Timer::new(&devs[i])?,
+                    Timer::new(&devs[i])?,
+                    Timer::new(&devs[j])?,
+                );
+                start.record(s)?;
+                devs[j].bind()?;
+                // SAFETY: live stream and recorded event.
+                unsafe {
+                    result::stream::wait_event(
+                        t,
+                        start.event,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }?;
+                for _ in 0..repeats {
+                    copy(i, j, bytes, s)?;
+                    if i != j {
+                        copy(j, i, bytes, t)?;
+                    }
+                }
+                end_i.record(s)?;
+                end_j.record(t)?;
+                let ms = start.ms_to(&end_i)?.max(start.ms_to(&end_j)?);
+                let moved = if i == j { 1.0 } else { 2.0 } * bytes as f64 * f64::from(repeats);
+                bi.set(i, j, moved / (ms * 1e-3) / 1e9);
+            }
+        }
+        for (d, (&a, &b)) in devs.iter().zip(bufs.iter().zip(&spare)) {
+            d.ctx.synchronize()?;
+            // SAFETY: the work above has completed.
+            unsafe {
+                device::free(d, a);
+                device::free(d, b);
+            }
+        }
+        Ok(ProbeReport {
+            what: format!(
+                "GPUs {:?}, {} bytes per copy, {repeats} copies timed together, peer access {}",
+                self.devices,
+                bytes,
+                if options.p2p {
+                    "on where supported"
+                } else {
+                    "off"
+                }
+            ),
+            p2p: options.p2p,
+            unidirectional_gbps: uni,
+            bidirectional_gbps: bi,
+            latency_us: lat,
+        })
+    }
+}

@@ -1,0 +1,198 @@
+//! `bench --backend cuda`: the same sections on the CUDA executor, with
+//! buffers in device memory (placed once per size, outside the timing).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use ferrocoll::comm::{CommError, Communicator};
+use ferrocoll::conformance::KitElement;
+use ferrocoll::cpu::CpuConfig;
+use ferrocoll::cuda::{CudaCommunicator, CudaConfig, probe};
+use ferrocoll::{Collective, ReduceOp};
+
+use ferrocoll::cuda::GpuProbe;
+use ferrocoll::topo::probe::membw::MemoryBandwidth;
+use ferrocoll::topo::probe::{LinkProbe, ProbeOptions};
+
+use super::run::{Backend, BenchRank};
+
+/// Device memory bandwidth of `device` as the bench's ceiling wants it:
+/// bytes read plus written per second by a device-to-device copy of
+/// 256 MiB (the copy rate twice over).
+pub(crate) fn device_bandwidth(device: usize) -> Result<MemoryBandwidth, String> {
+    let report = GpuProbe {
+        devices: vec![device],
+    }
+    .measure(&ProbeOptions {
+        bytes: 256 << 20,
+        repeats: 5,
+        p2p: true,
+    })
+    .map_err(|e| e.to_string())?;
+    let traffic = 2.0 * report.unidirectional_gbps.get(0, 0);
+    Ok(MemoryBandwidth {
+        copy: traffic,
+        nt_copy: None,
+        accumulate: traffic,
+        best: traffic,
+        threads: 1,
+    })
+}
+
+/// The device of each of `ranks` ranks, from `--devices` or round the
+/// visible devices; a typed "unavailable" message without CUDA.
+pub(crate) fn devices(ranks: u32, list: Option<&str>) -> Result<Vec<usize>, String> {
+    let count = probe::available().map_err(|e| e.to_string())?;
+    let given: Vec<usize> = match list {
+        Some(s) => s
+            .split(',')
+            .map(|d| {
+                d.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("--devices: `{d}` is not a device number"))
+            })
+            .collect::<Result<_, _>>()?,
+        None => (0..count).collect(),
+    };
+    if given.is_empty() {
+        return Err("--devices is empty".into());
+    }
+    if let Some(bad) = given.iter().find(|&&d| d >= count) {
+        return Err(format!(
+            "--devices: device {bad} does not exist (this machine has {count})"
+        ));
+    }
+    Ok((0..ranks as usize)
+        .map(|r| given[r % given.len()])
+        .collect())
+}
+
+/// The CUDA executor for one section.
+pub(crate) struct Cuda {
+    devices: Vec<usize>,
+    config: CudaConfig,
+}
+
+impl Cuda {
+    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig, _ranks: u32) -> Cuda {
+        let config = CudaConfig {
+            timeout: cpu.timeout,
+            algorithm: cpu.algorithm,
+            channels: cpu.channels,
+            schedule: cpu.schedule.clone(),
+            ..CudaConfig::default()
+        };
+        Cuda { devices, config }
+    }
+}
+
+impl Backend for Cuda {
+    type Rank = CudaCommunicator;
+
+    fn run<R: Send>(
+        &self,
+        f: &(dyn Fn(&mut CudaCommunicator) -> Result<R, CommError> + Sync),
+    ) -> Result<Vec<Result<R, CommError>>, String> {
+        ferrocoll::cuda::run(&self.devices, &self.config, f).map_err(|e| e.to_string())
+    }
+
+    fn schedule(&self) -> Option<&ferrocoll::Verified> {
+        self.config.schedule.as_deref()
+    }
+}
+
+/// A call's buffers in device memory, as bytes.
+pub(crate) struct DeviceBuffers {
+    stream: Arc<CudaStream>,
+    input: CudaSlice<u8>,
+    output: CudaSlice<u8>,
+}
+
+fn bytes_of<T>(data: &[T]) -> &[u8] {
+    // SAFETY: every bench element type is plain data without padding, so
+    // its bytes are initialised and any alignment of u8 holds.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<CudaSlice<u8>, CommError> {
+    let backend = |e: cudarc::driver::DriverError| CommError::Backend {
+        message: e.to_string(),
+    };
+    let mut slice = stream
+        .alloc_zeros::<u8>(bytes.len().max(1))
+        .map_err(backend)?;
+    if !bytes.is_empty() {
+        stream
+            .memcpy_htod(bytes, &mut slice.slice_mut(..bytes.len()))
+            .map_err(backend)?;
+    }
+    Ok(slice)
+}
+
+impl BenchRank for CudaCommunicator {
+    type Buffers<T: KitElement> = DeviceBuffers;
+
+    fn rank(&self) -> u32 {
+        Communicator::rank(self)
+    }
+
+    fn world_size(&self) -> u32 {
+        Communicator::world_size(self)
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        Communicator::barrier(self)
+    }
+
+    fn place<T: KitElement>(
+        &mut self,
+        input: &[T],
+        output: Vec<T>,
+    ) -> Result<DeviceBuffers, CommError> {
+        let stream = self.context().default_stream();
+        let buffers = DeviceBuffers {
+            input: upload(&stream, bytes_of(input))?,
+            output: upload(&stream, bytes_of(&output))?,
+            stream,
+        };
+        buffers
+            .stream
+            .synchronize()
+            .map_err(|e| CommError::Backend {
+                message: e.to_string(),
+            })?;
+        Ok(buffers)
+    }
+
+    fn call<T: KitElement>(
+        &mut self,
+        b: &mut DeviceBuffers,
+        collective: Collective,
+        op: ReduceOp,
+        in_place: bool,
+        count: usize,
+    ) -> Result<(), CommError> {
+        let (input, _i) = b.input.device_ptr(&b.stream);
+        let (output, _o) = b.output.device_ptr(&b.stream);
+        let input = (!in_place).then_some(input);
+        // SAFETY: `place` sized the buffers for this call's shape (the
+        // bench computes `count` from the same lengths), on this rank's
+        // device, and nothing else uses them during the call.
+        unsafe { self.collective_raw(collective, T::DATA_TYPE, count, input, output, op) }
+    }
+
+    fn output<T: KitElement>(&mut self, b: &DeviceBuffers) -> Result<Vec<T>, CommError> {
+        let bytes = b
+            .stream
+            .clone_dtoh(&b.output)
+            .map_err(|e| CommError::Backend {
+                message: e.to_string(),
+            })?;
+        let n = bytes.len() / std::mem::size_of::<T>();
+        // SAFETY: the bytes were uploaded from a `Vec<T>` of `n` elements
+        // and written by kernels of the same type; read unaligned.
+        Ok((0..n)
+            .map(|i| unsafe { bytes.as_ptr().cast::<T>().add(i).read_unaligned() })
+            .collect())
+    }
+}
