@@ -268,6 +268,31 @@ pub fn wrong_elements<T: KitElement>(
     wrong
 }
 
+/// Run `case` on one rank of any [`Communicator`](crate::comm::Communicator):
+/// out of place with `input` into `output`, or in place by building the
+/// collective's single buffer first (and, for reduce-scatter, cutting this
+/// rank's block out of it afterwards). Every executor's kit harness calls
+/// this per rank.
+pub fn call_case<C: crate::comm::Communicator, T: KitElement>(
+    comm: &mut C,
+    case: &Case,
+    input: &[T],
+    output: &mut Vec<T>,
+) -> Result<(), crate::comm::CommError> {
+    let (c, count) = (case.collective, case.count);
+    if !case.in_place {
+        return crate::comm::dispatch(comm, c, case.op, false, input, output);
+    }
+    let mut buf = in_place_buffer(c, comm.rank(), count, input, std::mem::take(output));
+    crate::comm::dispatch(comm, c, case.op, true, &[], &mut buf)?;
+    if c == crate::Collective::ReduceScatter {
+        let r = comm.rank() as usize;
+        buf = buf[r * count..(r + 1) * count].to_vec();
+    }
+    *output = buf;
+    Ok(())
+}
+
 /// Place rank `rank`'s input inside its output the way the in-place call of
 /// `c` expects; returns the buffer to pass.
 pub fn in_place_buffer<T: Element>(

@@ -6,33 +6,13 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferrocoll_core::comm::{CommError, Communicator, dispatch};
-use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, in_place_buffer};
-use ferrocoll_core::cpu::{self, CpuCommunicator, CpuConfig};
+use ferrocoll_core::comm::Communicator;
+use ferrocoll_core::conformance::{Case, Harness, KitElement, call_case, check_case};
+use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
 
 struct Cpu {
     max_chunk_bytes: usize,
-}
-
-fn call<T: KitElement>(
-    comm: &mut CpuCommunicator,
-    case: &Case,
-    input: &[T],
-    output: &mut Vec<T>,
-) -> Result<(), CommError> {
-    let (c, count) = (case.collective, case.count);
-    if !case.in_place {
-        return dispatch(comm, c, case.op, false, input, output);
-    }
-    let mut buf = in_place_buffer(c, comm.rank(), count, input, std::mem::take(output));
-    dispatch(comm, c, case.op, true, &[], &mut buf)?;
-    if c == Collective::ReduceScatter {
-        let r = comm.rank() as usize;
-        buf = buf[r * count..(r + 1) * count].to_vec();
-    }
-    *output = buf;
-    Ok(())
 }
 
 impl Harness for Cpu {
@@ -52,7 +32,7 @@ impl Harness for Cpu {
         let results = cpu::run(case.world_size, &config, |comm| {
             let r = comm.rank() as usize;
             let mut out = std::mem::take(&mut *outputs[r].lock().unwrap());
-            call(comm, case, &inputs[r], &mut out)?;
+            call_case(comm, case, &inputs[r], &mut out)?;
             Ok(out)
         });
         results
