@@ -8,11 +8,12 @@
 // and send are one pass over the data. With one input it is a copy (to
 // several destinations at once).
 //
-// Arithmetic matches the CPU executor and the serial reference exactly:
-// integers wrap (computed unsigned), half and bfloat16 accumulate in float
-// over a step's inputs and round to nearest even once, like the CPU
-// kernels; min and max use the same comparisons; `avg` is a sum followed
-// by `ferrocoll_div_*` on the final values.
+// Arithmetic follows the CPU executor: integers wrap (computed unsigned),
+// half and bfloat16 accumulate in float over a launch's inputs and round
+// to nearest even once (a step with more than eight inputs takes several
+// launches and so rounds between them), min and max use the same
+// comparisons, and `avg` is a sum followed by `ferrocoll_div_*` on the
+// final values.
 //
 // Access is vectorised: when every pointer is 16-byte aligned, each thread
 // moves 16 bytes per load and store; the tail (and unaligned slices) go
@@ -108,7 +109,9 @@ __device__ void reduce_copy(Outputs<T> out, Inputs<T> in, u64 n) {
         for (int k = 0; k < out.count; ++k) reinterpret_cast<uint4 *>(out.p[k])[v] = result;
     }
     for (u64 i = vectors * per + first; i < n; i += stride) {
-        T value = combine<T, Op>(in, i);
+        // One input is a copy: move the bits (no float round trip, which
+        // would change NaN payloads of half and bfloat16).
+        T value = in.count == 1 ? in.p[0][i] : combine<T, Op>(in, i);
         for (int k = 0; k < out.count; ++k) out.p[k][i] = value;
     }
 }

@@ -160,7 +160,22 @@ impl CudaCommunicator {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let n = self.shared.n as usize;
-        let count = block_count(collective, n, input.map(CudaSlice::len), output.len())?;
+        let ordinal = self.shared.rank_devices[self.rank as usize].ordinal;
+        let elsewhere = std::iter::once(output.ordinal())
+            .chain(input.map(CudaSlice::ordinal))
+            .any(|o| o != ordinal);
+        let checked = if elsewhere {
+            Err(CommError::Backend {
+                message: format!(
+                    "rank {}'s buffers must be on its device {ordinal}",
+                    self.rank
+                ),
+            })
+        } else {
+            block_count(collective, n, input.map(CudaSlice::len), output.len())
+        };
+        self.fail_on(&checked);
+        let count = checked?;
         let out_stream = output.stream().clone();
         out_stream.synchronize().map_err(CudaError::from)?;
         let (out_ptr, _out_sync) = output.device_ptr_mut(&out_stream);
@@ -194,11 +209,7 @@ impl CudaCommunicator {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let result = self.call(collective, dtype, count, input, output, op);
-        if let Err(e) = &result
-            && !matches!(e, CommError::PeerFailed { .. })
-        {
-            self.shared.fail(self.rank, &e.to_string());
-        }
+        self.fail_on(&result);
         result
     }
 
@@ -425,6 +436,27 @@ impl CudaCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CommError> {
+        let result = self.host_call_inner(collective, input, output, op);
+        self.fail_on(&result);
+        result
+    }
+
+    /// A failed rank fails the group, so no other rank waits out its timeout.
+    fn fail_on<R>(&self, result: &Result<R, CommError>) {
+        if let Err(e) = result
+            && !matches!(e, CommError::PeerFailed { .. })
+        {
+            self.shared.fail(self.rank, &e.to_string());
+        }
+    }
+
+    fn host_call_inner<T: Reduce>(
+        &mut self,
+        collective: Collective,
+        input: Option<&[T]>,
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         let n = self.shared.n as usize;
         let count = block_count(collective, n, input.map(<[T]>::len), output.len())?;
         let device = self.shared.rank_devices[self.rank as usize].clone();
@@ -471,6 +503,10 @@ impl Staged {
         };
         let input = input.map(&mut put).transpose()?;
         let output = put(output)?;
+        // A synchronous copy from pageable memory may return before the
+        // data reaches the device, and the executor's streams do not wait
+        // for the default stream: wait here.
+        device.ctx.synchronize()?;
         Ok(Staged {
             input,
             output,
@@ -618,6 +654,7 @@ impl Communicator for CudaCommunicator {
                 .map_err(CommError::from)?;
         }
         // On failure the parcel may still be read: its memory is leaked.
+        self.fail_on(&waited);
         waited
     }
 
@@ -703,6 +740,9 @@ impl CudaCommunicator {
             )
             .result()?;
         }
+        // The sender frees its buffer once the parcel is taken.
+        mine.ctx.synchronize()?;
+        theirs.ctx.synchronize()?;
         local.finish(&mine, buffer)
     }
 }

@@ -23,8 +23,9 @@ pub struct CudaConfig {
     /// Mailbox slots per link (at least the verifier's 2).
     pub slots_per_link: u32,
     /// Use peer access between devices where the hardware allows it;
-    /// `false` relays every cross-device message through pinned host
-    /// memory (like `NCCL_P2P_DISABLE=1`).
+    /// `false` relays every message between two ranks through pinned host
+    /// memory (like `NCCL_P2P_DISABLE=1`), even between ranks sharing a
+    /// GPU — which is how the relay is tested on one device.
     pub p2p: bool,
     /// A schedule of your own for calls whose collective and world size
     /// match it.

@@ -47,7 +47,8 @@ pub(crate) struct Fabric<'a> {
     pub devices: Vec<&'a Arc<Device>>,
     /// Stream of each rank and channel.
     pub streams: Vec<Vec<sys::CUstream>>,
-    /// Whether rank `a`'s device may access rank `b`'s (same device: yes).
+    /// Whether rank `a`'s messages to rank `b` may go device to device
+    /// (false: through the host relay).
     pub p2p: Vec<Vec<bool>>,
 }
 
@@ -141,12 +142,30 @@ fn event(device: &Arc<Device>, resources: &mut Resources) -> Result<sys::CUevent
 
 /// Enqueue every rank's work of `call` on `fabric`.
 pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, CudaError> {
+    let mut resources = Resources::default();
+    match enqueue_into(fabric, call, &mut resources) {
+        Ok(completion) => Ok(Enqueued {
+            completion,
+            resources,
+        }),
+        Err(e) => {
+            // Work already launched may still use these buffers.
+            resources.leak = true;
+            Err(e)
+        }
+    }
+}
+
+fn enqueue_into(
+    fabric: &Fabric,
+    call: &CallSpec,
+    res: &mut Resources,
+) -> Result<Vec<sys::CUevent>, CudaError> {
     let s = call.schedule;
     let n = s.world_size as usize;
     let segments = call.layout.segments();
     let elem = call.dtype.size_bytes();
     let slots = call.slots.max(2) as usize;
-    let mut res = Resources::default();
 
     // Nodes in program order per (rank, channel).
     let mut nodes: Vec<Node> = Vec::new();
@@ -170,11 +189,6 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
     }
     let step_of = |node: &Node| {
         &s.ranks[node.rank as usize].channels[node.channel as usize][node.step as usize]
-    };
-    let message_elems = |node: &Node| -> usize {
-        let st = step_of(node);
-        let first = st.write.or(st.read).map_or(0, |sl| sl.chunk);
-        call.layout.slice_len(node.segment, first, st.chunks)
     };
 
     // Messages: the k-th send on a link meets the k-th receive.
@@ -210,6 +224,9 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
             }
         }
     }
+    // Elements in chunk `j` of a node's value: from its own slice, or, for
+    // a step that only forwards, from the message it forwards.
+    let mut lens: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for (link, p) in &producers {
         if consumers.get(link).map_or(0, Vec::len) != p.len() {
             return Err(CudaError::Invalid(format!(
@@ -218,6 +235,43 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
             )));
         }
     }
+
+    fn chunk_lens(
+        id: usize,
+        nodes: &[Node],
+        s: &Schedule,
+        layout: &Layout,
+        recvs: &[Vec<(Link, usize)>],
+        producers: &HashMap<Link, Vec<usize>>,
+        lens: &mut Vec<Vec<usize>>,
+    ) -> Vec<usize> {
+        if lens[id].is_empty() {
+            let node = nodes[id];
+            let st =
+                &s.ranks[node.rank as usize].channels[node.channel as usize][node.step as usize];
+            let own = st.write.or(st.read);
+            lens[id] = match (own, recvs[id].first()) {
+                (Some(slice), _) => (0..st.chunks)
+                    .map(|j| layout.chunk_range(node.segment, slice.chunk + j).len())
+                    .collect(),
+                (None, Some(&(link, m))) => chunk_lens(
+                    producers[&link][m],
+                    nodes,
+                    s,
+                    layout,
+                    recvs,
+                    producers,
+                    lens,
+                ),
+                (None, None) => vec![0; st.chunks as usize],
+            };
+        }
+        lens[id].clone()
+    }
+    for id in 0..nodes.len() {
+        chunk_lens(id, &nodes, s, &call.layout, &recvs, &producers, &mut lens);
+    }
+    let message_elems = |id: usize| -> usize { lens[id].iter().sum() };
 
     // Dependencies: (node it waits for, whether on another stream).
     let mut deps: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
@@ -286,27 +340,25 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
     for (link, ids) in &producers {
         // Slots start on 256-byte boundaries so the kernels' 16-byte
         // vector accesses stay aligned.
-        let slot_bytes = (ids
-            .iter()
-            .map(|&i| message_elems(&nodes[i]))
-            .max()
-            .unwrap_or(0)
-            * elem)
-            .next_multiple_of(256);
+        let slot_bytes =
+            (ids.iter().map(|&i| message_elems(i)).max().unwrap_or(0) * elem).next_multiple_of(256);
         let bytes = slot_bytes.max(1) * slots;
         let (src, dst) = (dev(link.from), dev(link.to));
         let inbox = dst.alloc(bytes)?;
         res.device_memory.push((dst.clone(), inbox));
         let mut outbox = None;
         let mut pinned = None;
-        if src.ordinal != dst.ordinal {
+        let relay = !fabric.p2p[link.from as usize][link.to as usize];
+        if src.ordinal != dst.ordinal || relay {
             let ptr = src.alloc(bytes)?;
             res.device_memory.push((src.clone(), ptr));
             outbox = Some(ptr);
-            if !fabric.p2p[link.from as usize][link.to as usize] {
+            if relay {
                 src.bind()?;
                 // SAFETY: pinned host memory of `bytes`, freed with the call.
-                let host = unsafe { result::malloc_host(bytes, 0) }? as usize;
+                // Portable: the receiving device's context copies from it too.
+                let host =
+                    unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }? as usize;
                 res.host_memory.push((src.clone(), host));
                 pinned = Some(host as u64);
             }
@@ -360,20 +412,23 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
                 let range = call.layout.chunk_range(node.segment, chunk);
                 (base(r, buffer) + (range.start * elem) as u64, range.len())
             };
-            let len = {
-                let first = st.write.or(st.read).map_or(j, |sl| sl.chunk + j);
-                call.layout.chunk_range(node.segment, first).len()
-            };
-            // The local slice goes first: in place it may be the step's
-            // own output, which a launch with more than eight inputs
-            // overwrites after its first pass.
+            let len = lens[id][j as usize];
+            // Messages first, then the local slice, as the CPU executor
+            // combines them; but with more than eight inputs the local
+            // slice goes first, because in place it may be the step's own
+            // output, which the folding passes overwrite after the first.
             let mut inputs: Vec<u64> = Vec::new();
-            if let Some(read) = st.read {
-                inputs.push(chunk_ptr(read).0);
-            }
             for &(link, m) in &recvs[id] {
                 let mb = &mailboxes[&link];
                 inputs.push(mb.inbox + ((m % slots) * mb.slot_bytes + offset * elem) as u64);
+            }
+            if let Some(read) = st.read {
+                let local = chunk_ptr(read).0;
+                if inputs.len() + 1 > crate::kernels::MAX_POINTERS {
+                    inputs.insert(0, local);
+                } else {
+                    inputs.push(local);
+                }
             }
             let mut outputs: Vec<u64> = Vec::new();
             if let Some(write) = st.write {
@@ -439,7 +494,7 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
                 }
             }
         }
-        let ev = event(device, &mut res)?;
+        let ev = event(device, res)?;
         device.bind()?;
         // SAFETY: a live event recorded on this rank's live stream.
         unsafe { result::event::record(ev, stream) }?;
@@ -480,14 +535,11 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
                 unsafe { device.divide(stream, call.dtype, ptr, call.count, n as u64)? };
             }
         }
-        let ev = event(device, &mut res)?;
+        let ev = event(device, res)?;
         device.bind()?;
         // SAFETY: a live event on a live stream.
         unsafe { result::event::record(ev, stream) }?;
         completion.push(ev);
     }
-    Ok(Enqueued {
-        completion,
-        resources: res,
-    })
+    Ok(completion)
 }

@@ -109,10 +109,20 @@ pub fn include_dirs() -> Vec<PathBuf> {
             }
         }
     }
-    candidates
+    // CUDA 13 keeps the headers `cuda_fp16.h` includes (`nv/target`) in
+    // `include/cccl`.
+    let mut found = Vec::new();
+    for d in candidates
         .into_iter()
         .filter(|d| d.join("cuda_fp16.h").is_file())
-        .collect()
+    {
+        let cccl = d.join("cccl");
+        found.push(d);
+        if cccl.is_dir() {
+            found.push(cccl);
+        }
+    }
+    found
 }
 
 /// The kernels compiled to PTX for `arch` (`compute_80`, `compute_90`),
@@ -166,20 +176,21 @@ pub fn compile(arch: &'static str) -> Result<Ptx, CudaError> {
 /// The `compute_XY` name for a compute capability, for NVRTC's
 /// `--gpu-architecture`.
 pub fn arch_name(major: i32, minor: i32) -> Result<&'static str, CudaError> {
-    Ok(match (major, minor) {
-        (7, 0) => "compute_70",
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
-        (m, _) if m >= 10 => "compute_100",
-        (m, n) => {
+    // The newest virtual architecture NVRTC 13 compiles that is not newer
+    // than the device (PTX runs on later devices of the same major).
+    Ok(match major * 10 + minor {
+        120.. => "compute_120",
+        100.. => "compute_100",
+        90.. => "compute_90",
+        89 => "compute_89",
+        87..=88 => "compute_87",
+        86 => "compute_86",
+        80..=85 => "compute_80",
+        75..=79 => "compute_75",
+        _ => {
             return Err(CudaError::BackendUnavailable {
                 reason: format!(
-                    "compute capability {m}.{n} is older than the kernels support (7.0)"
+                    "compute capability {major}.{minor}: CUDA 13 supports 7.5 (Turing) and newer"
                 ),
             });
         }
@@ -235,6 +246,9 @@ mod tests {
             );
         }
         assert_eq!(arch_name(9, 0).unwrap(), "compute_90");
+        assert_eq!(arch_name(8, 7).unwrap(), "compute_87");
+        assert_eq!(arch_name(10, 3).unwrap(), "compute_100");
+        assert!(arch_name(7, 0).is_err());
         assert!(arch_name(6, 1).is_err());
     }
 }

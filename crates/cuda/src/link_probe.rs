@@ -106,26 +106,29 @@ impl GpuProbe {
             .iter()
             .map(|d| d.ctx.new_stream())
             .collect::<Result<Vec<_>, _>>()?;
-        if options.p2p {
-            for a in &devs {
-                for b in &devs {
-                    if a.ordinal != b.ordinal {
-                        let mut can = 0;
-                        // SAFETY: live devices; a local out-pointer.
-                        unsafe {
-                            sys::cuDeviceCanAccessPeer(
-                                &mut can,
-                                a.ctx.cu_device(),
-                                b.ctx.cu_device(),
-                            )
-                        };
-                        if can == 1 {
-                            a.bind()?;
-                            // SAFETY: enabling access to a live context;
-                            // "already enabled" is fine.
-                            let _ = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
-                        }
+        for a in &devs {
+            for b in &devs {
+                if a.ordinal == b.ordinal {
+                    continue;
+                }
+                a.bind()?;
+                if options.p2p {
+                    let mut can = 0;
+                    // SAFETY: live devices; a local out-pointer.
+                    unsafe {
+                        sys::cuDeviceCanAccessPeer(&mut can, a.ctx.cu_device(), b.ctx.cu_device())
+                    };
+                    if can == 1 {
+                        // SAFETY: enabling access to a live context;
+                        // "already enabled" is fine.
+                        let _ = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
                     }
+                } else {
+                    // Primary contexts outlive groups: access enabled by an
+                    // earlier group would make "off" measure "on".
+                    // SAFETY: disabling access to a live context; "not
+                    // enabled" is fine.
+                    let _ = unsafe { sys::cuCtxDisablePeerAccess(b.ctx.cu_ctx()) };
                 }
             }
         }
@@ -175,7 +178,9 @@ impl GpuProbe {
                 }
                 end.record(s)?;
                 lat.set(i, j, start.ms_to(&end)? * 1e3 / f64::from(LATENCY_COPIES));
-                // Both ways at once: j→i on j's stream, started together.
+                // Both ways at once: j→i on j's stream, started together;
+                // j's end is brought back to i's stream, so one device's
+                // events time both (events of two devices cannot be).
                 let t = streams[j].cu_stream();
                 let (start, end_i, end_j) = (
                     Timer::new(&devs[i])?,
@@ -198,9 +203,18 @@ impl GpuProbe {
                         copy(j, i, bytes, t)?;
                     }
                 }
-                end_i.record(s)?;
                 end_j.record(t)?;
-                let ms = start.ms_to(&end_i)?.max(start.ms_to(&end_j)?);
+                devs[i].bind()?;
+                // SAFETY: as above.
+                unsafe {
+                    result::stream::wait_event(
+                        s,
+                        end_j.event,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }?;
+                end_i.record(s)?;
+                let ms = start.ms_to(&end_i)?;
                 let moved = if i == j { 1.0 } else { 2.0 } * bytes as f64 * f64::from(repeats);
                 bi.set(i, j, moved / (ms * 1e-3) / 1e9);
             }
