@@ -221,6 +221,23 @@ fn enable_peer(a: &Device, b: &Device) -> Result<bool, CudaError> {
     if can == 0 {
         return Ok(false);
     }
+    // What the link is like, for the debug log (the topology's own probe
+    // measures it properly).
+    let attribute = |which: sys::CUdevice_P2PAttribute| {
+        let mut v = 0;
+        // SAFETY: live devices; a local out-pointer.
+        let r = unsafe {
+            sys::cuDeviceGetP2PAttribute(&mut v, which, a.ctx.cu_device(), b.ctx.cu_device())
+        };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
+    };
+    tracing::debug!(
+        "peer {} -> {}: performance rank {:?}, native atomics {:?}",
+        a.ordinal,
+        b.ordinal,
+        attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK),
+        attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED),
+    );
     for (from, to) in [(a, b), (b, a)] {
         from.bind()?;
         // SAFETY: `to`'s context is alive; enabling twice only reports
