@@ -11,9 +11,10 @@
 # NVML discovery and the measured P2P probe (`topo --discover --probe`);
 # the conformance kit on the CUDA executor (1–8 ranks on device 0, every
 # algorithm and collective, every dtype and op, the host relay) with
-# FERROCOLL_REQUIRE_GPU=1 so nothing skips; and `bench --backend cuda`
-# all-reduce, 1 MiB..1 GiB, with 2, 4 and 8 ranks on one GPU, beside the
-# bound a device-to-device copy measured in the same run allows.
+# FERROCOLL_REQUIRE_GPU=1 so nothing skips; the kit on NCCL; and
+# `bench --backend cuda --compare nccl` all-reduce, 1 MiB..1 GiB, with 2, 4
+# and 8 ranks on one GPU, beside the bound a device-to-device copy measured
+# in the same run allows, and NCCL's busbw on the same data.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=target/gpu-bundle
@@ -21,11 +22,15 @@ BUNDLE=target/gpu-bundle
 if [ "${1:-}" = "--build" ]; then
   set -e
   cargo build --release -q
-  cargo test --release -q -p ferrocoll-cuda --no-run --message-format=json-render-diagnostics \
-    | grep -o '"executable":"[^"]*cuda_conformance[^"]*"' | head -n 1 | cut -d'"' -f4 > /tmp/ferrocoll-test-path
   mkdir -p "$BUNDLE"
+  for t in cuda_conformance nccl_conformance; do
+    cargo test --release -q --workspace --no-run --message-format=json-render-diagnostics \
+      | grep -o "\"executable\":\"[^\"]*$t[^\"]*\"" | head -n 1 | cut -d'"' -f4 > /tmp/ferrocoll-test-path
+    cp "$(cat /tmp/ferrocoll-test-path)" "$BUNDLE/$t"
+  done
   cp target/release/ferrocoll "$BUNDLE/"
-  cp "$(cat /tmp/ferrocoll-test-path)" "$BUNDLE/cuda_conformance"
+  # The device tool carries at most 64 MiB: drop the debug line tables.
+  command -v strip > /dev/null && strip "$BUNDLE/ferrocoll" "$BUNDLE/cuda_conformance" "$BUNDLE/nccl_conformance"
   cp cuda/reduce.cu "$BUNDLE/"
   ls -la "$BUNDLE"
   exit 0
@@ -56,10 +61,18 @@ conformance=$?
 status+=("conformance: rc $conformance")
 grep -E "test |cases passed|panicked|SKIPPED" "$OUT/conformance.txt" | tail -n 12
 
-echo "== bench --backend cuda, all-reduce, ranks on device 0"
+echo "== conformance kit on NCCL (several ranks on one GPU need NCCL >= 2.30)"
+export NCCL_MULTI_RANK_GPU_ENABLE=1
+timeout 120 "$BUNDLE/nccl_conformance" --test-threads=1 > "$OUT/nccl_conformance.txt" 2>&1
+status+=("nccl conformance: rc $?")
+grep -E "test |cases passed|panicked|SKIPPED" "$OUT/nccl_conformance.txt" | tail -n 4
+
+echo "== bench --backend cuda --compare nccl, all-reduce, ranks on device 0"
 for n in 2 4 8; do
-  timeout 150 "$BUNDLE/ferrocoll" bench --backend cuda --devices 0 --ranks "$n" \
-    -b 1M -e 1G -f 4 -n 10 -w 3 --membw > "$OUT/bench_$n.txt" 2>&1
+  timeout 150 "$BUNDLE/ferrocoll" bench --backend cuda --compare nccl --devices 0 --ranks "$n" \
+    -b 1M -e 1G -f 4 -n 10 -w 3 --membw > "$OUT/bench_$n.txt" 2>&1 \
+    || timeout 150 "$BUNDLE/ferrocoll" bench --backend cuda --devices 0 --ranks "$n" \
+      -b 1M -e 1G -f 4 -n 10 -w 3 --membw > "$OUT/bench_$n.txt" 2>&1
   status+=("bench $n ranks: rc $?")
 done
 
@@ -67,10 +80,11 @@ echo
 echo "== summary"
 printf '%s\n' "${status[@]}"
 echo
-echo "ranks        size   busbw(GB/s)   bound(GB/s)   busbw/bound   #wrong"
+echo "ranks        size   busbw(GB/s)   bound(GB/s)   busbw/bound   #wrong   (ferrocoll rows, then NCCL's)"
 for n in 2 4 8; do
   f="$OUT/bench_$n.txt"
   bound=$(grep -o 'at n=[0-9]*: [0-9.]* GB/s' "$f" | awk '{print $3}')
   grep -E '^ +[0-9]+ ' "$f" | awk -v n="$n" -v b="${bound:-0}" \
     '{ r = (b > 0) ? $8 / b : 0; printf "%5d %11d %13.1f %13.1f %13.3f %8d\n", n, $1, $8, b, r, $9 }'
+  grep -E '^# +[0-9]+ B: ferrocoll' "$f" || true
 done

@@ -23,6 +23,8 @@
 pub use ferrocoll_core::*;
 /// The CUDA executor (libraries loaded at run time; a typed error without them).
 pub use ferrocoll_cuda as cuda;
+/// NCCL behind the same `Communicator` trait (loaded at run time).
+pub use ferrocoll_nccl as nccl;
 /// The topology crate: link graph, sources, simulator, search and selector.
 pub use ferrocoll_topo as topo;
 

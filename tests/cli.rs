@@ -176,9 +176,12 @@ fn bench_prints_the_nccl_tests_table_and_writes_every_report() {
 
 #[test]
 fn bench_refuses_what_it_cannot_do() {
-    let out = ferrocoll(&["bench", "--backend", "nccl"]);
+    let out = ferrocoll(&["bench", "--backend", "mpi"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not available"));
+    let out = ferrocoll(&["bench", "--compare", "nccl"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--compare"));
     let out = ferrocoll(&["bench", "-d", "float128"]);
     assert_eq!(out.status.code(), Some(2));
 }

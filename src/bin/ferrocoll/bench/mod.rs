@@ -7,6 +7,7 @@
 //! all-gather, all-to-all (n−1)/n; others 1), with GB = 1e9 bytes.
 
 mod cuda;
+mod nccl;
 mod predict;
 mod report;
 mod run;
@@ -24,8 +25,8 @@ pub(crate) use report::Row;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Executor: `cpu` (threads) or `cuda` (GPUs; the NCCL backend arrives
-    /// with its issue).
+    /// Executor: `cpu` (threads), `cuda` (ferrocoll's schedules on GPUs)
+    /// or `nccl` (NCCL on the same GPUs, for comparison).
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Number of ranks (threads, or ranks on GPUs).
@@ -93,6 +94,11 @@ pub(crate) struct BenchArgs {
     /// measured topology, and its error against the measurement.
     #[arg(long)]
     predict: bool,
+    /// With `--backend cuda`: also run NCCL (`nccl`) on the same GPUs,
+    /// sizes and data, print its rows and the busbw ratio per size; the
+    /// plot shows both curves.
+    #[arg(long)]
+    compare: Option<String>,
 }
 
 /// `4096`, `4K`, `64M`, `1G` (binary multiples, as nccl-tests).
@@ -134,12 +140,30 @@ pub(crate) struct Section {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
-    let cuda: Option<Vec<usize>> = match args.backend.as_str() {
-        "cpu" => None,
-        "cuda" => Some(cuda::devices(args.ranks, args.devices.as_deref())?),
+    if let Some(other) = &args.compare {
+        if other != "nccl" || args.backend != "cuda" {
+            return Err(format!(
+                "--compare {other}: only `--backend cuda --compare nccl` is supported"
+            ));
+        }
+        ferrocoll::nccl::version().map_err(|e| e.to_string())?;
+    }
+    let (cuda, use_nccl): (Option<Vec<usize>>, bool) = match args.backend.as_str() {
+        "cpu" => (None, false),
+        "cuda" => (
+            Some(cuda::devices(args.ranks, args.devices.as_deref())?),
+            false,
+        ),
+        "nccl" => {
+            ferrocoll::nccl::version().map_err(|e| e.to_string())?;
+            (
+                Some(cuda::devices(args.ranks, args.devices.as_deref())?),
+                true,
+            )
+        }
         other => {
             return Err(format!(
-                "backend `{other}` is not available; `cpu` and `cuda` are (NCCL arrives with its issue)"
+                "backend `{other}` is not available; `cpu`, `cuda` and `nccl` are"
             ));
         }
     };
@@ -254,6 +278,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             ..config.clone()
         };
         let mut section_rows = match &cuda {
+            Some(devices) if use_nccl => {
+                let backend = nccl::Nccl::new(devices.clone(), &config);
+                run::section(args, &backend, section, &sizes, progress.as_ref())?
+            }
             Some(devices) => {
                 let backend = cuda::Cuda::new(devices.clone(), &config, args.ranks);
                 run::section(args, &backend, section, &sizes, progress.as_ref())?
@@ -277,6 +305,31 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         }
         for row in &section_rows {
             report::print_row(row, bandwidth.as_ref(), args.ranks);
+        }
+        if let (Some(devices), Some(_)) = (&cuda, &args.compare) {
+            let backend = nccl::Nccl::new(devices.clone(), &config);
+            let mut theirs = run::section(args, &backend, section, &sizes, progress.as_ref())?;
+            println!("# the same on NCCL");
+            for row in &mut theirs {
+                row.algorithm = "nccl".to_owned();
+                report::print_row(row, bandwidth.as_ref(), args.ranks);
+            }
+            for (ours, theirs) in section_rows.iter().zip(&theirs) {
+                if let (Some(a), Some(b)) = (ours.out_of_place, theirs.out_of_place) {
+                    println!(
+                        "# {:>10} B: ferrocoll busbw {:.2} GB/s, NCCL {:.2} GB/s, ratio {:.3}",
+                        ours.size,
+                        a.busbw,
+                        b.busbw,
+                        if b.busbw > 0.0 {
+                            a.busbw / b.busbw
+                        } else {
+                            0.0
+                        }
+                    );
+                }
+            }
+            rows.extend(theirs);
         }
         rows.extend(section_rows);
     }

@@ -1,0 +1,747 @@
+//! The NCCL communicator.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys as cu};
+use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::cpu::Reduce;
+use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
+use nccl_rs_sys::{
+    library, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId,
+};
+
+use crate::{NcclError, call, check};
+
+/// `NCCL_API_MAGIC` of nccl.h: marks an initialised config.
+const API_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_CONFIG_UNDEF_INT`: "use NCCL's default".
+const UNDEF: i32 = i32::MIN;
+
+/// The id every rank of one NCCL communicator is created from. Ship its
+/// bytes to the other processes (the env:// rendezvous will) and rebuild it
+/// there with [`UniqueId::from_bytes`].
+#[derive(Clone, Copy)]
+pub struct UniqueId(ncclUniqueId);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UniqueId({} bytes)", self.0.internal.len())
+    }
+}
+
+impl UniqueId {
+    /// The id's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.0.internal.iter().map(|&c| c as u8).collect()
+    }
+
+    /// An id from bytes produced by [`UniqueId::to_bytes`] elsewhere.
+    pub fn from_bytes(bytes: &[u8]) -> Result<UniqueId, NcclError> {
+        let mut id = ncclUniqueId { internal: [0; 128] };
+        if bytes.len() != id.internal.len() {
+            return Err(NcclError::Invalid(format!(
+                "an NCCL unique id has {} bytes, not {}",
+                id.internal.len(),
+                bytes.len()
+            )));
+        }
+        for (d, &s) in id.internal.iter_mut().zip(bytes) {
+            *d = s as std::ffi::c_char;
+        }
+        Ok(UniqueId(id))
+    }
+}
+
+/// A new unique id (rank 0 of a communicator makes it).
+pub fn unique_id() -> Result<UniqueId, NcclError> {
+    let lib = library()?;
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    // SAFETY: a valid out-pointer to an id-sized struct.
+    check(unsafe { call!(lib, ncclGetUniqueId(&mut id)) })?;
+    Ok(UniqueId(id))
+}
+
+/// Settings of an NCCL communicator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclConfig {
+    /// The longest initialisation or any call may take before the
+    /// communicator is aborted.
+    pub timeout: Duration,
+}
+
+impl Default for NcclConfig {
+    fn default() -> Self {
+        NcclConfig {
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+fn nccl_type(t: DataType) -> ncclDataType_t {
+    use ncclDataType_t as N;
+    match t {
+        DataType::I8 => N::ncclInt8,
+        DataType::U8 => N::ncclUint8,
+        DataType::I32 => N::ncclInt32,
+        DataType::U32 => N::ncclUint32,
+        DataType::I64 => N::ncclInt64,
+        DataType::U64 => N::ncclUint64,
+        DataType::F16 => N::ncclFloat16,
+        DataType::Bf16 => N::ncclBfloat16,
+        DataType::F32 => N::ncclFloat32,
+        DataType::F64 => N::ncclFloat64,
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => ncclRedOp_t::ncclSum,
+        ReduceOp::Prod => ncclRedOp_t::ncclProd,
+        ReduceOp::Min => ncclRedOp_t::ncclMin,
+        ReduceOp::Max => ncclRedOp_t::ncclMax,
+        ReduceOp::Avg => ncclRedOp_t::ncclAvg,
+    }
+}
+
+/// One rank of an NCCL communicator on one GPU.
+pub struct NcclCommunicator {
+    comm: ncclComm_t,
+    rank: Rank,
+    n: u32,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    timeout: Duration,
+    aborted: bool,
+    /// Set by any rank of a [`run`] group that failed, so the others stop
+    /// waiting at once.
+    group_failed: Arc<AtomicBool>,
+}
+
+impl NcclCommunicator {
+    /// Join communicator `id` as `rank` of `n` on CUDA device `device`.
+    /// Initialisation is non-blocking and bounded by the timeout.
+    pub fn init(
+        id: &UniqueId,
+        rank: Rank,
+        n: u32,
+        device: usize,
+        config: &NcclConfig,
+    ) -> Result<Self, NcclError> {
+        Self::init_in(
+            id,
+            rank,
+            n,
+            device,
+            config,
+            Arc::new(AtomicBool::new(false)),
+        )
+    }
+
+    fn init_in(
+        id: &UniqueId,
+        rank: Rank,
+        n: u32,
+        device: usize,
+        config: &NcclConfig,
+        group_failed: Arc<AtomicBool>,
+    ) -> Result<Self, NcclError> {
+        let lib = library()?;
+        // SAFETY: only tries to open libcuda; nothing in it is called.
+        if !unsafe { cu::is_culib_present() } {
+            return Err(NcclError::Cuda(
+                "libcuda is not installed (no NVIDIA driver): NCCL needs a GPU".into(),
+            ));
+        }
+        let ctx = CudaContext::new(device)?;
+        ctx.bind_to_thread()?;
+        let stream = ctx.new_stream()?;
+        let mut cfg = blank_config();
+        cfg.blocking = 0;
+        let mut comm: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: the out-pointer and config are valid for the call; the
+        // id is a 128-byte struct passed by value, as nccl.h declares.
+        let r = unsafe {
+            call!(
+                lib,
+                ncclCommInitRankConfig(&mut comm, n as i32, id.0, rank as i32, &mut cfg)
+            )
+        };
+        if r != ncclResult_t::ncclInProgress {
+            check(r)?;
+        }
+        let mut me = NcclCommunicator {
+            comm,
+            rank,
+            n,
+            ctx,
+            stream,
+            timeout: config.timeout,
+            aborted: false,
+            group_failed,
+        };
+        me.settle("initialisation")?;
+        Ok(me)
+    }
+
+    /// This rank's CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream NCCL work is issued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Abort the communicator (idempotent); later calls fail.
+    pub fn abort(&mut self) {
+        if self.aborted || self.comm.is_null() {
+            return;
+        }
+        self.aborted = true;
+        if let Ok(lib) = library()
+            && let Ok(f) = lib.ncclCommAbort.as_ref()
+        {
+            // SAFETY: a live communicator, aborted once.
+            let r = unsafe { f(self.comm) };
+            if r != ncclResult_t::ncclSuccess {
+                tracing::warn!("ncclCommAbort: {r:?}");
+            }
+        }
+    }
+
+    fn fail(&mut self, e: NcclError) -> NcclError {
+        self.group_failed.store(true, Ordering::Release);
+        self.abort();
+        e
+    }
+
+    /// Wait until the communicator is no longer "in progress"; abort on an
+    /// error, a timeout, or a failed peer of the same group.
+    fn settle(&mut self, what: &str) -> Result<(), NcclError> {
+        let lib = library()?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut state = ncclResult_t::ncclInProgress;
+            // SAFETY: a live communicator and a valid out-pointer.
+            let r = unsafe { call!(lib, ncclCommGetAsyncError(self.comm, &mut state)) };
+            if let Err(e) = check(r) {
+                return Err(self.fail(e));
+            }
+            match state {
+                ncclResult_t::ncclSuccess => return Ok(()),
+                ncclResult_t::ncclInProgress => {}
+                other => {
+                    let e = check(other).expect_err("not success");
+                    return Err(self.fail(e));
+                }
+            }
+            if self.group_failed.load(Ordering::Acquire) {
+                return Err(self.fail(NcclError::Invalid(format!("{what}: another rank failed"))));
+            }
+            if Instant::now() >= deadline {
+                let timeout = self.timeout;
+                return Err(self.fail(NcclError::Timeout {
+                    what: what.into(),
+                    timeout,
+                }));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Wait for this rank's stream, watching NCCL's async errors.
+    fn finish(&mut self, what: &str) -> Result<(), NcclError> {
+        self.settle(what)?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: a live stream of this context.
+            let r = unsafe { cu::cuStreamQuery(self.stream.cu_stream()) };
+            match r {
+                cu::CUresult::CUDA_SUCCESS => return Ok(()),
+                cu::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(self.fail(NcclError::Cuda(format!("{what}: {other:?}")))),
+            }
+            self.settle(what)?;
+            if self.group_failed.load(Ordering::Acquire) {
+                return Err(self.fail(NcclError::Invalid(format!("{what}: another rank failed"))));
+            }
+            if Instant::now() >= deadline {
+                let timeout = self.timeout;
+                return Err(self.fail(NcclError::Timeout {
+                    what: what.into(),
+                    timeout,
+                }));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Run `collective` on device pointers of this rank's GPU: `count`
+    /// elements per block; in place when `input` is `None`.
+    ///
+    /// # Safety
+    /// The pointers address buffers of the collective's shape on this
+    /// rank's device, untouched by other work until the call returns.
+    pub unsafe fn collective_raw(
+        &mut self,
+        collective: Collective,
+        dtype: DataType,
+        count: usize,
+        input: Option<u64>,
+        output: u64,
+        op: ReduceOp,
+    ) -> Result<(), NcclError> {
+        if self.aborted {
+            return Err(NcclError::Invalid("the communicator was aborted".into()));
+        }
+        let lib = library()?;
+        self.ctx.bind_to_thread()?;
+        let t = nccl_type(dtype);
+        let o = nccl_op(op);
+        let block = (count * dtype.size_bytes()) as u64;
+        let me = u64::from(self.rank);
+        let s = self.stream.cu_stream() as nccl_rs_sys::cudaStream_t;
+        let c = self.comm;
+        let p = |x: u64| x as *mut c_void;
+        let r = match collective {
+            Collective::AllReduce => {
+                let send = input.unwrap_or(output);
+                // SAFETY: `count` elements in both buffers (caller).
+                unsafe { call!(lib, ncclAllReduce(p(send), p(output), count, t, o, c, s)) }
+            }
+            Collective::ReduceScatter => {
+                let (send, recv) = match input {
+                    Some(i) => (i, output),
+                    None => (output, output + me * block),
+                };
+                // SAFETY: send holds n blocks, recv one (caller).
+                unsafe { call!(lib, ncclReduceScatter(p(send), p(recv), count, t, o, c, s)) }
+            }
+            Collective::AllGather => {
+                let send = input.unwrap_or(output + me * block);
+                // SAFETY: send holds one block, recv n (caller).
+                unsafe { call!(lib, ncclAllGather(p(send), p(output), count, t, c, s)) }
+            }
+            Collective::Broadcast { root } => {
+                let send = input.unwrap_or(output);
+                // SAFETY: `count` elements in both buffers (caller).
+                unsafe {
+                    call!(
+                        lib,
+                        ncclBroadcast(p(send), p(output), count, t, root as i32, c, s)
+                    )
+                }
+            }
+            Collective::Reduce { root } => {
+                let send = input.unwrap_or(output);
+                // SAFETY: `count` elements in both buffers (caller).
+                unsafe {
+                    call!(
+                        lib,
+                        ncclReduce(p(send), p(output), count, t, o, root as i32, c, s)
+                    )
+                }
+            }
+            Collective::AllToAll => {
+                let send = input
+                    .ok_or_else(|| NcclError::Invalid("all-to-all has no in-place form".into()))?;
+                if let Ok(f) = lib.ncclAlltoAll.as_ref() {
+                    // SAFETY: both buffers hold n blocks (caller).
+                    unsafe { f(p(send), p(output), count, t, c, s) }
+                } else {
+                    // Older NCCL: one grouped send and receive per peer.
+                    // SAFETY: each block lies inside the n-block buffers.
+                    unsafe {
+                        check(call!(lib, ncclGroupStart()))?;
+                        for peer in 0..u64::from(self.n) {
+                            let r1 = call!(
+                                lib,
+                                ncclSend(p(send + peer * block), count, t, peer as i32, c, s)
+                            );
+                            let r2 = call!(
+                                lib,
+                                ncclRecv(p(output + peer * block), count, t, peer as i32, c, s)
+                            );
+                            check(r1)?;
+                            check(r2)?;
+                        }
+                        call!(lib, ncclGroupEnd())
+                    }
+                }
+            }
+            Collective::SendRecv => {
+                return Err(NcclError::Invalid(
+                    "use send and recv for point-to-point".into(),
+                ));
+            }
+        };
+        if r != ncclResult_t::ncclInProgress
+            && let Err(e) = check(r)
+        {
+            return Err(self.fail(e));
+        }
+        self.finish(&collective.to_string())
+    }
+
+    /// Stage host data through the device and run the collective.
+    fn host_call<T: Reduce>(
+        &mut self,
+        collective: Collective,
+        input: Option<&[T]>,
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let n = self.n as usize;
+        let count = match (collective, input) {
+            (Collective::ReduceScatter, None) | (Collective::AllGather, None) => output.len() / n,
+            (Collective::AllGather, Some(i)) => i.len(),
+            (Collective::AllToAll, Some(i)) => i.len() / n,
+            _ => output.len(),
+        };
+        let blocks_in = input.map_or(0, |i| i.len());
+        let expect_in = collective.input_blocks(self.n) as usize * count;
+        let expect_out = collective.output_blocks(self.n) as usize * count;
+        let in_place_len = expect_in.max(expect_out);
+        let ok = match input {
+            Some(_) => blocks_in == expect_in && output.len() == expect_out,
+            None => output.len() == in_place_len,
+        };
+        if !ok {
+            return Err(CommError::BufferSize {
+                what: "buffer",
+                got: output.len(),
+                needed: if input.is_some() {
+                    expect_out
+                } else {
+                    in_place_len
+                },
+            });
+        }
+        let stage = |data: &[T]| -> Result<CudaSlice<u8>, NcclError> {
+            let bytes = bytes_of(data);
+            let mut d = self.stream.alloc_zeros::<u8>(bytes.len().max(1))?;
+            if !bytes.is_empty() {
+                self.stream
+                    .memcpy_htod(bytes, &mut d.slice_mut(..bytes.len()))?;
+            }
+            Ok(d)
+        };
+        let dev_in = input.map(stage).transpose()?;
+        let dev_out = stage(output)?;
+        self.stream.synchronize().map_err(NcclError::from)?;
+        let in_ptr = dev_in.as_ref().map(|d| d.device_ptr(&self.stream).0);
+        let out_ptr = dev_out.device_ptr(&self.stream).0;
+        // SAFETY: staged buffers of the shapes checked above.
+        unsafe { self.collective_raw(collective, T::DATA_TYPE, count, in_ptr, out_ptr, op)? };
+        let back = self.stream.clone_dtoh(&dev_out).map_err(NcclError::from)?;
+        copy_back(&back, output);
+        Ok(())
+    }
+
+    fn p2p<T: Reduce>(
+        &mut self,
+        data: Option<&[T]>,
+        buffer: Option<&mut [T]>,
+        peer: Rank,
+    ) -> Result<(), CommError> {
+        if peer >= self.n {
+            return Err(CommError::RankOutOfRange {
+                rank: peer,
+                world_size: self.n,
+            });
+        }
+        if peer == self.rank {
+            return Err(CommError::SelfPeer { rank: peer });
+        }
+        let lib = library().map_err(NcclError::from)?;
+        self.ctx.bind_to_thread().map_err(NcclError::from)?;
+        let t = nccl_type(T::DATA_TYPE);
+        let s = self.stream.cu_stream() as nccl_rs_sys::cudaStream_t;
+        let len = data.map_or_else(|| buffer.as_ref().map_or(0, |b| b.len()), <[T]>::len);
+        let bytes = len * std::mem::size_of::<T>();
+        let mut dev = self
+            .stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(NcclError::from)?;
+        if let Some(d) = data
+            && bytes > 0
+        {
+            self.stream
+                .memcpy_htod(bytes_of(d), &mut dev.slice_mut(..bytes))
+                .map_err(NcclError::from)?;
+        }
+        let ptr = dev.device_ptr(&self.stream).0 as *mut c_void;
+        // SAFETY: `len` elements in the staged buffer; a live communicator.
+        let r = unsafe {
+            if data.is_some() {
+                call!(lib, ncclSend(ptr, len, t, peer as i32, self.comm, s))
+            } else {
+                call!(lib, ncclRecv(ptr, len, t, peer as i32, self.comm, s))
+            }
+        };
+        if r != ncclResult_t::ncclInProgress
+            && let Err(e) = check(r)
+        {
+            return Err(self.fail(e).into());
+        }
+        self.finish(if data.is_some() { "send" } else { "recv" })?;
+        if let Some(b) = buffer {
+            let back = self.stream.clone_dtoh(&dev).map_err(NcclError::from)?;
+            copy_back(&back, b);
+        }
+        Ok(())
+    }
+}
+
+fn bytes_of<T>(data: &[T]) -> &[u8] {
+    // SAFETY: the element types are plain data without padding.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+fn copy_back<T>(bytes: &[u8], out: &mut [T]) {
+    let n = std::mem::size_of_val(out).min(bytes.len());
+    // SAFETY: `n` bytes fit both; `out` is a unique borrow of plain data.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), n) };
+}
+
+/// nccl.h's `NCCL_CONFIG_INITIALIZER`.
+fn blank_config() -> ncclConfig_t {
+    // SAFETY: the config is plain data (integers and nullable pointers);
+    // all-zero is a valid bit pattern, and the fields are then set as the
+    // initializer macro sets them.
+    let mut c: ncclConfig_t = unsafe { std::mem::zeroed() };
+    c.size = std::mem::size_of::<ncclConfig_t>();
+    c.magic = API_MAGIC;
+    c.version = nccl_rs_sys::NCCL_VERSION_CODE;
+    c.blocking = UNDEF;
+    c.cgaClusterSize = UNDEF;
+    c.minCTAs = UNDEF;
+    c.maxCTAs = UNDEF;
+    c.splitShare = UNDEF;
+    c.trafficClass = UNDEF;
+    c.collnetEnable = UNDEF;
+    c.CTAPolicy = UNDEF;
+    c.shrinkShare = UNDEF;
+    c.nvlsCTAs = UNDEF;
+    c.nChannelsPerNetPeer = UNDEF;
+    c.nvlinkCentricSched = UNDEF;
+    c.graphUsageMode = UNDEF;
+    c.numRmaCtx = UNDEF;
+    c.maxP2pPeers = UNDEF;
+    c.graphStreamOrdering = UNDEF;
+    c.launchOrderImplicit = UNDEF;
+    c.numRmaSig = UNDEF;
+    c.rmaEagerInit = UNDEF;
+    c.hostCftMode = UNDEF;
+    c.nvlsHostMode = UNDEF;
+    c
+}
+
+impl Drop for NcclCommunicator {
+    fn drop(&mut self) {
+        if self.comm.is_null() {
+            return;
+        }
+        let Ok(lib) = library() else { return };
+        if !self.aborted {
+            // Finalise (non-blocking), then destroy; a failure is logged,
+            // and the communicator aborted instead of panicking.
+            // SAFETY: a live communicator.
+            let r = lib
+                .ncclCommFinalize
+                .as_ref()
+                .map(|f| unsafe { f(self.comm) });
+            let settled = match r {
+                Ok(ncclResult_t::ncclSuccess) | Ok(ncclResult_t::ncclInProgress) => {
+                    self.settle("finalisation")
+                }
+                Ok(other) => check(other),
+                Err(_) => Ok(()),
+            };
+            if let Err(e) = settled {
+                tracing::warn!("NCCL finalisation of rank {}: {e}", self.rank);
+                self.abort();
+                return;
+            }
+        }
+        if !self.aborted
+            && let Ok(f) = lib.ncclCommDestroy.as_ref()
+        {
+            // SAFETY: a live, finalised communicator, destroyed once.
+            let r = unsafe { f(self.comm) };
+            if r != ncclResult_t::ncclSuccess {
+                tracing::warn!("ncclCommDestroy of rank {}: {r:?}", self.rank);
+            }
+        }
+    }
+}
+
+/// Run `f` on `devices.len()` ranks of a new NCCL communicator in this
+/// process, one thread per rank (rank `r` on `devices[r]`).
+pub fn run<R, F>(
+    devices: &[usize],
+    config: &NcclConfig,
+    f: F,
+) -> Result<Vec<Result<R, CommError>>, NcclError>
+where
+    R: Send,
+    F: Fn(&mut NcclCommunicator) -> Result<R, CommError> + Sync,
+{
+    let id = unique_id()?;
+    let n = devices.len() as u32;
+    let failed = Arc::new(AtomicBool::new(false));
+    let f = &f;
+    Ok(std::thread::scope(|scope| {
+        let handles: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(rank, &device)| {
+                let failed = failed.clone();
+                scope.spawn(move || {
+                    let mut comm = NcclCommunicator::init_in(
+                        &id,
+                        rank as Rank,
+                        n,
+                        device,
+                        config,
+                        failed.clone(),
+                    )
+                    .map_err(|e| {
+                        failed.store(true, Ordering::Release);
+                        CommError::from(e)
+                    })?;
+                    let out = f(&mut comm);
+                    if out.is_err() {
+                        failed.store(true, Ordering::Release);
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(CommError::Backend {
+                        message: "an NCCL rank thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    }))
+}
+
+impl Communicator for NcclCommunicator {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn world_size(&self) -> u32 {
+        self.n
+    }
+
+    fn all_reduce<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        self.host_call(Collective::AllReduce, Some(input), output, op)
+    }
+
+    fn all_reduce_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        self.host_call(Collective::AllReduce, None, buffer, op)
+    }
+
+    fn reduce_scatter<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        self.host_call(Collective::ReduceScatter, Some(input), output, op)
+    }
+
+    fn reduce_scatter_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        self.host_call(Collective::ReduceScatter, None, buffer, op)
+    }
+
+    fn all_gather<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
+        self.host_call(Collective::AllGather, Some(input), output, ReduceOp::Sum)
+    }
+
+    fn all_gather_in_place<T: Reduce>(&mut self, buffer: &mut [T]) -> Result<(), CommError> {
+        self.host_call(Collective::AllGather, None, buffer, ReduceOp::Sum)
+    }
+
+    fn broadcast<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        root: Rank,
+    ) -> Result<(), CommError> {
+        self.host_call(
+            Collective::Broadcast { root },
+            Some(input),
+            output,
+            ReduceOp::Sum,
+        )
+    }
+
+    fn broadcast_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        root: Rank,
+    ) -> Result<(), CommError> {
+        self.host_call(Collective::Broadcast { root }, None, buffer, ReduceOp::Sum)
+    }
+
+    fn reduce<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), CommError> {
+        self.host_call(Collective::Reduce { root }, Some(input), output, op)
+    }
+
+    fn reduce_in_place<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), CommError> {
+        self.host_call(Collective::Reduce { root }, None, buffer, op)
+    }
+
+    fn all_to_all<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
+        self.host_call(Collective::AllToAll, Some(input), output, ReduceOp::Sum)
+    }
+
+    fn send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
+        self.p2p(Some(data), None, peer)
+    }
+
+    fn recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
+        self.p2p::<T>(None, Some(buffer), peer)
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        let mut one = [0i32];
+        self.all_reduce_in_place(&mut one, ReduceOp::Sum)
+    }
+}

@@ -1,0 +1,125 @@
+//! `bench --backend nccl`: NCCL on the same GPUs and buffers, for the
+//! side-by-side comparison with `--backend cuda`.
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use ferrocoll::comm::{CommError, Communicator};
+use ferrocoll::conformance::KitElement;
+use ferrocoll::cpu::CpuConfig;
+use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
+use ferrocoll::{Collective, ReduceOp};
+
+use super::run::{Backend, BenchRank};
+
+/// NCCL for one section.
+pub(crate) struct Nccl {
+    devices: Vec<usize>,
+    config: NcclConfig,
+}
+
+impl Nccl {
+    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig) -> Nccl {
+        Nccl {
+            devices,
+            config: NcclConfig {
+                timeout: cpu.timeout,
+            },
+        }
+    }
+}
+
+impl Backend for Nccl {
+    type Rank = NcclCommunicator;
+
+    fn run<R: Send>(
+        &self,
+        f: &(dyn Fn(&mut NcclCommunicator) -> Result<R, CommError> + Sync),
+    ) -> Result<Vec<Result<R, CommError>>, String> {
+        ferrocoll::nccl::run(&self.devices, &self.config, f).map_err(|e| e.to_string())
+    }
+
+    fn schedule(&self) -> Option<&ferrocoll::Verified> {
+        None
+    }
+}
+
+/// A call's buffers in device memory, as bytes.
+pub(crate) struct Buffers {
+    input: CudaSlice<u8>,
+    output: CudaSlice<u8>,
+}
+
+fn bytes_of<T>(data: &[T]) -> &[u8] {
+    // SAFETY: every bench element type is plain data without padding.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+fn backend(e: impl std::fmt::Display) -> CommError {
+    CommError::Backend {
+        message: e.to_string(),
+    }
+}
+
+impl BenchRank for NcclCommunicator {
+    type Buffers<T: KitElement> = Buffers;
+
+    fn rank(&self) -> u32 {
+        Communicator::rank(self)
+    }
+
+    fn world_size(&self) -> u32 {
+        Communicator::world_size(self)
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        Communicator::barrier(self)
+    }
+
+    fn place<T: KitElement>(&mut self, input: &[T], output: Vec<T>) -> Result<Buffers, CommError> {
+        let stream = self.stream().clone();
+        let up = |bytes: &[u8]| -> Result<CudaSlice<u8>, CommError> {
+            let mut d = stream
+                .alloc_zeros::<u8>(bytes.len().max(1))
+                .map_err(backend)?;
+            if !bytes.is_empty() {
+                stream
+                    .memcpy_htod(bytes, &mut d.slice_mut(..bytes.len()))
+                    .map_err(backend)?;
+            }
+            Ok(d)
+        };
+        let b = Buffers {
+            input: up(bytes_of(input))?,
+            output: up(bytes_of(&output))?,
+        };
+        stream.synchronize().map_err(backend)?;
+        Ok(b)
+    }
+
+    fn call<T: KitElement>(
+        &mut self,
+        b: &mut Buffers,
+        collective: Collective,
+        op: ReduceOp,
+        in_place: bool,
+        count: usize,
+    ) -> Result<(), CommError> {
+        let stream = self.stream().clone();
+        let (input, _i) = b.input.device_ptr(&stream);
+        let (output, _o) = b.output.device_ptr(&stream);
+        let input = (!in_place).then_some(input);
+        // SAFETY: `place` sized the buffers for this call's shape on this
+        // rank's device; nothing else uses them during the call.
+        unsafe { self.collective_raw(collective, T::DATA_TYPE, count, input, output, op) }
+            .map_err(CommError::from)
+    }
+
+    fn output<T: KitElement>(&mut self, b: &Buffers) -> Result<Vec<T>, CommError> {
+        let bytes = self.stream().clone_dtoh(&b.output).map_err(backend)?;
+        let n = bytes.len() / std::mem::size_of::<T>();
+        // SAFETY: the bytes hold `n` values of `T` uploaded from and
+        // written as `T`; read unaligned.
+        Ok((0..n)
+            .map(|i| unsafe { bytes.as_ptr().cast::<T>().add(i).read_unaligned() })
+            .collect())
+    }
+}
