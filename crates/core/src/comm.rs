@@ -245,3 +245,151 @@ pub fn dispatch<C: Communicator, T: Reduce>(
         }
     }
 }
+
+/// Implement [`Communicator`] for an executor whose collectives all go
+/// through one inherent method, so GPU executors (which stage host slices
+/// through device memory) do not repeat the trait's fourteen forwarders.
+///
+/// The type must have inherent methods `comm_rank(&self) -> Rank`,
+/// `comm_size(&self) -> u32`, `host_call::<T>(&mut self, Collective,
+/// Option<&[T]>, &mut [T], ReduceOp)` (`None` input means in place),
+/// `host_send::<T>(&mut self, &[T], Rank)`,
+/// `host_recv::<T>(&mut self, &mut [T], Rank)` and `host_barrier(&mut self)`,
+/// each returning `Result<_, CommError>`.
+#[macro_export]
+macro_rules! communicator_via_host_call {
+    ($ty:ty) => {
+        impl $crate::comm::Communicator for $ty {
+            fn rank(&self) -> $crate::Rank {
+                self.comm_rank()
+            }
+            fn world_size(&self) -> u32 {
+                self.comm_size()
+            }
+            fn all_reduce<T: $crate::cpu::Reduce>(
+                &mut self,
+                input: &[T],
+                output: &mut [T],
+                op: $crate::ReduceOp,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call($crate::Collective::AllReduce, Some(input), output, op)
+            }
+            fn all_reduce_in_place<T: $crate::cpu::Reduce>(
+                &mut self,
+                buffer: &mut [T],
+                op: $crate::ReduceOp,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call($crate::Collective::AllReduce, None, buffer, op)
+            }
+            fn reduce_scatter<T: $crate::cpu::Reduce>(
+                &mut self,
+                input: &[T],
+                output: &mut [T],
+                op: $crate::ReduceOp,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call($crate::Collective::ReduceScatter, Some(input), output, op)
+            }
+            fn reduce_scatter_in_place<T: $crate::cpu::Reduce>(
+                &mut self,
+                buffer: &mut [T],
+                op: $crate::ReduceOp,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call($crate::Collective::ReduceScatter, None, buffer, op)
+            }
+            fn all_gather<T: $crate::cpu::Reduce>(
+                &mut self,
+                input: &[T],
+                output: &mut [T],
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call(
+                    $crate::Collective::AllGather,
+                    Some(input),
+                    output,
+                    $crate::ReduceOp::Sum,
+                )
+            }
+            fn all_gather_in_place<T: $crate::cpu::Reduce>(
+                &mut self,
+                buffer: &mut [T],
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call(
+                    $crate::Collective::AllGather,
+                    None,
+                    buffer,
+                    $crate::ReduceOp::Sum,
+                )
+            }
+            fn broadcast<T: $crate::cpu::Reduce>(
+                &mut self,
+                input: &[T],
+                output: &mut [T],
+                root: $crate::Rank,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call(
+                    $crate::Collective::Broadcast { root },
+                    Some(input),
+                    output,
+                    $crate::ReduceOp::Sum,
+                )
+            }
+            fn broadcast_in_place<T: $crate::cpu::Reduce>(
+                &mut self,
+                buffer: &mut [T],
+                root: $crate::Rank,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call(
+                    $crate::Collective::Broadcast { root },
+                    None,
+                    buffer,
+                    $crate::ReduceOp::Sum,
+                )
+            }
+            fn reduce<T: $crate::cpu::Reduce>(
+                &mut self,
+                input: &[T],
+                output: &mut [T],
+                op: $crate::ReduceOp,
+                root: $crate::Rank,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call($crate::Collective::Reduce { root }, Some(input), output, op)
+            }
+            fn reduce_in_place<T: $crate::cpu::Reduce>(
+                &mut self,
+                buffer: &mut [T],
+                op: $crate::ReduceOp,
+                root: $crate::Rank,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call($crate::Collective::Reduce { root }, None, buffer, op)
+            }
+            fn all_to_all<T: $crate::cpu::Reduce>(
+                &mut self,
+                input: &[T],
+                output: &mut [T],
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_call(
+                    $crate::Collective::AllToAll,
+                    Some(input),
+                    output,
+                    $crate::ReduceOp::Sum,
+                )
+            }
+            fn send<T: $crate::cpu::Reduce>(
+                &mut self,
+                data: &[T],
+                peer: $crate::Rank,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_send(data, peer)
+            }
+            fn recv<T: $crate::cpu::Reduce>(
+                &mut self,
+                buffer: &mut [T],
+                peer: $crate::Rank,
+            ) -> Result<(), $crate::comm::CommError> {
+                self.host_recv(buffer, peer)
+            }
+            fn barrier(&mut self) -> Result<(), $crate::comm::CommError> {
+                self.host_barrier()
+            }
+        }
+    };
+}

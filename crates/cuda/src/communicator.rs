@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, result, sys};
-use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::comm::CommError;
 use ferrocoll_core::cpu::Reduce;
 use ferrocoll_core::schedule::layout::Layout;
 use ferrocoll_core::{AlgorithmParams, Collective, DataType, Rank, ReduceOp};
@@ -529,103 +529,18 @@ impl Staged {
     }
 }
 
-impl Communicator for CudaCommunicator {
-    fn rank(&self) -> Rank {
+ferrocoll_core::communicator_via_host_call!(CudaCommunicator);
+
+impl CudaCommunicator {
+    fn comm_rank(&self) -> Rank {
         self.rank
     }
 
-    fn world_size(&self) -> u32 {
+    fn comm_size(&self) -> u32 {
         self.shared.n
     }
 
-    fn all_reduce<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::AllReduce, Some(input), output, op)
-    }
-
-    fn all_reduce_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::AllReduce, None, buffer, op)
-    }
-
-    fn reduce_scatter<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::ReduceScatter, Some(input), output, op)
-    }
-
-    fn reduce_scatter_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::ReduceScatter, None, buffer, op)
-    }
-
-    fn all_gather<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
-        self.host_call(Collective::AllGather, Some(input), output, ReduceOp::Sum)
-    }
-
-    fn all_gather_in_place<T: Reduce>(&mut self, buffer: &mut [T]) -> Result<(), CommError> {
-        self.host_call(Collective::AllGather, None, buffer, ReduceOp::Sum)
-    }
-
-    fn broadcast<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(
-            Collective::Broadcast { root },
-            Some(input),
-            output,
-            ReduceOp::Sum,
-        )
-    }
-
-    fn broadcast_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::Broadcast { root }, None, buffer, ReduceOp::Sum)
-    }
-
-    fn reduce<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::Reduce { root }, Some(input), output, op)
-    }
-
-    fn reduce_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        op: ReduceOp,
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::Reduce { root }, None, buffer, op)
-    }
-
-    fn all_to_all<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
-        self.host_call(Collective::AllToAll, Some(input), output, ReduceOp::Sum)
-    }
-
-    fn send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
+    pub(crate) fn host_send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
         self.check_peer(peer)?;
         let device = self.shared.rank_devices[self.rank as usize].clone();
         let staged = Staged::new(&device, None, data).map_err(CommError::from)?;
@@ -658,7 +573,11 @@ impl Communicator for CudaCommunicator {
         waited
     }
 
-    fn recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
+    pub(crate) fn host_recv<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        peer: Rank,
+    ) -> Result<(), CommError> {
         self.check_peer(peer)?;
         let parcel =
             self.shared
@@ -678,7 +597,7 @@ impl Communicator for CudaCommunicator {
         result
     }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
+    pub(crate) fn host_barrier(&mut self) -> Result<(), CommError> {
         let n = self.shared.n;
         let generation = {
             let mut b = self.shared.lock();

@@ -636,111 +636,30 @@ where
     }))
 }
 
-impl Communicator for NcclCommunicator {
-    fn rank(&self) -> Rank {
+ferrocoll_core::communicator_via_host_call!(NcclCommunicator);
+
+impl NcclCommunicator {
+    fn comm_rank(&self) -> Rank {
         self.rank
     }
 
-    fn world_size(&self) -> u32 {
+    fn comm_size(&self) -> u32 {
         self.n
     }
 
-    fn all_reduce<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::AllReduce, Some(input), output, op)
-    }
-
-    fn all_reduce_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::AllReduce, None, buffer, op)
-    }
-
-    fn reduce_scatter<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::ReduceScatter, Some(input), output, op)
-    }
-
-    fn reduce_scatter_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::ReduceScatter, None, buffer, op)
-    }
-
-    fn all_gather<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
-        self.host_call(Collective::AllGather, Some(input), output, ReduceOp::Sum)
-    }
-
-    fn all_gather_in_place<T: Reduce>(&mut self, buffer: &mut [T]) -> Result<(), CommError> {
-        self.host_call(Collective::AllGather, None, buffer, ReduceOp::Sum)
-    }
-
-    fn broadcast<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(
-            Collective::Broadcast { root },
-            Some(input),
-            output,
-            ReduceOp::Sum,
-        )
-    }
-
-    fn broadcast_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::Broadcast { root }, None, buffer, ReduceOp::Sum)
-    }
-
-    fn reduce<T: Reduce>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::Reduce { root }, Some(input), output, op)
-    }
-
-    fn reduce_in_place<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        op: ReduceOp,
-        root: Rank,
-    ) -> Result<(), CommError> {
-        self.host_call(Collective::Reduce { root }, None, buffer, op)
-    }
-
-    fn all_to_all<T: Reduce>(&mut self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
-        self.host_call(Collective::AllToAll, Some(input), output, ReduceOp::Sum)
-    }
-
-    fn send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
+    pub(crate) fn host_send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
         self.p2p(Some(data), None, peer)
     }
 
-    fn recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
+    pub(crate) fn host_recv<T: Reduce>(
+        &mut self,
+        buffer: &mut [T],
+        peer: Rank,
+    ) -> Result<(), CommError> {
         self.p2p::<T>(None, Some(buffer), peer)
     }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
+    pub(crate) fn host_barrier(&mut self) -> Result<(), CommError> {
         let mut one = [0i32];
         self.all_reduce_in_place(&mut one, ReduceOp::Sum)
     }
