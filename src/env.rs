@@ -5,6 +5,7 @@
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling` (or `auto`) |
 //! | `FERROCOLL_TIMEOUT_MS` | the CPU executor's wait timeout, in milliseconds |
 //! | `FERROCOLL_LOG` | log level of the CLI: `error`, `warn`, `info`, `debug` (one line per collective), `trace` |
+//! | `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` | the `env://` bootstrap of a multi-process group ([`bootstrap_from_env`]); `ferrocoll launch` sets them |
 
 use std::time::Duration;
 
@@ -18,6 +19,25 @@ pub enum EnvError {
     /// `FERROCOLL_ALGO` names no algorithm.
     #[error("FERROCOLL_ALGO: {0}")]
     Algorithm(#[from] ParseNameError),
+    /// A variable the `env://` bootstrap needs is not set.
+    #[error(
+        "{name} is not set (start the processes with `ferrocoll launch`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
+    )]
+    Missing {
+        /// The variable.
+        name: &'static str,
+    },
+    /// RANK is not below WORLD_SIZE.
+    #[error("RANK {rank} is out of range for WORLD_SIZE {world_size}")]
+    RankOutOfRange {
+        /// The rank.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// The rendezvous failed.
+    #[error(transparent)]
+    Rendezvous(#[from] ferrocoll_rendezvous::StoreError),
     /// A number that does not parse.
     #[error("{name}: `{value}` is not a whole number")]
     Number {
@@ -53,6 +73,59 @@ fn apply(
     Ok(config)
 }
 
+/// This process's place in a multi-process group, and the store its ranks
+/// meet at.
+#[derive(Debug)]
+pub struct Bootstrap {
+    /// `RANK`.
+    pub rank: u32,
+    /// `WORLD_SIZE`.
+    pub world_size: u32,
+    /// `LOCAL_RANK` (defaults to `RANK`).
+    pub local_rank: u32,
+    /// The rendezvous store, served by rank 0 at `MASTER_ADDR:MASTER_PORT`.
+    pub store: ferrocoll_rendezvous::Store,
+}
+
+/// Join the group the `env://` variables describe, waiting up to `timeout`
+/// for rank 0's store.
+pub fn bootstrap_from_env(timeout: Duration) -> Result<Bootstrap, EnvError> {
+    bootstrap(|k| std::env::var(k).ok(), timeout)
+}
+
+fn bootstrap(
+    get: impl Fn(&str) -> Option<String>,
+    timeout: Duration,
+) -> Result<Bootstrap, EnvError> {
+    let var = |name: &'static str| get(name).ok_or(EnvError::Missing { name });
+    let number = |name: &'static str, v: String| {
+        v.trim()
+            .parse::<u32>()
+            .map_err(|_| EnvError::Number { name, value: v })
+    };
+    let rank = number("RANK", var("RANK")?)?;
+    let world_size = number("WORLD_SIZE", var("WORLD_SIZE")?)?;
+    if world_size == 0 || rank >= world_size {
+        return Err(EnvError::RankOutOfRange { rank, world_size });
+    }
+    let local_rank = match get("LOCAL_RANK") {
+        Some(v) => number("LOCAL_RANK", v)?,
+        None => rank,
+    };
+    let addr = format!(
+        "{}:{}",
+        var("MASTER_ADDR")?,
+        number("MASTER_PORT", var("MASTER_PORT")?)?
+    );
+    let store = ferrocoll_rendezvous::Store::join(&addr, rank, timeout)?;
+    Ok(Bootstrap {
+        rank,
+        world_size,
+        local_rank,
+        store,
+    })
+}
+
 /// The log level `FERROCOLL_LOG` asks for (default: `warn`).
 pub fn log_level() -> tracing::Level {
     match std::env::var("FERROCOLL_LOG").as_deref().map(str::trim) {
@@ -67,6 +140,53 @@ pub fn log_level() -> tracing::Level {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_env_bootstrap_checks_its_variables() {
+        let t = Duration::from_millis(200);
+        let env = |pairs: Vec<(&'static str, String)>| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        };
+        let err = bootstrap(env(vec![]), t).unwrap_err();
+        assert!(matches!(err, EnvError::Missing { name: "RANK" }), "{err}");
+        let err = bootstrap(
+            env(vec![("RANK", "3".into()), ("WORLD_SIZE", "2".into())]),
+            t,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EnvError::RankOutOfRange {
+                    rank: 3,
+                    world_size: 2
+                }
+            ),
+            "{err}"
+        );
+        let err = bootstrap(
+            env(vec![("RANK", "x".into()), ("WORLD_SIZE", "2".into())]),
+            t,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, EnvError::Number { name: "RANK", .. }),
+            "{err}"
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let vars = vec![
+            ("RANK", "1".to_owned()),
+            ("WORLD_SIZE", "2".to_owned()),
+            ("MASTER_ADDR", "127.0.0.1".to_owned()),
+            ("MASTER_PORT", port.to_string()),
+        ];
+        let err = bootstrap(env(vars), t).unwrap_err();
+        assert!(matches!(err, EnvError::Rendezvous(_)), "{err}");
+    }
 
     #[test]
     fn overrides_apply_and_bad_values_are_errors() {

@@ -25,6 +25,8 @@ pub use ferrocoll_core::*;
 pub use ferrocoll_cuda as cuda;
 /// NCCL behind the same `Communicator` trait (loaded at run time).
 pub use ferrocoll_nccl as nccl;
+/// The rendezvous store processes meet at (`env://` bootstrap).
+pub use ferrocoll_rendezvous as rendezvous;
 /// The topology crate: link graph, sources, simulator, search and selector.
 pub use ferrocoll_topo as topo;
 

@@ -4,6 +4,8 @@
 
 mod bench;
 mod estimate_cmd;
+mod launch_cmd;
+mod rendezvous_cmd;
 mod schedule_cmd;
 mod sim_cmd;
 mod spec;
@@ -47,6 +49,10 @@ enum Command {
     Sim(sim_cmd::SimArgs),
     /// Gradient-sync time per training step and its share of the step.
     Estimate(estimate_cmd::EstimateArgs),
+    /// Start N local processes of one group (env:// variables), rank-prefixed output, fail fast.
+    Launch(launch_cmd::LaunchArgs),
+    /// Check the env:// bootstrap: every rank meets at rank 0's store (run under `launch`).
+    Rendezvous(rendezvous_cmd::RendezvousArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +69,8 @@ fn main() -> ExitCode {
         Command::Topo(args) => topo::run(&args),
         Command::Sim(args) => sim_cmd::run(&args),
         Command::Estimate(args) => estimate_cmd::run(&args),
+        Command::Launch(args) => launch_cmd::run(&args),
+        Command::Rendezvous(args) => rendezvous_cmd::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,57 @@
+//! `ferrocoll rendezvous`: check the `env://` bootstrap. Every process
+//! joins rank 0's store, publishes its host and pid, waits for all, and
+//! prints the group it sees. Run it under `ferrocoll launch`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub(crate) struct RendezvousArgs {
+    /// Seconds to wait for the other ranks.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+}
+
+pub(crate) fn run(args: &RendezvousArgs) -> Result<ExitCode, String> {
+    let mut b = ferrocoll::env::bootstrap_from_env(Duration::from_secs(args.timeout))
+        .map_err(|e| e.to_string())?;
+    let me = format!("pid {}", std::process::id());
+    b.store
+        .set(&format!("who/{}", b.rank), me.as_bytes())
+        .map_err(|e| e.to_string())?;
+    b.store
+        .barrier("rendezvous", b.world_size)
+        .map_err(|e| e.to_string())?;
+    let mut seen = Vec::new();
+    for r in 0..b.world_size {
+        let v = b
+            .store
+            .wait(&format!("who/{r}"))
+            .map_err(|e| e.to_string())?;
+        seen.push(format!("{r}={}", String::from_utf8_lossy(&v)));
+    }
+    println!(
+        "rank {} of {} (local rank {}): all {} ranks met: {}",
+        b.rank,
+        b.world_size,
+        b.local_rank,
+        b.world_size,
+        seen.join(", ")
+    );
+    // Rank 0 hosts the store: it leaves only after every other rank has
+    // said it is done with it.
+    if b.rank == 0 {
+        for r in 1..b.world_size {
+            b.store
+                .wait(&format!("left/{r}"))
+                .map_err(|e| e.to_string())?;
+        }
+    } else {
+        b.store
+            .set(&format!("left/{}", b.rank), b"")
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
