@@ -148,3 +148,47 @@ fn send_recv_and_barrier_work() {
     let got: Vec<u32> = results.into_iter().map(Result::unwrap).collect();
     assert_eq!(got, vec![2, 0, 1]);
 }
+
+#[test]
+fn abort_from_a_watchdog_unblocks_every_rank_and_poisons_the_group() {
+    // Rank 3 never calls; the others block in an all-reduce with a long
+    // timeout; a watchdog aborts after 100 ms and everyone returns at once.
+    let comms = cpu::group(4, &config(60_000));
+    let handle = comms[0].abort_handle();
+    let started = Instant::now();
+    let results: Vec<Result<(), CommError>> = std::thread::scope(|s| {
+        let watchdog = s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            handle.abort();
+        });
+        let joins: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                s.spawn(move || {
+                    if comm.rank() == 3 {
+                        // Wait to be aborted, then find the group poisoned.
+                        std::thread::sleep(Duration::from_millis(300));
+                        let mut x = vec![1.0f32; 8];
+                        return comm.all_reduce_in_place(&mut x, ReduceOp::Sum);
+                    }
+                    let input = vec![1.0f32; 1000];
+                    let mut output = vec![0.0f32; 1000];
+                    comm.all_reduce(&input, &mut output, ReduceOp::Sum)
+                })
+            })
+            .collect();
+        watchdog.join().unwrap();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    for r in &results {
+        match r {
+            Err(CommError::PeerFailed { rank: 0, reason }) => assert_eq!(reason, "aborted"),
+            other => panic!("expected an abort error, got {other:?}"),
+        }
+    }
+}

@@ -98,7 +98,45 @@ fn check_len(what: &'static str, got: usize, needed: usize) -> Result<(), CommEr
     }
 }
 
+/// Aborts a CPU group from anywhere — another thread, a watchdog — while
+/// its ranks may be blocked in calls.
+#[derive(Clone)]
+pub struct AbortHandle {
+    group: Arc<Group>,
+    rank: Rank,
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortHandle")
+            .field("rank", &self.rank)
+            .finish()
+    }
+}
+
+impl AbortHandle {
+    /// Fail the group: every pending and later call of every rank returns
+    /// [`CommError::PeerFailed`] naming this rank ("aborted"), within one
+    /// wake-up — nobody waits out the timeout. The group stays poisoned.
+    pub fn abort(&self) {
+        self.group.fail(self.rank, &"aborted");
+    }
+}
+
 impl CpuCommunicator {
+    /// A handle that aborts this communicator's group.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
+            group: self.group.clone(),
+            rank: self.rank,
+        }
+    }
+
+    /// Abort the group now (see [`AbortHandle::abort`]).
+    pub fn abort(&mut self) {
+        self.abort_handle().abort();
+    }
+
     fn check_peer(&self, peer: Rank) -> Result<(), CommError> {
         self.check_root(peer)?;
         if peer == self.rank {

@@ -29,7 +29,7 @@ mod kernels;
 mod plan;
 mod select;
 
-pub use communicator::{CpuCommunicator, group, run};
+pub use communicator::{AbortHandle, CpuCommunicator, group, run};
 pub use kernels::{Reduce, reduce_slices};
 pub use select::auto_algorithm;
 
