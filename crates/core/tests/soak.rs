@@ -97,7 +97,7 @@ fn random_collectives_with_random_deaths() {
         killed += u64::from(victim.is_some());
         // Run on a helper thread so a hang is counted, not suffered.
         let (tx, rx) = mpsc::channel();
-        let c = case.clone();
+        let c = case;
         std::thread::spawn(move || {
             let _ = tx.send(check_case(&Cpu { victim }, &c));
         });
