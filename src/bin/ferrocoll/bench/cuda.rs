@@ -14,6 +14,7 @@ use ferrocoll::cuda::GpuProbe;
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 use ferrocoll::topo::probe::{LinkProbe, ProbeOptions};
 
+use super::device::{bytes_of, download, sync, upload};
 use super::run::{Backend, BenchRank};
 
 /// Device memory bandwidth of `device` as the bench's ceiling wants it:
@@ -108,27 +109,6 @@ pub(crate) struct DeviceBuffers {
     output: CudaSlice<u8>,
 }
 
-fn bytes_of<T>(data: &[T]) -> &[u8] {
-    // SAFETY: every bench element type is plain data without padding, so
-    // its bytes are initialised and any alignment of u8 holds.
-    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
-}
-
-fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<CudaSlice<u8>, CommError> {
-    let backend = |e: cudarc::driver::DriverError| CommError::Backend {
-        message: e.to_string(),
-    };
-    let mut slice = stream
-        .alloc_zeros::<u8>(bytes.len().max(1))
-        .map_err(backend)?;
-    if !bytes.is_empty() {
-        stream
-            .memcpy_htod(bytes, &mut slice.slice_mut(..bytes.len()))
-            .map_err(backend)?;
-    }
-    Ok(slice)
-}
-
 impl BenchRank for CudaCommunicator {
     type Buffers<T: KitElement> = DeviceBuffers;
 
@@ -155,12 +135,7 @@ impl BenchRank for CudaCommunicator {
             output: upload(&stream, bytes_of(&output))?,
             stream,
         };
-        buffers
-            .stream
-            .synchronize()
-            .map_err(|e| CommError::Backend {
-                message: e.to_string(),
-            })?;
+        sync(&buffers.stream)?;
         Ok(buffers)
     }
 
@@ -182,17 +157,6 @@ impl BenchRank for CudaCommunicator {
     }
 
     fn output<T: KitElement>(&mut self, b: &DeviceBuffers) -> Result<Vec<T>, CommError> {
-        let bytes = b
-            .stream
-            .clone_dtoh(&b.output)
-            .map_err(|e| CommError::Backend {
-                message: e.to_string(),
-            })?;
-        let n = bytes.len() / std::mem::size_of::<T>();
-        // SAFETY: the bytes were uploaded from a `Vec<T>` of `n` elements
-        // and written by kernels of the same type; read unaligned.
-        Ok((0..n)
-            .map(|i| unsafe { bytes.as_ptr().cast::<T>().add(i).read_unaligned() })
-            .collect())
+        download(&b.stream, &b.output)
     }
 }

@@ -7,6 +7,7 @@
 //! all-gather, all-to-all (n−1)/n; others 1), with GB = 1e9 bytes.
 
 mod cuda;
+mod device;
 mod nccl;
 mod predict;
 mod report;

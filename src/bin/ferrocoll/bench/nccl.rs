@@ -8,6 +8,7 @@ use ferrocoll::cpu::CpuConfig;
 use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
 use ferrocoll::{Collective, ReduceOp};
 
+use super::device::{bytes_of, download, sync, upload};
 use super::run::{Backend, BenchRank};
 
 /// NCCL for one section.
@@ -48,17 +49,6 @@ pub(crate) struct Buffers {
     output: CudaSlice<u8>,
 }
 
-fn bytes_of<T>(data: &[T]) -> &[u8] {
-    // SAFETY: every bench element type is plain data without padding.
-    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
-}
-
-fn backend(e: impl std::fmt::Display) -> CommError {
-    CommError::Backend {
-        message: e.to_string(),
-    }
-}
-
 impl BenchRank for NcclCommunicator {
     type Buffers<T: KitElement> = Buffers;
 
@@ -76,22 +66,11 @@ impl BenchRank for NcclCommunicator {
 
     fn place<T: KitElement>(&mut self, input: &[T], output: Vec<T>) -> Result<Buffers, CommError> {
         let stream = self.stream().clone();
-        let up = |bytes: &[u8]| -> Result<CudaSlice<u8>, CommError> {
-            let mut d = stream
-                .alloc_zeros::<u8>(bytes.len().max(1))
-                .map_err(backend)?;
-            if !bytes.is_empty() {
-                stream
-                    .memcpy_htod(bytes, &mut d.slice_mut(..bytes.len()))
-                    .map_err(backend)?;
-            }
-            Ok(d)
-        };
         let b = Buffers {
-            input: up(bytes_of(input))?,
-            output: up(bytes_of(&output))?,
+            input: upload(&stream, bytes_of(input))?,
+            output: upload(&stream, bytes_of(&output))?,
         };
-        stream.synchronize().map_err(backend)?;
+        sync(&stream)?;
         Ok(b)
     }
 
@@ -114,12 +93,6 @@ impl BenchRank for NcclCommunicator {
     }
 
     fn output<T: KitElement>(&mut self, b: &Buffers) -> Result<Vec<T>, CommError> {
-        let bytes = self.stream().clone_dtoh(&b.output).map_err(backend)?;
-        let n = bytes.len() / std::mem::size_of::<T>();
-        // SAFETY: the bytes hold `n` values of `T` uploaded from and
-        // written as `T`; read unaligned.
-        Ok((0..n)
-            .map(|i| unsafe { bytes.as_ptr().cast::<T>().add(i).read_unaligned() })
-            .collect())
+        download(&self.stream().clone(), &b.output)
     }
 }
