@@ -192,3 +192,40 @@ fn abort_from_a_watchdog_unblocks_every_rank_and_poisons_the_group() {
         }
     }
 }
+
+#[test]
+fn mismatched_types_and_ops_are_reported_not_hung() {
+    // Rank 2 all-reduces f64 where the others use f32.
+    let results = cpu::run(3, &config(5_000), |comm| {
+        if comm.rank() == 2 {
+            let mut buf = vec![1f64; 10];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        } else {
+            let mut buf = vec![1f32; 10];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        }
+    });
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    let text = format!("{results:?}");
+    assert!(
+        text.contains("type=f64") && text.contains("type=f32"),
+        "{text}"
+    );
+    // Rank 0 takes the max where the others sum.
+    let results = cpu::run(3, &config(5_000), |comm| {
+        let op = if comm.rank() == 0 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Sum
+        };
+        let mut buf = vec![1i32; 10];
+        comm.all_reduce_in_place(&mut buf, op)
+    });
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
+        "{results:?}"
+    );
+}
