@@ -1,3 +1,4 @@
+use super::document::DOCUMENT;
 use super::*;
 use crate::graph::PathClass;
 
