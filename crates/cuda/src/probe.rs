@@ -50,8 +50,3 @@ pub fn available() -> Result<usize, CudaError> {
     }
     Ok(count)
 }
-
-/// Whether a GPU test must fail instead of skipping (`FERROCOLL_REQUIRE_GPU=1`).
-pub fn gpu_required() -> bool {
-    std::env::var("FERROCOLL_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
