@@ -93,6 +93,41 @@ pub fn bootstrap_from_env(timeout: Duration) -> Result<Bootstrap, EnvError> {
     bootstrap(|k| std::env::var(k).ok(), timeout)
 }
 
+/// Why joining a process group from the environment failed.
+#[derive(Debug, Error)]
+pub enum JoinError {
+    /// The `env://` variables or the rendezvous.
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    /// Forming the group over its transport.
+    #[error(transparent)]
+    Setup(#[from] ferrocoll_process::SetupError),
+}
+
+/// This process's rank of the group the `env://` variables describe (as
+/// `ferrocoll launch` sets them), connected over `config.transport`.
+///
+/// ```no_run
+/// use ferrocoll::comm::Communicator;
+/// use ferrocoll::process::ProcessConfig;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut comm = ferrocoll::env::process_communicator_from_env(&ProcessConfig::default())?;
+/// let mut grads = vec![1.0f32; 1024];
+/// comm.all_reduce_in_place(&mut grads, ferrocoll::ReduceOp::Avg)?;
+/// # Ok(()) }
+/// ```
+pub fn process_communicator_from_env(
+    config: &ferrocoll_process::ProcessConfig,
+) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
+    let b = bootstrap_from_env(config.timeout)?;
+    Ok(ferrocoll_process::ProcessCommunicator::connect(
+        b.store,
+        b.rank,
+        b.world_size,
+        config,
+    )?)
+}
+
 fn bootstrap(
     get: impl Fn(&str) -> Option<String>,
     timeout: Duration,

@@ -6,7 +6,7 @@
 //!
 //! This facade re-exports [`ferrocoll_core`], reads the environment
 //! ([`env`](mod@env), the only place that does) and ships the `ferrocoll`
-//! command-line tool (`bench`, `verify`, `schedule`).
+//! command-line tool (`bench`, `verify`, `schedule`, `launch`, ...).
 //!
 //! ```
 //! use ferrocoll::{generate, verify, Algorithm, AlgorithmParams, Collective, VerifyOptions};
@@ -25,6 +25,8 @@ pub use ferrocoll_core::*;
 pub use ferrocoll_cuda as cuda;
 /// NCCL behind the same `Communicator` trait (loaded at run time).
 pub use ferrocoll_nccl as nccl;
+/// Ranks as processes: the same schedules over shared memory or TCP.
+pub use ferrocoll_process as process;
 /// The rendezvous store processes meet at (`env://` bootstrap).
 pub use ferrocoll_rendezvous as rendezvous;
 /// The topology crate: link graph, sources, simulator, search and selector.

@@ -50,3 +50,44 @@ impl fmt::Debug for SharedChooser {
         self.0.fmt(f)
     }
 }
+
+/// The plan of one `auto`-or-forced call, as every host executor decides
+/// it: a forced algorithm wins, then the chooser, then `rule` (the
+/// executor's fixed rule). Forced and rule-picked algorithms run on
+/// `channels` channels (halving-doubling has exactly one).
+pub fn decide(
+    forced: Option<Algorithm>,
+    chooser: Option<&SharedChooser>,
+    channels: u32,
+    collective: Collective,
+    world_size: u32,
+    bytes: usize,
+    rule: impl FnOnce() -> (Algorithm, &'static str),
+) -> Choice {
+    let fixed = |algorithm: Algorithm| AlgorithmParams {
+        channels: if algorithm == Algorithm::HalvingDoubling {
+            1
+        } else {
+            channels
+        },
+        ..AlgorithmParams::default()
+    };
+    if let Some(algorithm) = forced {
+        return Choice {
+            algorithm,
+            params: fixed(algorithm),
+            max_chunk_bytes: None,
+            why: "forced by configuration".to_owned(),
+        };
+    }
+    if let Some(choice) = chooser.and_then(|c| c.0.choose(collective, world_size, bytes)) {
+        return choice;
+    }
+    let (algorithm, why) = rule();
+    Choice {
+        algorithm,
+        params: fixed(algorithm),
+        max_chunk_bytes: None,
+        why: why.to_owned(),
+    }
+}

@@ -393,3 +393,51 @@ macro_rules! communicator_via_host_call {
         }
     };
 }
+
+fn buffer_size(what: &'static str, got: usize, needed: usize) -> CommError {
+    CommError::BufferSize { what, got, needed }
+}
+
+/// The per-rank block count (`count`) of a call on `n` ranks from its
+/// buffer lengths (`in_len` is `None` in place), or the
+/// [`CommError::BufferSize`] that explains which buffer is off. Executors
+/// whose calls take whole slices share this one check.
+pub fn block_count(
+    collective: crate::Collective,
+    n: usize,
+    in_len: Option<usize>,
+    out_len: usize,
+) -> Result<usize, CommError> {
+    use crate::Collective as C;
+    let whole = |len: usize, what: &'static str| {
+        if len % n == 0 {
+            Ok(len / n)
+        } else {
+            Err(buffer_size(what, len, len.div_ceil(n) * n))
+        }
+    };
+    match (collective, in_len) {
+        (C::ReduceScatter, None) => whole(out_len, "in-place reduce-scatter buffer"),
+        (C::AllGather, None) => whole(out_len, "in-place all-gather buffer"),
+        (C::ReduceScatter, Some(i)) => {
+            if i != out_len * n {
+                return Err(buffer_size("reduce-scatter input", i, out_len * n));
+            }
+            Ok(out_len)
+        }
+        (C::AllGather, Some(i)) => {
+            if out_len != i * n {
+                return Err(buffer_size("all-gather output", out_len, i * n));
+            }
+            Ok(i)
+        }
+        (C::AllToAll, Some(i)) => {
+            if out_len != i {
+                return Err(buffer_size("all-to-all output", out_len, i));
+            }
+            whole(i, "all-to-all input")
+        }
+        (_, Some(i)) if i != out_len => Err(buffer_size("input", i, out_len)),
+        _ => Ok(out_len),
+    }
+}

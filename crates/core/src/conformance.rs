@@ -154,39 +154,81 @@ pub fn check_case(harness: &impl Harness, case: &Case) -> Result<(), String> {
 
 fn check_typed<T: KitElement>(harness: &impl Harness, case: &Case) -> Result<(), String> {
     let n = case.world_size;
-    let (count, c) = (case.count, case.collective);
+    let inputs = case_inputs::<T>(case);
+    let outputs = vec![poisoned_output::<T>(case); n as usize];
+    let got = harness.run(case, &inputs, outputs)?;
+    for r in 0..n {
+        check_output(case, r, &inputs, &got[r as usize])?;
+    }
+    Ok(())
+}
+
+/// Every rank's input of `case`: the same on every process that asks, so
+/// ranks in different processes can each check their own output.
+pub fn case_inputs<T: KitElement>(case: &Case) -> Vec<Vec<T>> {
+    let n = case.world_size;
     let mut rng = SplitMix64(case.seed);
-    let inputs: Vec<Vec<T>> = (0..n)
+    (0..n)
         .map(|_| {
-            (0..c.input_blocks(n) as usize * count)
+            (0..case.collective.input_blocks(n) as usize * case.count)
                 .map(|_| T::random(rng.next_u64(), case.op))
                 .collect()
         })
-        .collect();
-    let outputs = vec![vec![T::poison(); c.output_blocks(n) as usize * count]; n as usize];
-    let got = harness.run(case, &inputs, outputs)?;
-    for r in 0..n {
-        let out = &got[r as usize];
-        let want = expected(c, case.op, n, count, r, &inputs);
-        let untouched = if case.in_place {
-            inputs[r as usize].clone()
-        } else {
-            vec![T::poison(); count]
-        };
-        if let Some(&i) = wrong_elements(case.op, &want, out, &untouched).first() {
-            return Err(match &want {
-                Expectation::Values(w) => format!(
-                    "{case:?}: rank {r} element {i}: got {:?}, want {:?}",
-                    out.get(i),
-                    w.get(i).map(|(v, _)| v)
-                ),
-                Expectation::Untouched => {
-                    format!("{case:?}: reduce changed non-root rank {r}'s output")
-                }
-            });
-        }
+        .collect()
+}
+
+fn poisoned_output<T: KitElement>(case: &Case) -> Vec<T> {
+    vec![T::poison(); case.collective.output_blocks(case.world_size) as usize * case.count]
+}
+
+/// Compare rank `r`'s output of `case` with the serial reference.
+pub fn check_output<T: KitElement>(
+    case: &Case,
+    r: Rank,
+    inputs: &[Vec<T>],
+    out: &[T],
+) -> Result<(), String> {
+    let want = expected(
+        case.collective,
+        case.op,
+        case.world_size,
+        case.count,
+        r,
+        inputs,
+    );
+    let untouched = if case.in_place {
+        inputs[r as usize].clone()
+    } else {
+        vec![T::poison(); case.count]
+    };
+    if let Some(&i) = wrong_elements(case.op, &want, out, &untouched).first() {
+        return Err(match &want {
+            Expectation::Values(w) => format!(
+                "{case:?}: rank {r} element {i}: got {:?}, want {:?}",
+                out.get(i),
+                w.get(i).map(|(v, _)| v)
+            ),
+            Expectation::Untouched => {
+                format!("{case:?}: reduce changed non-root rank {r}'s output")
+            }
+        });
     }
     Ok(())
+}
+
+/// Run `case` on this rank only — for executors whose ranks live in
+/// different processes — and check this rank's output: every process
+/// derives all inputs from the case's seed, runs its own call through
+/// [`call_case`], and compares with the serial reference.
+pub fn check_rank<C: crate::comm::Communicator>(comm: &mut C, case: &Case) -> Result<(), String> {
+    crate::with_element_type!(case.dtype, T => {
+        let r = comm.rank();
+        let inputs = case_inputs::<T>(case);
+        let mut out = poisoned_output::<T>(case);
+        call_case(comm, case, &inputs[r as usize], &mut out)
+            .map_err(|e| format!("{case:?}: rank {r}: {e}"))?;
+        check_output(case, r, &inputs, &out)
+    })
 }
 
 /// What one rank's output must hold after a collective.

@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::cpu::Reduce;
 use ferrocoll_core::schedule::layout::Layout;
-use ferrocoll_core::{AlgorithmParams, Collective, DataType, Rank, ReduceOp};
+use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 
 use crate::config::{CudaConfig, auto_algorithm};
 use crate::device;
@@ -102,47 +102,6 @@ fn size_error(what: &'static str, got: usize, needed: usize) -> CommError {
     CommError::BufferSize { what, got, needed }
 }
 
-/// The per-rank block count of a call from its buffer lengths, checked.
-fn block_count(
-    collective: Collective,
-    n: usize,
-    in_len: Option<usize>,
-    out_len: usize,
-) -> Result<usize, CommError> {
-    use Collective as C;
-    let whole = |len: usize, what: &'static str| {
-        if len % n == 0 {
-            Ok(len / n)
-        } else {
-            Err(size_error(what, len, len.div_ceil(n) * n))
-        }
-    };
-    match (collective, in_len) {
-        (C::ReduceScatter, None) => whole(out_len, "in-place reduce-scatter buffer"),
-        (C::AllGather, None) => whole(out_len, "in-place all-gather buffer"),
-        (C::ReduceScatter, Some(i)) => {
-            if i != out_len * n {
-                return Err(size_error("reduce-scatter input", i, out_len * n));
-            }
-            Ok(out_len)
-        }
-        (C::AllGather, Some(i)) => {
-            if out_len != i * n {
-                return Err(size_error("all-gather output", out_len, i * n));
-            }
-            Ok(i)
-        }
-        (C::AllToAll, Some(i)) => {
-            if out_len != i {
-                return Err(size_error("all-to-all output", out_len, i));
-            }
-            whole(i, "all-to-all input")
-        }
-        (_, Some(i)) if i != out_len => Err(size_error("input", i, out_len)),
-        _ => Ok(out_len),
-    }
-}
-
 impl CudaCommunicator {
     /// This rank's device context.
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -172,7 +131,12 @@ impl CudaCommunicator {
                 ),
             })
         } else {
-            block_count(collective, n, input.map(CudaSlice::len), output.len())
+            ferrocoll_core::comm::block_count(
+                collective,
+                n,
+                input.map(CudaSlice::len),
+                output.len(),
+            )
         };
         self.fail_on(&checked);
         let count = checked?;
@@ -353,37 +317,18 @@ impl CudaCommunicator {
                     )
                 }
                 _ => {
-                    let fixed = |a: ferrocoll_core::Algorithm| AlgorithmParams {
-                        channels: if a == ferrocoll_core::Algorithm::HalvingDoubling {
-                            1
-                        } else {
-                            cfg.channels
-                        },
-                        ..AlgorithmParams::default()
-                    };
-                    let chosen = match (cfg.algorithm, &cfg.chooser) {
-                        (Some(a), _) => Some((
-                            a,
-                            fixed(a),
-                            cfg.max_chunk_bytes,
-                            Cow::Borrowed("forced by configuration"),
-                        )),
-                        (None, Some(c)) => {
-                            c.0.choose(collective, n, count * elem * blocks).map(|c| {
-                                (
-                                    c.algorithm,
-                                    c.params,
-                                    c.max_chunk_bytes.unwrap_or(cfg.max_chunk_bytes),
-                                    Cow::Owned(c.why),
-                                )
-                            })
-                        }
-                        (None, None) => None,
-                    };
-                    let (a, params, chunk, why) = chosen.unwrap_or_else(|| {
-                        let (a, why) = auto_algorithm(collective.kind(), n);
-                        (a, fixed(a), cfg.max_chunk_bytes, why.into())
-                    });
+                    let choice = ferrocoll_core::choose::decide(
+                        cfg.algorithm,
+                        cfg.chooser.as_ref(),
+                        cfg.channels,
+                        collective,
+                        n,
+                        count * elem * blocks,
+                        || auto_algorithm(collective.kind(), n),
+                    );
+                    let (a, params) = (choice.algorithm, choice.params);
+                    let chunk = choice.max_chunk_bytes.unwrap_or(cfg.max_chunk_bytes);
+                    let why = Cow::Owned(choice.why);
                     let plan = sh
                         .plan(collective, a, &params)
                         .map_err(|e| CudaError::Invalid(e.to_string()))?;
@@ -458,7 +403,8 @@ impl CudaCommunicator {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let n = self.shared.n as usize;
-        let count = block_count(collective, n, input.map(<[T]>::len), output.len())?;
+        let count =
+            ferrocoll_core::comm::block_count(collective, n, input.map(<[T]>::len), output.len())?;
         let device = self.shared.rank_devices[self.rank as usize].clone();
         let staged = Staged::new(&device, input, output).map_err(CommError::from)?;
         // SAFETY: the staged buffers hold the host slices' lengths, checked

@@ -101,6 +101,12 @@ impl Store {
         })
     }
 
+    /// This end of the connection to the store: the address other ranks
+    /// can reach this process at (the interface that routes to rank 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, StoreError> {
+        self.reader.get_ref().local_addr().map_err(io)
+    }
+
     /// The address rank 0 serves on (rank 0 only; port 0 resolved).
     pub fn server_addr(&self) -> Option<SocketAddr> {
         self._server.as_ref().map(Server::addr)

@@ -11,7 +11,7 @@ use super::group::{Group, Msg};
 use super::kernels::Reduce;
 use super::plan::{Plan, PlanKey};
 use super::{CpuConfig, auto_algorithm};
-use crate::algorithms::{Algorithm, AlgorithmParams, generate};
+use crate::algorithms::generate;
 use crate::comm::{CommError, Communicator};
 use crate::schedule::layout::Layout;
 use crate::types::{Collective, Rank, ReduceOp};
@@ -171,26 +171,21 @@ impl CpuCommunicator {
                 });
             }
         }
-        let fixed = |algorithm: Algorithm| AlgorithmParams {
-            channels: if algorithm == Algorithm::HalvingDoubling {
-                1
-            } else {
-                self.config.channels
-            },
-            ..AlgorithmParams::default()
-        };
-        let chosen = match (self.config.algorithm, &self.config.chooser) {
-            (Some(a), _) => Some((a, fixed(a), None, "forced by configuration".into())),
-            (None, Some(chooser)) => chooser
-                .0
-                .choose(collective, n, bytes)
-                .map(|c| (c.algorithm, c.params, c.max_chunk_bytes, Cow::Owned(c.why))),
-            (None, None) => None,
-        };
-        let (algorithm, params, chunk, why) = chosen.unwrap_or_else(|| {
-            let (a, why) = auto_algorithm(collective.kind(), n, bytes);
-            (a, fixed(a), None, why.into())
-        });
+        let crate::choose::Choice {
+            algorithm,
+            params,
+            max_chunk_bytes: chunk,
+            why,
+        } = crate::choose::decide(
+            self.config.algorithm,
+            self.config.chooser.as_ref(),
+            self.config.channels,
+            collective,
+            n,
+            bytes,
+            || auto_algorithm(collective.kind(), n, bytes),
+        );
+        let why = Cow::Owned(why);
         let key = PlanKey::Builtin {
             algorithm,
             collective,

@@ -10,6 +10,7 @@ mod cuda;
 mod device;
 mod nccl;
 mod predict;
+mod process;
 mod report;
 mod run;
 
@@ -18,21 +19,27 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use ferrocoll::comm::Communicator;
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::topo::probe::membw;
 use ferrocoll::{Algorithm, CollectiveKind, DataType, ReduceOp};
 
 pub(crate) use report::Row;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub(crate) struct BenchArgs {
     /// Executor: `cpu` (threads), `cuda` (ferrocoll's schedules on GPUs)
     /// or `nccl` (NCCL on the same GPUs, for comparison).
     #[arg(long, default_value = "cpu")]
     backend: String,
-    /// Number of ranks (threads, or ranks on GPUs).
+    /// Number of ranks (threads, or ranks on GPUs). With `--transport`
+    /// the group's size comes from `ferrocoll launch` instead.
     #[arg(long, default_value_t = 4)]
     ranks: u32,
+    /// `cpu` only: ranks are processes started by `ferrocoll launch`,
+    /// exchanging over `shm` (one host) or `tcp`; rank 0 prints the table.
+    #[arg(long)]
+    transport: Option<ferrocoll::process::TransportKind>,
     /// `cuda` only: the device of each rank, e.g. `0,0,1,1`; shorter lists
     /// repeat. Default: ranks go round the visible devices.
     #[arg(long)]
@@ -141,6 +148,47 @@ pub(crate) struct Section {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
+    let mut owned;
+    let mut group = None;
+    let args = match args.transport {
+        None => args,
+        Some(transport) => {
+            if args.backend != "cpu" || args.predict || args.compare.is_some() {
+                return Err(
+                    "--transport runs the CPU executor across processes: use it with --backend cpu, without --predict or --compare".to_owned(),
+                );
+            }
+            // FERROCOLL_ALGO and FERROCOLL_TIMEOUT_MS apply as for threads.
+            let env = ferrocoll::env::cpu_config_from_env(CpuConfig::default())
+                .map_err(|e| e.to_string())?;
+            let boot =
+                ferrocoll::env::bootstrap_from_env(env.timeout).map_err(|e| e.to_string())?;
+            owned = args.clone();
+            owned.ranks = boot.world_size;
+            let config = ferrocoll::process::ProcessConfig {
+                transport,
+                timeout: env.timeout,
+                algorithm: env.algorithm,
+                max_message_bytes: args
+                    .max_chunk_bytes
+                    .unwrap_or(ferrocoll::process::ProcessConfig::default().max_message_bytes),
+                schedule: custom_schedule(&owned)?,
+                ..ferrocoll::process::ProcessConfig::default()
+            };
+            let comm = ferrocoll::process::ProcessCommunicator::connect(
+                boot.store,
+                boot.rank,
+                boot.world_size,
+                &config,
+            )
+            .map_err(|e| e.to_string())?;
+            group = Some((std::sync::Mutex::new(comm), config));
+            &owned
+        }
+    };
+    let show = group
+        .as_ref()
+        .is_none_or(|(c, _)| c.lock().map_or(true, |c| c.rank() == 0));
     if let Some(other) = &args.compare {
         if other != "nccl" || args.backend != "cuda" {
             return Err(format!(
@@ -235,7 +283,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         return Err("no algorithm given can run the collective(s) asked for".to_owned());
     }
     let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
-    report::print_header(args, &config);
+    if show {
+        report::print_header(args, &config, group.as_ref().map(|(_, p)| p));
+    }
     let measure = || -> Result<membw::MemoryBandwidth, String> {
         match &cuda {
             Some(devices) => cuda::device_bandwidth(devices[0]),
@@ -246,7 +296,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             )),
         }
     };
-    let bandwidth = match args.membw {
+    let bandwidth = match args.membw && show {
         true => {
             let bw = measure()?;
             report::print_membw(&bw, args.ranks);
@@ -254,7 +304,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         }
         false => None,
     };
-    let progress = std::io::stderr().is_terminal().then(|| {
+    let progress = (show && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new((sections.len() * sizes.len()) as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {msg}")
@@ -273,12 +323,25 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     };
     let mut rows: Vec<Row> = Vec::new();
     for section in &sections {
-        report::print_section(section, args.ranks);
+        if show {
+            report::print_section(section, args.ranks);
+        }
         let config = CpuConfig {
             algorithm: section.algorithm.or(config.algorithm),
             ..config.clone()
         };
         let mut section_rows = match &cuda {
+            None if group.is_some() => {
+                let (comm, process_config) = group.as_ref().expect("checked");
+                comm.lock()
+                    .map_err(|_| "the communicator is poisoned")?
+                    .set_algorithm(config.algorithm);
+                let backend = process::Process {
+                    comm,
+                    schedule: process_config.schedule.as_deref(),
+                };
+                run::section(args, &backend, section, &sizes, progress.as_ref())?
+            }
             Some(devices) if use_nccl => {
                 let backend = nccl::Nccl::new(devices.clone(), &config);
                 run::section(args, &backend, section, &sizes, progress.as_ref())?
@@ -351,6 +414,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             before
         }
     });
+    if !show {
+        return Ok(ExitCode::SUCCESS);
+    }
     let wrong = report::print_footer(&rows, bandwidth.as_ref(), args.ranks);
     if let Some(path) = &args.json {
         report::write_json(path, &rows, bandwidth.as_ref())

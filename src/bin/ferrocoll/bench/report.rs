@@ -43,7 +43,11 @@ pub(crate) fn ceiling(bw: &MemoryBandwidth, n: u32) -> f64 {
     bw.best * (n - 1.0) / (n * n)
 }
 
-pub(crate) fn print_header(args: &BenchArgs, config: &CpuConfig) {
+pub(crate) fn print_header(
+    args: &BenchArgs,
+    config: &CpuConfig,
+    process: Option<&ferrocoll::process::ProcessConfig>,
+) {
     println!(
         "# ferrocoll bench: backend {} ranks {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
         args.backend,
@@ -55,6 +59,18 @@ pub(crate) fn print_header(args: &BenchArgs, config: &CpuConfig) {
         args.iters,
         args.check
     );
+    if let Some(p) = process {
+        println!(
+            "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {}",
+            args.ranks,
+            p.transport,
+            p.max_message_bytes,
+            p.slots_per_link,
+            p.timeout,
+            p.algorithm.map_or("auto", |a| a.name())
+        );
+        return;
+    }
     println!(
         "# executor: cpu threads, max chunk {} B, {} slots per link, timeout {:?}, algorithm {}",
         config.max_chunk_bytes,

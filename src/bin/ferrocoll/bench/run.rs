@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use ferrocoll::Collective;
-use ferrocoll::comm::{CommError, Communicator, dispatch};
+use ferrocoll::comm::CommError;
 use ferrocoll::conformance::{KitElement, SplitMix64, expected, in_place_buffer, wrong_elements};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 
@@ -24,6 +24,11 @@ pub(crate) trait Backend: Sync {
     ) -> Result<Vec<Result<R, CommError>>, String>;
     /// The configured schedule, if the section runs one.
     fn schedule(&self) -> Option<&ferrocoll::Verified>;
+    /// The rank of the first result `run` returns (ranks in other
+    /// processes return their own).
+    fn first_rank(&self) -> u32 {
+        0
+    }
 }
 
 /// One rank of a [`Backend`].
@@ -50,6 +55,11 @@ pub(crate) trait BenchRank {
     ) -> Result<(), CommError>;
     /// The output, back on the host.
     fn output<T: KitElement>(&mut self, buffers: &Self::Buffers<T>) -> Result<Vec<T>, CommError>;
+    /// Every rank's wrong-element counts of a size, summed, when ranks are
+    /// processes (`None`: ranks share this process and its tally).
+    fn total_wrong(&mut self, _mine: [u64; 2]) -> Result<Option<[u64; 2]>, CommError> {
+        Ok(None)
+    }
 }
 
 /// The CPU executor with `config`.
@@ -73,44 +83,58 @@ impl Backend for Cpu<'_> {
     }
 }
 
-impl BenchRank for CpuCommunicator {
-    type Buffers<T: KitElement> = (Vec<T>, Vec<T>);
+/// `BenchRank` for a communicator on host memory: buffers are vectors and
+/// calls go through [`dispatch`]. Extra items (overrides) may follow.
+macro_rules! host_bench_rank {
+    ($ty:ty $(, $extra:item)*) => {
+        impl $crate::bench::run::BenchRank for $ty {
+            type Buffers<T: ferrocoll::conformance::KitElement> = (Vec<T>, Vec<T>);
 
-    fn rank(&self) -> u32 {
-        Communicator::rank(self)
-    }
+            fn rank(&self) -> u32 {
+                ferrocoll::comm::Communicator::rank(self)
+            }
 
-    fn world_size(&self) -> u32 {
-        Communicator::world_size(self)
-    }
+            fn world_size(&self) -> u32 {
+                ferrocoll::comm::Communicator::world_size(self)
+            }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
-        Communicator::barrier(self)
-    }
+            fn barrier(&mut self) -> Result<(), ferrocoll::comm::CommError> {
+                ferrocoll::comm::Communicator::barrier(self)
+            }
 
-    fn place<T: KitElement>(
-        &mut self,
-        input: &[T],
-        output: Vec<T>,
-    ) -> Result<(Vec<T>, Vec<T>), CommError> {
-        Ok((input.to_vec(), output))
-    }
+            fn place<T: ferrocoll::conformance::KitElement>(
+                &mut self,
+                input: &[T],
+                output: Vec<T>,
+            ) -> Result<(Vec<T>, Vec<T>), ferrocoll::comm::CommError> {
+                Ok((input.to_vec(), output))
+            }
 
-    fn call<T: KitElement>(
-        &mut self,
-        (input, output): &mut (Vec<T>, Vec<T>),
-        collective: Collective,
-        op: ferrocoll::ReduceOp,
-        in_place: bool,
-        _count: usize,
-    ) -> Result<(), CommError> {
-        dispatch(self, collective, op, in_place, input, output)
-    }
+            fn call<T: ferrocoll::conformance::KitElement>(
+                &mut self,
+                (input, output): &mut (Vec<T>, Vec<T>),
+                collective: ferrocoll::Collective,
+                op: ferrocoll::ReduceOp,
+                in_place: bool,
+                _count: usize,
+            ) -> Result<(), ferrocoll::comm::CommError> {
+                ferrocoll::comm::dispatch(self, collective, op, in_place, input, output)
+            }
 
-    fn output<T: KitElement>(&mut self, buffers: &(Vec<T>, Vec<T>)) -> Result<Vec<T>, CommError> {
-        Ok(buffers.1.clone())
-    }
+            fn output<T: ferrocoll::conformance::KitElement>(
+                &mut self,
+                buffers: &(Vec<T>, Vec<T>),
+            ) -> Result<Vec<T>, ferrocoll::comm::CommError> {
+                Ok(buffers.1.clone())
+            }
+
+            $($extra)*
+        }
+    };
 }
+pub(crate) use host_bench_rank;
+
+host_bench_rank!(CpuCommunicator);
 
 pub(crate) fn section<B: Backend>(
     args: &BenchArgs,
@@ -149,6 +173,7 @@ fn typed<T: KitElement, B: Backend>(
             let blocks = (collective.input_blocks(n).max(collective.output_blocks(n))) as usize;
             let count = size / (std::mem::size_of::<T>() * blocks);
             let mut measures = [None, None];
+            let mut mine = [0u64; 2];
             for (m, in_place) in [false, true].into_iter().enumerate() {
                 let proven_in_place = custom.is_none_or(|v| v.supports_in_place());
                 if in_place && (collective.in_place_alias(0).is_none() || !proven_in_place) {
@@ -158,7 +183,11 @@ fn typed<T: KitElement, B: Backend>(
                     comm, args, section, collective, count, in_place, i as u64,
                 )?;
                 wrong.lock().unwrap()[i][m] += bad;
+                mine[m] = bad;
                 measures[m] = Some(time);
+            }
+            if let Some(total) = comm.total_wrong(mine)? {
+                wrong.lock().unwrap()[i] = total;
             }
             comm.barrier()?;
             if comm.rank() == 0 {
@@ -207,7 +236,7 @@ fn typed<T: KitElement, B: Backend>(
         Ok(())
     })?;
     for (r, res) in results.into_iter().enumerate() {
-        res.map_err(|e| format!("rank {r}: {e}"))?;
+        res.map_err(|e| format!("rank {}: {e}", r as u32 + backend.first_rank()))?;
     }
     let mut rows = rows.into_inner().unwrap();
     rows.sort_by_key(|r| r.size);

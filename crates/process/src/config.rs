@@ -1,0 +1,90 @@
+//! Settings of a process group.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrocoll_core::choose::SharedChooser;
+use ferrocoll_core::{Algorithm, Verified};
+
+/// How the processes of a group exchange messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Shared-memory segments: every rank on one host.
+    Shm,
+    /// TCP connections, one per pair of ranks: any hosts.
+    Tcp,
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+        })
+    }
+}
+
+impl FromStr for TransportKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shm" => Ok(TransportKind::Shm),
+            "tcp" => Ok(TransportKind::Tcp),
+            other => Err(format!("unknown transport `{other}` (expected shm or tcp)")),
+        }
+    }
+}
+
+/// Settings of a process group; every rank must pass the same ones
+/// (the shared-memory segments are sized from them, and the plan of each
+/// call must come out the same everywhere).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessConfig {
+    /// Shared memory or TCP.
+    pub transport: TransportKind,
+    /// The longest any wait may last; a peer that dies is noticed sooner
+    /// (shared memory: within about 20 ms; TCP: when its connection closes).
+    pub timeout: Duration,
+    /// Force an algorithm; `None` asks `chooser`, then the CPU executor's rule.
+    pub algorithm: Option<Algorithm>,
+    /// Picks each call's algorithm. It must answer the same in every
+    /// process — feed it one topology (rank 0's, say), not each process's
+    /// own measurement.
+    pub chooser: Option<SharedChooser>,
+    /// Channels for ring, tree and direct.
+    pub channels: u32,
+    /// The largest message, in bytes: the shared-memory slot size, and the
+    /// bound on a step's message over TCP. Chunks are cut so that the
+    /// widest step of a schedule fits.
+    pub max_message_bytes: usize,
+    /// Messages each link holds in flight (at least the verifier's 2).
+    pub slots_per_link: u32,
+    /// Channels the shared-memory segments have room for; a schedule with
+    /// more is refused with an error naming this field.
+    pub max_channels: u32,
+    /// A schedule of your own: every call whose collective (with its root)
+    /// and world size match it runs this schedule.
+    pub schedule: Option<Arc<Verified>>,
+}
+
+impl Default for ProcessConfig {
+    fn default() -> Self {
+        ProcessConfig {
+            transport: TransportKind::Shm,
+            timeout: Duration::from_secs(60),
+            algorithm: None,
+            chooser: None,
+            channels: 1,
+            // Large enough that the per-message cost (a header and a
+            // doorbell) is small against the copy, small enough that a
+            // segment of 8 ranks stays in the tens of MiB.
+            max_message_bytes: 512 << 10,
+            slots_per_link: 4,
+            max_channels: 4,
+            schedule: None,
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! # ferrocoll-process
+//!
+//! ferrocoll's collectives with ranks as **processes**: the same verified
+//! schedules the in-process executor runs, moved over one of two
+//! transports —
+//!
+//! - **shared memory** (`shm`): every rank on one host; each rank's
+//!   incoming links are bounded rings of slots in a tmpfs segment every
+//!   rank maps, so a message costs one copy;
+//! - **TCP** (`tcp`): any hosts; one connection per pair of ranks, with
+//!   credits keeping each link to the verifier's bounded buffering.
+//!
+//! Processes meet through the rendezvous store
+//! ([`ferrocoll_rendezvous::Store`]; the facade's `env://` bootstrap and
+//! `ferrocoll launch` set it up):
+//!
+//! ```no_run
+//! use ferrocoll_core::comm::Communicator;
+//! use ferrocoll_core::ReduceOp;
+//! use ferrocoll_process::{ProcessCommunicator, ProcessConfig};
+//! use ferrocoll_rendezvous::Store;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (rank, world) = (0, 4); // from RANK and WORLD_SIZE
+//! let store = Store::join("127.0.0.1:29500", rank, std::time::Duration::from_secs(30))?;
+//! let mut comm = ProcessCommunicator::connect(store, rank, world, &ProcessConfig::default())?;
+//! let mut grads = vec![1.0f32; 1 << 20];
+//! comm.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Invariants
+//! - Every link holds at most `slots_per_link` unconsumed messages, in
+//!   order — the buffering model the verifier proved each schedule
+//!   deadlock-free under.
+//! - Every message carries its call's number and description; a peer that
+//!   called something else is a [`CommError::Mismatch`](ferrocoll_core::comm::CommError::Mismatch)
+//!   on the first message, not a hang.
+//! - No wait outlasts the timeout; a rank that fails tells its peers, and
+//!   a peer that dies (killed, crashed, connection closed) is an error on
+//!   every survivor, well within the timeout.
+//! - Every rank must pass the same [`ProcessConfig`] (checked when the
+//!   group forms) and make the same calls in the same order.
+
+mod communicator;
+mod config;
+mod exec;
+mod setup;
+mod transport;
+mod wire;
+
+pub use communicator::{AbortHandle, ProcessCommunicator};
+pub use config::{ProcessConfig, TransportKind};
+pub use setup::SetupError;

@@ -1,0 +1,82 @@
+//! How bytes move between the processes of a group.
+//!
+//! A transport offers the executor exactly the buffering model the
+//! verifier proved schedules against: one FIFO link per (sender, receiver,
+//! channel) holding at most `slots` unconsumed messages. Everything else —
+//! which step fires when, what is reduced — lives in the executor, so the
+//! two transports (shared memory, TCP) run the same code above them.
+
+pub(crate) mod shm;
+pub(crate) mod tcp;
+
+use std::time::Instant;
+
+use ferrocoll_core::Rank;
+use ferrocoll_core::comm::CommError;
+
+use crate::wire::Header;
+
+/// A received message, valid until [`Transport::release`] on its link.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Incoming {
+    pub call: u64,
+    pub len: usize,
+    /// The payload; aligned to 8 bytes (so to every element type).
+    pub payload: *const u8,
+}
+
+/// Moves messages between the ranks of one group (see the module docs).
+///
+/// Pointers handed out stay valid until the matching `commit` or
+/// `release`; the executor never holds one longer.
+pub(crate) trait Transport: Send {
+    /// Room for the next message of `len` payload bytes on the link to
+    /// `to`, or `None` while the link holds `slots` unconsumed messages.
+    /// Asking again without committing returns the same room.
+    fn reserve(&mut self, to: Rank, channel: u32, len: usize)
+    -> Result<Option<*mut u8>, CommError>;
+
+    /// Publish the message written into the reserved room.
+    fn commit(&mut self, to: Rank, channel: u32, header: &Header) -> Result<(), CommError>;
+
+    /// The oldest unconsumed message from `from`, if one has arrived.
+    fn peek(&mut self, from: Rank, channel: u32) -> Result<Option<Incoming>, CommError>;
+
+    /// The header of that message, to explain a mismatch.
+    fn peek_header(&mut self, from: Rank, channel: u32) -> Option<Header>;
+
+    /// Consume the oldest message from `from`, freeing its slot for the sender.
+    fn release(&mut self, from: Rank, channel: u32) -> Result<(), CommError>;
+
+    /// Messages sent to `to` on `channel` that it has not consumed yet.
+    fn unconsumed(&mut self, to: Rank, channel: u32) -> u64;
+
+    /// A counter that changes whenever anything arrives or is consumed;
+    /// read it before looking, then [`wait`](Self::wait) on it.
+    fn ticket(&self) -> u64;
+
+    /// Sleep until the ticket moves past `seen`, or `until`; peers' health
+    /// is checked meanwhile.
+    fn wait(&mut self, seen: u64, until: Instant);
+
+    /// `Err` once this rank or any peer failed or was lost.
+    fn check(&mut self) -> Result<(), CommError>;
+
+    /// Tell every peer this rank failed, and why (first failure wins).
+    fn fail(&mut self, reason: &str);
+
+    /// The highest channel number usable (`None`: unbounded).
+    fn max_channel(&self) -> Option<u32>;
+
+    /// Largest payload one message may carry (`None`: unbounded).
+    fn max_message(&self) -> Option<usize>;
+
+    /// A way to fail this rank from another thread.
+    fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync>;
+
+    /// Leave the group cleanly: peers will not count this rank's exit as a loss.
+    fn depart(&mut self);
+
+    /// Whether `peer` has left the group cleanly.
+    fn departed(&mut self, peer: Rank) -> bool;
+}

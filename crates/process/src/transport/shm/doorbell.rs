@@ -1,0 +1,68 @@
+//! Sleeping on a word of shared memory until another process changes it.
+//!
+//! On Linux this is a futex on the shared mapping (not the private kind,
+//! which works only within one process), so a waiter costs no CPU and
+//! wakes within microseconds of a ring. Elsewhere the waiter naps briefly.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// Ring: bump the word and wake every process sleeping on it.
+pub(crate) fn ring(word: &AtomicU32) {
+    word.fetch_add(1, Ordering::Release);
+    wake(word);
+}
+
+/// Sleep while `word` still reads `seen`, at most `limit`.
+pub(crate) fn sleep(word: &AtomicU32, seen: u32, limit: Duration) {
+    if word.load(Ordering::Acquire) != seen {
+        return;
+    }
+    wait(word, seen, limit);
+}
+
+#[cfg(target_os = "linux")]
+fn wait(word: &AtomicU32, seen: u32, limit: Duration) {
+    let ts = libc::timespec {
+        tv_sec: limit.as_secs() as libc::time_t,
+        tv_nsec: limit.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned 32-bit word; FUTEX_WAIT only reads
+    // it and returns at once if it no longer holds `seen`. Spurious
+    // returns (EINTR, EAGAIN, ETIMEDOUT) are fine: callers re-check.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live, aligned word touches no memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn wait(_word: &AtomicU32, _seen: u32, limit: Duration) {
+    std::thread::sleep(limit.min(Duration::from_micros(50)));
+}
+
+#[cfg(not(target_os = "linux"))]
+fn wake(_word: &AtomicU32) {}

@@ -1,0 +1,435 @@
+//! The shared-memory transport: processes of one host.
+//!
+//! Each rank owns one segment (a tmpfs file every rank maps) holding a
+//! control block and its **incoming** links: for every (sender, channel), a
+//! ring of `slots` slots of a fixed size, each a header and a payload. The
+//! sender writes a slot and then publishes it by bumping the link's
+//! `pushed` counter; the receiver reduces straight out of the slot and
+//! frees it by bumping `popped`. Each counter has exactly one writer, so
+//! the ring needs no lock — only release/acquire ordering. A message
+//! therefore costs one copy into the receiver's segment, the same as a
+//! pipe or MPI's shared-memory path, and none out of it.
+//!
+//! Waiting sleeps on the rank's doorbell word (a futex on Linux), which
+//! every sender and every consumer rings. While asleep, a rank checks
+//! every few milliseconds that its peers' processes still run, so a killed
+//! peer becomes an error long before the timeout.
+
+mod doorbell;
+mod liveness;
+pub(crate) mod segment;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ferrocoll_core::Rank;
+use ferrocoll_core::comm::CommError;
+
+use super::{Incoming, Transport};
+use crate::wire::{HEADER_BYTES, Header};
+use segment::Segment;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"fcollshm");
+/// Control block: magic, pid, doorbell, state, failure reason.
+const CONTROL_BYTES: usize = 4096;
+const PID_AT: usize = 8;
+const DOORBELL_AT: usize = 64;
+const STATE_AT: usize = 128;
+const REASON_LEN_AT: usize = 132;
+const REASON_AT: usize = 256;
+const REASON_BYTES: usize = CONTROL_BYTES - REASON_AT;
+/// A link's counters, each on its own cache line.
+const LINK_CONTROL_BYTES: usize = 128;
+const POPPED_AT: usize = 64;
+
+const LIVE: u32 = 0;
+const WRITING: u32 = 1;
+const FAILED: u32 = 2;
+const DEPARTED: u32 = 3;
+
+/// How often a sleeping rank looks at its peers' processes.
+const HEALTH_PERIOD: Duration = Duration::from_millis(20);
+/// How long a waiter spins before it sleeps, when ranks have cores of their own.
+const SPIN: Duration = Duration::from_micros(30);
+
+/// The shape of every segment of a group; every rank computes the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub world_size: u32,
+    /// Channels including the point-to-point one (the last).
+    pub channels: u32,
+    pub slots: u32,
+    pub slot_bytes: usize,
+}
+
+impl Shape {
+    fn slot_stride(&self) -> usize {
+        HEADER_BYTES + self.slot_bytes.next_multiple_of(64)
+    }
+
+    fn link_bytes(&self) -> usize {
+        LINK_CONTROL_BYTES + self.slots as usize * self.slot_stride()
+    }
+
+    /// Bytes of one rank's segment: its control block and one link per
+    /// (other rank, channel).
+    pub fn segment_bytes(&self) -> usize {
+        CONTROL_BYTES
+            + (self.world_size as usize).saturating_sub(1)
+                * self.channels as usize
+                * self.link_bytes()
+    }
+
+    /// Offset of the link from `from` on `channel` in `owner`'s segment.
+    fn link_at(&self, owner: Rank, from: Rank, channel: u32) -> usize {
+        debug_assert_ne!(owner, from);
+        let peer = if from < owner { from } else { from - 1 } as usize;
+        CONTROL_BYTES + (peer * self.channels as usize + channel as usize) * self.link_bytes()
+    }
+}
+
+/// The segments of a group as one rank sees them.
+struct Segments {
+    shape: Shape,
+    all: Vec<Segment>,
+}
+
+impl Segments {
+    fn word32(&self, rank: Rank, at: usize) -> &AtomicU32 {
+        // SAFETY: `at` is a 4-aligned offset inside the control block of a
+        // live mapping, and that word is only ever accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.all[rank as usize].base().add(at) as *mut u32) }
+    }
+
+    fn counter(&self, owner: Rank, from: Rank, channel: u32, at: usize) -> &AtomicU64 {
+        let offset = self.shape.link_at(owner, from, channel) + at;
+        // SAFETY: link offsets are 64-aligned inside the mapping, and the
+        // counters are only accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.all[owner as usize].base().add(offset) as *mut u64) }
+    }
+
+    fn slot(&self, owner: Rank, from: Rank, channel: u32, index: u64) -> *mut u8 {
+        let s = &self.shape;
+        let offset = s.link_at(owner, from, channel)
+            + LINK_CONTROL_BYTES
+            + (index % u64::from(s.slots)) as usize * s.slot_stride();
+        // SAFETY: the offset stays inside the owner's mapping by construction.
+        unsafe { self.all[owner as usize].base().add(offset) }
+    }
+
+    fn ring(&self, rank: Rank) {
+        doorbell::ring(self.word32(rank, DOORBELL_AT));
+    }
+
+    /// Record `rank`'s failure (first one wins) and wake everyone.
+    fn fail(&self, rank: Rank, reason: &str) {
+        let state = self.word32(rank, STATE_AT);
+        if state
+            .compare_exchange(LIVE, WRITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let bytes = &reason.as_bytes()[..reason.len().min(REASON_BYTES)];
+            let base = self.all[rank as usize].base();
+            // SAFETY: the WRITING state gives this thread the reason field
+            // alone; readers look at it only after seeing FAILED.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(REASON_AT), bytes.len());
+            }
+            self.word32(rank, REASON_LEN_AT)
+                .store(bytes.len() as u32, Ordering::Relaxed);
+            state.store(FAILED, Ordering::Release);
+        }
+        for r in 0..self.shape.world_size {
+            self.ring(r);
+        }
+    }
+
+    fn failure(&self, rank: Rank) -> Option<String> {
+        if self.word32(rank, STATE_AT).load(Ordering::Acquire) != FAILED {
+            return None;
+        }
+        let len =
+            (self.word32(rank, REASON_LEN_AT).load(Ordering::Relaxed) as usize).min(REASON_BYTES);
+        let mut bytes = vec![0u8; len];
+        // SAFETY: FAILED is stored after the reason, which never changes again.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.all[rank as usize].base().add(REASON_AT),
+                bytes.as_mut_ptr(),
+                len,
+            );
+        }
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}
+
+/// One rank's end of the shared-memory transport.
+pub(crate) struct ShmTransport {
+    rank: Rank,
+    segments: Arc<Segments>,
+    pids: Vec<u32>,
+    spin: bool,
+    last_health: Instant,
+    lost: Option<(Rank, String)>,
+}
+
+impl ShmTransport {
+    /// Create this rank's segment at `path`, sized for `shape`.
+    pub fn create_segment(path: &std::path::Path, shape: &Shape) -> std::io::Result<Segment> {
+        let segment = Segment::create(path, shape.segment_bytes())?;
+        // SAFETY: a fresh mapping no one else has opened yet.
+        unsafe {
+            (segment.base() as *mut u64).write(MAGIC);
+            (segment.base().add(PID_AT) as *mut u32).write(std::process::id());
+        }
+        Ok(segment)
+    }
+
+    /// Check a peer's freshly opened segment.
+    pub fn validate(segment: &Segment) -> std::io::Result<u32> {
+        // SAFETY: the segment is at least CONTROL_BYTES long (`open` checked
+        // the length) and its creator wrote these words before publishing it.
+        let (magic, pid) = unsafe {
+            (
+                (segment.base() as *const u64).read(),
+                (segment.base().add(PID_AT) as *const u32).read(),
+            )
+        };
+        if magic != MAGIC {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not a ferrocoll segment",
+            ));
+        }
+        Ok(pid)
+    }
+
+    /// The transport over every rank's mapped segment (`all[rank]` is ours).
+    pub fn new(rank: Rank, shape: Shape, all: Vec<Segment>, pids: Vec<u32>) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        ShmTransport {
+            rank,
+            spin: shape.world_size as usize <= cores,
+            segments: Arc::new(Segments { shape, all }),
+            pids,
+            last_health: Instant::now(),
+            lost: None,
+        }
+    }
+
+    fn health(&mut self) {
+        self.last_health = Instant::now();
+        if self.lost.is_some() {
+            return;
+        }
+        for peer in 0..self.segments.shape.world_size {
+            if peer == self.rank {
+                continue;
+            }
+            let state = self.segments.word32(peer, STATE_AT).load(Ordering::Acquire);
+            if state == DEPARTED || state == FAILED {
+                continue;
+            }
+            let pid = self.pids[peer as usize];
+            if !liveness::alive(pid) {
+                self.lost = Some((
+                    peer,
+                    format!(
+                        "lost: its process {pid} exited without leaving the group (killed or crashed)"
+                    ),
+                ));
+                return;
+            }
+        }
+    }
+}
+
+impl Transport for ShmTransport {
+    fn reserve(
+        &mut self,
+        to: Rank,
+        channel: u32,
+        len: usize,
+    ) -> Result<Option<*mut u8>, CommError> {
+        let s = &self.segments;
+        if len > s.shape.slot_bytes {
+            return Err(CommError::Backend {
+                message: format!(
+                    "a {len}-byte message does not fit the {}-byte shared-memory slots",
+                    s.shape.slot_bytes
+                ),
+            });
+        }
+        let pushed = s.counter(to, self.rank, channel, 0).load(Ordering::Relaxed);
+        let popped = s
+            .counter(to, self.rank, channel, POPPED_AT)
+            .load(Ordering::Acquire);
+        if pushed - popped >= u64::from(s.shape.slots) {
+            return Ok(None);
+        }
+        // SAFETY: the payload follows the header inside the slot.
+        Ok(Some(unsafe {
+            s.slot(to, self.rank, channel, pushed).add(HEADER_BYTES)
+        }))
+    }
+
+    fn commit(&mut self, to: Rank, channel: u32, header: &Header) -> Result<(), CommError> {
+        let s = &self.segments;
+        let pushed = s.counter(to, self.rank, channel, 0);
+        let index = pushed.load(Ordering::Relaxed);
+        let bytes = header.encode();
+        // SAFETY: the slot is free (reserve saw room and only this rank
+        // sends on the link), and the header region is HEADER_BYTES long.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                s.slot(to, self.rank, channel, index),
+                HEADER_BYTES,
+            );
+        }
+        pushed.store(index + 1, Ordering::Release);
+        s.ring(to);
+        Ok(())
+    }
+
+    fn peek(&mut self, from: Rank, channel: u32) -> Result<Option<Incoming>, CommError> {
+        Ok(self
+            .peek_header_at(from, channel)
+            .map(|(header, slot)| Incoming {
+                call: header.call,
+                len: header.len as usize,
+                // SAFETY: the payload follows the header inside the slot.
+                payload: unsafe { slot.add(HEADER_BYTES) },
+            }))
+    }
+
+    fn peek_header(&mut self, from: Rank, channel: u32) -> Option<Header> {
+        self.peek_header_at(from, channel).map(|(h, _)| h)
+    }
+
+    fn release(&mut self, from: Rank, channel: u32) -> Result<(), CommError> {
+        let s = &self.segments;
+        let popped = s.counter(self.rank, from, channel, POPPED_AT);
+        popped.store(popped.load(Ordering::Relaxed) + 1, Ordering::Release);
+        s.ring(from);
+        Ok(())
+    }
+
+    fn unconsumed(&mut self, to: Rank, channel: u32) -> u64 {
+        let s = &self.segments;
+        s.counter(to, self.rank, channel, 0).load(Ordering::Relaxed)
+            - s.counter(to, self.rank, channel, POPPED_AT)
+                .load(Ordering::Acquire)
+    }
+
+    fn ticket(&self) -> u64 {
+        u64::from(
+            self.segments
+                .word32(self.rank, DOORBELL_AT)
+                .load(Ordering::Acquire),
+        )
+    }
+
+    fn wait(&mut self, seen: u64, until: Instant) {
+        let bell = self.segments.word32(self.rank, DOORBELL_AT);
+        let seen = seen as u32;
+        let spin_until = Instant::now() + SPIN;
+        let mut spins = 0u32;
+        while bell.load(Ordering::Acquire) == seen {
+            if self.spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            spins += 1;
+            if spins % 64 == 0 && Instant::now() >= spin_until {
+                break;
+            }
+        }
+        let now = Instant::now();
+        if bell.load(Ordering::Acquire) == seen && now < until {
+            doorbell::sleep(bell, seen, (until - now).min(HEALTH_PERIOD));
+        }
+        if self.last_health.elapsed() >= HEALTH_PERIOD {
+            self.health();
+        }
+    }
+
+    fn check(&mut self) -> Result<(), CommError> {
+        let s = &self.segments;
+        if let Some(reason) = s.failure(self.rank) {
+            return Err(CommError::PeerFailed {
+                rank: self.rank,
+                reason,
+            });
+        }
+        for peer in 0..s.shape.world_size {
+            if let Some(reason) = s.failure(peer) {
+                return Err(CommError::PeerFailed { rank: peer, reason });
+            }
+        }
+        if let Some((rank, reason)) = &self.lost {
+            return Err(CommError::PeerFailed {
+                rank: *rank,
+                reason: reason.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, reason: &str) {
+        self.segments.fail(self.rank, reason);
+    }
+
+    fn max_channel(&self) -> Option<u32> {
+        Some(self.segments.shape.channels - 1)
+    }
+
+    fn max_message(&self) -> Option<usize> {
+        Some(self.segments.shape.slot_bytes)
+    }
+
+    fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
+        let (segments, rank) = (self.segments.clone(), self.rank);
+        Box::new(move |reason| segments.fail(rank, reason))
+    }
+
+    fn depart(&mut self) {
+        let _ = self.segments.word32(self.rank, STATE_AT).compare_exchange(
+            LIVE,
+            DEPARTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    fn departed(&mut self, peer: Rank) -> bool {
+        self.departed_peer(peer)
+    }
+}
+
+impl ShmTransport {
+    fn departed_peer(&self, peer: Rank) -> bool {
+        self.segments.word32(peer, STATE_AT).load(Ordering::Acquire) == DEPARTED
+    }
+
+    fn peek_header_at(&self, from: Rank, channel: u32) -> Option<(Header, *mut u8)> {
+        let s = &self.segments;
+        let pushed = s
+            .counter(self.rank, from, channel, 0)
+            .load(Ordering::Acquire);
+        let popped = s
+            .counter(self.rank, from, channel, POPPED_AT)
+            .load(Ordering::Relaxed);
+        if pushed == popped {
+            return None;
+        }
+        let slot = s.slot(self.rank, from, channel, popped);
+        let mut bytes = [0u8; HEADER_BYTES];
+        // SAFETY: the slot was published (acquire above) and stays ours
+        // until we bump `popped`.
+        unsafe { std::ptr::copy_nonoverlapping(slot, bytes.as_mut_ptr(), HEADER_BYTES) };
+        Some((Header::decode(&bytes), slot))
+    }
+}

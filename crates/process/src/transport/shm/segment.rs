@@ -1,0 +1,126 @@
+//! A file in shared memory mapped into this process: one rank's segment.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+/// A `MAP_SHARED` mapping of a whole file, unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    base: *mut u8,
+    len: usize,
+    path: PathBuf,
+    _file: File,
+}
+
+// SAFETY: the mapping is plain memory shared with other processes; every
+// access through it is either atomic or follows the slot protocol of the
+// shared-memory transport, which does not depend on which thread accesses.
+unsafe impl Send for Segment {}
+// SAFETY: as above; `&Segment` only hands out the base address.
+unsafe impl Sync for Segment {}
+
+/// Where segments live: tmpfs when the system has it.
+pub(crate) fn directory() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+impl Segment {
+    /// Create `path` (which must not exist) with `len` zeroed bytes, backed
+    /// now rather than on first touch, so a full tmpfs is an error here and
+    /// not a SIGBUS in the middle of a collective.
+    pub fn create(path: &Path, len: usize) -> std::io::Result<Segment> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        file.set_len(len as u64)?;
+        reserve(&file, len)?;
+        Segment::map(file, path, len)
+    }
+
+    /// Map an existing segment, which must hold at least `len` bytes.
+    pub fn open(path: &Path, len: usize) -> std::io::Result<Segment> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let actual = file.metadata()?.len();
+        if actual < len as u64 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} holds {actual} bytes, expected {len} (ranks configured differently?)",
+                    path.display()
+                ),
+            ));
+        }
+        Segment::map(file, path, len)
+    }
+
+    fn map(file: File, path: &Path, len: usize) -> std::io::Result<Segment> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared read-write mapping of `len` bytes of an
+        // open file at least that long; the kernel picks the address.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Segment {
+            base: base as *mut u8,
+            len,
+            path: path.to_path_buf(),
+            _file: file,
+        })
+    }
+
+    /// The first byte; page aligned.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Remove the file; mappings stay valid until each process unmaps.
+    pub fn unlink(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are exactly what `mmap` returned and nothing
+        // borrowed from the mapping outlives the segment (the transport
+        // owns both).
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.len.max(1));
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn reserve(file: &File, len: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on an open descriptor.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        // Filesystems without fallocate: fall back to touching on first use.
+        libc::EOPNOTSUPP | libc::EINVAL => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reserve(_file: &File, _len: usize) -> std::io::Result<()> {
+    Ok(())
+}

@@ -1,0 +1,449 @@
+//! The TCP transport: one connection per pair of ranks, any hosts.
+//!
+//! Frames are a 16-byte prefix (kind, channel, length) and, for data, the
+//! message header and payload. A reader thread per connection drains the
+//! socket into per-(sender, channel) queues and never blocks on the
+//! executor, so a sender's write always completes while its peer lives.
+//! The verifier's bounded links are kept with credits: a sender has at
+//! most `slots` unacknowledged messages per link, and the receiver returns
+//! one credit (an ack frame) per message it consumes.
+//!
+//! A peer that fails sends a `fail` frame with its reason; one that leaves
+//! cleanly sends `bye`. A connection that closes without either — the
+//! process was killed, or its host went away — marks the peer lost, which
+//! every waiting call reports at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferrocoll_core::Rank;
+use ferrocoll_core::comm::CommError;
+
+use super::{Incoming, Transport};
+use crate::wire::{HEADER_BYTES, Header};
+
+const DATA: u32 = 1;
+const ACK: u32 = 2;
+const FAIL: u32 = 3;
+const BYE: u32 = 4;
+const PREFIX_BYTES: usize = 16;
+/// The longest failure reason sent to peers.
+const MAX_REASON: usize = 4096;
+
+struct Message {
+    header: Header,
+    /// `u64`s so the payload is aligned for every element type.
+    data: Vec<u64>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    ticket: u64,
+    queues: HashMap<(Rank, u32), VecDeque<Message>>,
+    /// Credits returned per outgoing link.
+    acked: HashMap<(Rank, u32), u64>,
+    /// This rank's own failure, then the first peer failure heard of.
+    own_failure: Option<String>,
+    failure: Option<(Rank, String)>,
+    departed: Vec<bool>,
+    closing: bool,
+}
+
+struct Shared {
+    inbox: Mutex<Inbox>,
+    bell: Condvar,
+    /// Writing halves, one per peer (`None` for this rank).
+    writers: Vec<Option<Mutex<TcpStream>>>,
+}
+
+impl Shared {
+    fn inbox(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self, mut inbox: MutexGuard<'_, Inbox>) {
+        inbox.ticket += 1;
+        drop(inbox);
+        self.bell.notify_all();
+    }
+
+    fn send_frame(
+        &self,
+        to: Rank,
+        kind: u32,
+        channel: u32,
+        parts: &[&[u8]],
+    ) -> std::io::Result<()> {
+        let Some(writer) = &self.writers[to as usize] else {
+            return Ok(());
+        };
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut prefix = [0u8; PREFIX_BYTES];
+        prefix[0..4].copy_from_slice(&kind.to_le_bytes());
+        prefix[4..8].copy_from_slice(&channel.to_le_bytes());
+        prefix[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
+        w.write_all(&prefix)?;
+        for p in parts {
+            w.write_all(p)?;
+        }
+        Ok(())
+    }
+
+    /// Record this rank's failure (first wins) and tell every peer.
+    fn fail(&self, reason: &str) {
+        {
+            let mut inbox = self.inbox();
+            if inbox.own_failure.is_some() {
+                return;
+            }
+            inbox.own_failure = Some(reason.to_owned());
+            self.bump(inbox);
+        }
+        let cut = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+        for peer in 0..self.writers.len() as Rank {
+            let _ = self.send_frame(peer, FAIL, 0, &[cut]);
+        }
+    }
+}
+
+/// One rank's end of the TCP transport.
+pub(crate) struct TcpTransport {
+    rank: Rank,
+    slots: u64,
+    shared: Arc<Shared>,
+    sent: HashMap<(Rank, u32), u64>,
+    staging: HashMap<(Rank, u32), Vec<u64>>,
+    readers: Vec<JoinHandle<()>>,
+    streams: Vec<TcpStream>,
+}
+
+impl TcpTransport {
+    /// Take over one connected stream per peer (`None` for this rank).
+    pub fn new(
+        rank: Rank,
+        streams: Vec<Option<TcpStream>>,
+        slots: u32,
+        timeout: Duration,
+    ) -> std::io::Result<Self> {
+        let n = streams.len();
+        let mut writers = Vec::with_capacity(n);
+        let mut readers = Vec::with_capacity(n);
+        let mut kept = Vec::new();
+        for stream in &streams {
+            match stream {
+                Some(s) => {
+                    s.set_nodelay(true)?;
+                    s.set_write_timeout(Some(timeout))?;
+                    writers.push(Some(Mutex::new(s.try_clone()?)));
+                    readers.push(Some(s.try_clone()?));
+                    kept.push(s.try_clone()?);
+                }
+                None => {
+                    writers.push(None);
+                    readers.push(None);
+                }
+            }
+        }
+        let shared = Arc::new(Shared {
+            inbox: Mutex::new(Inbox {
+                departed: vec![false; n],
+                ..Inbox::default()
+            }),
+            bell: Condvar::new(),
+            writers,
+        });
+        let handles = readers
+            .into_iter()
+            .enumerate()
+            .filter_map(|(peer, s)| s.map(|s| (peer as Rank, s)))
+            .map(|(peer, stream)| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("ferrocoll-tcp-{rank}<-{peer}"))
+                    .spawn(move || read_loop(peer, stream, &shared))
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(TcpTransport {
+            rank,
+            slots: u64::from(slots),
+            shared,
+            sent: HashMap::new(),
+            staging: HashMap::new(),
+            readers: handles,
+            streams: kept,
+        })
+    }
+
+    fn lost(&self, to: Rank, e: &std::io::Error) -> CommError {
+        let reason = format!("lost: connection from rank {} broke: {e}", self.rank);
+        let mut inbox = self.shared.inbox();
+        if inbox.failure.is_none() {
+            inbox.failure = Some((to, reason.clone()));
+        }
+        drop(inbox);
+        CommError::PeerFailed { rank: to, reason }
+    }
+}
+
+/// Read frames from `peer` until the connection ends.
+fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
+    let ended = loop {
+        let mut prefix = [0u8; PREFIX_BYTES];
+        if let Err(e) = stream.read_exact(&mut prefix) {
+            break e;
+        }
+        let kind = u32::from_le_bytes(prefix[0..4].try_into().expect("4 bytes"));
+        let channel = u32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
+        let len = u64::from_le_bytes(prefix[8..16].try_into().expect("8 bytes")) as usize;
+        match kind {
+            DATA => {
+                let mut header = [0u8; HEADER_BYTES];
+                if let Err(e) = stream.read_exact(&mut header) {
+                    break e;
+                }
+                let payload = len - HEADER_BYTES.min(len);
+                let mut data = vec![0u64; payload.div_ceil(8)];
+                // SAFETY: viewing the u64 buffer's first `payload` bytes as
+                // bytes; it holds at least that many.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, payload)
+                };
+                if let Err(e) = stream.read_exact(bytes) {
+                    break e;
+                }
+                let mut inbox = shared.inbox();
+                inbox
+                    .queues
+                    .entry((peer, channel))
+                    .or_default()
+                    .push_back(Message {
+                        header: Header::decode(&header),
+                        data,
+                    });
+                shared.bump(inbox);
+            }
+            ACK => {
+                let mut inbox = shared.inbox();
+                *inbox.acked.entry((peer, channel)).or_default() += 1;
+                shared.bump(inbox);
+            }
+            FAIL => {
+                let mut reason = vec![0u8; len.min(MAX_REASON)];
+                if let Err(e) = stream.read_exact(&mut reason) {
+                    break e;
+                }
+                let mut inbox = shared.inbox();
+                if inbox.failure.is_none() {
+                    inbox.failure = Some((peer, String::from_utf8_lossy(&reason).into_owned()));
+                }
+                shared.bump(inbox);
+            }
+            BYE => {
+                let mut inbox = shared.inbox();
+                inbox.departed[peer as usize] = true;
+                shared.bump(inbox);
+            }
+            other => {
+                break std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("unknown frame kind {other}"),
+                );
+            }
+        }
+    };
+    let mut inbox = shared.inbox();
+    if !inbox.closing && !inbox.departed[peer as usize] && inbox.failure.is_none() {
+        let why = if ended.kind() == std::io::ErrorKind::UnexpectedEof {
+            "its connection closed without leaving the group (process killed or crashed)".to_owned()
+        } else {
+            format!("its connection failed: {ended}")
+        };
+        inbox.failure = Some((peer, format!("lost: {why}")));
+    }
+    shared.bump(inbox);
+}
+
+impl Transport for TcpTransport {
+    fn reserve(
+        &mut self,
+        to: Rank,
+        channel: u32,
+        len: usize,
+    ) -> Result<Option<*mut u8>, CommError> {
+        let sent = self.sent.get(&(to, channel)).copied().unwrap_or(0);
+        let acked = self
+            .shared
+            .inbox()
+            .acked
+            .get(&(to, channel))
+            .copied()
+            .unwrap_or(0);
+        if sent - acked >= self.slots {
+            return Ok(None);
+        }
+        let buf = self.staging.entry((to, channel)).or_default();
+        buf.resize(len.div_ceil(8).max(buf.len()), 0);
+        Ok(Some(buf.as_mut_ptr() as *mut u8))
+    }
+
+    fn commit(&mut self, to: Rank, channel: u32, header: &Header) -> Result<(), CommError> {
+        let len = header.len as usize;
+        let buf = self.staging.entry((to, channel)).or_default();
+        // SAFETY: `reserve` sized the staging buffer for `len` bytes.
+        let payload = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, len) };
+        let head = header.encode();
+        if let Err(e) = self.shared.send_frame(to, DATA, channel, &[&head, payload]) {
+            return Err(self.lost(to, &e));
+        }
+        *self.sent.entry((to, channel)).or_default() += 1;
+        Ok(())
+    }
+
+    fn peek(&mut self, from: Rank, channel: u32) -> Result<Option<Incoming>, CommError> {
+        let inbox = self.shared.inbox();
+        Ok(inbox
+            .queues
+            .get(&(from, channel))
+            .and_then(|q| q.front())
+            .map(|m| Incoming {
+                call: m.header.call,
+                len: m.header.len as usize,
+                // The vector's heap buffer does not move while the message
+                // is queued; only this thread pops it.
+                payload: m.data.as_ptr() as *const u8,
+            }))
+    }
+
+    fn peek_header(&mut self, from: Rank, channel: u32) -> Option<Header> {
+        self.shared
+            .inbox()
+            .queues
+            .get(&(from, channel))
+            .and_then(|q| q.front())
+            .map(|m| m.header.clone())
+    }
+
+    fn release(&mut self, from: Rank, channel: u32) -> Result<(), CommError> {
+        let popped = self
+            .shared
+            .inbox()
+            .queues
+            .get_mut(&(from, channel))
+            .and_then(|q| q.pop_front());
+        drop(popped);
+        if let Err(e) = self.shared.send_frame(from, ACK, channel, &[]) {
+            return Err(self.lost(from, &e));
+        }
+        Ok(())
+    }
+
+    fn unconsumed(&mut self, to: Rank, channel: u32) -> u64 {
+        let sent = self.sent.get(&(to, channel)).copied().unwrap_or(0);
+        sent - self
+            .shared
+            .inbox()
+            .acked
+            .get(&(to, channel))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn ticket(&self) -> u64 {
+        self.shared.inbox().ticket
+    }
+
+    fn wait(&mut self, seen: u64, until: Instant) {
+        let mut inbox = self.shared.inbox();
+        while inbox.ticket == seen {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            inbox = self
+                .shared
+                .bell
+                .wait_timeout(inbox, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn check(&mut self) -> Result<(), CommError> {
+        let inbox = self.shared.inbox();
+        if let Some(reason) = &inbox.own_failure {
+            return Err(CommError::PeerFailed {
+                rank: self.rank,
+                reason: reason.clone(),
+            });
+        }
+        if let Some((rank, reason)) = &inbox.failure {
+            return Err(CommError::PeerFailed {
+                rank: *rank,
+                reason: reason.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, reason: &str) {
+        self.shared.fail(reason);
+    }
+
+    fn max_channel(&self) -> Option<u32> {
+        None
+    }
+
+    fn max_message(&self) -> Option<usize> {
+        None
+    }
+
+    fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
+        let shared = self.shared.clone();
+        Box::new(move |reason| shared.fail(reason))
+    }
+
+    fn depart(&mut self) {
+        self.shared.inbox().closing = true;
+        for peer in 0..self.shared.writers.len() as Rank {
+            let _ = self.shared.send_frame(peer, BYE, 0, &[]);
+        }
+    }
+
+    fn departed(&mut self, peer: Rank) -> bool {
+        self.departed_peer(peer)
+    }
+}
+
+impl TcpTransport {
+    fn departed_peer(&self, peer: Rank) -> bool {
+        self.shared.inbox().departed[peer as usize]
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.depart();
+        // Our reads end once the peers close their side; shutting down our
+        // write side lets them see the close after `bye`.
+        for s in &self.streams {
+            let _ = s.shutdown(Shutdown::Write);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        for h in self.readers.drain(..) {
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            }
+        }
+        for s in &self.streams {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The header every message carries: which call it belongs to and what
+//! that call was, so ranks that disagree find out from the first message
+//! instead of exchanging anything extra.
+
+/// Bytes of a header on the wire and in a shared-memory slot. A multiple of
+/// 64 so the payload after it stays cache-line (and element) aligned.
+pub(crate) const HEADER_BYTES: usize = 128;
+
+/// Room for the call's description; longer ones are cut (they still
+/// compare equal only when the cut parts are equal, which the count,
+/// type and op at the front make decisive).
+const SIGNATURE_BYTES: usize = HEADER_BYTES - 8 - 8 - 2;
+
+/// A message's header.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// The sender's call number (point-to-point messages use their own
+    /// per-link numbering).
+    pub call: u64,
+    /// Payload bytes that follow.
+    pub len: u64,
+    signature_len: u16,
+    signature: [u8; SIGNATURE_BYTES],
+}
+
+impl std::fmt::Debug for Header {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Header")
+            .field("call", &self.call)
+            .field("len", &self.len)
+            .field("signature", &self.signature())
+            .finish()
+    }
+}
+
+impl Header {
+    pub fn new(call: u64, len: usize, signature: &str) -> Self {
+        let mut bytes = [0u8; SIGNATURE_BYTES];
+        let mut n = signature.len().min(SIGNATURE_BYTES);
+        while !signature.is_char_boundary(n) {
+            n -= 1;
+        }
+        bytes[..n].copy_from_slice(&signature.as_bytes()[..n]);
+        Header {
+            call,
+            len: len as u64,
+            signature_len: n as u16,
+            signature: bytes,
+        }
+    }
+
+    /// What the sender called, as it described it.
+    pub fn signature(&self) -> &str {
+        let n = usize::from(self.signature_len).min(SIGNATURE_BYTES);
+        std::str::from_utf8(&self.signature[..n]).unwrap_or("<garbled signature>")
+    }
+
+    /// Whether a message with this header belongs to the call `call`
+    /// described as `signature`.
+    pub fn same_call(&self, call: u64, signature: &str) -> bool {
+        self.call == call && self.signature() == Header::new(call, 0, signature).signature()
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[0..8].copy_from_slice(&self.call.to_le_bytes());
+        out[8..16].copy_from_slice(&self.len.to_le_bytes());
+        out[16..18].copy_from_slice(&self.signature_len.to_le_bytes());
+        out[18..].copy_from_slice(&self.signature);
+        out
+    }
+
+    pub fn decode(bytes: &[u8; HEADER_BYTES]) -> Self {
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let mut signature = [0u8; SIGNATURE_BYTES];
+        signature.copy_from_slice(&bytes[18..]);
+        Header {
+            call: word(0),
+            len: word(8),
+            signature_len: u16::from_le_bytes([bytes[16], bytes[17]]),
+            signature,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_cut_long_signatures_on_a_char_boundary() {
+        let h = Header::new(7, 4096, "all-reduce count=1024 type=f32 op=sum");
+        assert_eq!(Header::decode(&h.encode()), h);
+        assert_eq!(h.signature(), "all-reduce count=1024 type=f32 op=sum");
+        assert!(h.same_call(7, "all-reduce count=1024 type=f32 op=sum"));
+        assert!(!h.same_call(7, "all-reduce count=1023 type=f32 op=sum"));
+        assert!(!h.same_call(8, "all-reduce count=1024 type=f32 op=sum"));
+        let long = "é".repeat(100);
+        let cut = Header::new(1, 0, &long);
+        assert!(cut.signature().len() <= SIGNATURE_BYTES);
+        assert!(cut.same_call(1, &long));
+    }
+}

@@ -1,0 +1,190 @@
+//! Runs a test's ranks as real processes: the test binary starts copies of
+//! itself, each running one ignored "child" test with its rank in the
+//! environment, and meets them through a rendezvous store it hosts.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ferrocoll_process::{ProcessCommunicator, ProcessConfig, TransportKind};
+use ferrocoll_rendezvous::{Server, Store};
+
+/// What a child reads to know its part.
+pub struct ChildEnv {
+    pub rank: u32,
+    pub world_size: u32,
+    pub transport: TransportKind,
+    pub scenario: String,
+    pub store: String,
+}
+
+/// The child's settings, or `None` when this is not a child run.
+pub fn child_env() -> Option<ChildEnv> {
+    let var = |k: &str| std::env::var(k).ok();
+    Some(ChildEnv {
+        rank: var("FERROCOLL_TEST_RANK")?.parse().ok()?,
+        world_size: var("FERROCOLL_TEST_WORLD")?.parse().ok()?,
+        transport: var("FERROCOLL_TEST_TRANSPORT")?.parse().ok()?,
+        scenario: var("FERROCOLL_TEST_SCENARIO")?,
+        store: var("FERROCOLL_TEST_STORE")?,
+    })
+}
+
+/// Join the parent's store and form the group.
+pub fn connect(env: &ChildEnv, config: ProcessConfig) -> ProcessCommunicator {
+    // The parent hosts the store, so every child joins as a client (any
+    // rank but 0 does).
+    let store = Store::join(&env.store, 1, Duration::from_secs(30)).expect("join the store");
+    ProcessCommunicator::connect(
+        store,
+        env.rank,
+        env.world_size,
+        &ProcessConfig {
+            transport: env.transport,
+            ..config
+        },
+    )
+    .expect("form the group")
+}
+
+/// A finished child: exit code and everything it printed.
+#[derive(Debug)]
+pub struct Finished {
+    pub rank: u32,
+    pub code: Option<i32>,
+    pub output: String,
+    /// When it exited, measured from the start.
+    pub at: Duration,
+}
+
+/// Running children.
+pub struct Ranks {
+    pub children: Vec<Child>,
+    pub lines: mpsc::Receiver<(u32, String)>,
+    pub started: Instant,
+    _server: Server,
+}
+
+/// Start `n` children running `test` with `scenario`.
+pub fn spawn(test: &str, scenario: &str, n: u32, transport: TransportKind) -> Ranks {
+    let server = Server::start("127.0.0.1:0".parse().unwrap()).expect("host the store");
+    let (tx, lines) = mpsc::channel();
+    let children = (0..n)
+        .map(|rank| {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    test,
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("FERROCOLL_TEST_RANK", rank.to_string())
+                .env("FERROCOLL_TEST_WORLD", n.to_string())
+                .env("FERROCOLL_TEST_TRANSPORT", transport.to_string())
+                .env("FERROCOLL_TEST_SCENARIO", scenario)
+                .env("FERROCOLL_TEST_STORE", server.addr().to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a rank");
+            for stream in [
+                Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+                Box::new(child.stderr.take().unwrap()),
+            ] {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                        let _ = tx.send((rank, line));
+                    }
+                });
+            }
+            child
+        })
+        .collect();
+    Ranks {
+        children,
+        lines,
+        started: Instant::now(),
+        _server: server,
+    }
+}
+
+impl Ranks {
+    /// Wait for the first line containing `text`, up to `limit`.
+    pub fn wait_for_line(&self, text: &str, limit: Duration, log: &mut Vec<(u32, String)>) -> bool {
+        let deadline = Instant::now() + limit;
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            let hit = line.1.contains(text);
+            log.push(line);
+            if hit {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Wait for every child, killing all after `limit`; returns each one's
+    /// end and output.
+    pub fn finish(mut self, limit: Duration, mut log: Vec<(u32, String)>) -> Vec<Finished> {
+        let deadline = self.started + limit;
+        let mut ended: Vec<Option<(Option<i32>, Duration)>> = vec![None; self.children.len()];
+        while ended.iter().any(Option::is_none) {
+            for (r, child) in self.children.iter_mut().enumerate() {
+                if ended[r].is_none()
+                    && let Some(status) = child.try_wait().unwrap()
+                {
+                    ended[r] = Some((status.code(), self.started.elapsed()));
+                }
+            }
+            if Instant::now() >= deadline {
+                for (r, child) in self.children.iter_mut().enumerate() {
+                    if ended[r].is_none() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        ended[r] = Some((None, self.started.elapsed()));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Let the readers drain what the children printed last.
+        std::thread::sleep(Duration::from_millis(50));
+        log.extend(self.lines.try_iter());
+        ended
+            .into_iter()
+            .enumerate()
+            .map(|(r, e)| {
+                let (code, at) = e.unwrap();
+                let output = log
+                    .iter()
+                    .filter(|(rank, _)| *rank == r as u32)
+                    .map(|(_, l)| l.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                Finished {
+                    rank: r as u32,
+                    code,
+                    output,
+                    at,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Panic with every rank's output unless all exited with code 0.
+pub fn assert_all_ok(finished: &[Finished]) {
+    if finished.iter().any(|f| f.code != Some(0)) {
+        for f in finished {
+            eprintln!("--- rank {} (exit {:?}) ---\n{}", f.rank, f.code, f.output);
+        }
+        panic!("a rank failed");
+    }
+}

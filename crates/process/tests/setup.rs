@@ -1,0 +1,146 @@
+//! Forming a group, with ranks as threads of this test (the transports do
+//! not care whether their peers share a process): settings that differ,
+//! ranks out of range, an empty world, and a group that works.
+
+use std::time::Duration;
+
+use ferrocoll_core::ReduceOp;
+use ferrocoll_core::comm::Communicator;
+use ferrocoll_process::{ProcessCommunicator, ProcessConfig, SetupError, TransportKind};
+use ferrocoll_rendezvous::{Server, Store};
+
+fn join(server: &Server) -> Store {
+    Store::join(&server.addr().to_string(), 1, Duration::from_secs(5)).unwrap()
+}
+
+/// Form an `n`-rank group on threads, rank `r` with `config(r)`, and run `f` on each.
+fn threads<R: Send>(
+    n: u32,
+    config: impl Fn(u32) -> ProcessConfig + Sync,
+    f: impl Fn(Result<ProcessCommunicator, SetupError>) -> R + Sync,
+) -> Vec<R> {
+    let server = Server::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let (server, config, f) = (&server, &config, &f);
+                s.spawn(move || f(ProcessCommunicator::connect(join(server), r, n, &config(r))))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn threads_form_a_group_over_either_transport_and_reduce() {
+    for transport in [TransportKind::Shm, TransportKind::Tcp] {
+        let sums = threads(
+            3,
+            |_| ProcessConfig {
+                transport,
+                ..ProcessConfig::default()
+            },
+            |comm| {
+                let mut comm = comm.unwrap();
+                let mut x = vec![comm.rank() as i64 + 1; 100_000];
+                comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                comm.barrier().unwrap();
+                x.iter().all(|&v| v == 6)
+            },
+        );
+        assert_eq!(sums, vec![true; 3], "{transport}");
+    }
+}
+
+#[test]
+fn ranks_with_different_settings_are_refused_with_both_settings_named() {
+    let results = threads(
+        2,
+        |r| ProcessConfig {
+            max_message_bytes: if r == 1 { 8192 } else { 4096 },
+            timeout: Duration::from_secs(2),
+            ..ProcessConfig::default()
+        },
+        |comm| comm.err().map(|e| e.to_string()),
+    );
+    let rank1 = results[1].as_deref().expect("rank 1 must refuse");
+    assert!(
+        rank1.contains("max_message=8192") && rank1.contains("max_message=4096"),
+        "{rank1}"
+    );
+    // Rank 0 cannot know until the group fails to form: a bounded error, not a hang.
+    assert!(results[0].is_some());
+}
+
+#[test]
+fn a_bad_rank_or_an_empty_world_is_refused_before_anything_is_created() {
+    let server = Server::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    let e =
+        ProcessCommunicator::connect(join(&server), 4, 4, &ProcessConfig::default()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SetupError::RankOutOfRange {
+                rank: 4,
+                world_size: 4
+            }
+        ),
+        "{e}"
+    );
+    let e =
+        ProcessCommunicator::connect(join(&server), 0, 0, &ProcessConfig::default()).unwrap_err();
+    assert!(matches!(e, SetupError::EmptyWorld), "{e}");
+}
+
+#[test]
+fn bad_peers_and_roots_are_typed_errors_that_do_not_poison_the_group() {
+    let ok = threads(
+        2,
+        |_| ProcessConfig {
+            transport: TransportKind::Tcp,
+            ..ProcessConfig::default()
+        },
+        |comm| {
+            let mut comm = comm.unwrap();
+            let mut x = vec![1.0f32; 8];
+            let rank = comm.rank();
+            assert!(comm.broadcast_in_place(&mut x, 2).is_err());
+            assert!(comm.send(&x, rank).is_err());
+            assert!(comm.recv(&mut x, 7).is_err());
+            let mut short = vec![0.0f32; 3];
+            assert!(matches!(
+                comm.all_gather(&x, &mut short),
+                Err(ferrocoll_core::comm::CommError::BufferSize { .. })
+            ));
+            comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+            x[0] == 2.0
+        },
+    );
+    assert_eq!(ok, vec![true, true]);
+}
+
+#[test]
+fn a_recv_buffer_of_the_wrong_size_is_named() {
+    let errors = threads(
+        2,
+        |_| ProcessConfig {
+            timeout: Duration::from_secs(5),
+            ..ProcessConfig::default()
+        },
+        |comm| {
+            let mut comm = comm.unwrap();
+            if comm.rank() == 0 {
+                comm.send(&[1u32; 10], 1).err().map(|e| e.to_string())
+            } else {
+                let mut small = [0u32; 9];
+                comm.recv(&mut small, 0).err().map(|e| e.to_string())
+            }
+        },
+    );
+    let rank1 = errors[1].as_deref().unwrap();
+    assert!(
+        rank1.contains("recv buffer") && rank1.contains("40"),
+        "{rank1}"
+    );
+    assert!(errors[0].is_some(), "the sender learns of it too");
+}

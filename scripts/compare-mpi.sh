@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Usage: scripts/compare-mpi.sh [--install] [-n RANKS] [-- BENCH_ARGS...]
+#
+# Runs OpenMPI's MPI_Allreduce (scripts/mpi-allreduce.c) on RANKS processes
+# (default 4) over shared memory, printing an nccl-tests-style table.
+# BENCH_ARGS default to "-b 4K -e 64M -f 4 -n 20 -w 5".
+# If FERROCOLL_BIN points at a ferrocoll binary, the same sweep is then run
+# with ferrocoll's multi-process shm transport and its in-process executor,
+# so one run gives three tables to compare.
+#
+# OpenMPI is a comparison tool only, never a project dependency: nothing is
+# installed unless --install is given (Debian: openmpi-bin libopenmpi-dev).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ranks=4
+install=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --install) install=1; shift ;;
+    -n) ranks="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+  esac
+done
+args=("$@")
+[[ ${#args[@]} -gt 0 ]] || args=(-b 4K -e 64M -f 4 -n 20 -w 5)
+
+if [[ $install == 1 ]]; then
+  sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
+  $sudo apt-get install -y openmpi-bin libopenmpi-dev
+fi
+command -v mpicc >/dev/null || { echo "mpicc not found; rerun with --install" >&2; exit 1; }
+
+mkdir -p target
+mpicc -O2 -Wall -Wextra -o target/mpi-allreduce scripts/mpi-allreduce.c
+
+echo "== MPI: $(mpirun --version | head -n 1), $ranks ranks: ${args[*]}"
+# pml ob1 is forced because Debian's build prefers UCX, which would bypass
+# the btl list; "self,vader" then keeps all traffic in shared memory.
+# --allow-run-as-root is harmless for normal users and needed in containers.
+mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
+  --mca pml ob1 --mca btl self,vader \
+  target/mpi-allreduce "${args[@]}"
+
+if [[ -n ${FERROCOLL_BIN:-} ]]; then
+  echo "== ferrocoll, $ranks processes over shm: ${args[*]}"
+  "$FERROCOLL_BIN" launch -n "$ranks" -- "$FERROCOLL_BIN" bench --backend cpu \
+    --transport shm --op all-reduce "${args[@]}"
+  echo "== ferrocoll, $ranks ranks in one process: ${args[*]}"
+  "$FERROCOLL_BIN" bench --backend cpu --ranks "$ranks" --op all-reduce "${args[@]}"
+fi
