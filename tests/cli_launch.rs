@@ -1,7 +1,9 @@
 //! `ferrocoll launch` and the env:// bootstrap, end to end with real
 //! processes on this machine.
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn ferrocoll(args: &[&str]) -> Output {
@@ -52,7 +54,7 @@ fn a_failing_or_killed_rank_stops_the_rest_fast() {
         assert!(!out.status.success());
         assert!(started.elapsed() < Duration::from_secs(10), "{script}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("failed") && err.contains("stopped"), "{err}");
+        assert!(err.contains("failed") && err.contains("killed"), "{err}");
     }
 }
 
@@ -65,4 +67,194 @@ fn a_rank_outside_a_launch_is_told_how_to_start() {
         err.contains("RANK is not set") && err.contains("ferrocoll launch"),
         "{err}"
     );
+}
+
+#[test]
+fn bench_runs_every_collective_across_processes_over_shm_and_tcp() {
+    let bin = env!("CARGO_BIN_EXE_ferrocoll");
+    for (transport, n) in [("shm", "4"), ("tcp", "3")] {
+        let out = ferrocoll(&[
+            "launch",
+            "-n",
+            n,
+            "--",
+            bin,
+            "bench",
+            "--backend",
+            "cpu",
+            "--transport",
+            transport,
+            "--op",
+            "all",
+            "-b",
+            "1K",
+            "-e",
+            "256K",
+            "-f",
+            "16",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{transport}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("Out of bounds values : 0 OK"), "{text}");
+        assert!(
+            text.contains(&format!("processes over {transport}")),
+            "{text}"
+        );
+        // Only rank 0 prints the table; every collective has its section.
+        for op in [
+            "all-reduce",
+            "reduce-scatter",
+            "all-gather",
+            "broadcast",
+            "reduce",
+            "all-to-all",
+            "send-recv",
+        ] {
+            assert!(
+                text.contains(&format!("[rank 0] # {op} on {n} ranks")),
+                "{op}: {text}"
+            );
+        }
+        assert!(!text.contains("[rank 1] #"), "{text}");
+    }
+}
+
+/// Kill one of 4 bench processes mid-run: the other three must report the
+/// lost peer and exit non-zero on their own, well within the timeout, and
+/// the launcher must exit non-zero.
+fn kill_one_mid_bench(transport: &str) {
+    let bin = env!("CARGO_BIN_EXE_ferrocoll");
+    let mut launcher = Command::new(bin)
+        .args([
+            "launch",
+            "-n",
+            "4",
+            "--grace",
+            "20",
+            "--",
+            bin,
+            "bench",
+            "--backend",
+            "cpu",
+            "--transport",
+            transport,
+            // One size, iterated far longer than the test lasts: the kill
+            // lands mid-bench whatever the machine's speed.
+            "-b",
+            "1M",
+            "-e",
+            "1M",
+            "-n",
+            "1000000",
+            "-w",
+            "1",
+        ])
+        .env("FERROCOLL_TIMEOUT_MS", "30000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<(bool, String)>();
+    for (is_err, stream) in [
+        (
+            false,
+            Box::new(launcher.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        ),
+        (true, Box::new(launcher.stderr.take().unwrap())),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = tx.send((is_err, line));
+            }
+        });
+    }
+    drop(tx);
+    let mut log: Vec<String> = Vec::new();
+    let mut pid2: Option<String> = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Wait for the pids and for rank 0's table header (the group formed),
+    // then give the ranks a moment inside their collectives.
+    let mut formed = false;
+    while let Ok((_, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if let Some(list) = line.split("pids ").nth(1) {
+            pid2 = list
+                .split(' ')
+                .find_map(|p| p.strip_prefix("2="))
+                .map(str::to_owned);
+        }
+        formed |= line.starts_with("[rank 0] #") && line.contains("on 4 ranks");
+        log.push(line);
+        if formed && pid2.is_some() {
+            break;
+        }
+    }
+    let pid2 = pid2.unwrap_or_else(|| panic!("no pids printed: {log:#?}"));
+    assert!(formed, "the group never formed: {log:#?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        launcher.try_wait().unwrap().is_none(),
+        "the bench ended early: {log:#?}"
+    );
+    let killed = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-9", &pid2])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "the launcher hangs: {log:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = killed.elapsed();
+    log.extend(rx.iter().map(|(_, l)| l));
+    let all = log.join("\n");
+    assert!(!status.success(), "{all}");
+    assert!(
+        took < Duration::from_secs(10),
+        "{transport}: {took:?} from the kill to the launcher's exit (timeout 30 s)\n{all}"
+    );
+    for r in [0, 1, 3] {
+        assert!(
+            all.contains(&format!("[rank {r}] error:")) && all.contains("rank 2 failed: lost"),
+            "{transport}: rank {r} must report the lost peer itself\n{all}"
+        );
+    }
+    let summary = log
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("ferrocoll launch: rank"))
+        .unwrap();
+    assert!(summary.contains("rank 2 failed (signal: 9"), "{summary}");
+    assert!(
+        !summary.contains("killed"),
+        "the survivors exited on their own: {summary}"
+    );
+    println!("{transport}: survivors out {took:?} after the kill; {summary}");
+}
+
+#[test]
+fn killing_one_of_four_bench_processes_fails_the_others_fast_over_shm() {
+    kill_one_mid_bench("shm");
+}
+
+#[test]
+fn killing_one_of_four_bench_processes_fails_the_others_fast_over_tcp() {
+    kill_one_mid_bench("tcp");
 }

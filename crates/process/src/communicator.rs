@@ -125,7 +125,7 @@ impl ProcessCommunicator {
 
     /// Abort the group now (see [`AbortHandle::abort`]).
     pub fn abort(&mut self) {
-        self.transport.fail("aborted");
+        self.transport.fail(self.rank, "aborted");
     }
 
     fn comm_rank(&self) -> Rank {
@@ -159,7 +159,10 @@ impl ProcessCommunicator {
                     | CommError::SelfPeer { .. }
             )
         {
-            self.transport.fail(&e.to_string());
+            match e {
+                CommError::PeerFailed { rank, reason } => self.transport.fail(*rank, reason),
+                other => self.transport.fail(self.rank, &other.to_string()),
+            }
         }
         result
     }
@@ -228,8 +231,12 @@ impl ProcessCommunicator {
             input.map(<[T]>::len),
             output.len(),
         )?;
-        self.transport.check()?;
-        let result = self.run_collective(collective, count, input, output, op, None);
+        // A loss noticed during an earlier call fails this one; record it
+        // as this rank's failure too, so peers hear of it from us.
+        let result = self
+            .transport
+            .check()
+            .and_then(|()| self.run_collective(collective, count, input, output, op, None));
         self.fail_on(result)
     }
 
@@ -386,8 +393,10 @@ impl ProcessCommunicator {
 
     fn host_send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
         self.check_peer(peer)?;
-        self.transport.check()?;
-        let result = self.send_inner(data, peer);
+        let result = self
+            .transport
+            .check()
+            .and_then(|()| self.send_inner(data, peer));
         self.fail_on(result)
     }
 
@@ -431,8 +440,10 @@ impl ProcessCommunicator {
 
     fn host_recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
         self.check_peer(peer)?;
-        self.transport.check()?;
-        let result = self.recv_inner(buffer, peer);
+        let result = self
+            .transport
+            .check()
+            .and_then(|()| self.recv_inner(buffer, peer));
         self.fail_on(result)
     }
 
@@ -486,16 +497,17 @@ impl ProcessCommunicator {
     }
 
     fn host_barrier(&mut self) -> Result<(), CommError> {
-        self.transport.check()?;
         let mut token = [1u8];
-        let result = self.run_collective(
-            Collective::AllReduce,
-            1,
-            None,
-            &mut token,
-            ReduceOp::Max,
-            Some(Algorithm::Direct),
-        );
+        let result = self.transport.check().and_then(|()| {
+            self.run_collective(
+                Collective::AllReduce,
+                1,
+                None,
+                &mut token,
+                ReduceOp::Max,
+                Some(Algorithm::Direct),
+            )
+        });
         self.fail_on(result)
     }
 }
@@ -507,7 +519,7 @@ impl Drop for ProcessCommunicator {
         if std::thread::panicking() {
             // Dropped while unwinding: the program did not finish its calls,
             // so peers must hear of a failure, not a clean exit.
-            self.transport.fail("panicked");
+            self.transport.fail(self.rank, "panicked");
         } else {
             self.transport.depart();
         }

@@ -1,11 +1,12 @@
 //! `ferrocoll launch -n N -- <command…>`: start N local processes of one
 //! group with the `env://` variables, prefix their output with their rank,
 //! and fail fast: when one exits with an error (or is killed), the others
-//! are killed and the launcher exits non-zero.
+//! are killed — after `--grace` seconds in which they may report the loss
+//! themselves — and the launcher exits non-zero.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 
@@ -17,6 +18,11 @@ pub(crate) struct LaunchArgs {
     /// MASTER_PORT for the rendezvous; default: a free port.
     #[arg(long)]
     port: Option<u16>,
+    /// After a rank fails, give the others this many seconds to notice
+    /// and exit on their own (ferrocoll's communicators report a lost peer
+    /// within milliseconds) before killing them; 0 kills at once.
+    #[arg(long, default_value_t = 0.0)]
+    grace: f64,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -107,34 +113,69 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         }
         children.push((rank, child));
     }
-    // Wait for all; the first failure kills the rest.
+    let pids: Vec<String> = children
+        .iter()
+        .map(|(r, c)| format!("{r}={}", c.id()))
+        .collect();
+    eprintln!(
+        "ferrocoll launch: {} ranks, rendezvous 127.0.0.1:{port}, pids {}",
+        args.nproc,
+        pids.join(" ")
+    );
+    if !(args.grace >= 0.0 && args.grace.is_finite()) {
+        return Err("--grace must be a number of seconds, at least 0".into());
+    }
+    let grace = Duration::from_secs_f64(args.grace);
+    // Wait for all; the first failure kills the rest (after the grace).
     let mut failed: Option<(u32, String)> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut after: Vec<String> = Vec::new();
     let mut running: Vec<(u32, Child)> = children;
     while !running.is_empty() {
         let mut still = Vec::new();
+        let mut ended = Vec::new();
         for (rank, mut child) in running {
             match child.try_wait() {
-                Ok(Some(status)) if status.success() => {}
-                Ok(Some(status)) => {
-                    failed.get_or_insert((rank, status.to_string()));
-                }
+                Ok(Some(status)) => ended.push((rank, status)),
                 Ok(None) => still.push((rank, child)),
                 Err(e) => {
                     failed.get_or_insert((rank, e.to_string()));
                 }
             }
         }
+        // Of ranks that ended since the last look, one killed by a signal
+        // is the likelier cause: its peers exit with errors right after.
+        #[cfg(unix)]
+        ended.sort_by_key(|(_, status)| {
+            use std::os::unix::process::ExitStatusExt;
+            status.signal().is_none()
+        });
+        for (rank, status) in ended {
+            if failed.is_some() {
+                after.push(if status.success() {
+                    format!("rank {rank} exited cleanly")
+                } else {
+                    format!("rank {rank} {status}")
+                });
+            } else if !status.success() {
+                failed = Some((rank, status.to_string()));
+            }
+        }
         running = still;
         if failed.is_some() {
-            for (_, child) in &mut running {
-                stop(child);
+            let at = *kill_at.get_or_insert_with(|| Instant::now() + grace);
+            if Instant::now() >= at {
+                for (rank, child) in &mut running {
+                    stop(child);
+                    after.push(format!("rank {rank} killed"));
+                }
+                for (_, child) in &mut running {
+                    let _ = child.wait();
+                }
+                break;
             }
-            for (_, child) in &mut running {
-                let _ = child.wait();
-            }
-            break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     for f in forwarders {
         let _ = f.join();
@@ -142,7 +183,12 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     match failed {
         None => Ok(ExitCode::SUCCESS),
         Some((rank, why)) => {
-            eprintln!("ferrocoll launch: rank {rank} failed ({why}); the other ranks were stopped");
+            let rest = if after.is_empty() {
+                String::new()
+            } else {
+                format!("; then {}", after.join(", "))
+            };
+            eprintln!("ferrocoll launch: rank {rank} failed ({why}){rest}");
             Ok(ExitCode::from(1))
         }
     }

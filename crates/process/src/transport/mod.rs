@@ -62,8 +62,10 @@ pub(crate) trait Transport: Send {
     /// `Err` once this rank or any peer failed or was lost.
     fn check(&mut self) -> Result<(), CommError>;
 
-    /// Tell every peer this rank failed, and why (first failure wins).
-    fn fail(&mut self, reason: &str);
+    /// Tell every peer this rank failed because `culprit` did (itself, or
+    /// the peer whose failure it saw), and why; the first failure wins, so
+    /// every survivor names the rank that started it.
+    fn fail(&mut self, culprit: Rank, reason: &str);
 
     /// The highest channel number usable (`None`: unbounded).
     fn max_channel(&self) -> Option<u32>;

@@ -46,8 +46,9 @@ struct Inbox {
     queues: HashMap<(Rank, u32), VecDeque<Message>>,
     /// Credits returned per outgoing link.
     acked: HashMap<(Rank, u32), u64>,
-    /// This rank's own failure, then the first peer failure heard of.
-    own_failure: Option<String>,
+    /// This rank's own failure (with the rank that caused it), then the
+    /// first peer failure heard of.
+    own_failure: Option<(Rank, String)>,
     failure: Option<(Rank, String)>,
     departed: Vec<bool>,
     closing: bool,
@@ -94,19 +95,20 @@ impl Shared {
         Ok(())
     }
 
-    /// Record this rank's failure (first wins) and tell every peer.
-    fn fail(&self, reason: &str) {
+    /// Record this rank's failure, caused by `culprit` (first wins), and
+    /// tell every peer.
+    fn fail(&self, culprit: Rank, reason: &str) {
         {
             let mut inbox = self.inbox();
             if inbox.own_failure.is_some() {
                 return;
             }
-            inbox.own_failure = Some(reason.to_owned());
+            inbox.own_failure = Some((culprit, reason.to_owned()));
             self.bump(inbox);
         }
         let cut = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
         for peer in 0..self.writers.len() as Rank {
-            let _ = self.send_frame(peer, FAIL, 0, &[cut]);
+            let _ = self.send_frame(peer, FAIL, culprit, &[cut]);
         }
     }
 }
@@ -237,9 +239,10 @@ fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
                 if let Err(e) = stream.read_exact(&mut reason) {
                     break e;
                 }
+                // A fail frame's channel field names the rank that caused it.
                 let mut inbox = shared.inbox();
                 if inbox.failure.is_none() {
-                    inbox.failure = Some((peer, String::from_utf8_lossy(&reason).into_owned()));
+                    inbox.failure = Some((channel, String::from_utf8_lossy(&reason).into_owned()));
                 }
                 shared.bump(inbox);
             }
@@ -258,7 +261,10 @@ fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
     };
     let mut inbox = shared.inbox();
     if !inbox.closing && !inbox.departed[peer as usize] && inbox.failure.is_none() {
-        let why = if ended.kind() == std::io::ErrorKind::UnexpectedEof {
+        let why = if matches!(
+            ended.kind(),
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+        ) {
             "its connection closed without leaving the group (process killed or crashed)".to_owned()
         } else {
             format!("its connection failed: {ended}")
@@ -375,9 +381,9 @@ impl Transport for TcpTransport {
 
     fn check(&mut self) -> Result<(), CommError> {
         let inbox = self.shared.inbox();
-        if let Some(reason) = &inbox.own_failure {
+        if let Some((rank, reason)) = &inbox.own_failure {
             return Err(CommError::PeerFailed {
-                rank: self.rank,
+                rank: *rank,
                 reason: reason.clone(),
             });
         }
@@ -390,8 +396,8 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
-    fn fail(&mut self, reason: &str) {
-        self.shared.fail(reason);
+    fn fail(&mut self, culprit: Rank, reason: &str) {
+        self.shared.fail(culprit, reason);
     }
 
     fn max_channel(&self) -> Option<u32> {
@@ -403,8 +409,8 @@ impl Transport for TcpTransport {
     }
 
     fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
-        let shared = self.shared.clone();
-        Box::new(move |reason| shared.fail(reason))
+        let (shared, rank) = (self.shared.clone(), self.rank);
+        Box::new(move |reason| shared.fail(rank, reason))
     }
 
     fn depart(&mut self) {

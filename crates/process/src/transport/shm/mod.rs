@@ -37,6 +37,7 @@ const PID_AT: usize = 8;
 const DOORBELL_AT: usize = 64;
 const STATE_AT: usize = 128;
 const REASON_LEN_AT: usize = 132;
+const CULPRIT_AT: usize = 136;
 const REASON_AT: usize = 256;
 const REASON_BYTES: usize = CONTROL_BYTES - REASON_AT;
 /// A link's counters, each on its own cache line.
@@ -122,8 +123,9 @@ impl Segments {
         doorbell::ring(self.word32(rank, DOORBELL_AT));
     }
 
-    /// Record `rank`'s failure (first one wins) and wake everyone.
-    fn fail(&self, rank: Rank, reason: &str) {
+    /// Record `rank`'s failure, caused by `culprit` (first one wins), and
+    /// wake everyone.
+    fn fail(&self, rank: Rank, culprit: Rank, reason: &str) {
         let state = self.word32(rank, STATE_AT);
         if state
             .compare_exchange(LIVE, WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -138,6 +140,8 @@ impl Segments {
             }
             self.word32(rank, REASON_LEN_AT)
                 .store(bytes.len() as u32, Ordering::Relaxed);
+            self.word32(rank, CULPRIT_AT)
+                .store(culprit, Ordering::Relaxed);
             state.store(FAILED, Ordering::Release);
         }
         for r in 0..self.shape.world_size {
@@ -145,7 +149,8 @@ impl Segments {
         }
     }
 
-    fn failure(&self, rank: Rank) -> Option<String> {
+    /// `rank`'s failure: the rank that caused it, and why.
+    fn failure(&self, rank: Rank) -> Option<(Rank, String)> {
         if self.word32(rank, STATE_AT).load(Ordering::Acquire) != FAILED {
             return None;
         }
@@ -160,7 +165,8 @@ impl Segments {
                 len,
             );
         }
-        Some(String::from_utf8_lossy(&bytes).into_owned())
+        let culprit = self.word32(rank, CULPRIT_AT).load(Ordering::Relaxed);
+        Some((culprit, String::from_utf8_lossy(&bytes).into_owned()))
     }
 }
 
@@ -358,15 +364,12 @@ impl Transport for ShmTransport {
 
     fn check(&mut self) -> Result<(), CommError> {
         let s = &self.segments;
-        if let Some(reason) = s.failure(self.rank) {
-            return Err(CommError::PeerFailed {
-                rank: self.rank,
-                reason,
-            });
+        if let Some((rank, reason)) = s.failure(self.rank) {
+            return Err(CommError::PeerFailed { rank, reason });
         }
         for peer in 0..s.shape.world_size {
-            if let Some(reason) = s.failure(peer) {
-                return Err(CommError::PeerFailed { rank: peer, reason });
+            if let Some((rank, reason)) = s.failure(peer) {
+                return Err(CommError::PeerFailed { rank, reason });
             }
         }
         if let Some((rank, reason)) = &self.lost {
@@ -378,8 +381,8 @@ impl Transport for ShmTransport {
         Ok(())
     }
 
-    fn fail(&mut self, reason: &str) {
-        self.segments.fail(self.rank, reason);
+    fn fail(&mut self, culprit: Rank, reason: &str) {
+        self.segments.fail(self.rank, culprit, reason);
     }
 
     fn max_channel(&self) -> Option<u32> {
@@ -392,7 +395,7 @@ impl Transport for ShmTransport {
 
     fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
         let (segments, rank) = (self.segments.clone(), self.rank);
-        Box::new(move |reason| segments.fail(rank, reason))
+        Box::new(move |reason| segments.fail(rank, rank, reason))
     }
 
     fn depart(&mut self) {
