@@ -37,20 +37,25 @@ fn a_hand_written_schedule_file_verifies() {
     assert!(stdout(&out).contains("1 ok, 0 failed"));
 }
 
-#[test]
-fn a_broken_schedule_file_fails_with_every_violation() {
+/// The example star all-reduce, broken: rank 2 no longer sends its input
+/// to rank 0 but copies it locally instead.
+fn unproven_star() -> String {
     let good = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/schedules/star_all_reduce_3.json"
     ))
     .unwrap();
-    // Rank 2 no longer sends its input to rank 0: it copies it locally instead.
     let mut json: serde_json::Value = serde_json::from_str(&good).unwrap();
     json["ranks"][2]["channels"][0][0] = serde_json::json!({
         "read": { "buffer": "input", "chunk": 0 },
         "write": { "buffer": "output", "chunk": 0 }
     });
-    let broken = json.to_string();
+    json.to_string()
+}
+
+#[test]
+fn a_broken_schedule_file_fails_with_every_violation() {
+    let broken = unproven_star();
     let path = std::env::temp_dir().join(format!("ferrocoll-broken-{}.json", std::process::id()));
     std::fs::write(&path, broken).unwrap();
     let out = ferrocoll(&["verify", "--algo", path.to_str().unwrap()]);
@@ -184,6 +189,48 @@ fn bench_refuses_what_it_cannot_do() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--compare"));
     let out = ferrocoll(&["bench", "-d", "float128"]);
     assert_eq!(out.status.code(), Some(2));
+    let out = ferrocoll(&["bench", "--ranks", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ranks must be at least 1"));
+    let out = ferrocoll(&["bench", "--ranks", "2", "--op", "broadcast", "-r", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--root 2"));
+    let out = ferrocoll(&["bench", "--transport", "shm", "--predict"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--transport"));
+    let out = ferrocoll(&["launch", "-n", "0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
+}
+
+#[test]
+fn malformed_or_unproven_schedule_files_are_refused_with_where_and_why() {
+    let dir = std::env::temp_dir();
+    let syntax = dir.join(format!("ferrocoll-syntax-{}.json", std::process::id()));
+    std::fs::write(
+        &syntax,
+        "{\n  \"format\": \"ferrocoll-schedule\",\n  \"version\": 1,\n  oops\n}",
+    )
+    .unwrap();
+    let out = ferrocoll(&["verify", "--algo", syntax.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("line 4") && !err.contains("panicked"), "{err}");
+    let out = ferrocoll(&["bench", "--ranks", "3", "--algo", syntax.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let _ = std::fs::remove_file(&syntax);
+
+    // A file that parses but is wrong: bench refuses to run it and says why.
+    let broken = dir.join(format!("ferrocoll-unproven-{}.json", std::process::id()));
+    std::fs::write(&broken, unproven_star()).unwrap();
+    let out = ferrocoll(&["bench", "--ranks", "3", "--algo", broken.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains("rank 0 channel 0 step 0") && !err.contains("panicked"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&broken);
 }
 
 #[test]

@@ -58,6 +58,19 @@ fn topo_reads_smi_text_and_nccl_xml() {
         "{}",
         stderr(&out)
     );
+    for broken in ["unclosed", "mismatched", "bad_attribute"] {
+        let out = ferrocoll(&[
+            "topo",
+            "--nccl-xml",
+            &fixture(&format!("nccl_xml/{broken}.xml")),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{broken}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("line") && !err.contains("panicked"),
+            "{broken}: {err}"
+        );
+    }
 }
 
 #[test]

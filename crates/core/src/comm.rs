@@ -92,6 +92,50 @@ pub enum CommError {
     /// The schedule (a user's, or a bug in a built-in) did not verify.
     #[error(transparent)]
     Verify(#[from] Box<VerifyError>),
+    /// A group of no ranks was asked for.
+    #[error("a group needs at least one rank (world size 0)")]
+    EmptyGroup,
+    /// An out-of-place call's input and output overlap (raw-pointer calls
+    /// only; safe slices cannot alias).
+    #[error(
+        "input [{input:#x}, +{input_bytes}) and output [{output:#x}, +{output_bytes}) overlap; pass no input to run in place"
+    )]
+    Overlap {
+        /// Input address.
+        input: u64,
+        /// Input bytes.
+        input_bytes: usize,
+        /// Output address.
+        output: u64,
+        /// Output bytes.
+        output_bytes: usize,
+    },
+}
+
+/// `Err(CommError::Overlap)` if an out-of-place call's buffers share any
+/// byte: the executors read inputs while they write outputs, so an overlap
+/// would corrupt both. Raw-pointer entry points call this; in-place calls
+/// pass no input instead.
+pub fn check_disjoint(
+    input: u64,
+    input_bytes: usize,
+    output: u64,
+    output_bytes: usize,
+) -> Result<(), CommError> {
+    let (i_end, o_end) = (
+        input.saturating_add(input_bytes as u64),
+        output.saturating_add(output_bytes as u64),
+    );
+    if input_bytes == 0 || output_bytes == 0 || i_end <= output || o_end <= input {
+        Ok(())
+    } else {
+        Err(CommError::Overlap {
+            input,
+            input_bytes,
+            output,
+            output_bytes,
+        })
+    }
 }
 
 /// Collective operations on host memory, one communicator per rank.

@@ -104,10 +104,34 @@ fn bad_roots_and_buffer_sizes_are_typed_errors() {
                 world_size: 2
             }
         ));
+        let e = comm
+            .reduce_in_place(&mut buf, ReduceOp::Sum, 2)
+            .unwrap_err();
+        assert!(
+            matches!(e, CommError::RankOutOfRange { rank: 2, .. }),
+            "{e}"
+        );
+        let e = comm.send(&buf, 9).unwrap_err();
+        assert!(
+            matches!(e, CommError::RankOutOfRange { rank: 9, .. }),
+            "{e}"
+        );
         let input = vec![0u8; 4];
         let mut small = vec![0u8; 3];
         let e = comm.all_gather(&input, &mut small).unwrap_err();
         assert!(matches!(e, CommError::BufferSize { needed: 8, .. }), "{e}");
+        let e = comm
+            .all_reduce(&input, &mut small, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(matches!(e, CommError::BufferSize { needed: 4, .. }), "{e}");
+        let e = comm
+            .reduce_scatter(&input, &mut small, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(matches!(e, CommError::BufferSize { .. }), "{e}");
+        let odd = vec![0u8; 5];
+        let mut out = vec![0u8; 5];
+        let e = comm.all_to_all(&odd, &mut out).unwrap_err();
+        assert!(matches!(e, CommError::BufferSize { .. }), "{e}");
         // The group is still usable after errors caught before anything moved.
         comm.barrier()?;
         Ok(())
@@ -153,7 +177,7 @@ fn send_recv_and_barrier_work() {
 fn abort_from_a_watchdog_unblocks_every_rank_and_poisons_the_group() {
     // Rank 3 never calls; the others block in an all-reduce with a long
     // timeout; a watchdog aborts after 100 ms and everyone returns at once.
-    let comms = cpu::group(4, &config(60_000));
+    let comms = cpu::group(4, &config(60_000)).unwrap();
     let handle = comms[0].abort_handle();
     let started = Instant::now();
     let results: Vec<Result<(), CommError>> = std::thread::scope(|s| {
@@ -228,4 +252,55 @@ fn mismatched_types_and_ops_are_reported_not_hung() {
             .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
         "{results:?}"
     );
+}
+
+#[test]
+fn a_group_of_no_ranks_is_a_typed_error() {
+    assert!(matches!(
+        cpu::group(0, &config(1_000)),
+        Err(CommError::EmptyGroup)
+    ));
+    let results = cpu::run(0, &config(1_000), |_| Ok(()));
+    assert!(matches!(results.as_slice(), [Err(CommError::EmptyGroup)]));
+}
+
+#[test]
+fn a_recv_buffer_of_the_wrong_size_is_named_on_both_sides() {
+    let started = Instant::now();
+    let results = cpu::run(2, &config(10_000), |comm| {
+        if comm.rank() == 0 {
+            comm.send(&[1u32; 10], 1)
+        } else {
+            let mut small = [0u32; 9];
+            comm.recv(&mut small, 0)
+        }
+    });
+    let receiver = results[1].as_ref().unwrap_err();
+    assert!(
+        matches!(
+            receiver,
+            CommError::BufferSize {
+                what: "recv buffer (bytes)",
+                got: 36,
+                needed: 40
+            }
+        ),
+        "{receiver}"
+    );
+    assert!(results[0].is_err(), "the sender must not wait forever");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn overlapping_raw_buffers_are_refused() {
+    use ferrocoll_core::comm::check_disjoint;
+    assert!(check_disjoint(0x1000, 64, 0x1040, 64).is_ok());
+    assert!(check_disjoint(0x1040, 64, 0x1000, 64).is_ok());
+    assert!(check_disjoint(0x1000, 0, 0x1000, 64).is_ok());
+    let e = check_disjoint(0x1000, 65, 0x1040, 64).unwrap_err();
+    assert!(matches!(e, CommError::Overlap { .. }), "{e}");
+    assert!(e.to_string().contains("in place"), "{e}");
+    // Ranges that run past the top of the address space still compare.
+    assert!(check_disjoint(u64::MAX - 4, 64, u64::MAX - 8, 8).is_err());
+    assert!(check_disjoint(u64::MAX - 4, 64, u64::MAX - 8, 4).is_ok());
 }

@@ -162,7 +162,8 @@ impl CudaCommunicator {
     /// # Safety
     /// `output` (and `input`) address buffers of the collective's shape for
     /// `count`, on this rank's device, untouched by other work until the
-    /// call returns.
+    /// call returns. Overlapping `input` and `output` are refused
+    /// ([`CommError::Overlap`]); pass `None` to run in place.
     pub unsafe fn collective_raw(
         &mut self,
         collective: Collective,
@@ -194,6 +195,15 @@ impl CudaCommunicator {
                 rank: root,
                 world_size: n,
             });
+        }
+        if let Some(i) = input {
+            let bytes = |blocks: u32| blocks as usize * count * dtype.size_bytes();
+            ferrocoll_core::comm::check_disjoint(
+                i,
+                bytes(collective.input_blocks(n)),
+                output,
+                bytes(collective.output_blocks(n)),
+            )?;
         }
         let in_place = input.is_none();
         if in_place && collective.in_place_alias(self.rank).is_none() {

@@ -287,6 +287,8 @@ impl NcclCommunicator {
     /// # Safety
     /// The pointers address buffers of the collective's shape on this
     /// rank's device, untouched by other work until the call returns.
+    /// Overlapping `input` and `output` are refused; pass `None` to run in
+    /// place.
     pub unsafe fn collective_raw(
         &mut self,
         collective: Collective,
@@ -298,6 +300,16 @@ impl NcclCommunicator {
     ) -> Result<(), NcclError> {
         if self.aborted {
             return Err(NcclError::Invalid("the communicator was aborted".into()));
+        }
+        if let Some(i) = input {
+            let bytes = |blocks: u32| blocks as usize * count * dtype.size_bytes();
+            ferrocoll_core::comm::check_disjoint(
+                i,
+                bytes(collective.input_blocks(self.n)),
+                output,
+                bytes(collective.output_blocks(self.n)),
+            )
+            .map_err(|e| NcclError::Invalid(e.to_string()))?;
         }
         let lib = library()?;
         self.ctx.bind_to_thread()?;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::Communicator;
+use ferrocoll_core::comm::{CommError, Communicator};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, SetupError, TransportKind};
 use ferrocoll_rendezvous::{Server, Store};
 
@@ -104,13 +104,29 @@ fn bad_peers_and_roots_are_typed_errors_that_do_not_poison_the_group() {
             let mut comm = comm.unwrap();
             let mut x = vec![1.0f32; 8];
             let rank = comm.rank();
-            assert!(comm.broadcast_in_place(&mut x, 2).is_err());
-            assert!(comm.send(&x, rank).is_err());
-            assert!(comm.recv(&mut x, 7).is_err());
+            assert!(matches!(
+                comm.broadcast_in_place(&mut x, 2),
+                Err(CommError::RankOutOfRange {
+                    rank: 2,
+                    world_size: 2
+                })
+            ));
+            assert!(matches!(
+                comm.reduce_in_place(&mut x, ReduceOp::Sum, 5),
+                Err(CommError::RankOutOfRange { rank: 5, .. })
+            ));
+            assert!(matches!(
+                comm.send(&x, rank),
+                Err(CommError::SelfPeer { .. })
+            ));
+            assert!(matches!(
+                comm.recv(&mut x, 7),
+                Err(CommError::RankOutOfRange { rank: 7, .. })
+            ));
             let mut short = vec![0.0f32; 3];
             assert!(matches!(
                 comm.all_gather(&x, &mut short),
-                Err(ferrocoll_core::comm::CommError::BufferSize { .. })
+                Err(CommError::BufferSize { .. })
             ));
             comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
             x[0] == 2.0

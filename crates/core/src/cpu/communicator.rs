@@ -28,34 +28,43 @@ pub struct CpuCommunicator {
     calls: u64,
 }
 
-/// `n` communicators sharing one group, one per thread you start.
-pub fn group(n: u32, config: &CpuConfig) -> Vec<CpuCommunicator> {
+/// `n` communicators sharing one group, one per thread you start
+/// ([`CommError::EmptyGroup`] for `n == 0`).
+pub fn group(n: u32, config: &CpuConfig) -> Result<Vec<CpuCommunicator>, CommError> {
+    if n == 0 {
+        return Err(CommError::EmptyGroup);
+    }
     let slots = config
         .slots_per_link
         .max(crate::verify::DEFAULT_SLOTS_PER_LINK) as usize;
     let group = Arc::new(Group::new(n, slots));
     let config = Arc::new(config.clone());
-    (0..n)
+    Ok((0..n)
         .map(|rank| CpuCommunicator {
             group: group.clone(),
             config: config.clone(),
             rank,
             calls: 0,
         })
-        .collect()
+        .collect())
 }
 
 /// Run `f` on `n` threads, one communicator each, and collect what each
 /// returns. A rank whose `f` errors or panics fails the group, so the
-/// others return errors rather than wait for it.
+/// others return errors rather than wait for it. For `n == 0` the one
+/// result is [`CommError::EmptyGroup`].
 pub fn run<R, F>(n: u32, config: &CpuConfig, f: F) -> Vec<Result<R, CommError>>
 where
     R: Send,
     F: Fn(&mut CpuCommunicator) -> Result<R, CommError> + Sync,
 {
     let f = &f;
+    let comms = match group(n, config) {
+        Ok(comms) => comms,
+        Err(e) => return vec![Err(e)],
+    };
     std::thread::scope(|scope| {
-        let handles: Vec<_> = group(n, config)
+        let handles: Vec<_> = comms
             .into_iter()
             .map(|mut comm| {
                 scope.spawn(move || {

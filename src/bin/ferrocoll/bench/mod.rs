@@ -219,6 +219,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".to_owned());
     }
+    if args.root >= args.ranks {
+        return Err(format!(
+            "--root {} is out of range for {} ranks",
+            args.root, args.ranks
+        ));
+    }
     if args.min_bytes > args.max_bytes || args.step_factor < 2 {
         return Err("need -b <= -e and -f >= 2".to_owned());
     }
@@ -362,7 +368,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             for row in &mut section_rows {
                 let collective = match (&config.schedule, section.custom) {
                     (Some(v), true) => v.schedule().collective,
-                    _ => section.kind.with_root(args.root % args.ranks),
+                    _ => section.kind.with_root(args.root),
                 };
                 row.predicted_us = p.time_us(section, collective, row.size);
             }

@@ -164,7 +164,7 @@ fn typed<T: KitElement, B: Backend>(
     let custom = backend.schedule().filter(|_| section.custom);
     let collective = match custom {
         Some(v) => v.schedule().collective,
-        None => section.kind.with_root(args.root % n),
+        None => section.kind.with_root(args.root),
     };
     let rows: Mutex<Vec<Row>> = Mutex::new(Vec::new());
     let wrong: Mutex<Vec<[u64; 2]>> = Mutex::new(vec![[0, 0]; sizes.len()]);
