@@ -38,6 +38,9 @@ pub struct ProcessCommunicator {
     p2p_sent: Vec<u64>,
     p2p_received: Vec<u64>,
     plans: HashMap<(Algorithm, Collective, AlgorithmParams), Arc<Verified>>,
+    /// A hash of each schedule run so far (by its address), carried in
+    /// message headers so ranks running different plans notice.
+    fingerprints: HashMap<usize, u64>,
     /// Rank 0 hosts the store; keep it for the life of the group.
     _store: Store,
 }
@@ -99,6 +102,7 @@ impl ProcessCommunicator {
             p2p_sent: vec![0; world_size as usize],
             p2p_received: vec![0; world_size as usize],
             plans: HashMap::new(),
+            fingerprints: HashMap::new(),
             _store: store,
         })
     }
@@ -210,6 +214,19 @@ impl ProcessCommunicator {
         Ok(verified)
     }
 
+    /// A hash of `v`'s whole schedule, computed once per plan.
+    fn fingerprint(&mut self, v: &Arc<Verified>) -> u64 {
+        use std::hash::{Hash, Hasher};
+        *self
+            .fingerprints
+            .entry(Arc::as_ptr(v) as usize)
+            .or_insert_with(|| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                v.schedule().to_json().hash(&mut h);
+                h.finish()
+            })
+    }
+
     fn host_call<T: Reduce>(
         &mut self,
         collective: Collective,
@@ -297,9 +314,13 @@ impl ProcessCommunicator {
             size,
             chunk.unwrap_or(limit).min(limit).max(size),
         );
+        // The plan's hash and segment count come before the schedule's
+        // name, so they survive when a long name is cut to fit the header.
+        let fingerprint = self.fingerprint(&verified);
         let signature = format!(
-            "{collective} count={count} type={} op={op} schedule={}",
+            "{collective} count={count} type={} op={op} plan={fingerprint:016x}/{} schedule={}",
             T::DATA_TYPE,
+            layout.segments(),
             schedule.name
         );
         tracing::debug!(
@@ -358,9 +379,11 @@ impl ProcessCommunicator {
         Ok(())
     }
 
-    /// Wait until `ready` holds, bounded by the timeout and by peer failure.
+    /// Wait until `ready` holds, bounded by the timeout, by peer failure
+    /// and by `peer` leaving the group.
     fn wait_until(
         &mut self,
+        peer: Rank,
         what: impl Fn() -> String,
         mut ready: impl FnMut(&mut dyn Transport) -> Result<bool, CommError>,
     ) -> Result<(), CommError> {
@@ -371,6 +394,15 @@ impl ProcessCommunicator {
                 return Ok(());
             }
             self.transport.check()?;
+            if self.transport.departed(peer) {
+                return Err(CommError::PeerFailed {
+                    rank: peer,
+                    reason: format!(
+                        "left the group (its communicator was dropped) while this rank waited for {}",
+                        what()
+                    ),
+                });
+            }
             if Instant::now() >= deadline {
                 return Err(CommError::Timeout {
                     rank: self.rank,
@@ -417,6 +449,7 @@ impl ProcessCommunicator {
         for piece in pieces {
             let mut room = None;
             self.wait_until(
+                peer,
                 || format!("room on the link to rank {peer}"),
                 |t| {
                     room = t.reserve(peer, channel, piece.len())?;
@@ -433,6 +466,7 @@ impl ProcessCommunicator {
         }
         // Like the other executors: return once the peer has received it.
         self.wait_until(
+            peer,
             || format!("rank {peer} to receive a send"),
             |t| Ok(t.unconsumed(peer, channel) == 0),
         )
@@ -458,6 +492,7 @@ impl ProcessCommunicator {
         loop {
             let mut message = None;
             self.wait_until(
+                peer,
                 || format!("a send from rank {peer}"),
                 |t| {
                     message = t.peek(peer, channel)?;
@@ -479,11 +514,15 @@ impl ProcessCommunicator {
                 });
             }
             if m.call as usize != wanted || at + m.len > wanted {
-                return Err(CommError::BufferSize {
+                let e = CommError::BufferSize {
                     what: "recv buffer (bytes)",
                     got: wanted,
                     needed: m.call as usize,
-                });
+                };
+                // The send cannot complete: fail the group (this rank is
+                // the culprit) so the sender does not wait out its timeout.
+                self.transport.fail(self.rank, &e.to_string());
+                return Err(e);
             }
             // SAFETY: the message holds `m.len` bytes until released, and
             // `out + at .. + m.len` lies inside `buffer` (checked above).

@@ -240,24 +240,24 @@ fn tcp(
     let mut waiting = world_size - rank - 1;
     while waiting > 0 {
         match listener.accept() {
-            Ok((mut stream, from)) => {
-                stream
-                    .set_nonblocking(false)
-                    .and_then(|()| stream.set_read_timeout(Some(config.timeout)))
-                    .map_err(tcp_err(format!("set up the connection from {from}")))?;
+            Ok((mut stream, _from)) => {
+                // Read the greeting with what is left of the deadline (at
+                // most a second): a silent stranger must not stall us.
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .clamp(Duration::from_millis(10), Duration::from_secs(1));
                 let mut hello = [0u8; 8];
-                stream
-                    .read_exact(&mut hello)
-                    .map_err(tcp_err(format!("read the greeting from {from}")))?;
+                let greeted = stream
+                    .set_nonblocking(false)
+                    .and_then(|()| stream.set_read_timeout(Some(left)))
+                    .and_then(|()| stream.read_exact(&mut hello))
+                    .and_then(|()| stream.set_read_timeout(None));
                 let peer = u32::from_le_bytes(hello[4..].try_into().expect("4 bytes"));
                 let magic = u32::from_le_bytes(hello[..4].try_into().expect("4 bytes"));
-                if magic != HELLO || peer <= rank || peer >= world_size {
+                if greeted.is_err() || magic != HELLO || peer <= rank || peer >= world_size {
                     // Not one of ours (a port scanner, another job): ignore it.
                     continue;
                 }
-                stream
-                    .set_read_timeout(None)
-                    .map_err(tcp_err(format!("set up the connection from rank {peer}")))?;
                 if streams[peer as usize].replace(stream).is_none() {
                     waiting -= 1;
                 }
@@ -277,6 +277,12 @@ fn tcp(
             Err(e) => return Err(tcp_err("accept".into())(e)),
         }
     }
-    TcpTransport::new(rank, streams, config.slots_per_link.max(2), config.timeout)
-        .map_err(tcp_err("start the connection readers".into()))
+    TcpTransport::new(
+        rank,
+        streams,
+        config.slots_per_link.max(2),
+        config.timeout,
+        config.max_message_bytes.max(64),
+    )
+    .map_err(tcp_err("start the connection readers".into()))
 }

@@ -158,5 +158,40 @@ fn a_recv_buffer_of_the_wrong_size_is_named() {
         rank1.contains("recv buffer") && rank1.contains("40"),
         "{rank1}"
     );
-    assert!(errors[0].is_some(), "the sender learns of it too");
+    let rank0 = errors[0].as_deref().expect("the sender learns of it too");
+    assert!(
+        rank0.contains("rank 1 failed") && rank0.contains("recv buffer"),
+        "{rank0}"
+    );
+}
+
+#[test]
+fn waiting_on_a_rank_that_left_is_an_error_at_once_not_a_timeout() {
+    for transport in [TransportKind::Shm, TransportKind::Tcp] {
+        let started = std::time::Instant::now();
+        let errors = threads(
+            2,
+            |_| ProcessConfig {
+                transport,
+                timeout: Duration::from_secs(30),
+                ..ProcessConfig::default()
+            },
+            |comm| {
+                let mut comm = comm.unwrap();
+                if comm.rank() == 1 {
+                    comm.barrier().unwrap();
+                    return None;
+                }
+                comm.barrier().unwrap();
+                let mut x = [0u8; 4];
+                comm.recv(&mut x, 1).err().map(|e| e.to_string())
+            },
+        );
+        let e = errors[0].as_deref().expect("rank 0 must fail");
+        assert!(
+            e.contains("rank 1 failed: left the group"),
+            "{transport}: {e}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{transport}");
+    }
 }

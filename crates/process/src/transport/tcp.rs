@@ -57,8 +57,13 @@ struct Inbox {
 struct Shared {
     inbox: Mutex<Inbox>,
     bell: Condvar,
-    /// Writing halves, one per peer (`None` for this rank).
-    writers: Vec<Option<Mutex<TcpStream>>>,
+    /// Writing halves, one per peer (`None` for this rank, and once a
+    /// write failed: a frame cut short would garble everything after it).
+    writers: Vec<Mutex<Option<TcpStream>>>,
+    /// Handles to shut a connection down while its writer is busy.
+    closers: Vec<Option<TcpStream>>,
+    /// The largest payload a data frame may announce.
+    max_payload: usize,
 }
 
 impl Shared {
@@ -72,27 +77,59 @@ impl Shared {
         self.bell.notify_all();
     }
 
+    /// Write one frame to `to`. A control frame (`wait` false) is skipped
+    /// — and the connection shut, so the peer still learns something is
+    /// wrong — rather than wait behind a data write that is stuck.
     fn send_frame(
         &self,
         to: Rank,
         kind: u32,
         channel: u32,
         parts: &[&[u8]],
+        wait: bool,
     ) -> std::io::Result<()> {
-        let Some(writer) = &self.writers[to as usize] else {
-            return Ok(());
+        let writer = &self.writers[to as usize];
+        let mut w = if wait {
+            writer.lock().unwrap_or_else(|e| e.into_inner())
+        } else {
+            match writer.try_lock() {
+                Ok(w) => w,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if let Some(s) = &self.closers[to as usize] {
+                        let _ = s.shutdown(Shutdown::Both);
+                    }
+                    return Err(std::io::ErrorKind::WouldBlock.into());
+                }
+            }
+        };
+        let Some(stream) = w.as_mut() else {
+            return if self.closers[to as usize].is_none() {
+                Ok(())
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "an earlier write to this peer failed",
+                ))
+            };
         };
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut prefix = [0u8; PREFIX_BYTES];
         prefix[0..4].copy_from_slice(&kind.to_le_bytes());
         prefix[4..8].copy_from_slice(&channel.to_le_bytes());
         prefix[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-        let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
-        w.write_all(&prefix)?;
-        for p in parts {
-            w.write_all(p)?;
+        let written = (|| {
+            stream.write_all(&prefix)?;
+            for p in parts {
+                stream.write_all(p)?;
+            }
+            Ok(())
+        })();
+        if written.is_err() {
+            let _ = stream.shutdown(Shutdown::Both);
+            *w = None;
         }
-        Ok(())
+        written
     }
 
     /// Record this rank's failure, caused by `culprit` (first wins), and
@@ -106,9 +143,12 @@ impl Shared {
             inbox.own_failure = Some((culprit, reason.to_owned()));
             self.bump(inbox);
         }
-        let cut = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+        let mut end = reason.len().min(MAX_REASON);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
         for peer in 0..self.writers.len() as Rank {
-            let _ = self.send_frame(peer, FAIL, culprit, &[cut]);
+            let _ = self.send_frame(peer, FAIL, culprit, &[&reason.as_bytes()[..end]], false);
         }
     }
 }
@@ -131,23 +171,27 @@ impl TcpTransport {
         streams: Vec<Option<TcpStream>>,
         slots: u32,
         timeout: Duration,
+        max_payload: usize,
     ) -> std::io::Result<Self> {
         let n = streams.len();
         let mut writers = Vec::with_capacity(n);
         let mut readers = Vec::with_capacity(n);
+        let mut closers = Vec::with_capacity(n);
         let mut kept = Vec::new();
         for stream in &streams {
             match stream {
                 Some(s) => {
                     s.set_nodelay(true)?;
                     s.set_write_timeout(Some(timeout))?;
-                    writers.push(Some(Mutex::new(s.try_clone()?)));
+                    writers.push(Mutex::new(Some(s.try_clone()?)));
                     readers.push(Some(s.try_clone()?));
+                    closers.push(Some(s.try_clone()?));
                     kept.push(s.try_clone()?);
                 }
                 None => {
-                    writers.push(None);
+                    writers.push(Mutex::new(None));
                     readers.push(None);
+                    closers.push(None);
                 }
             }
         }
@@ -158,6 +202,8 @@ impl TcpTransport {
             }),
             bell: Condvar::new(),
             writers,
+            closers,
+            max_payload,
         });
         let handles = readers
             .into_iter()
@@ -182,7 +228,11 @@ impl TcpTransport {
     }
 
     fn lost(&self, to: Rank, e: &std::io::Error) -> CommError {
-        let reason = format!("lost: connection from rank {} broke: {e}", self.rank);
+        let reason = if self.departed_peer(to) {
+            "left the group (its communicator was dropped) while messages were still due".to_owned()
+        } else {
+            format!("lost: connection from rank {} broke: {e}", self.rank)
+        };
         let mut inbox = self.shared.inbox();
         if inbox.failure.is_none() {
             inbox.failure = Some((to, reason.clone()));
@@ -201,14 +251,40 @@ fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
         }
         let kind = u32::from_le_bytes(prefix[0..4].try_into().expect("4 bytes"));
         let channel = u32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
-        let len = u64::from_le_bytes(prefix[8..16].try_into().expect("8 bytes")) as usize;
+        let len = u64::from_le_bytes(prefix[8..16].try_into().expect("8 bytes"));
+        // Lengths come from the wire: check them before trusting them, so
+        // a garbled or hostile stream is an error, not a huge allocation.
+        let fits = match kind {
+            DATA => {
+                (HEADER_BYTES as u64..=(HEADER_BYTES + shared.max_payload) as u64).contains(&len)
+            }
+            FAIL => len <= MAX_REASON as u64,
+            _ => len == 0,
+        };
+        if !fits {
+            break std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("protocol error: frame kind {kind} announces {len} bytes"),
+            );
+        }
+        let len = len as usize;
         match kind {
             DATA => {
                 let mut header = [0u8; HEADER_BYTES];
                 if let Err(e) = stream.read_exact(&mut header) {
                     break e;
                 }
-                let payload = len - HEADER_BYTES.min(len);
+                let payload = len - HEADER_BYTES;
+                let header = Header::decode(&header);
+                if header.len != payload as u64 {
+                    break std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "protocol error: a {payload}-byte payload whose header says {}",
+                            header.len
+                        ),
+                    );
+                }
                 let mut data = vec![0u64; payload.div_ceil(8)];
                 // SAFETY: viewing the u64 buffer's first `payload` bytes as
                 // bytes; it holds at least that many.
@@ -223,10 +299,7 @@ fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
                     .queues
                     .entry((peer, channel))
                     .or_default()
-                    .push_back(Message {
-                        header: Header::decode(&header),
-                        data,
-                    });
+                    .push_back(Message { header, data });
                 shared.bump(inbox);
             }
             ACK => {
@@ -235,7 +308,7 @@ fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
                 shared.bump(inbox);
             }
             FAIL => {
-                let mut reason = vec![0u8; len.min(MAX_REASON)];
+                let mut reason = vec![0u8; len];
                 if let Err(e) = stream.read_exact(&mut reason) {
                     break e;
                 }
@@ -254,7 +327,7 @@ fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
             other => {
                 break std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
-                    format!("unknown frame kind {other}"),
+                    format!("protocol error: unknown frame kind {other}"),
                 );
             }
         }
@@ -289,7 +362,7 @@ impl Transport for TcpTransport {
             .get(&(to, channel))
             .copied()
             .unwrap_or(0);
-        if sent - acked >= self.slots {
+        if sent.saturating_sub(acked) >= self.slots {
             return Ok(None);
         }
         let buf = self.staging.entry((to, channel)).or_default();
@@ -303,7 +376,10 @@ impl Transport for TcpTransport {
         // SAFETY: `reserve` sized the staging buffer for `len` bytes.
         let payload = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, len) };
         let head = header.encode();
-        if let Err(e) = self.shared.send_frame(to, DATA, channel, &[&head, payload]) {
+        if let Err(e) = self
+            .shared
+            .send_frame(to, DATA, channel, &[&head, payload], true)
+        {
             return Err(self.lost(to, &e));
         }
         *self.sent.entry((to, channel)).or_default() += 1;
@@ -342,7 +418,11 @@ impl Transport for TcpTransport {
             .get_mut(&(from, channel))
             .and_then(|q| q.pop_front());
         drop(popped);
-        if let Err(e) = self.shared.send_frame(from, ACK, channel, &[]) {
+        if let Err(e) = self.shared.send_frame(from, ACK, channel, &[], true) {
+            // A peer that left cleanly needs no more credit.
+            if self.departed_peer(from) {
+                return Ok(());
+            }
             return Err(self.lost(from, &e));
         }
         Ok(())
@@ -350,13 +430,14 @@ impl Transport for TcpTransport {
 
     fn unconsumed(&mut self, to: Rank, channel: u32) -> u64 {
         let sent = self.sent.get(&(to, channel)).copied().unwrap_or(0);
-        sent - self
-            .shared
-            .inbox()
-            .acked
-            .get(&(to, channel))
-            .copied()
-            .unwrap_or(0)
+        sent.saturating_sub(
+            self.shared
+                .inbox()
+                .acked
+                .get(&(to, channel))
+                .copied()
+                .unwrap_or(0),
+        )
     }
 
     fn ticket(&self) -> u64 {
@@ -416,7 +497,7 @@ impl Transport for TcpTransport {
     fn depart(&mut self) {
         self.shared.inbox().closing = true;
         for peer in 0..self.shared.writers.len() as Rank {
-            let _ = self.shared.send_frame(peer, BYE, 0, &[]);
+            let _ = self.shared.send_frame(peer, BYE, 0, &[], false);
         }
     }
 
@@ -451,5 +532,90 @@ impl Drop for TcpTransport {
         for s in &self.streams {
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// Rank 0's transport, connected to a test socket playing rank 1.
+    fn pair() -> (TcpTransport, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mine, _) = listener.accept().unwrap();
+        let t =
+            TcpTransport::new(0, vec![None, Some(mine)], 2, Duration::from_secs(5), 4096).unwrap();
+        (t, peer)
+    }
+
+    fn frame(kind: u32, channel: u32, len: u64) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&kind.to_le_bytes());
+        f.extend_from_slice(&channel.to_le_bytes());
+        f.extend_from_slice(&len.to_le_bytes());
+        f
+    }
+
+    fn failure_of(t: &mut TcpTransport) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Err(e) = t.check() {
+                return e.to_string();
+            }
+            assert!(Instant::now() < deadline, "the bad frame went unnoticed");
+            let seen = t.ticket();
+            t.wait(seen, Instant::now() + Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn frames_announcing_absurd_lengths_fail_the_peer_without_allocating() {
+        for bad in [
+            frame(DATA, 0, 1 << 60),
+            frame(DATA, 0, 3),
+            frame(FAIL, 0, 1 << 40),
+            frame(ACK, 0, 8),
+            frame(99, 0, 0),
+        ] {
+            let (mut t, mut peer) = pair();
+            peer.write_all(&bad).unwrap();
+            let e = failure_of(&mut t);
+            assert!(
+                e.contains("rank 1 failed") && e.contains("protocol error"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_payload_that_disagrees_with_its_header_is_refused() {
+        let (mut t, mut peer) = pair();
+        let header = Header::new(0, 100, "all-reduce").encode();
+        peer.write_all(&frame(DATA, 0, (HEADER_BYTES + 8) as u64))
+            .unwrap();
+        peer.write_all(&header).unwrap();
+        peer.write_all(&[0u8; 8]).unwrap();
+        let e = failure_of(&mut t);
+        assert!(e.contains("header says 100"), "{e}");
+        assert!(t.peek(1, 0).unwrap().is_none(), "nothing was queued");
+    }
+
+    #[test]
+    fn a_closed_connection_is_a_lost_peer_and_bye_is_not() {
+        let (mut t, peer) = pair();
+        drop(peer);
+        assert!(failure_of(&mut t).contains("lost"));
+        let (mut t, mut peer) = pair();
+        peer.write_all(&frame(BYE, 0, 0)).unwrap();
+        drop(peer);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !t.departed(1) {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(t.check().is_ok(), "leaving cleanly is not a failure");
     }
 }

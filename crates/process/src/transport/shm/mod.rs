@@ -271,7 +271,7 @@ impl Transport for ShmTransport {
         let popped = s
             .counter(to, self.rank, channel, POPPED_AT)
             .load(Ordering::Acquire);
-        if pushed - popped >= u64::from(s.shape.slots) {
+        if pushed.saturating_sub(popped) >= u64::from(s.shape.slots) {
             return Ok(None);
         }
         // SAFETY: the payload follows the header inside the slot.
@@ -300,14 +300,25 @@ impl Transport for ShmTransport {
     }
 
     fn peek(&mut self, from: Rank, channel: u32) -> Result<Option<Incoming>, CommError> {
-        Ok(self
-            .peek_header_at(from, channel)
-            .map(|(header, slot)| Incoming {
-                call: header.call,
-                len: header.len as usize,
-                // SAFETY: the payload follows the header inside the slot.
-                payload: unsafe { slot.add(HEADER_BYTES) },
-            }))
+        let Some((header, slot)) = self.peek_header_at(from, channel) else {
+            return Ok(None);
+        };
+        // The length comes from another process: never read past the slot.
+        if header.len > self.segments.shape.slot_bytes as u64 {
+            return Err(CommError::PeerFailed {
+                rank: from,
+                reason: format!(
+                    "protocol error: a message of {} bytes in a {}-byte slot",
+                    header.len, self.segments.shape.slot_bytes
+                ),
+            });
+        }
+        Ok(Some(Incoming {
+            call: header.call,
+            len: header.len as usize,
+            // SAFETY: the payload follows the header inside the slot.
+            payload: unsafe { slot.add(HEADER_BYTES) },
+        }))
     }
 
     fn peek_header(&mut self, from: Rank, channel: u32) -> Option<Header> {
@@ -324,9 +335,12 @@ impl Transport for ShmTransport {
 
     fn unconsumed(&mut self, to: Rank, channel: u32) -> u64 {
         let s = &self.segments;
-        s.counter(to, self.rank, channel, 0).load(Ordering::Relaxed)
-            - s.counter(to, self.rank, channel, POPPED_AT)
-                .load(Ordering::Acquire)
+        s.counter(to, self.rank, channel, 0)
+            .load(Ordering::Relaxed)
+            .saturating_sub(
+                s.counter(to, self.rank, channel, POPPED_AT)
+                    .load(Ordering::Acquire),
+            )
     }
 
     fn ticket(&self) -> u64 {
@@ -399,12 +413,17 @@ impl Transport for ShmTransport {
     }
 
     fn depart(&mut self) {
-        let _ = self.segments.word32(self.rank, STATE_AT).compare_exchange(
+        let s = &self.segments;
+        let _ = s.word32(self.rank, STATE_AT).compare_exchange(
             LIVE,
             DEPARTED,
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        // Wake anyone blocked on this rank, so they see it left.
+        for r in 0..s.shape.world_size {
+            s.ring(r);
+        }
     }
 
     fn departed(&mut self, peer: Rank) -> bool {
