@@ -3,52 +3,24 @@
 //! reference, in place and out of place, with chunks so small that even
 //! short buffers cross many segments.
 
-use std::sync::Mutex;
+mod common;
+
 use std::time::Duration;
 
-use ferrocoll_core::comm::Communicator;
-use ferrocoll_core::conformance::{Case, Harness, KitElement, call_case, check_case};
-use ferrocoll_core::cpu::{self, CpuConfig};
+use common::Cpu;
+use ferrocoll_core::conformance::{Case, check_case};
+use ferrocoll_core::cpu::CpuConfig;
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
-
-struct Cpu {
-    max_chunk_bytes: usize,
-}
-
-impl Harness for Cpu {
-    fn run<T: KitElement>(
-        &self,
-        case: &Case,
-        inputs: &[Vec<T>],
-        outputs: Vec<Vec<T>>,
-    ) -> Result<Vec<Vec<T>>, String> {
-        let config = CpuConfig {
-            timeout: Duration::from_secs(20),
-            algorithm: case.algorithm,
-            max_chunk_bytes: self.max_chunk_bytes,
-            ..CpuConfig::default()
-        };
-        let outputs: Vec<Mutex<Vec<T>>> = outputs.into_iter().map(Mutex::new).collect();
-        let results = cpu::run(case.world_size, &config, |comm| {
-            let r = comm.rank() as usize;
-            let mut out = std::mem::take(&mut *outputs[r].lock().unwrap());
-            call_case(comm, case, &inputs[r], &mut out)?;
-            Ok(out)
-        });
-        results
-            .into_iter()
-            .enumerate()
-            .map(|(r, x)| x.map_err(|e| format!("rank {r}: {e}")))
-            .collect()
-    }
-}
 
 fn supported() -> Vec<(Algorithm, CollectiveKind)> {
     ferrocoll_core::algorithms::applicable().collect()
 }
 
 fn run_all(cases: impl IntoIterator<Item = Case>, max_chunk_bytes: usize) -> usize {
-    let harness = Cpu { max_chunk_bytes };
+    let harness = Cpu {
+        max_chunk_bytes,
+        timeout: Duration::from_secs(20),
+    };
     let mut ran = 0;
     for case in cases {
         if let Err(e) = check_case(&harness, &case) {
