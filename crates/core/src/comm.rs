@@ -438,6 +438,32 @@ macro_rules! communicator_via_host_call {
     };
 }
 
+/// `Err(RankOutOfRange)` unless `rank` (a root or a peer) is a rank of a
+/// group of `world_size`.
+pub fn check_rank(rank: Rank, world_size: u32) -> Result<(), CommError> {
+    if rank < world_size {
+        Ok(())
+    } else {
+        Err(CommError::RankOutOfRange { rank, world_size })
+    }
+}
+
+/// The root of `collective`, if it has one, checked with [`check_rank`].
+pub fn check_root(collective: crate::Collective, world_size: u32) -> Result<(), CommError> {
+    collective
+        .root()
+        .map_or(Ok(()), |root| check_rank(root, world_size))
+}
+
+/// A send/recv peer of rank `me`: a rank of the group, and not `me`.
+pub fn check_peer(peer: Rank, me: Rank, world_size: u32) -> Result<(), CommError> {
+    check_rank(peer, world_size)?;
+    if peer == me {
+        return Err(CommError::SelfPeer { rank: peer });
+    }
+    Ok(())
+}
+
 fn buffer_size(what: &'static str, got: usize, needed: usize) -> CommError {
     CommError::BufferSize { what, got, needed }
 }

@@ -335,6 +335,39 @@ pub fn call_case<C: crate::comm::Communicator, T: KitElement>(
     Ok(())
 }
 
+/// The part every harness whose ranks are threads repeats: hand rank `r`
+/// its (poisoned) output, run the case through [`call_case`], and gather
+/// the outputs, naming the rank of any error. `launch` starts the
+/// executor's ranks and runs the given function on each — for the CPU
+/// executor, `|f| Ok(cpu::run(n, &config, f))`.
+pub fn run_on_threads<C, T, L>(
+    case: &Case,
+    inputs: &[Vec<T>],
+    outputs: Vec<Vec<T>>,
+    launch: L,
+) -> Result<Vec<Vec<T>>, String>
+where
+    C: crate::comm::Communicator,
+    T: KitElement,
+    L: FnOnce(
+        &(dyn Fn(&mut C) -> Result<Vec<T>, crate::comm::CommError> + Sync),
+    ) -> Result<Vec<Result<Vec<T>, crate::comm::CommError>>, String>,
+{
+    let outputs: Vec<std::sync::Mutex<Vec<T>>> =
+        outputs.into_iter().map(std::sync::Mutex::new).collect();
+    let per_rank = |comm: &mut C| {
+        let r = comm.rank() as usize;
+        let mut out = std::mem::take(&mut *outputs[r].lock().unwrap_or_else(|e| e.into_inner()));
+        call_case(comm, case, &inputs[r], &mut out)?;
+        Ok(out)
+    };
+    launch(&per_rank)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, x)| x.map_err(|e| format!("rank {r}: {e}")))
+        .collect()
+}
+
 /// Place rank `rank`'s input inside its output the way the in-place call of
 /// `c` expects; returns the buffer to pass.
 pub fn in_place_buffer<T: Element>(

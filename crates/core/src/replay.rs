@@ -40,8 +40,7 @@ pub fn replay<T: Copy>(
         "schedule not verified in place"
     );
     let blocks = |b: Buffer| (schedule.buffer_chunks(b) / schedule.chunks_per_block) as usize;
-    let scratch_len =
-        (schedule.scratch_chunks.div_ceil(schedule.chunks_per_block) as usize) * count;
+    let scratch_len = schedule.scratch_len(count);
     let mut memory: Vec<Memory<T>> = Vec::with_capacity(n as usize);
     for (r, (input, mut output)) in inputs.into_iter().zip(outputs).enumerate() {
         assert_eq!(

@@ -188,14 +188,7 @@ impl CudaCommunicator {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let n = self.shared.n;
-        if let Some(root) = collective.root()
-            && root >= n
-        {
-            return Err(CommError::RankOutOfRange {
-                rank: root,
-                world_size: n,
-            });
-        }
+        ferrocoll_core::comm::check_root(collective, n)?;
         if let Some(i) = input {
             let bytes = |blocks: u32| blocks as usize * count * dtype.size_bytes();
             ferrocoll_core::comm::check_disjoint(
@@ -576,16 +569,7 @@ impl CudaCommunicator {
 
 impl CudaCommunicator {
     fn check_peer(&self, peer: Rank) -> Result<(), CommError> {
-        if peer >= self.shared.n {
-            return Err(CommError::RankOutOfRange {
-                rank: peer,
-                world_size: self.shared.n,
-            });
-        }
-        if peer == self.rank {
-            return Err(CommError::SelfPeer { rank: peer });
-        }
-        Ok(())
+        ferrocoll_core::comm::check_peer(peer, self.rank, self.shared.n)
     }
 
     /// Copy a parcel from the sender's device into `buffer` on the host.

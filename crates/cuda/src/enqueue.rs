@@ -327,7 +327,7 @@ fn enqueue_into(
 
     // Memory: scratch per rank, mailboxes per link.
     let dev = |r: Rank| fabric.devices[r as usize];
-    let scratch_elems = s.scratch_chunks.div_ceil(s.chunks_per_block) as usize * call.count;
+    let scratch_elems = s.scratch_len(call.count);
     let mut scratch = vec![0u64; n];
     for r in 0..n {
         if scratch_elems > 0 {

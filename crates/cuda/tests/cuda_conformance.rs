@@ -4,11 +4,9 @@
 //! `FERROCOLL_CUDA_DEVICES=0,1` picks the devices ranks go round (default:
 //! every rank on device 0, as on a single-GPU machine).
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use ferrocoll_core::comm::Communicator;
-use ferrocoll_core::conformance::{Case, Harness, KitElement, call_case, check_case};
+use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, run_on_threads};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
 use ferrocoll_cuda::{CudaConfig, CudaError, probe};
 
@@ -55,19 +53,9 @@ impl Harness for Cuda {
             p2p: self.p2p,
             ..CudaConfig::default()
         };
-        let outputs: Vec<Mutex<Vec<T>>> = outputs.into_iter().map(Mutex::new).collect();
-        let results = ferrocoll_cuda::run(&devices(case.world_size), &config, |comm| {
-            let r = comm.rank() as usize;
-            let mut out = std::mem::take(&mut *outputs[r].lock().unwrap());
-            call_case(comm, case, &inputs[r], &mut out)?;
-            Ok(out)
+        run_on_threads(case, inputs, outputs, |f| {
+            ferrocoll_cuda::run(&devices(case.world_size), &config, f).map_err(|e| e.to_string())
         })
-        .map_err(|e| e.to_string())?;
-        results
-            .into_iter()
-            .enumerate()
-            .map(|(r, x)| x.map_err(|e| format!("rank {r}: {e}")))
-            .collect()
     }
 }
 

@@ -461,15 +461,7 @@ impl NcclCommunicator {
         buffer: Option<&mut [T]>,
         peer: Rank,
     ) -> Result<(), CommError> {
-        if peer >= self.n {
-            return Err(CommError::RankOutOfRange {
-                rank: peer,
-                world_size: self.n,
-            });
-        }
-        if peer == self.rank {
-            return Err(CommError::SelfPeer { rank: peer });
-        }
+        ferrocoll_core::comm::check_peer(peer, self.rank, self.n)?;
         let lib = library().map_err(NcclError::from)?;
         self.ctx.bind_to_thread().map_err(NcclError::from)?;
         let t = nccl_type(T::DATA_TYPE);

@@ -4,10 +4,9 @@
 //! devices; several ranks on one GPU need NCCL ≥ 2.30 with
 //! `NCCL_MULTI_RANK_GPU_ENABLE=1`, so without it only one rank runs.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use ferrocoll_core::conformance::{Case, Harness, KitElement, call_case, check_case};
+use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, run_on_threads};
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 use ferrocoll_nccl::NcclConfig;
 
@@ -50,19 +49,9 @@ impl Harness for Nccl {
         let config = NcclConfig {
             timeout: Duration::from_secs(30),
         };
-        let outputs: Vec<Mutex<Vec<T>>> = outputs.into_iter().map(Mutex::new).collect();
-        let results = ferrocoll_nccl::run(&devices(case.world_size), &config, |comm| {
-            let r = ferrocoll_core::comm::Communicator::rank(comm) as usize;
-            let mut out = std::mem::take(&mut *outputs[r].lock().unwrap());
-            call_case(comm, case, &inputs[r], &mut out)?;
-            Ok(out)
+        run_on_threads(case, inputs, outputs, |f| {
+            ferrocoll_nccl::run(&devices(case.world_size), &config, f).map_err(|e| e.to_string())
         })
-        .map_err(|e| e.to_string())?;
-        results
-            .into_iter()
-            .enumerate()
-            .map(|(r, x)| x.map_err(|e| format!("rank {r}: {e}")))
-            .collect()
     }
 }
 

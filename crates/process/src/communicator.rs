@@ -141,16 +141,7 @@ impl ProcessCommunicator {
     }
 
     fn check_peer(&self, peer: Rank) -> Result<(), CommError> {
-        if peer >= self.n {
-            return Err(CommError::RankOutOfRange {
-                rank: peer,
-                world_size: self.n,
-            });
-        }
-        if peer == self.rank {
-            return Err(CommError::SelfPeer { rank: peer });
-        }
-        Ok(())
+        ferrocoll_core::comm::check_peer(peer, self.rank, self.n)
     }
 
     /// Fail the group on an error this rank found, so no peer waits for it.
@@ -234,14 +225,7 @@ impl ProcessCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        if let Collective::Broadcast { root } | Collective::Reduce { root } = collective
-            && root >= self.n
-        {
-            return Err(CommError::RankOutOfRange {
-                rank: root,
-                world_size: self.n,
-            });
-        }
+        ferrocoll_core::comm::check_root(collective, self.n)?;
         let count = block_count(
             collective,
             self.n as usize,
@@ -299,15 +283,7 @@ impl ProcessCommunicator {
             });
         }
         // Cut chunks so the widest step's message fits one message.
-        let widest = schedule
-            .ranks
-            .iter()
-            .flat_map(|p| p.channels.iter().flatten())
-            .map(|s| s.chunks as usize)
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let limit = self.config.max_message_bytes.max(size) / widest;
+        let limit = self.config.max_message_bytes.max(size) / schedule.widest_step() as usize;
         let layout = Layout::with_max_chunk_bytes(
             count,
             schedule.chunks_per_block,
@@ -335,8 +311,7 @@ impl ProcessCommunicator {
             schedule.chunks_per_block,
             layout.segments(),
         );
-        let scratch_len =
-            schedule.scratch_chunks.div_ceil(schedule.chunks_per_block) as usize * count;
+        let scratch_len = schedule.scratch_len(count);
         let mut scratch: Vec<T> = Vec::with_capacity(scratch_len);
         let out = output.as_mut_ptr() as usize;
         let (input_base, output_base) = match input {

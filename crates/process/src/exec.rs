@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::cpu::Reduce;
 use ferrocoll_core::schedule::layout::Layout;
+use ferrocoll_core::schedule::progress::{Cursor, Progress};
 use ferrocoll_core::schedule::{Schedule, Slice, Step};
 use ferrocoll_core::{Rank, ReduceOp};
 
@@ -32,12 +33,6 @@ pub(crate) struct Call<'a> {
     pub call: u64,
     pub signature: &'a str,
     pub timeout: Duration,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Cursor {
-    segment: u32,
-    index: u32,
 }
 
 /// A contiguous run of a step's value in local memory: (offset into the
@@ -67,39 +62,23 @@ impl Call<'_> {
 /// Run every segment of the schedule for `call.rank`.
 pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, call: &Call) -> Result<(), CommError> {
     let program = &call.schedule.ranks[call.rank as usize];
-    let segments = call.layout.segments();
-    let mut cursors: Vec<Cursor> = program
-        .channels
-        .iter()
-        .map(|steps| Cursor {
-            segment: if steps.is_empty() { segments } else { 0 },
-            index: 0,
-        })
-        .collect();
+    let mut progress = Progress::new(program, call.layout.segments());
     let mut deadline = Instant::now() + call.timeout;
     loop {
         let seen = t.ticket();
         let mut progressed = false;
-        let mut done = true;
-        for channel in 0..cursors.len() {
-            while cursors[channel].segment < segments {
-                let steps = &program.channels[channel];
-                let at = cursors[channel];
-                let step = &steps[at.index as usize];
-                if !try_fire::<T>(t, call, channel as u32, step, at, &cursors)? {
+        for channel in 0..progress.channels() {
+            while let Some((at, step)) = progress.next(channel) {
+                if !progress.after_done(step, at)
+                    || !try_fire::<T>(t, call, channel as u32, step, at)?
+                {
                     break;
                 }
                 progressed = true;
-                let c = &mut cursors[channel];
-                c.index += 1;
-                if c.index as usize == steps.len() {
-                    c.index = 0;
-                    c.segment += 1;
-                }
+                progress.advance(channel);
             }
-            done &= cursors[channel].segment >= segments;
         }
-        if done {
+        if progress.done() {
             return Ok(());
         }
         if progressed {
@@ -108,12 +87,12 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, call: &Call) -> Result<(
         }
         t.check()?;
         find_mismatch(t, call, program.channels.len() as u32)?;
-        find_departed(t, call, &cursors, segments)?;
+        find_departed(t, call, &progress)?;
         if Instant::now() >= deadline {
             return Err(CommError::Timeout {
                 rank: call.rank,
                 timeout: call.timeout,
-                what: waiting_for(call, &cursors, segments),
+                what: progress.describe(),
             });
         }
         t.wait(seen, deadline);
@@ -136,18 +115,11 @@ fn find_mismatch(t: &mut dyn Transport, call: &Call, channels: u32) -> Result<()
 
 /// A peer this rank is blocked on that has left the group: it will never
 /// send or consume again, so waiting out the timeout would only delay the error.
-fn find_departed(
-    t: &mut dyn Transport,
-    call: &Call,
-    cursors: &[Cursor],
-    segments: u32,
-) -> Result<(), CommError> {
-    let program = &call.schedule.ranks[call.rank as usize];
-    for (channel, at) in cursors.iter().enumerate() {
-        if at.segment >= segments {
+fn find_departed(t: &mut dyn Transport, call: &Call, progress: &Progress) -> Result<(), CommError> {
+    for channel in 0..progress.channels() {
+        let Some((_, step)) = progress.next(channel) else {
             continue;
-        }
-        let step = &program.channels[channel][at.index as usize];
+        };
         for &peer in step.recv_from.iter().chain(&step.send_to) {
             let waiting = if step.recv_from.contains(&peer) {
                 t.peek(peer, channel as u32)?.is_none()
@@ -181,22 +153,6 @@ fn check_header(h: &Header, peer: Rank, call: &Call) -> Result<(), CommError> {
     Ok(())
 }
 
-fn waiting_for(call: &Call, cursors: &[Cursor], segments: u32) -> String {
-    let program = &call.schedule.ranks[call.rank as usize];
-    let mut parts = Vec::new();
-    for (channel, at) in cursors.iter().enumerate() {
-        if at.segment >= segments {
-            continue;
-        }
-        let step = &program.channels[channel][at.index as usize];
-        parts.push(format!(
-            "channel {channel} step {} of segment {} (receiving from {:?}, sending to {:?})",
-            at.index, at.segment, step.recv_from, step.send_to
-        ));
-    }
-    parts.join("; ")
-}
-
 /// Fire the step at `at` if it can fire now.
 fn try_fire<T: Reduce>(
     t: &mut dyn Transport,
@@ -204,19 +160,7 @@ fn try_fire<T: Reduce>(
     channel: u32,
     step: &Step,
     at: Cursor,
-    cursors: &[Cursor],
 ) -> Result<bool, CommError> {
-    for dep in &step.after {
-        let other = cursors[dep.channel as usize];
-        if other
-            <= (Cursor {
-                segment: at.segment,
-                index: dep.step,
-            })
-        {
-            return Ok(false);
-        }
-    }
     let mut incoming: Vec<Incoming> = Vec::with_capacity(step.recv_from.len());
     for &peer in &step.recv_from {
         match t.peek(peer, channel)? {

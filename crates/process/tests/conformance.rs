@@ -74,7 +74,7 @@ fn cases(n: u32) -> Vec<Case> {
 }
 
 #[test]
-#[ignore = "a rank of the multi-process tests; they start it"]
+#[ignore = "one rank of the multi-process tests in this file: they start copies of this binary running it with FERROCOLL_TEST_RANK set; alone it does nothing"]
 fn child() {
     let Some(env) = common::child_env() else {
         return;

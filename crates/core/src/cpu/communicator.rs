@@ -147,22 +147,11 @@ impl CpuCommunicator {
     }
 
     fn check_peer(&self, peer: Rank) -> Result<(), CommError> {
-        self.check_root(peer)?;
-        if peer == self.rank {
-            return Err(CommError::SelfPeer { rank: peer });
-        }
-        Ok(())
+        crate::comm::check_peer(peer, self.rank, self.group.n)
     }
 
     fn check_root(&self, root: Rank) -> Result<(), CommError> {
-        if root < self.group.n {
-            Ok(())
-        } else {
-            Err(CommError::RankOutOfRange {
-                rank: root,
-                world_size: self.group.n,
-            })
-        }
+        crate::comm::check_rank(root, self.group.n)
     }
 
     /// The plan of a call, why it was chosen, and the chunk size the
@@ -300,8 +289,7 @@ impl CpuCommunicator {
             schedule.chunks_per_block,
             layout.segments(),
         );
-        let scratch_len =
-            schedule.scratch_chunks.div_ceil(schedule.chunks_per_block) as usize * count;
+        let scratch_len = schedule.scratch_len(count);
         let mut scratch: Vec<T> = Vec::with_capacity(scratch_len);
         // In place, every access to the aliased view resolves into the
         // other buffer (`Schedule::physical`), so one base serves both.

@@ -22,6 +22,7 @@ use super::kernels::{self, Reduce};
 use super::plan::{Plan, Stable};
 use crate::comm::CommError;
 use crate::schedule::layout::Layout;
+use crate::schedule::progress::{Cursor, Progress};
 use crate::schedule::{Slice, Step};
 use crate::types::{Rank, ReduceOp};
 
@@ -40,12 +41,6 @@ pub(crate) struct Call<'a> {
     /// Base addresses of the physical input, output and scratch buffers.
     pub bases: [usize; 3],
     pub timeout: Duration,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Cursor {
-    segment: u32,
-    index: u32,
 }
 
 impl Call<'_> {
@@ -79,52 +74,30 @@ pub(crate) fn execute<T: Reduce>(call: &Call) -> Result<(), CommError> {
 fn run_segments<T: Reduce>(call: &Call) -> Result<(), CommError> {
     let schedule = call.plan.verified.schedule();
     let program = &schedule.ranks[call.rank as usize];
-    let segments = call.layout.segments();
-    let mut cursors: Vec<Cursor> = program
-        .channels
-        .iter()
-        .map(|steps| Cursor {
-            segment: if steps.is_empty() { segments } else { 0 },
-            index: 0,
-        })
-        .collect();
+    let mut progress = Progress::new(program, call.layout.segments());
     let mut deadline = Instant::now() + call.timeout;
     loop {
         let seen = call.group.generation(call.rank);
         call.group.check()?;
         let mut progressed = false;
-        let mut done = true;
-        for channel in 0..cursors.len() {
-            while cursors[channel].segment < segments {
-                let steps = &program.channels[channel];
-                let at = cursors[channel];
-                post_ahead::<T>(call, channel as u32, steps, at);
-                if !try_fire::<T>(
-                    call,
-                    channel as u32,
-                    &steps[at.index as usize],
-                    at,
-                    &cursors,
-                )? {
+        for channel in 0..progress.channels() {
+            while let Some((at, step)) = progress.next(channel) {
+                post_ahead::<T>(call, channel as u32, &program.channels[channel], at);
+                if !progress.after_done(step, at) || !try_fire::<T>(call, channel as u32, step, at)?
+                {
                     break;
                 }
                 progressed = true;
-                let c = &mut cursors[channel];
-                c.index += 1;
-                if c.index as usize == steps.len() {
-                    c.index = 0;
-                    c.segment += 1;
-                }
+                progress.advance(channel);
             }
-            done &= cursors[channel].segment >= segments;
         }
-        if done {
+        if progress.done() {
             break;
         }
         if progressed {
             deadline = Instant::now() + call.timeout;
         } else {
-            let what = || waiting_for(call, &cursors, segments);
+            let what = || progress.describe();
             call.group
                 .wait(call.rank, seen, deadline, what, call.timeout)?;
         }
@@ -165,19 +138,7 @@ fn try_fire<T: Reduce>(
     channel: u32,
     step: &Step,
     at: Cursor,
-    cursors: &[Cursor],
 ) -> Result<bool, CommError> {
-    for dep in &step.after {
-        let other = cursors[dep.channel as usize];
-        if other
-            <= (Cursor {
-                segment: at.segment,
-                index: dep.step,
-            })
-        {
-            return Ok(false);
-        }
-    }
     let group = call.group;
     let recv_links: Vec<Arc<Link>> = step
         .recv_from
@@ -492,26 +453,4 @@ fn drain(call: &Call, mut deadline: Instant) -> Result<(), CommError> {
             .wait(call.rank, seen, deadline, what, call.timeout)?;
         deadline = deadline.max(Instant::now());
     }
-}
-
-fn waiting_for(call: &Call, cursors: &[Cursor], segments: u32) -> String {
-    let schedule = call.plan.verified.schedule();
-    let program = &schedule.ranks[call.rank as usize];
-    let parts: Vec<String> = cursors
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.segment < segments)
-        .map(|(ch, c)| {
-            let step = &program.channels[ch][c.index as usize];
-            format!(
-                "channel {ch} step {} of segment {} ({}, from {:?} to {:?})",
-                c.index,
-                c.segment,
-                step.primitive_name(),
-                step.recv_from,
-                step.send_to
-            )
-        })
-        .collect();
-    parts.join("; ")
 }

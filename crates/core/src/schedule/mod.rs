@@ -16,6 +16,7 @@
 mod builder;
 mod json;
 pub mod layout;
+pub mod progress;
 mod render;
 mod step;
 
@@ -105,6 +106,23 @@ impl Schedule {
             .flat_map(|p| p.channels.iter())
             .map(Vec::len)
             .sum()
+    }
+
+    /// Elements of scratch one rank needs for a call of `count` elements
+    /// per block (scratch is laid out in blocks, like the buffers).
+    pub fn scratch_len(&self, count: usize) -> usize {
+        self.scratch_chunks.div_ceil(self.chunks_per_block) as usize * count
+    }
+
+    /// The most chunks one step covers (at least 1): a message is at most
+    /// this many chunks long, which bounds the chunk size an executor with
+    /// fixed-size message buffers may use.
+    pub fn widest_step(&self) -> u32 {
+        self.steps()
+            .map(|(_, s)| s.chunks)
+            .max()
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// Total number of messages (one per send target of every step).

@@ -1,11 +1,9 @@
 //! The CPU executor as a conformance-kit harness, shared by the tests that
 //! run the kit on threads.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use ferrocoll_core::comm::Communicator;
-use ferrocoll_core::conformance::{Case, Harness, KitElement, call_case};
+use ferrocoll_core::conformance::{Case, Harness, KitElement, run_on_threads};
 use ferrocoll_core::cpu::{self, CpuConfig};
 
 /// Every rank a thread; the case's algorithm forced.
@@ -29,17 +27,8 @@ impl Harness for Cpu {
             max_chunk_bytes: self.max_chunk_bytes,
             ..CpuConfig::default()
         };
-        let outputs: Vec<Mutex<Vec<T>>> = outputs.into_iter().map(Mutex::new).collect();
-        let results = cpu::run(case.world_size, &config, |comm| {
-            let r = comm.rank() as usize;
-            let mut out = std::mem::take(&mut *outputs[r].lock().unwrap());
-            call_case(comm, case, &inputs[r], &mut out)?;
-            Ok(out)
-        });
-        results
-            .into_iter()
-            .enumerate()
-            .map(|(r, x)| x.map_err(|e| format!("rank {r}: {e}")))
-            .collect()
+        run_on_threads(case, inputs, outputs, |f| {
+            Ok(cpu::run(case.world_size, &config, f))
+        })
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use ferrocoll::comm::{CommError, Communicator};
+use ferrocoll::comm::CommError;
 use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::cuda::{CudaCommunicator, CudaConfig, probe};
@@ -111,18 +111,6 @@ pub(crate) struct DeviceBuffers {
 
 impl BenchRank for CudaCommunicator {
     type Buffers<T: KitElement> = DeviceBuffers;
-
-    fn rank(&self) -> u32 {
-        Communicator::rank(self)
-    }
-
-    fn world_size(&self) -> u32 {
-        Communicator::world_size(self)
-    }
-
-    fn barrier(&mut self) -> Result<(), CommError> {
-        Communicator::barrier(self)
-    }
 
     fn place<T: KitElement>(
         &mut self,

@@ -2,7 +2,7 @@
 //! side-by-side comparison with `--backend cuda`.
 
 use cudarc::driver::{CudaSlice, DevicePtr};
-use ferrocoll::comm::{CommError, Communicator};
+use ferrocoll::comm::CommError;
 use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
@@ -51,18 +51,6 @@ pub(crate) struct Buffers {
 
 impl BenchRank for NcclCommunicator {
     type Buffers<T: KitElement> = Buffers;
-
-    fn rank(&self) -> u32 {
-        Communicator::rank(self)
-    }
-
-    fn world_size(&self) -> u32 {
-        Communicator::world_size(self)
-    }
-
-    fn barrier(&mut self) -> Result<(), CommError> {
-        Communicator::barrier(self)
-    }
 
     fn place<T: KitElement>(&mut self, input: &[T], output: Vec<T>) -> Result<Buffers, CommError> {
         let stream = self.stream().clone();

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use ferrocoll::Collective;
-use ferrocoll::comm::CommError;
+use ferrocoll::comm::{CommError, Communicator};
 use ferrocoll::conformance::{KitElement, SplitMix64, expected, in_place_buffer, wrong_elements};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 
@@ -31,13 +31,11 @@ pub(crate) trait Backend: Sync {
     }
 }
 
-/// One rank of a [`Backend`].
-pub(crate) trait BenchRank {
+/// One rank of a [`Backend`]: its communicator (rank, size, barrier), plus
+/// where the buffers of a call live.
+pub(crate) trait BenchRank: Communicator {
     /// Where the buffers of a call live.
     type Buffers<T: KitElement>;
-    fn rank(&self) -> u32;
-    fn world_size(&self) -> u32;
-    fn barrier(&mut self) -> Result<(), CommError>;
     /// Place `input` and `output` (in place: `output` is the one buffer).
     fn place<T: KitElement>(
         &mut self,
@@ -89,18 +87,6 @@ macro_rules! host_bench_rank {
     ($ty:ty $(, $extra:item)*) => {
         impl $crate::bench::run::BenchRank for $ty {
             type Buffers<T: ferrocoll::conformance::KitElement> = (Vec<T>, Vec<T>);
-
-            fn rank(&self) -> u32 {
-                ferrocoll::comm::Communicator::rank(self)
-            }
-
-            fn world_size(&self) -> u32 {
-                ferrocoll::comm::Communicator::world_size(self)
-            }
-
-            fn barrier(&mut self) -> Result<(), ferrocoll::comm::CommError> {
-                ferrocoll::comm::Communicator::barrier(self)
-            }
 
             fn place<T: ferrocoll::conformance::KitElement>(
                 &mut self,

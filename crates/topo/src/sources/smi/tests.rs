@@ -1,4 +1,6 @@
+use super::matrix::{Cell, header_cells};
 use super::*;
+use crate::graph::{NodeKind, PathClass};
 
 const DGX1V: &str = include_str!("../../../tests/fixtures/smi/dgx1v.txt");
 const H100: &str = include_str!("../../../tests/fixtures/smi/dgx_h100_nvswitch.txt");
