@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ferrocoll::comm::Communicator;
+use ferrocoll::comm::{Communicator, CommunicatorExt};
 use ferrocoll::cpu::{self, CpuConfig};
 use ferrocoll::{Algorithm, ReduceOp};
 

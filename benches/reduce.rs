@@ -3,8 +3,8 @@
 //! Run with `cargo bench --bench reduce`.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ferrocoll::cpu::{Reduce, reduce_slices};
-use ferrocoll::{DataType, ReduceOp};
+use ferrocoll::kernels::reduce_slices;
+use ferrocoll::{DataType, Reduce, ReduceOp};
 use half::{bf16, f16};
 
 const LEN: usize = 1 << 20;

@@ -3,7 +3,7 @@
 //! Run: `cargo run --example 01_all_reduce`
 
 use ferrocoll::ReduceOp;
-use ferrocoll::comm::Communicator;
+use ferrocoll::comm::{Communicator, CommunicatorExt};
 use ferrocoll::cpu::{self, CpuConfig};
 
 fn main() {

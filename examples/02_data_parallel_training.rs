@@ -8,7 +8,7 @@
 
 use ferrocoll::ReduceOp;
 use ferrocoll::bucket::Bucketer;
-use ferrocoll::comm::Communicator;
+use ferrocoll::comm::{Communicator, CommunicatorExt};
 use ferrocoll::cpu::{self, CpuConfig};
 
 const FEATURES: usize = 16;

@@ -11,7 +11,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ferrocoll::comm::{CommError, Communicator};
+use ferrocoll::comm::{CommError, Communicator, CommunicatorExt};
 use ferrocoll::cuda::{CudaConfig, probe};
 use ferrocoll::nccl::NcclConfig;
 use ferrocoll::{Algorithm, ReduceOp};

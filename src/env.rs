@@ -108,7 +108,7 @@ pub enum JoinError {
 /// `ferrocoll launch` sets them), connected over `config.transport`.
 ///
 /// ```no_run
-/// use ferrocoll::comm::Communicator;
+/// use ferrocoll::comm::{Communicator, CommunicatorExt};
 /// use ferrocoll::process::ProcessConfig;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut comm = ferrocoll::env::process_communicator_from_env(&ProcessConfig::default())?;

@@ -6,8 +6,8 @@
 //! tensor larger than a bucket is reduced on its own, in place, without a
 //! copy. Every rank must pass the same tensor lengths in the same order.
 
-use crate::comm::{CommError, Communicator};
-use crate::cpu::Reduce;
+use crate::comm::{CommError, Communicator, CommunicatorExt};
+use crate::types::Reduce;
 use crate::types::ReduceOp;
 
 /// DDP's default bucket size.

@@ -11,7 +11,7 @@
 use half::{bf16, f16};
 
 use crate::algorithms::Algorithm;
-use crate::cpu::Reduce;
+use crate::types::Reduce;
 use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
 
 /// One collective call to check.
@@ -220,7 +220,10 @@ pub fn check_output<T: KitElement>(
 /// different processes — and check this rank's output: every process
 /// derives all inputs from the case's seed, runs its own call through
 /// [`call_case`], and compares with the serial reference.
-pub fn check_rank<C: crate::comm::Communicator>(comm: &mut C, case: &Case) -> Result<(), String> {
+pub fn check_rank<C: crate::comm::Communicator + ?Sized>(
+    comm: &mut C,
+    case: &Case,
+) -> Result<(), String> {
     crate::with_element_type!(case.dtype, T => {
         let r = comm.rank();
         let inputs = case_inputs::<T>(case);
@@ -315,18 +318,25 @@ pub fn wrong_elements<T: KitElement>(
 /// collective's single buffer first (and, for reduce-scatter, cutting this
 /// rank's block out of it afterwards). Every executor's kit harness calls
 /// this per rank.
-pub fn call_case<C: crate::comm::Communicator, T: KitElement>(
+pub fn call_case<C: crate::comm::Communicator + ?Sized, T: KitElement>(
     comm: &mut C,
     case: &Case,
     input: &[T],
     output: &mut Vec<T>,
 ) -> Result<(), crate::comm::CommError> {
+    use crate::comm::Call;
     let (c, count) = (case.collective, case.count);
     if !case.in_place {
-        return crate::comm::dispatch(comm, c, case.op, false, input, output);
+        let call = Call::collective(c, case.op, Some(input.into()), output.as_mut_slice().into());
+        return comm.execute(call);
     }
     let mut buf = in_place_buffer(c, comm.rank(), count, input, std::mem::take(output));
-    crate::comm::dispatch(comm, c, case.op, true, &[], &mut buf)?;
+    comm.execute(Call::collective(
+        c,
+        case.op,
+        None,
+        buf.as_mut_slice().into(),
+    ))?;
     if c == crate::Collective::ReduceScatter {
         let r = comm.rank() as usize;
         buf = buf[r * count..(r + 1) * count].to_vec();

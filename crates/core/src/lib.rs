@@ -7,13 +7,16 @@
 //! | module | what is there |
 //! |---|---|
 //! | [`types`] | [`DataType`], [`ReduceOp`], [`Collective`] and their nccl-tests names and busbw factors |
-//! | [`schedule`] | [`Schedule`], [`Step`], the chunk-to-element [`layout`](schedule::layout), JSON and ASCII forms |
+//! | [`schedule`] | [`Schedule`], [`Step`], JSON and ASCII forms |
 //! | [`algorithms`] | ring, double binary tree, direct (full mesh), halving-doubling |
 //! | [`flow`] | the buffering model every executor implements, and why one run decides deadlock |
 //! | [`verify`](mod@verify) | [`verify()`](verify::verify): a [`Schedule`] in, a [`Verified`] schedule or every violation out |
-//! | [`replay`] | a serial run of a verified schedule on concrete numbers: the oracle executors are tested against |
+//! | [`plan`] | the [`ExecutionPlan`]: a verified schedule compiled for one call — what every executor and the simulator interpret |
+//! | [`replay`] | a serial run of an execution plan on concrete numbers: the oracle executors are tested against |
+//! | [`select`] | how `auto` becomes an algorithm: forced, a [`Selector`](select::Selector), an executor's rule |
 //! | [`bucket`] | gradient bucketing: many small tensors, few large all-reduces |
-//! | [`comm`] | the [`Communicator`](comm::Communicator) trait and [`CommError`](comm::CommError) |
+//! | [`comm`] | the [`Communicator`](comm::Communicator) trait, its one entry point [`Call`](comm::Call), and [`CommError`](comm::CommError) |
+//! | [`kernels`] | host reduction kernels ([`Reduce`] for every element type) |
 //! | [`cpu`] | the CPU executor: ranks as threads over shared memory |
 //! | [`conformance`] | the kit every executor is checked with against a serial reference |
 //!
@@ -23,20 +26,23 @@
 //!   all-gather output is `n` blocks).
 //! - **chunk** — what a schedule moves: each block is cut into
 //!   `chunks_per_block` chunks.
-//! - **segment** — the pipelining slice: an executor cuts every chunk's
+//! - **segment** — the pipelining slice: a plan cuts every chunk's
 //!   elements into `segments` pieces and runs the whole schedule once per
 //!   segment, so large buffers stream through the links.
 //! - **channel** — an independent, ordered list of steps of one rank
 //!   (a thread, a CUDA stream); a **link** is (sender, receiver, channel).
 //! - **step** — receive from some peers, combine with a local read, write
 //!   locally, send to some peers; every part optional.
+//! - **plan** — a verified schedule compiled for one call; its
+//!   **instructions** are the steps of every segment with byte regions.
 //!
 //! ## Invariants
 //! - Schedules are independent of the element count, the data type and the
-//!   op; [`schedule::layout`] is the only place that turns chunks into
-//!   elements.
-//! - Executors take a [`Verified`] schedule and treat any state the verifier
-//!   rules out (a missing message, an overrun slot) as a bug, not an error.
+//!   op; [`plan`] is the only place that turns chunks into bytes, steps into
+//!   instructions, and `after` references into waits.
+//! - Executors run plans compiled from a [`Verified`] schedule and treat any
+//!   state the verifier rules out (a missing message, an overrun slot) as a
+//!   bug, not an error.
 //! - Nothing here reads the environment or touches a GPU; only [`cpu::run`]
 //!   spawns threads (one per rank, scoped to the call).
 
@@ -45,14 +51,16 @@
 
 pub mod algorithms;
 pub mod bucket;
-pub mod choose;
 pub mod comm;
 pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod flow;
+pub mod kernels;
+pub mod plan;
 pub mod replay;
 pub mod schedule;
+pub mod select;
 pub mod types;
 pub mod verify;
 
@@ -61,6 +69,13 @@ pub use half;
 
 pub use algorithms::{Algorithm, AlgorithmError, AlgorithmParams, generate};
 pub use error::{ParseNameError, ScheduleFileError};
+pub use plan::ExecutionPlan;
 pub use schedule::{Buffer, Schedule, ScheduleBuilder, Step};
-pub use types::{Collective, CollectiveKind, DataType, Element, Rank, ReduceOp};
+pub use types::{Collective, CollectiveKind, DataType, Element, Rank, Reduce, ReduceOp};
 pub use verify::{Verified, VerifyError, VerifyOptions, verify};
+
+/// What a program that calls collectives needs in scope.
+pub mod prelude {
+    pub use crate::comm::{CommError, Communicator, CommunicatorExt};
+    pub use crate::types::{Collective, DataType, Element, Rank, Reduce, ReduceOp};
+}

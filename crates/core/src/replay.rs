@@ -1,180 +1,239 @@
-//! A serial replay of a [`Verified`] schedule on concrete values, segment by
-//! segment, through the same buffering model the verifier uses.
+//! A serial run of an [`ExecutionPlan`] on concrete values: every rank's
+//! instructions fired one at a time under the plan's model, with real
+//! elements in real buffers.
 //!
-//! It is the oracle for executors and for the chunk-to-element
-//! [`Layout`]: it moves real elements, so it catches what the
+//! It is the oracle for executors and for the plan itself: it moves real
+//! elements through the plan's byte regions, so it catches what the
 //! symbolic proof cannot see (an element mapped to the wrong place for some
-//! count). It is written for clarity, not speed.
+//! count, a message numbered wrong). It is written for clarity, not speed.
 
-use crate::flow::{self, Semantics};
-use crate::schedule::layout::Layout;
-use crate::schedule::{Buffer, Slice, Step, StepAt};
-use crate::types::InPlaceAlias;
-use crate::verify::Verified;
+use std::collections::{HashMap, VecDeque};
 
-/// Run `verified` on `inputs` (one vector of `input_blocks × count`
-/// elements per rank), starting from `outputs` (one vector of
-/// `output_blocks × count` per rank, typically poisoned), and return the
-/// outputs. With `in_place`, the input lives inside the output (or the
-/// output inside the input) as the collective defines, and `outputs` is
-/// only used where it does not overlap the input. `reduce` combines two
-/// values.
+use crate::flow::Link;
+use crate::plan::{ExecutionPlan, Instruction, Region, Walk};
+use crate::schedule::Buffer;
+use crate::types::{InPlaceAlias, Rank};
+
+/// Run `plan` on `inputs` (one vector of `input_blocks × count` elements
+/// per rank), starting from `outputs` (one vector of `output_blocks ×
+/// count` per rank, typically poisoned), and return the outputs. In place,
+/// each rank's one buffer is prepared as the collective's in-place call
+/// defines (the input inside the output, or the output inside the input)
+/// and the output part of it is returned. `reduce` combines two values;
+/// the division of `Avg` is not applied.
 ///
 /// # Panics
-/// If buffer lengths do not match `layout`, or `in_place` is asked of a
-/// schedule not verified for it.
+/// If `T`'s size is not the plan's element size, buffer lengths do not
+/// match the plan, or the plan stalls (a plan compiled from a verified
+/// schedule never does).
 pub fn replay<T: Copy>(
-    verified: &Verified,
-    layout: Layout,
-    in_place: bool,
+    plan: &ExecutionPlan,
     inputs: Vec<Vec<T>>,
     outputs: Vec<Vec<T>>,
     reduce: impl Fn(T, T) -> T,
 ) -> Vec<Vec<T>> {
-    let schedule = verified.schedule();
-    let n = schedule.world_size;
-    let count = layout.count();
-    assert_eq!(layout.chunks_per_block(), schedule.chunks_per_block);
-    assert!(
-        !in_place || verified.supports_in_place(),
-        "schedule not verified in place"
+    assert_eq!(
+        std::mem::size_of::<T>(),
+        plan.element_bytes(),
+        "element size"
     );
-    let blocks = |b: Buffer| (schedule.buffer_chunks(b) / schedule.chunks_per_block) as usize;
-    let scratch_len = schedule.scratch_len(count);
-    let mut memory: Vec<Memory<T>> = Vec::with_capacity(n as usize);
-    for (r, (input, mut output)) in inputs.into_iter().zip(outputs).enumerate() {
-        assert_eq!(
-            input.len(),
-            blocks(Buffer::Input) * count,
-            "rank {r} input length"
-        );
-        assert_eq!(
-            output.len(),
-            blocks(Buffer::Output) * count,
-            "rank {r} output length"
-        );
-        let alias = if in_place {
-            schedule.collective.in_place_alias(r as u32)
-        } else {
-            None
-        };
-        let mut input = input;
-        if let Some(InPlaceAlias::InputIsOutputBlock(b)) = alias {
-            let at = b as usize * count;
-            output[at..at + count].copy_from_slice(&input);
-            input.clear();
-        }
-        // Scratch starts as a copy of some output value; schedules never read
-        // scratch before writing it (the verifier proves that).
-        let scratch = match output.first().or(input.first()) {
-            Some(&fill) => vec![fill; scratch_len],
-            None => Vec::new(),
-        };
-        memory.push(Memory {
-            input,
-            output,
-            scratch,
-            alias,
-        });
-    }
-    let mut state = Replay {
-        layout,
-        segment: 0,
-        memory,
-        reduce,
-    };
-    for segment in 0..layout.segments() {
-        state.segment = segment;
-        let outcome = flow::run(schedule, verified.slots_per_link(), &mut state, false);
-        assert!(
-            outcome.stalled.is_empty() && outcome.leftover.is_empty(),
-            "a verified schedule stalled in replay"
-        );
-    }
-    state
-        .memory
+    let mut memory: Vec<Memory<T>> = inputs
         .into_iter()
-        .map(|m| match m.alias {
-            Some(InPlaceAlias::OutputIsInputBlock(b)) => {
-                let at = b as usize * count;
-                m.input[at..at + count].to_vec()
+        .zip(outputs)
+        .enumerate()
+        .map(|(r, (input, output))| Memory::new(plan, r as Rank, input, output))
+        .collect();
+    let mut links: HashMap<Link, VecDeque<Vec<T>>> = HashMap::new();
+    let mut walks: Vec<Walk> = plan.ranks.iter().map(Walk::new).collect();
+    loop {
+        let mut progressed = false;
+        for (r, walk) in walks.iter_mut().enumerate() {
+            for c in 0..walk.channels() {
+                while let Some((_, ins)) = walk.ready(c) {
+                    if !can_fire(plan, &links, r as Rank, c as u32, ins) {
+                        break;
+                    }
+                    fire(
+                        &mut memory[r],
+                        &mut links,
+                        r as Rank,
+                        c as u32,
+                        ins,
+                        &reduce,
+                    );
+                    walk.advance(c);
+                    progressed = true;
+                }
             }
-            _ => m.output,
-        })
+        }
+        if !progressed {
+            break;
+        }
+    }
+    assert!(
+        walks.iter().all(Walk::done) && links.values().all(VecDeque::is_empty),
+        "a compiled plan stalled in replay"
+    );
+    memory
+        .into_iter()
+        .enumerate()
+        .map(|(r, m)| m.result(plan, r as Rank))
         .collect()
 }
 
+/// One rank's buffers, as the plan names them.
 struct Memory<T> {
     input: Vec<T>,
     output: Vec<T>,
     scratch: Vec<T>,
-    alias: Option<InPlaceAlias>,
 }
 
-struct Replay<T, F> {
-    layout: Layout,
-    segment: u32,
-    memory: Vec<Memory<T>>,
-    reduce: F,
-}
-
-impl<T: Copy, F: Fn(T, T) -> T> Replay<T, F> {
-    /// The physical vector and element offset a slice resolves to.
-    fn resolve(&mut self, rank: u32, buffer: Buffer) -> (&mut Vec<T>, usize) {
-        let count = self.layout.count();
-        let m = &mut self.memory[rank as usize];
-        match (buffer, m.alias) {
-            (Buffer::Input, Some(InPlaceAlias::InputIsOutputBlock(b))) => {
-                (&mut m.output, b as usize * count)
+impl<T: Copy> Memory<T> {
+    fn new(plan: &ExecutionPlan, rank: Rank, input: Vec<T>, output: Vec<T>) -> Self {
+        let size = plan.element_bytes();
+        let count = plan.count as usize;
+        let (input, output) = match plan.collective.in_place_alias(rank) {
+            _ if !plan.in_place => (input, output),
+            Some(InPlaceAlias::InputIsOutputBlock(b)) => {
+                let mut one = output;
+                let at = b as usize * count;
+                one[at..at + count].copy_from_slice(&input);
+                (Vec::new(), one)
             }
-            (Buffer::Output, Some(InPlaceAlias::OutputIsInputBlock(b))) => {
-                (&mut m.input, b as usize * count)
-            }
-            (Buffer::Input, _) => (&mut m.input, 0),
-            (Buffer::Output, _) => (&mut m.output, 0),
-            (Buffer::Scratch, _) => (&mut m.scratch, 0),
+            Some(InPlaceAlias::OutputIsInputBlock(_)) => (Vec::new(), input),
+            None => panic!("{} has no in-place form", plan.collective),
+        };
+        assert_eq!(
+            input.len() * size,
+            plan.input_bytes as usize,
+            "rank {rank} input length"
+        );
+        assert_eq!(
+            output.len() * size,
+            plan.output_bytes as usize,
+            "rank {rank} output length"
+        );
+        // Scratch starts as a copy of some value; plans never read scratch
+        // before writing it (the verifier proves that).
+        let fill = output.first().or(input.first()).copied();
+        let scratch = fill.map_or_else(Vec::new, |f| vec![f; plan.scratch_bytes as usize / size]);
+        Memory {
+            input,
+            output,
+            scratch,
         }
     }
 
-    fn load(&mut self, rank: u32, slice: Slice, chunks: u32) -> Vec<T> {
-        let ranges = self.layout.slice_ranges(self.segment, slice.chunk, chunks);
-        let (buf, offset) = self.resolve(rank, slice.buffer);
-        ranges
-            .into_iter()
-            .flat_map(|r| buf[offset + r.start..offset + r.end].iter().copied())
+    fn buffer(&mut self, b: Buffer) -> &mut Vec<T> {
+        match b {
+            Buffer::Input => &mut self.input,
+            Buffer::Output => &mut self.output,
+            Buffer::Scratch => &mut self.scratch,
+        }
+    }
+
+    fn load(&mut self, region: &Region) -> Vec<T> {
+        let size = std::mem::size_of::<T>() as u64;
+        let buf = self.buffer(region.buffer);
+        region
+            .pieces
+            .iter()
+            .flat_map(|p| {
+                buf[(p.offset / size) as usize..((p.offset + p.bytes) / size) as usize]
+                    .iter()
+                    .copied()
+            })
             .collect()
     }
 
-    fn store(&mut self, rank: u32, slice: Slice, chunks: u32, values: &[T]) {
-        let ranges = self.layout.slice_ranges(self.segment, slice.chunk, chunks);
-        let (buf, offset) = self.resolve(rank, slice.buffer);
+    fn store(&mut self, region: &Region, values: &[T]) {
+        let size = std::mem::size_of::<T>() as u64;
+        let buf = self.buffer(region.buffer);
         let mut next = values.iter().copied();
-        for r in ranges {
-            for slot in &mut buf[offset + r.start..offset + r.end] {
-                *slot = next.next().expect("message length matches the slice");
+        for p in &region.pieces {
+            for slot in &mut buf[(p.offset / size) as usize..((p.offset + p.bytes) / size) as usize]
+            {
+                *slot = next.next().expect("regions are as long as the value");
             }
+        }
+    }
+
+    /// The output as the caller sees it (in place reduce-scatter: its block).
+    fn result(self, plan: &ExecutionPlan, rank: Rank) -> Vec<T> {
+        match plan.collective.in_place_alias(rank) {
+            Some(InPlaceAlias::OutputIsInputBlock(b)) if plan.in_place => {
+                let count = plan.count as usize;
+                self.output[b as usize * count..(b as usize + 1) * count].to_vec()
+            }
+            _ => self.output,
         }
     }
 }
 
-impl<T: Copy, F: Fn(T, T) -> T> Semantics for Replay<T, F> {
-    type Payload = Vec<T>;
+fn link(from: Rank, to: Rank, channel: u32) -> Link {
+    Link { from, to, channel }
+}
 
-    fn fire(&mut self, at: StepAt, step: &Step, received: &mut Vec<Vec<T>>) -> Option<Vec<T>> {
-        let mut inputs = std::mem::take(received);
-        if let Some(slice) = step.read {
-            inputs.push(self.load(at.rank, slice, step.chunks));
+fn can_fire<T>(
+    plan: &ExecutionPlan,
+    links: &HashMap<Link, VecDeque<Vec<T>>>,
+    rank: Rank,
+    c: u32,
+    ins: &Instruction,
+) -> bool {
+    let queued = |l: Link| links.get(&l).map_or(0, VecDeque::len);
+    ins.recv.iter().all(|m| queued(link(m.peer, rank, c)) > 0)
+        && ins
+            .send
+            .iter()
+            .all(|m| queued(link(rank, m.peer, c)) < plan.slots_per_link as usize)
+}
+
+fn fire<T: Copy>(
+    memory: &mut Memory<T>,
+    links: &mut HashMap<Link, VecDeque<Vec<T>>>,
+    rank: Rank,
+    c: u32,
+    ins: &Instruction,
+    reduce: &impl Fn(T, T) -> T,
+) {
+    let mut inputs: Vec<Vec<T>> = ins
+        .recv
+        .iter()
+        .map(|m| {
+            links
+                .get_mut(&link(m.peer, rank, c))
+                .and_then(VecDeque::pop_front)
+                .expect("checked")
+        })
+        .collect();
+    if let Some(r) = &ins.read {
+        inputs.push(memory.load(r));
+    }
+    let mut rest = inputs.into_iter();
+    let mut value = rest.next().expect("instructions have an input");
+    for other in rest {
+        assert_eq!(
+            value.len(),
+            other.len(),
+            "values of one instruction differ in length"
+        );
+        for (a, b) in value.iter_mut().zip(other) {
+            *a = reduce(*a, b);
         }
-        let mut rest = inputs.into_iter();
-        let mut value = rest.next().expect("verified steps have an input");
-        for other in rest {
-            for (a, b) in value.iter_mut().zip(other) {
-                *a = (self.reduce)(*a, b);
-            }
-        }
-        if let Some(slice) = step.write {
-            self.store(at.rank, slice, step.chunks, &value);
-        }
-        (!step.send_to.is_empty()).then_some(value)
+    }
+    assert_eq!(
+        value.len() * std::mem::size_of::<T>(),
+        ins.bytes as usize,
+        "value length"
+    );
+    if let Some(w) = &ins.write {
+        memory.store(w, &value);
+    }
+    for m in &ins.send {
+        links
+            .entry(link(rank, m.peer, c))
+            .or_default()
+            .push_back(value.clone());
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{Algorithm, ReduceOp};
 

@@ -16,7 +16,7 @@ mod common;
 
 use std::time::Duration;
 
-use ferrocoll_core::comm::Communicator;
+use ferrocoll_core::comm::{Communicator, CommunicatorExt};
 use ferrocoll_core::conformance::{Case, check_case};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{DataType, ReduceOp};
@@ -82,9 +82,10 @@ fn point_to_point_and_a_failing_rank_are_free_of_undefined_behaviour() {
     // error without touching the failed rank's memory afterwards.
     let results = cpu::run(2, &config, |comm| {
         if comm.rank() == 1 {
-            return Err(ferrocoll_core::comm::CommError::Backend {
-                message: "gives up".into(),
-            });
+            return Err(ferrocoll_core::comm::CommError::backend(
+                "test",
+                std::io::Error::other("gives up"),
+            ));
         }
         let mut x = vec![1.0f32; 9];
         comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;

@@ -6,20 +6,20 @@
 //! completed, or errors after the configured timeout (and then the group is
 //! failed, so no rank waits forever).
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, result, sys};
-use ferrocoll_core::comm::CommError;
-use ferrocoll_core::cpu::Reduce;
-use ferrocoll_core::schedule::layout::Layout;
-use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
+use ferrocoll_core::comm::{
+    Call, CommError, Communicator, HostSlice, HostSliceMut, Operation, send_recv_by_pairs,
+};
+use ferrocoll_core::plan::{CallShape, ExecutionPlan, Planned};
+use ferrocoll_core::{Collective, DataType, Rank, Reduce, ReduceOp};
 
-use crate::config::{CudaConfig, auto_algorithm};
+use crate::config::CudaConfig;
 use crate::device;
-use crate::enqueue::{self, CallSpec, Fabric, RankBuffers};
+use crate::enqueue::{self, CallSpec, Devices, RankBuffers};
 use crate::error::CudaError;
 use crate::group::{self, CallState, Outcome, Parcel, Shared};
 
@@ -72,8 +72,9 @@ where
                     let out =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut comm)));
                     let out = out.unwrap_or_else(|_| {
-                        Err(CommError::Backend {
-                            message: format!("rank {rank} panicked"),
+                        Err(CommError::PeerFailed {
+                            rank,
+                            reason: "panicked".into(),
                         })
                     });
                     if let Err(e) = &out
@@ -89,9 +90,10 @@ where
             .into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(CommError::Backend {
-                        message: "a rank thread died".into(),
-                    })
+                    Err(CommError::backend(
+                        "cuda",
+                        CudaError::Invalid("a rank thread died".into()),
+                    ))
                 })
             })
             .collect()
@@ -124,12 +126,11 @@ impl CudaCommunicator {
             .chain(input.map(CudaSlice::ordinal))
             .any(|o| o != ordinal);
         let checked = if elsewhere {
-            Err(CommError::Backend {
-                message: format!(
-                    "rank {}'s buffers must be on its device {ordinal}",
-                    self.rank
-                ),
-            })
+            Err(CudaError::Invalid(format!(
+                "rank {}'s buffers must be on its device {ordinal}",
+                self.rank
+            ))
+            .into())
         } else {
             ferrocoll_core::comm::block_count(
                 collective,
@@ -204,10 +205,17 @@ impl CudaCommunicator {
                 collective: collective.to_string(),
             });
         }
+        let shape = CallShape {
+            collective,
+            count,
+            dtype,
+            op,
+            in_place,
+        };
+        let planned = self.shared.plan(&shape)?;
         let call = self.calls;
         self.calls += 1;
-        let signature =
-            format!("{collective} count={count} type={dtype} op={op} in_place={in_place}");
+        let signature = planned.plan.signature();
         let buffers = RankBuffers {
             input: input.unwrap_or(output),
             output,
@@ -250,10 +258,10 @@ impl CudaCommunicator {
             })
         };
         if let Some(all) = last {
-            let outcome = self.enqueue(collective, dtype, count, in_place, op, all);
+            let outcome = self.enqueue(&planned, all);
             let mut board = self.shared.lock();
             if let Some(state) = board.calls.get_mut(&call) {
-                state.outcome = Some(outcome.map_err(|e| e.to_string()));
+                state.outcome = Some(outcome);
             }
             drop(board);
             self.shared.changed.notify_all();
@@ -263,7 +271,7 @@ impl CudaCommunicator {
             .wait_until(rank, "the other ranks to join the call", |b| {
                 b.calls.get(&call).and_then(|s| s.outcome.clone())
             })?;
-        let outcome = outcome.map_err(|message| CommError::Backend { message })?;
+        let outcome = outcome.map_err(|e| CommError::backend("cuda", e))?;
         let device = &self.shared.rank_devices[rank as usize];
         let deadline = Instant::now() + self.shared.config.timeout;
         let done = group::wait_event(
@@ -293,83 +301,33 @@ impl CudaCommunicator {
         Ok(())
     }
 
-    /// Plan and enqueue a call for every rank (run by the last to arrive).
+    /// Enqueue a call's plan for every rank (run by the last to arrive).
     fn enqueue(
         &self,
-        collective: Collective,
-        dtype: DataType,
-        count: usize,
-        in_place: bool,
-        op: ReduceOp,
+        planned: &Planned,
         buffers: Vec<RankBuffers>,
     ) -> Result<Arc<Outcome>, CudaError> {
         let sh = &self.shared;
-        let cfg = &sh.config;
-        let n = sh.n;
-        let elem = dtype.size_bytes();
-        let blocks = collective.input_blocks(n).max(collective.output_blocks(n)) as usize;
-        let (verified, chunk, why): (Arc<ferrocoll_core::Verified>, usize, Cow<'static, str>) =
-            match &cfg.schedule {
-                Some(v)
-                    if v.schedule().collective == collective && v.schedule().world_size == n =>
-                {
-                    (
-                        v.clone(),
-                        cfg.max_chunk_bytes,
-                        "the configured schedule".into(),
-                    )
-                }
-                _ => {
-                    let choice = ferrocoll_core::choose::decide(
-                        cfg.algorithm,
-                        cfg.chooser.as_ref(),
-                        cfg.channels,
-                        collective,
-                        n,
-                        count * elem * blocks,
-                        || auto_algorithm(collective.kind(), n),
-                    );
-                    let (a, params) = (choice.algorithm, choice.params);
-                    let chunk = choice.max_chunk_bytes.unwrap_or(cfg.max_chunk_bytes);
-                    let why = Cow::Owned(choice.why);
-                    let plan = sh
-                        .plan(collective, a, &params)
-                        .map_err(|e| CudaError::Invalid(e.to_string()))?;
-                    (plan, chunk, why)
-                }
-            };
-        let schedule = verified.schedule();
-        if in_place && !verified.supports_in_place() {
-            return Err(CudaError::Invalid(format!(
-                "schedule `{}` is not proven in place",
-                schedule.name
-            )));
-        }
-        let layout = Layout::with_max_chunk_bytes(count, schedule.chunks_per_block, elem, chunk);
+        let plan: &ExecutionPlan = &planned.plan;
         tracing::debug!(
-            "{collective} {} B {dtype} on CUDA: algorithm={} channels={} segments={} in_place={in_place} ({why})",
-            count * elem * blocks,
-            schedule.name,
-            schedule.channel_count(),
-            layout.segments(),
+            "{} {} B {} on CUDA: algorithm={} channels={} segments={} in_place={} plan={:016x} ({})",
+            plan.collective,
+            plan.size_bytes(),
+            plan.dtype,
+            plan.schedule,
+            plan.channels,
+            plan.segments,
+            plan.in_place,
+            plan.hash,
+            planned.why,
         );
-        let channels: Vec<usize> = schedule.ranks.iter().map(|p| p.channels.len()).collect();
-        let fabric = Fabric {
+        let channels: Vec<usize> = plan.ranks.iter().map(|r| r.channels.len()).collect();
+        let devices = Devices {
             devices: sh.rank_devices.iter().collect(),
             streams: sh.streams(&channels)?,
             p2p: sh.p2p.clone(),
         };
-        let spec = CallSpec {
-            schedule,
-            in_place,
-            count,
-            layout,
-            dtype,
-            op,
-            slots: cfg.slots_per_link,
-            buffers,
-        };
-        let done = enqueue::enqueue(&fabric, &spec)?;
+        let done = enqueue::enqueue(&devices, &CallSpec { plan, buffers })?;
         Ok(Arc::new(Outcome {
             completion: done.completion.iter().map(|&e| e as usize).collect(),
             resources: Mutex::new(done.resources),
@@ -377,16 +335,37 @@ impl CudaCommunicator {
     }
 
     /// Stage host data through this rank's device and run the collective.
-    fn host_call<T: Reduce>(
-        &mut self,
-        collective: Collective,
-        input: Option<&[T]>,
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let result = self.host_call_inner(collective, input, output, op);
-        self.fail_on(&result);
-        result
+    fn host_collective(&mut self, call: Call<'_>) -> Result<(), CommError> {
+        let Some(shape) = call.shape(self.shared.n)? else {
+            unreachable!("a collective")
+        };
+        let (_, input, output) = call.into_parts();
+        let mut output = output.expect("collectives have an output");
+        if shape.collective == Collective::SendRecv {
+            return send_recv_by_pairs(
+                self,
+                input.expect("send-recv has no in-place form"),
+                output,
+            );
+        }
+        let device = self.shared.rank_devices[self.rank as usize].clone();
+        let staged = Staged::new(&device, input.map(|i| i.as_bytes()), output.as_bytes_mut())
+            .map_err(CommError::from)?;
+        // SAFETY: the staged buffers hold the host slices' lengths, which
+        // `shape` checked against the collective's shape, on this rank's device.
+        unsafe {
+            self.collective_raw(
+                shape.collective,
+                shape.dtype,
+                shape.count,
+                staged.input,
+                staged.output,
+                shape.op,
+            )?
+        };
+        staged
+            .finish(&device, output.as_bytes_mut())
+            .map_err(CommError::from)
     }
 
     /// A failed rank fails the group, so no other rank waits out its timeout.
@@ -396,33 +375,6 @@ impl CudaCommunicator {
         {
             self.shared.fail(self.rank, &e.to_string());
         }
-    }
-
-    fn host_call_inner<T: Reduce>(
-        &mut self,
-        collective: Collective,
-        input: Option<&[T]>,
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let n = self.shared.n as usize;
-        let count =
-            ferrocoll_core::comm::block_count(collective, n, input.map(<[T]>::len), output.len())?;
-        let device = self.shared.rank_devices[self.rank as usize].clone();
-        let staged = Staged::new(&device, input, output).map_err(CommError::from)?;
-        // SAFETY: the staged buffers hold the host slices' lengths, checked
-        // against `count` above, on this rank's device.
-        unsafe {
-            self.collective_raw(
-                collective,
-                T::DATA_TYPE,
-                count,
-                staged.input,
-                staged.output,
-                op,
-            )?
-        };
-        staged.finish(&device, output).map_err(CommError::from)
     }
 }
 
@@ -478,19 +430,42 @@ impl Staged {
     }
 }
 
-ferrocoll_core::communicator_via_host_call!(CudaCommunicator);
-
-impl CudaCommunicator {
-    fn comm_rank(&self) -> Rank {
+impl Communicator for CudaCommunicator {
+    fn rank(&self) -> Rank {
         self.rank
     }
 
-    fn comm_size(&self) -> u32 {
+    fn world_size(&self) -> u32 {
         self.shared.n
     }
 
-    pub(crate) fn host_send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
-        self.check_peer(peer)?;
+    fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
+        let peer = call.peer(self.rank, self.shared.n)?;
+        match call.operation() {
+            Operation::Collective { .. } => {
+                let result = self.host_collective(call);
+                self.fail_on(&result);
+                result
+            }
+            Operation::Send { .. } => self.host_send(
+                call.input().expect("sends have data"),
+                peer.expect("checked"),
+            ),
+            Operation::Recv { .. } => {
+                let (_, _, buffer) = call.into_parts();
+                self.host_recv(
+                    buffer.expect("receives have a buffer"),
+                    peer.expect("checked"),
+                )
+            }
+            _ => self.host_barrier(),
+        }
+    }
+}
+
+impl CudaCommunicator {
+    fn host_send(&mut self, data: HostSlice<'_>, peer: Rank) -> Result<(), CommError> {
+        let data = data.as_bytes();
         let device = self.shared.rank_devices[self.rank as usize].clone();
         let staged = Staged::new(&device, None, data).map_err(CommError::from)?;
         let taken = Arc::new(AtomicBool::new(false));
@@ -512,7 +487,7 @@ impl CudaCommunicator {
                     group::taken(&taken).then_some(())
                 });
         if waited.is_ok() {
-            let mut scratch: Vec<T> = Vec::new();
+            let mut scratch: Vec<u8> = Vec::new();
             staged
                 .finish(&device, &mut scratch)
                 .map_err(CommError::from)?;
@@ -522,12 +497,8 @@ impl CudaCommunicator {
         waited
     }
 
-    pub(crate) fn host_recv<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        peer: Rank,
-    ) -> Result<(), CommError> {
-        self.check_peer(peer)?;
+    fn host_recv(&mut self, mut buffer: HostSliceMut<'_>, peer: Rank) -> Result<(), CommError> {
+        let buffer = buffer.as_bytes_mut();
         let parcel =
             self.shared
                 .wait_until(self.rank, &format!("a send from rank {peer}"), |b| {
@@ -546,7 +517,7 @@ impl CudaCommunicator {
         result
     }
 
-    pub(crate) fn host_barrier(&mut self) -> Result<(), CommError> {
+    fn host_barrier(&mut self) -> Result<(), CommError> {
         let n = self.shared.n;
         let generation = {
             let mut b = self.shared.lock();
@@ -568,10 +539,6 @@ impl CudaCommunicator {
 }
 
 impl CudaCommunicator {
-    fn check_peer(&self, peer: Rank) -> Result<(), CommError> {
-        ferrocoll_core::comm::check_peer(peer, self.rank, self.shared.n)
-    }
-
     /// Copy a parcel from the sender's device into `buffer` on the host.
     fn take<T>(&self, parcel: &Parcel, buffer: &mut [T]) -> Result<(), CudaError> {
         if buffer.is_empty() {

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrocoll_core::choose::SharedChooser;
+use ferrocoll_core::plan::{DEVICE_CHUNK_BYTES, PlannerSettings};
+use ferrocoll_core::select::SharedSelector;
 use ferrocoll_core::{Algorithm, CollectiveKind, Verified};
 
 /// Settings every rank of a CUDA group shares.
@@ -11,11 +12,11 @@ use ferrocoll_core::{Algorithm, CollectiveKind, Verified};
 pub struct CudaConfig {
     /// The longest any wait (for peers, or for the device) may last.
     pub timeout: Duration,
-    /// Force an algorithm; `None` asks `chooser`, then [`auto_algorithm`].
+    /// Force an algorithm; `None` asks `selector`, then [`device_rule`].
     pub algorithm: Option<Algorithm>,
-    /// Picks the algorithm of calls that force none (its plan brings its
-    /// own channels and chunk size).
-    pub chooser: Option<SharedChooser>,
+    /// Selects the algorithm of calls that force none (its selection brings
+    /// its own channels and chunk size).
+    pub selector: Option<SharedSelector>,
     /// Channels (each its own stream per rank) for ring, tree and direct.
     pub channels: u32,
     /// The largest chunk one kernel launch of a step moves, in bytes.
@@ -37,11 +38,9 @@ impl Default for CudaConfig {
         CudaConfig {
             timeout: Duration::from_secs(60),
             algorithm: None,
-            chooser: None,
+            selector: None,
             channels: 1,
-            // NCCL's Simple protocol moves 512 KiB per step slot; larger
-            // launches amortise the launch cost on one device.
-            max_chunk_bytes: 2 << 20,
+            max_chunk_bytes: DEVICE_CHUNK_BYTES,
             slots_per_link: 4,
             p2p: true,
             schedule: None,
@@ -49,11 +48,15 @@ impl Default for CudaConfig {
     }
 }
 
-/// The fixed `auto` rule without a chooser: rings for the bandwidth-bound
-/// collectives, as NCCL does on a single node; direct where only direct
-/// applies; a star from the root for broadcast and reduce on up to eight
-/// ranks, trees above.
-pub fn auto_algorithm(kind: CollectiveKind, world_size: u32) -> (Algorithm, &'static str) {
+/// The CUDA executor's rule when nothing is forced and no selector
+/// answers: rings for the bandwidth-bound collectives, as NCCL does on a
+/// single node; direct where only direct applies; a star from the root for
+/// broadcast and reduce on up to eight ranks, trees above.
+pub fn device_rule(
+    kind: CollectiveKind,
+    world_size: u32,
+    _bytes: usize,
+) -> (Algorithm, &'static str) {
     use CollectiveKind as C;
     match kind {
         C::AllToAll | C::SendRecv => (Algorithm::Direct, "only direct expresses it"),
@@ -66,5 +69,27 @@ pub fn auto_algorithm(kind: CollectiveKind, world_size: u32) -> (Algorithm, &'st
             Algorithm::Ring,
             "ring: every link carries 1/n of the data per step",
         ),
+    }
+}
+
+impl CudaConfig {
+    /// How the group plans its calls.
+    pub fn planner_settings(&self) -> PlannerSettings {
+        let proven = self
+            .schedule
+            .as_ref()
+            .map_or(ferrocoll_core::verify::DEFAULT_SLOTS_PER_LINK, |v| {
+                v.slots_per_link()
+            });
+        PlannerSettings {
+            algorithm: self.algorithm,
+            selector: self.selector.clone(),
+            channels: self.channels,
+            max_chunk_bytes: self.max_chunk_bytes,
+            max_message_bytes: None,
+            slots_per_link: self.slots_per_link.max(proven),
+            schedule: self.schedule.clone(),
+            rule: device_rule,
+        }
     }
 }

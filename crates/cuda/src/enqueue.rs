@@ -1,10 +1,11 @@
-//! Turning one call of a verified schedule into device work.
+//! Turning one call's execution plan into device work.
 //!
 //! One thread (the last rank to arrive at the call) enqueues every rank's
-//! steps, so cross-rank dependencies are plain CUDA events recorded before
-//! anyone waits on them. Each (rank, channel) has its own stream; a step is
-//! one reduce-copy kernel per chunk that reads its local slice and the
-//! messages it receives and writes its local slice and the messages it
+//! instructions, so cross-rank dependencies are plain CUDA events recorded
+//! before anyone waits on them. Each (rank, channel) has its own stream; an
+//! instruction is one reduce-copy kernel per stretch of its value
+//! ([`Instruction::stretches`]) that reads its local region and the
+//! messages it receives and writes its local region and the messages it
 //! sends. Messages live in per-link mailboxes of `slots` entries on the
 //! receiver's device:
 //!
@@ -14,11 +15,9 @@
 //! - without peer access: outbox → pinned host memory → mailbox, both
 //!   copies on the sender's stream (the seed article's CPU relay).
 //!
-//! Step order comes from a topological sort of: program order on a
-//! channel, `after` references, message arrival (sender before receiver)
-//! and slot reuse (message `m` waits until message `m − slots` on the same
-//! link was consumed). The verifier proves a schedule deadlock-free with
-//! two slots per link, so with `slots ≥ 2` this order exists.
+//! The order comes from the plan's dependency graph ([`Dag`]): program
+//! order on a channel, waits, message arrival and slot reuse. Lengths,
+//! offsets, message numbers and slots are the plan's.
 
 // Several arrays indexed by rank are walked together; indices read best.
 #![allow(clippy::needless_range_loop)]
@@ -27,9 +26,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use ferrocoll_core::schedule::layout::Layout;
-use ferrocoll_core::schedule::{Buffer, Schedule};
-use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
+use ferrocoll_core::Rank;
+use ferrocoll_core::flow::Link;
+use ferrocoll_core::plan::dag::{Dag, Node};
+use ferrocoll_core::plan::{ExecutionPlan, Instruction};
+use ferrocoll_core::schedule::Buffer;
 
 use crate::device::{self, Device};
 use crate::error::CudaError;
@@ -41,8 +42,8 @@ pub(crate) struct RankBuffers {
     pub output: u64,
 }
 
-/// What the enqueuer needs about the group.
-pub(crate) struct Fabric<'a> {
+/// What the enqueuer needs about the group's devices.
+pub(crate) struct Devices<'a> {
     /// Device of each rank.
     pub devices: Vec<&'a Arc<Device>>,
     /// Stream of each rank and channel.
@@ -52,15 +53,9 @@ pub(crate) struct Fabric<'a> {
     pub p2p: Vec<Vec<bool>>,
 }
 
-/// The call.
+/// The call: its plan and every rank's buffers.
 pub(crate) struct CallSpec<'a> {
-    pub schedule: &'a Schedule,
-    pub in_place: bool,
-    pub count: usize,
-    pub layout: Layout,
-    pub dtype: DataType,
-    pub op: ReduceOp,
-    pub slots: u32,
+    pub plan: &'a ExecutionPlan,
     pub buffers: Vec<RankBuffers>,
 }
 
@@ -107,21 +102,6 @@ pub(crate) struct Enqueued {
     pub resources: Resources,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Link {
-    from: Rank,
-    to: Rank,
-    channel: u32,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Node {
-    rank: Rank,
-    channel: u32,
-    segment: u32,
-    step: u32,
-}
-
 /// Mailbox storage of one link.
 struct Mailbox {
     /// On the receiver's device: `slots` slots of `slot_bytes`.
@@ -133,6 +113,13 @@ struct Mailbox {
     slot_bytes: usize,
 }
 
+impl Mailbox {
+    /// Byte offset of `slot` in each of the link's buffers.
+    fn at(&self, slot: u32) -> u64 {
+        (slot as usize * self.slot_bytes) as u64
+    }
+}
+
 fn event(device: &Arc<Device>, resources: &mut Resources) -> Result<sys::CUevent, CudaError> {
     device.bind()?;
     let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
@@ -140,10 +127,10 @@ fn event(device: &Arc<Device>, resources: &mut Resources) -> Result<sys::CUevent
     Ok(ev)
 }
 
-/// Enqueue every rank's work of `call` on `fabric`.
-pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, CudaError> {
+/// Enqueue every rank's work of `call` on `devices`.
+pub(crate) fn enqueue(devices: &Devices, call: &CallSpec) -> Result<Enqueued, CudaError> {
     let mut resources = Resources::default();
-    match enqueue_into(fabric, call, &mut resources) {
+    match enqueue_into(devices, call, &mut resources) {
         Ok(completion) => Ok(Enqueued {
             completion,
             resources,
@@ -156,242 +143,114 @@ pub(crate) fn enqueue(fabric: &Fabric, call: &CallSpec) -> Result<Enqueued, Cuda
     }
 }
 
+/// One call's enqueuing state.
+struct Enqueuer<'a> {
+    devices: &'a Devices<'a>,
+    call: &'a CallSpec<'a>,
+    dag: Dag,
+    scratch: Vec<u64>,
+    mailboxes: HashMap<Link, Mailbox>,
+    events: Vec<Option<sys::CUevent>>,
+}
+
 fn enqueue_into(
-    fabric: &Fabric,
+    devices: &Devices,
     call: &CallSpec,
     res: &mut Resources,
 ) -> Result<Vec<sys::CUevent>, CudaError> {
-    let s = call.schedule;
-    let n = s.world_size as usize;
-    let segments = call.layout.segments();
-    let elem = call.dtype.size_bytes();
-    let slots = call.slots.max(2) as usize;
-
-    // Nodes in program order per (rank, channel).
-    let mut nodes: Vec<Node> = Vec::new();
-    let mut order: Vec<Vec<Vec<usize>>> = vec![Vec::new(); n];
-    for (r, program) in s.ranks.iter().enumerate() {
-        for (c, steps) in program.channels.iter().enumerate() {
-            let mut list = Vec::new();
-            for segment in 0..segments {
-                for i in 0..steps.len() {
-                    list.push(nodes.len());
-                    nodes.push(Node {
-                        rank: r as Rank,
-                        channel: c as u32,
-                        segment,
-                        step: i as u32,
-                    });
-                }
-            }
-            order[r].push(list);
-        }
-    }
-    let step_of = |node: &Node| {
-        &s.ranks[node.rank as usize].channels[node.channel as usize][node.step as usize]
+    let dag = Dag::new(call.plan).map_err(|e| CudaError::Invalid(e.to_string()))?;
+    let mut q = Enqueuer {
+        events: vec![None; dag.nodes.len()],
+        dag,
+        scratch: Vec::new(),
+        mailboxes: HashMap::new(),
+        devices,
+        call,
     };
+    q.allocate(res)?;
+    for i in 0..q.dag.order.len() {
+        q.node(q.dag.order[i], res)?;
+    }
+    q.completion(res)
+}
 
-    // Messages: the k-th send on a link meets the k-th receive.
-    let mut producers: HashMap<Link, Vec<usize>> = HashMap::new();
-    let mut consumers: HashMap<Link, Vec<usize>> = HashMap::new();
-    // Per node: the (link, message index) of each send and receive.
-    let mut sends: Vec<Vec<(Link, usize)>> = vec![Vec::new(); nodes.len()];
-    let mut recvs: Vec<Vec<(Link, usize)>> = vec![Vec::new(); nodes.len()];
-    for r in 0..n {
-        for (c, list) in order[r].iter().enumerate() {
-            for &id in list {
-                let st = step_of(&nodes[id]);
-                for &q in &st.send_to {
-                    let link = Link {
-                        from: r as Rank,
-                        to: q,
-                        channel: c as u32,
-                    };
-                    let v = producers.entry(link).or_default();
-                    sends[id].push((link, v.len()));
-                    v.push(id);
+impl Enqueuer<'_> {
+    fn dev(&self, r: Rank) -> &Arc<Device> {
+        self.devices.devices[r as usize]
+    }
+
+    /// Scratch per rank, mailboxes per link (sized by its largest message).
+    fn allocate(&mut self, res: &mut Resources) -> Result<(), CudaError> {
+        let plan = self.call.plan;
+        for r in 0..plan.world_size {
+            let mut ptr = 0;
+            if plan.scratch_bytes > 0 {
+                ptr = self.dev(r).alloc(plan.scratch_bytes as usize)?;
+                res.device_memory.push((self.dev(r).clone(), ptr));
+            }
+            self.scratch.push(ptr);
+        }
+        let slots = plan.slots_per_link as usize;
+        for load in &plan.links {
+            let link = load.link;
+            // Slots start on 256-byte boundaries so the kernels' 16-byte
+            // vector accesses stay aligned.
+            let slot_bytes = (load.largest as usize).next_multiple_of(256);
+            let bytes = slot_bytes.max(1) * slots;
+            let (src, dst) = (self.dev(link.from).clone(), self.dev(link.to).clone());
+            let inbox = dst.alloc(bytes)?;
+            res.device_memory.push((dst.clone(), inbox));
+            let (mut outbox, mut pinned) = (None, None);
+            let relay = !self.devices.p2p[link.from as usize][link.to as usize];
+            if src.ordinal != dst.ordinal || relay {
+                let ptr = src.alloc(bytes)?;
+                res.device_memory.push((src.clone(), ptr));
+                outbox = Some(ptr);
+                if relay {
+                    src.bind()?;
+                    // SAFETY: pinned host memory of `bytes`, freed with the call.
+                    // Portable: the receiving device's context copies from it too.
+                    let host = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }?
+                        as usize;
+                    res.host_memory.push((src.clone(), host));
+                    pinned = Some(host as u64);
                 }
-                for &p in &st.recv_from {
-                    let link = Link {
-                        from: p,
-                        to: r as Rank,
-                        channel: c as u32,
-                    };
-                    let v = consumers.entry(link).or_default();
-                    recvs[id].push((link, v.len()));
-                    v.push(id);
-                }
             }
-        }
-    }
-    // Elements in chunk `j` of a node's value: from its own slice, or, for
-    // a step that only forwards, from the message it forwards.
-    let mut lens: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
-    for (link, p) in &producers {
-        if consumers.get(link).map_or(0, Vec::len) != p.len() {
-            return Err(CudaError::Invalid(format!(
-                "schedule `{}`: link {}->{} channel {} has unmatched messages",
-                s.name, link.from, link.to, link.channel
-            )));
-        }
-    }
-
-    fn chunk_lens(
-        id: usize,
-        nodes: &[Node],
-        s: &Schedule,
-        layout: &Layout,
-        recvs: &[Vec<(Link, usize)>],
-        producers: &HashMap<Link, Vec<usize>>,
-        lens: &mut Vec<Vec<usize>>,
-    ) -> Vec<usize> {
-        if lens[id].is_empty() {
-            let node = nodes[id];
-            let st =
-                &s.ranks[node.rank as usize].channels[node.channel as usize][node.step as usize];
-            let own = st.write.or(st.read);
-            lens[id] = match (own, recvs[id].first()) {
-                (Some(slice), _) => (0..st.chunks)
-                    .map(|j| layout.chunk_range(node.segment, slice.chunk + j).len())
-                    .collect(),
-                (None, Some(&(link, m))) => chunk_lens(
-                    producers[&link][m],
-                    nodes,
-                    s,
-                    layout,
-                    recvs,
-                    producers,
-                    lens,
-                ),
-                (None, None) => vec![0; st.chunks as usize],
-            };
-        }
-        lens[id].clone()
-    }
-    for id in 0..nodes.len() {
-        chunk_lens(id, &nodes, s, &call.layout, &recvs, &producers, &mut lens);
-    }
-    let message_elems = |id: usize| -> usize { lens[id].iter().sum() };
-
-    // Dependencies: (node it waits for, whether on another stream).
-    let mut deps: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
-    for r in 0..n {
-        for list in &order[r] {
-            for w in list.windows(2) {
-                deps[w[1]].push(w[0]);
-            }
-        }
-    }
-    for (id, node) in nodes.iter().enumerate() {
-        let st = step_of(node);
-        let len_of = |ch: u32| s.ranks[node.rank as usize].channels[ch as usize].len();
-        for a in &st.after {
-            let idx = node.segment as usize * len_of(a.channel) + a.step as usize;
-            deps[id].push(order[node.rank as usize][a.channel as usize][idx]);
-        }
-        for &(link, m) in &recvs[id] {
-            deps[id].push(producers[&link][m]);
-        }
-        for &(link, m) in &sends[id] {
-            if m >= slots {
-                deps[id].push(consumers[&link][m - slots]);
-            }
-        }
-    }
-    // Kahn's algorithm, smallest node first for a deterministic order.
-    let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
-    let mut dependants: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
-    for (id, ds) in deps.iter().enumerate() {
-        for &d in ds {
-            dependants[d].push(id);
-        }
-    }
-    let mut ready: std::collections::BTreeSet<usize> =
-        (0..nodes.len()).filter(|&i| waiting[i] == 0).collect();
-    let mut topo = Vec::with_capacity(nodes.len());
-    while let Some(id) = ready.pop_first() {
-        topo.push(id);
-        for &d in &dependants[id] {
-            waiting[d] -= 1;
-            if waiting[d] == 0 {
-                ready.insert(d);
-            }
-        }
-    }
-    if topo.len() != nodes.len() {
-        return Err(CudaError::Invalid(format!(
-            "schedule `{}` has no order its steps can be enqueued in with {slots} slots per link",
-            s.name
-        )));
-    }
-
-    // Memory: scratch per rank, mailboxes per link.
-    let dev = |r: Rank| fabric.devices[r as usize];
-    let scratch_elems = s.scratch_len(call.count);
-    let mut scratch = vec![0u64; n];
-    for r in 0..n {
-        if scratch_elems > 0 {
-            let ptr = dev(r as Rank).alloc(scratch_elems * elem)?;
-            res.device_memory.push((dev(r as Rank).clone(), ptr));
-            scratch[r] = ptr;
-        }
-    }
-    let mut mailboxes: HashMap<Link, Mailbox> = HashMap::new();
-    for (link, ids) in &producers {
-        // Slots start on 256-byte boundaries so the kernels' 16-byte
-        // vector accesses stay aligned.
-        let slot_bytes =
-            (ids.iter().map(|&i| message_elems(i)).max().unwrap_or(0) * elem).next_multiple_of(256);
-        let bytes = slot_bytes.max(1) * slots;
-        let (src, dst) = (dev(link.from), dev(link.to));
-        let inbox = dst.alloc(bytes)?;
-        res.device_memory.push((dst.clone(), inbox));
-        let mut outbox = None;
-        let mut pinned = None;
-        let relay = !fabric.p2p[link.from as usize][link.to as usize];
-        if src.ordinal != dst.ordinal || relay {
-            let ptr = src.alloc(bytes)?;
-            res.device_memory.push((src.clone(), ptr));
-            outbox = Some(ptr);
-            if relay {
-                src.bind()?;
-                // SAFETY: pinned host memory of `bytes`, freed with the call.
-                // Portable: the receiving device's context copies from it too.
-                let host =
-                    unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }? as usize;
-                res.host_memory.push((src.clone(), host));
-                pinned = Some(host as u64);
-            }
-        }
-        mailboxes.insert(
-            *link,
-            Mailbox {
+            let mailbox = Mailbox {
                 inbox,
                 outbox,
                 pinned,
                 slot_bytes,
-            },
-        );
+            };
+            self.mailboxes.insert(link, mailbox);
+        }
+        Ok(())
     }
 
-    // Buffer base of a (physical) slice.
-    let base = |r: usize, buffer: Buffer| match buffer {
-        Buffer::Input => call.buffers[r].input,
-        Buffer::Output => call.buffers[r].output,
-        Buffer::Scratch => scratch[r],
-    };
-    let mut events: Vec<Option<sys::CUevent>> = vec![None; nodes.len()];
-    for &id in &topo {
-        let node = nodes[id];
-        let r = node.rank as usize;
-        let device = dev(node.rank);
+    /// The base of a rank's buffer.
+    fn base(&self, r: Rank, buffer: Buffer) -> u64 {
+        match buffer {
+            Buffer::Input => self.call.buffers[r as usize].input,
+            Buffer::Output => self.call.buffers[r as usize].output,
+            Buffer::Scratch => self.scratch[r as usize],
+        }
+    }
+
+    fn stream(&self, node: Node) -> sys::CUstream {
+        self.devices.streams[node.rank as usize][node.channel as usize]
+    }
+
+    /// Wait for the dependencies on other streams, launch the
+    /// instruction's kernels, move cross-device messages, record its event.
+    fn node(&mut self, id: usize, res: &mut Resources) -> Result<(), CudaError> {
+        let node = self.dag.nodes[id];
+        let device = self.dev(node.rank).clone();
         device.bind()?;
-        let stream = fabric.streams[r][node.channel as usize];
-        for &d in &deps[id] {
-            let other = nodes[d];
-            let same_stream = other.rank == node.rank && other.channel == node.channel;
-            if !same_stream {
-                let ev = events[d].expect("dependencies are enqueued first");
+        let stream = self.stream(node);
+        for &d in &self.dag.deps[id] {
+            let other = self.dag.nodes[d];
+            if (other.rank, other.channel) != (node.rank, node.channel) {
+                let ev = self.events[d].expect("dependencies are enqueued first");
                 // SAFETY: the event was recorded on its stream before this
                 // wait is enqueued; both live until the call is freed.
                 unsafe {
@@ -403,27 +262,46 @@ fn enqueue_into(
                 }?;
             }
         }
-        let st = step_of(&node);
-        let mut offset = 0usize;
-        for j in 0..st.chunks {
-            let chunk_ptr = |slice: ferrocoll_core::schedule::Slice| -> (u64, usize) {
-                let (buffer, chunk) =
-                    s.physical(call.in_place, node.rank, slice.buffer, slice.chunk + j);
-                let range = call.layout.chunk_range(node.segment, chunk);
-                (base(r, buffer) + (range.start * elem) as u64, range.len())
-            };
-            let len = lens[id][j as usize];
-            // Messages first, then the local slice, as the CPU executor
+        let plan = self.call.plan;
+        let ins =
+            &plan.ranks[node.rank as usize].channels[node.channel as usize][node.index as usize];
+        self.kernels(&device, stream, node, ins)?;
+        self.relay(&device, stream, node, ins)?;
+        let ev = event(&device, res)?;
+        device.bind()?;
+        // SAFETY: a live event recorded on this rank's live stream.
+        unsafe { result::event::record(ev, stream) }?;
+        self.events[id] = Some(ev);
+        Ok(())
+    }
+
+    /// One reduce-copy kernel per stretch of the value.
+    fn kernels(
+        &self,
+        device: &Device,
+        stream: sys::CUstream,
+        node: Node,
+        ins: &Instruction,
+    ) -> Result<(), CudaError> {
+        let plan = self.call.plan;
+        let elem = plan.element_bytes() as u64;
+        let link = |from, to| Link {
+            from,
+            to,
+            channel: node.channel,
+        };
+        for st in ins.stretches() {
+            // Messages first, then the local region, as the CPU executor
             // combines them; but with more than eight inputs the local
-            // slice goes first, because in place it may be the step's own
+            // region goes first, because in place it may be the step's own
             // output, which the folding passes overwrite after the first.
             let mut inputs: Vec<u64> = Vec::new();
-            for &(link, m) in &recvs[id] {
-                let mb = &mailboxes[&link];
-                inputs.push(mb.inbox + ((m % slots) * mb.slot_bytes + offset * elem) as u64);
+            for m in &ins.recv {
+                let mb = &self.mailboxes[&link(m.peer, node.rank)];
+                inputs.push(mb.inbox + mb.at(m.slot) + st.offset);
             }
-            if let Some(read) = st.read {
-                let local = chunk_ptr(read).0;
+            if let (Some(r), Some(at)) = (&ins.read, st.read) {
+                let local = self.base(node.rank, r.buffer) + at;
                 if inputs.len() + 1 > crate::kernels::MAX_POINTERS {
                     inputs.insert(0, local);
                 } else {
@@ -431,31 +309,54 @@ fn enqueue_into(
                 }
             }
             let mut outputs: Vec<u64> = Vec::new();
-            if let Some(write) = st.write {
-                outputs.push(chunk_ptr(write).0);
+            if let (Some(w), Some(at)) = (&ins.write, st.write) {
+                outputs.push(self.base(node.rank, w.buffer) + at);
             }
-            for &(link, m) in &sends[id] {
-                let mb = &mailboxes[&link];
-                let at = ((m % slots) * mb.slot_bytes + offset * elem) as u64;
-                outputs.push(mb.outbox.unwrap_or(mb.inbox) + at);
+            for m in &ins.send {
+                let mb = &self.mailboxes[&link(node.rank, m.peer)];
+                outputs.push(mb.outbox.unwrap_or(mb.inbox) + mb.at(m.slot) + st.offset);
             }
-            // SAFETY: every pointer addresses `len` elements inside a buffer
-            // of the call (user buffers checked by the caller, scratch and
-            // mailboxes sized above), reachable from this device (its own,
-            // or a same-device mailbox); ordering by the waits above.
-            unsafe { device.reduce_copy(stream, call.dtype, call.op, &inputs, &outputs, len)? };
-            offset += len;
+            // SAFETY: every pointer addresses the stretch inside a buffer of
+            // the call (user buffers checked by the caller, scratch and
+            // mailboxes sized from the plan), reachable from this device
+            // (its own, or a same-device mailbox); ordered by the waits.
+            unsafe {
+                device.reduce_copy(
+                    stream,
+                    plan.dtype,
+                    plan.op,
+                    &inputs,
+                    &outputs,
+                    (st.bytes / elem) as usize,
+                )?
+            };
         }
-        // Cross-device messages leave the outbox now.
-        for &(link, m) in &sends[id] {
-            let mb = &mailboxes[&link];
+        Ok(())
+    }
+
+    /// Cross-device messages leave the outbox: by peer copy, or through
+    /// pinned host memory where peer access is off.
+    fn relay(
+        &self,
+        device: &Device,
+        stream: sys::CUstream,
+        node: Node,
+        ins: &Instruction,
+    ) -> Result<(), CudaError> {
+        let bytes = ins.bytes as usize;
+        for m in &ins.send {
+            let link = Link {
+                from: node.rank,
+                to: m.peer,
+                channel: node.channel,
+            };
+            let mb = &self.mailboxes[&link];
             let Some(outbox) = mb.outbox else { continue };
-            let bytes = offset * elem;
             if bytes == 0 {
                 continue;
             }
-            let at = ((m % slots) * mb.slot_bytes) as u64;
-            let dst = dev(link.to);
+            let at = mb.at(m.slot);
+            let dst = self.dev(m.peer);
             match mb.pinned {
                 None => {
                     // SAFETY: both ranges lie inside their mailboxes; peer
@@ -494,23 +395,25 @@ fn enqueue_into(
                 }
             }
         }
-        let ev = event(device, res)?;
-        device.bind()?;
-        // SAFETY: a live event recorded on this rank's live stream.
-        unsafe { result::event::record(ev, stream) }?;
-        events[id] = Some(ev);
+        Ok(())
     }
 
-    // Completion per rank: channel 0 waits for the others, divides for
-    // avg, and records the rank's completion event.
-    let mut completion = Vec::with_capacity(n);
-    for r in 0..n {
-        let device = dev(r as Rank);
-        device.bind()?;
-        let stream = fabric.streams[r][0];
-        for list in order[r].iter().skip(1) {
-            if let Some(&last) = list.last() {
-                let ev = events[last].expect("enqueued");
+    /// Completion per rank: channel 0 waits for the others, divides for
+    /// `Avg` where the plan says, and records the rank's completion event.
+    fn completion(&self, res: &mut Resources) -> Result<Vec<sys::CUevent>, CudaError> {
+        let plan = self.call.plan;
+        let mut completion = Vec::with_capacity(plan.ranks.len());
+        for rp in &plan.ranks {
+            let r = rp.rank;
+            let device = self.dev(r).clone();
+            device.bind()?;
+            let stream = self.devices.streams[r as usize][0];
+            for (c, list) in rp.channels.iter().enumerate().skip(1) {
+                if list.is_empty() {
+                    continue;
+                }
+                let last = self.dag.id(r, c as u32, list.len() as u32 - 1);
+                let ev = self.events[last].expect("enqueued");
                 // SAFETY: recorded above; freed with the call.
                 unsafe {
                     result::stream::wait_event(
@@ -520,26 +423,21 @@ fn enqueue_into(
                     )
                 }?;
             }
-        }
-        if call.op == ReduceOp::Avg && s.collective.reduces() {
-            let target = match s.collective {
-                Collective::Reduce { root } if root != r as Rank => None,
-                Collective::ReduceScatter if call.in_place => {
-                    Some(call.buffers[r].output + (r * call.count * elem) as u64)
-                }
-                _ => Some(call.buffers[r].output),
-            };
-            if let Some(ptr) = target {
-                // SAFETY: `count` elements of this rank's result, after all
-                // of its channels (waited for above).
-                unsafe { device.divide(stream, call.dtype, ptr, call.count, n as u64)? };
+            for p in rp.divide.iter().flat_map(|d| &d.pieces) {
+                let ptr = self.call.buffers[r as usize].output + p.offset;
+                let elems = p.bytes as usize / plan.element_bytes();
+                // SAFETY: the plan's divide region of this rank's output,
+                // after all of its channels (waited for above).
+                unsafe {
+                    device.divide(stream, plan.dtype, ptr, elems, u64::from(plan.world_size))?
+                };
             }
+            let ev = event(&device, res)?;
+            device.bind()?;
+            // SAFETY: a live event on a live stream.
+            unsafe { result::event::record(ev, stream) }?;
+            completion.push(ev);
         }
-        let ev = event(device, res)?;
-        device.bind()?;
-        // SAFETY: a live event on a live stream.
-        unsafe { result::event::record(ev, stream) }?;
-        completion.push(ev);
+        Ok(completion)
     }
-    Ok(completion)
 }

@@ -36,8 +36,6 @@ impl From<cudarc::driver::DriverError> for CudaError {
 
 impl From<CudaError> for CommError {
     fn from(e: CudaError) -> Self {
-        CommError::Backend {
-            message: e.to_string(),
-        }
+        CommError::backend("cuda", e)
     }
 }

@@ -1,26 +1,22 @@
 //! A group of ranks on CUDA devices: devices opened once, peer access
-//! enabled once per pair, streams per (rank, channel), the plans, and the
+//! enabled once per pair, streams per (rank, channel), the planner, and the
 //! board where the ranks of a call meet.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaStream, sys};
+use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
-use ferrocoll_core::{
-    AlgorithmParams, Collective, Rank, Verified, VerifyOptions, generate, verify,
-};
+use ferrocoll_core::plan::{CallShape, Planned, Planner};
 
 use crate::config::CudaConfig;
 use crate::device::Device;
 use crate::enqueue::{RankBuffers, Resources};
 use crate::error::CudaError;
 use crate::probe;
-
-/// A plan, built by the first rank that needs it.
-pub(crate) type PlanCell = OnceLock<Result<Arc<Verified>, CommError>>;
 
 /// What the ranks of one call share.
 pub(crate) struct CallState {
@@ -29,7 +25,7 @@ pub(crate) struct CallState {
     pub buffers: Vec<Option<RankBuffers>>,
     pub arrived: u32,
     pub observed: u32,
-    pub outcome: Option<Result<Arc<Outcome>, String>>,
+    pub outcome: Option<Result<Arc<Outcome>, CudaError>>,
 }
 
 /// The enqueued work of a call.
@@ -61,7 +57,8 @@ pub(crate) struct Shared {
     pub rank_devices: Vec<Arc<Device>>,
     pub p2p: Vec<Vec<bool>>,
     pub streams: Mutex<Vec<Vec<Arc<CudaStream>>>>,
-    pub plans: Mutex<HashMap<(Collective, AlgorithmParams, String), Arc<PlanCell>>>,
+    /// The group's one planner, shared by its ranks.
+    pub planner: Mutex<Planner>,
     pub board: Mutex<Board>,
     pub changed: Condvar,
 }
@@ -106,13 +103,17 @@ impl Shared {
             })
             .collect();
         tracing::debug!(?devices, ?access, "CUDA group opened");
+        let planner = Mutex::new(Planner::new(
+            devices.len() as u32,
+            config.planner_settings(),
+        ));
         Ok(Shared {
             n: devices.len() as u32,
             config,
             rank_devices,
             p2p,
             streams: Mutex::new(vec![Vec::new(); devices.len()]),
-            plans: Mutex::new(HashMap::new()),
+            planner,
             board: Mutex::new(Board::default()),
             changed: Condvar::new(),
         })
@@ -137,27 +138,12 @@ impl Shared {
             .collect())
     }
 
-    /// The verified plan for a call.
-    pub fn plan(
-        &self,
-        collective: Collective,
-        algorithm: ferrocoll_core::Algorithm,
-        params: &AlgorithmParams,
-    ) -> Result<Arc<Verified>, CommError> {
-        let key = (collective, params.clone(), algorithm.name().to_owned());
-        let cell = self
-            .plans
+    /// The plan of a call, compiled once for every rank.
+    pub fn plan(&self, shape: &CallShape) -> Result<Planned, CommError> {
+        self.planner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(key)
-            .or_default()
-            .clone();
-        cell.get_or_init(|| {
-            let schedule = generate(algorithm, collective, self.n, params)?;
-            let verified = verify(schedule, &VerifyOptions::default()).map_err(Box::new)?;
-            Ok(Arc::new(verified))
-        })
-        .clone()
+            .plan(shape)
     }
 
     /// Mark the group failed because of `rank`, and wake every waiter.

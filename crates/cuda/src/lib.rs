@@ -19,6 +19,6 @@ mod link_probe;
 pub mod probe;
 
 pub use communicator::{CudaCommunicator, CudaElement, group, run};
-pub use config::{CudaConfig, auto_algorithm};
+pub use config::{CudaConfig, device_rule};
 pub use error::CudaError;
 pub use link_probe::GpuProbe;

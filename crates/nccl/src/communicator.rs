@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys as cu};
-use ferrocoll_core::comm::{CommError, Communicator};
-use ferrocoll_core::cpu::Reduce;
+use ferrocoll_core::comm::{
+    Call, CommError, Communicator, CommunicatorExt, HostSlice, HostSliceMut, Operation,
+    send_recv_by_pairs,
+};
 use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use nccl_rs_sys::{
     library, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId,
@@ -245,6 +247,7 @@ impl NcclCommunicator {
             if Instant::now() >= deadline {
                 let timeout = self.timeout;
                 return Err(self.fail(NcclError::Timeout {
+                    rank: self.rank,
                     what: what.into(),
                     timeout,
                 }));
@@ -273,6 +276,7 @@ impl NcclCommunicator {
             if Instant::now() >= deadline {
                 let timeout = self.timeout;
                 return Err(self.fail(NcclError::Timeout {
+                    rank: self.rank,
                     what: what.into(),
                     timeout,
                 }));
@@ -401,41 +405,20 @@ impl NcclCommunicator {
     }
 
     /// Stage host data through the device and run the collective.
-    fn host_call<T: Reduce>(
-        &mut self,
-        collective: Collective,
-        input: Option<&[T]>,
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let n = self.n as usize;
-        let count = match (collective, input) {
-            (Collective::ReduceScatter, None) | (Collective::AllGather, None) => output.len() / n,
-            (Collective::AllGather, Some(i)) => i.len(),
-            (Collective::AllToAll, Some(i)) => i.len() / n,
-            _ => output.len(),
+    fn host_collective(&mut self, call: Call<'_>) -> Result<(), CommError> {
+        let Some(shape) = call.shape(self.n)? else {
+            unreachable!("a collective")
         };
-        let blocks_in = input.map_or(0, |i| i.len());
-        let expect_in = collective.input_blocks(self.n) as usize * count;
-        let expect_out = collective.output_blocks(self.n) as usize * count;
-        let in_place_len = expect_in.max(expect_out);
-        let ok = match input {
-            Some(_) => blocks_in == expect_in && output.len() == expect_out,
-            None => output.len() == in_place_len,
-        };
-        if !ok {
-            return Err(CommError::BufferSize {
-                what: "buffer",
-                got: output.len(),
-                needed: if input.is_some() {
-                    expect_out
-                } else {
-                    in_place_len
-                },
-            });
+        let (_, input, output) = call.into_parts();
+        let mut output = output.expect("collectives have an output");
+        if shape.collective == Collective::SendRecv {
+            return send_recv_by_pairs(
+                self,
+                input.expect("send-recv has no in-place form"),
+                output,
+            );
         }
-        let stage = |data: &[T]| -> Result<CudaSlice<u8>, NcclError> {
-            let bytes = bytes_of(data);
+        let stage = |bytes: &[u8]| -> Result<CudaSlice<u8>, NcclError> {
             let mut d = self.stream.alloc_zeros::<u8>(bytes.len().max(1))?;
             if !bytes.is_empty() {
                 self.stream
@@ -443,31 +426,44 @@ impl NcclCommunicator {
             }
             Ok(d)
         };
-        let dev_in = input.map(stage).transpose()?;
-        let dev_out = stage(output)?;
+        let dev_in = input.map(|i| stage(i.as_bytes())).transpose()?;
+        let dev_out = stage(output.as_bytes_mut())?;
         self.stream.synchronize().map_err(NcclError::from)?;
         let in_ptr = dev_in.as_ref().map(|d| d.device_ptr(&self.stream).0);
         let out_ptr = dev_out.device_ptr(&self.stream).0;
-        // SAFETY: staged buffers of the shapes checked above.
-        unsafe { self.collective_raw(collective, T::DATA_TYPE, count, in_ptr, out_ptr, op)? };
+        // SAFETY: staged buffers of the shape `shape` checked.
+        unsafe {
+            self.collective_raw(
+                shape.collective,
+                shape.dtype,
+                shape.count,
+                in_ptr,
+                out_ptr,
+                shape.op,
+            )?
+        };
         let back = self.stream.clone_dtoh(&dev_out).map_err(NcclError::from)?;
-        copy_back(&back, output);
+        let out = output.as_bytes_mut();
+        out.copy_from_slice(&back[..out.len()]);
         Ok(())
     }
 
-    fn p2p<T: Reduce>(
+    fn p2p(
         &mut self,
-        data: Option<&[T]>,
-        buffer: Option<&mut [T]>,
+        data: Option<HostSlice<'_>>,
+        buffer: Option<HostSliceMut<'_>>,
         peer: Rank,
     ) -> Result<(), CommError> {
-        ferrocoll_core::comm::check_peer(peer, self.rank, self.n)?;
         let lib = library().map_err(NcclError::from)?;
         self.ctx.bind_to_thread().map_err(NcclError::from)?;
-        let t = nccl_type(T::DATA_TYPE);
+        let dtype = data.map_or_else(
+            || buffer.as_ref().map_or(DataType::U8, |b| b.dtype()),
+            |d| d.dtype(),
+        );
+        let t = nccl_type(dtype);
         let s = self.stream.cu_stream() as nccl_rs_sys::cudaStream_t;
-        let len = data.map_or_else(|| buffer.as_ref().map_or(0, |b| b.len()), <[T]>::len);
-        let bytes = len * std::mem::size_of::<T>();
+        let len = data.map_or_else(|| buffer.as_ref().map_or(0, |b| b.len()), |d| d.len());
+        let bytes = len * dtype.size_bytes();
         let mut dev = self
             .stream
             .alloc_zeros::<u8>(bytes.max(1))
@@ -476,7 +472,7 @@ impl NcclCommunicator {
             && bytes > 0
         {
             self.stream
-                .memcpy_htod(bytes_of(d), &mut dev.slice_mut(..bytes))
+                .memcpy_htod(d.as_bytes(), &mut dev.slice_mut(..bytes))
                 .map_err(NcclError::from)?;
         }
         let ptr = dev.device_ptr(&self.stream).0 as *mut c_void;
@@ -494,23 +490,14 @@ impl NcclCommunicator {
             return Err(self.fail(e).into());
         }
         self.finish(if data.is_some() { "send" } else { "recv" })?;
-        if let Some(b) = buffer {
+        if let Some(mut b) = buffer {
             let back = self.stream.clone_dtoh(&dev).map_err(NcclError::from)?;
-            copy_back(&back, b);
+            let out = b.as_bytes_mut();
+            let n = out.len();
+            out.copy_from_slice(&back[..n]);
         }
         Ok(())
     }
-}
-
-fn bytes_of<T>(data: &[T]) -> &[u8] {
-    // SAFETY: the element types are plain data without padding.
-    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
-}
-
-fn copy_back<T>(bytes: &[u8], out: &mut [T]) {
-    let n = std::mem::size_of_val(out).min(bytes.len());
-    // SAFETY: `n` bytes fit both; `out` is a unique borrow of plain data.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), n) };
 }
 
 /// nccl.h's `NCCL_CONFIG_INITIALIZER`.
@@ -631,40 +618,36 @@ where
             .into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(CommError::Backend {
-                        message: "an NCCL rank thread panicked".into(),
-                    })
+                    Err(CommError::backend(
+                        "nccl",
+                        NcclError::Invalid("a rank thread panicked".into()),
+                    ))
                 })
             })
             .collect()
     }))
 }
 
-ferrocoll_core::communicator_via_host_call!(NcclCommunicator);
-
-impl NcclCommunicator {
-    fn comm_rank(&self) -> Rank {
+impl Communicator for NcclCommunicator {
+    fn rank(&self) -> Rank {
         self.rank
     }
 
-    fn comm_size(&self) -> u32 {
+    fn world_size(&self) -> u32 {
         self.n
     }
 
-    pub(crate) fn host_send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
-        self.p2p(Some(data), None, peer)
-    }
-
-    pub(crate) fn host_recv<T: Reduce>(
-        &mut self,
-        buffer: &mut [T],
-        peer: Rank,
-    ) -> Result<(), CommError> {
-        self.p2p::<T>(None, Some(buffer), peer)
-    }
-
-    pub(crate) fn host_barrier(&mut self) -> Result<(), CommError> {
-        let mut one = [0i32];
-        self.all_reduce_in_place(&mut one, ReduceOp::Sum)
+    fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
+        let peer = call.peer(self.rank, self.n)?;
+        match call.operation() {
+            Operation::Collective { .. } => self.host_collective(call),
+            Operation::Send { .. } => self.p2p(call.input(), None, peer.expect("checked")),
+            Operation::Recv { .. } => {
+                let (_, _, buffer) = call.into_parts();
+                self.p2p(None, buffer, peer.expect("checked"))
+            }
+            // NCCL has no barrier: a one-element all-reduce is one.
+            _ => self.all_reduce_in_place(&mut [0i32], ReduceOp::Sum),
+        }
     }
 }

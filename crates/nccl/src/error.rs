@@ -22,8 +22,10 @@ pub enum NcclError {
         message: String,
     },
     /// A wait outlasted the timeout; the communicator was aborted.
-    #[error("NCCL: {what} did not finish within {timeout:?}; communicator aborted")]
+    #[error("NCCL: rank {rank}: {what} did not finish within {timeout:?}; communicator aborted")]
     Timeout {
+        /// The rank that gave up.
+        rank: ferrocoll_core::Rank,
         /// What was waited for.
         what: String,
         /// The timeout.
@@ -38,9 +40,20 @@ pub enum NcclError {
 }
 
 impl From<NcclError> for CommError {
+    /// Timeouts become [`CommError::Timeout`], like every executor's;
+    /// everything else is a [`CommError::Backend`] that keeps the error.
     fn from(e: NcclError) -> Self {
-        CommError::Backend {
-            message: e.to_string(),
+        match e {
+            NcclError::Timeout {
+                rank,
+                what,
+                timeout,
+            } => CommError::Timeout {
+                rank,
+                timeout,
+                what: format!("NCCL to finish {what} (communicator aborted)"),
+            },
+            other => CommError::backend("nccl", other),
         }
     }
 }

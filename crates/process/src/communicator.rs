@@ -1,20 +1,15 @@
 //! `ProcessCommunicator`: one rank of a group whose ranks are processes.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
-use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, generate};
-use ferrocoll_core::comm::{CommError, block_count};
-use ferrocoll_core::cpu::{Reduce, auto_algorithm};
-use ferrocoll_core::schedule::layout::Layout;
-use ferrocoll_core::verify::{Verified, VerifyOptions, verify};
-use ferrocoll_core::{Collective, Rank, ReduceOp};
+use ferrocoll_core::algorithms::Algorithm;
+use ferrocoll_core::comm::{Call, CommError, Communicator, HostSlice, HostSliceMut, Operation};
+use ferrocoll_core::plan::{CallShape, Planned, Planner};
+use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use ferrocoll_rendezvous::Store;
 
 use crate::config::{ProcessConfig, TransportKind};
-use crate::exec::{Call, execute};
+use crate::exec::{Task, execute};
 use crate::setup::{SetupError, connect};
 use crate::transport::Transport;
 use crate::wire::Header;
@@ -37,10 +32,8 @@ pub struct ProcessCommunicator {
     /// Point-to-point sends so far, per peer, to number their messages.
     p2p_sent: Vec<u64>,
     p2p_received: Vec<u64>,
-    plans: HashMap<(Algorithm, Collective, AlgorithmParams), Arc<Verified>>,
-    /// A hash of each schedule run so far (by its address), carried in
-    /// message headers so ranks running different plans notice.
-    fingerprints: HashMap<usize, u64>,
+    /// Selects and compiles every call's plan, the same in every process.
+    planner: Planner,
     /// Rank 0 hosts the store; keep it for the life of the group.
     _store: Store,
 }
@@ -74,9 +67,6 @@ impl AbortHandle {
     }
 }
 
-/// A call's schedule, the chunk size its chooser asked for, and why it was chosen.
-type Planned = (Arc<Verified>, Option<usize>, Cow<'static, str>);
-
 /// Which point-to-point channel a transport reserves (past every schedule channel).
 fn p2p_channel(t: &dyn Transport) -> u32 {
     t.max_channel().unwrap_or(u32::MAX)
@@ -101,8 +91,7 @@ impl ProcessCommunicator {
             calls: 0,
             p2p_sent: vec![0; world_size as usize],
             p2p_received: vec![0; world_size as usize],
-            plans: HashMap::new(),
-            fingerprints: HashMap::new(),
+            planner: Planner::new(world_size, config.planner_settings()),
             _store: store,
         })
     }
@@ -113,6 +102,7 @@ impl ProcessCommunicator {
     /// ([`CommError::Mismatch`] names both schedules).
     pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
         self.config.algorithm = algorithm;
+        self.planner.set_algorithm(algorithm);
     }
 
     /// The transport in use.
@@ -132,27 +122,10 @@ impl ProcessCommunicator {
         self.transport.fail(self.rank, "aborted");
     }
 
-    fn comm_rank(&self) -> Rank {
-        self.rank
-    }
-
-    fn comm_size(&self) -> u32 {
-        self.n
-    }
-
-    fn check_peer(&self, peer: Rank) -> Result<(), CommError> {
-        ferrocoll_core::comm::check_peer(peer, self.rank, self.n)
-    }
-
     /// Fail the group on an error this rank found, so no peer waits for it.
     fn fail_on<R>(&mut self, result: Result<R, CommError>) -> Result<R, CommError> {
         if let Err(e) = &result
-            && !matches!(
-                e,
-                CommError::BufferSize { .. }
-                    | CommError::RankOutOfRange { .. }
-                    | CommError::SelfPeer { .. }
-            )
+            && !e.is_argument_error()
         {
             match e {
                 CommError::PeerFailed { rank, reason } => self.transport.fail(*rank, reason),
@@ -162,195 +135,79 @@ impl ProcessCommunicator {
         result
     }
 
-    fn plan(&mut self, collective: Collective, bytes: usize) -> Result<Planned, CommError> {
-        let n = self.n;
-        if let Some(custom) = &self.config.schedule {
-            let s = custom.schedule();
-            if s.collective == collective && s.world_size == n {
-                return Ok((custom.clone(), None, "the configured schedule".into()));
-            }
-        }
-        let ferrocoll_core::choose::Choice {
-            algorithm,
-            params,
-            max_chunk_bytes: chunk,
-            why,
-        } = ferrocoll_core::choose::decide(
-            self.config.algorithm,
-            self.config.chooser.as_ref(),
-            self.config.channels,
-            collective,
-            n,
-            bytes,
-            || auto_algorithm(collective.kind(), n, bytes),
-        );
-        let why = Cow::Owned(why);
-        self.planned(algorithm, collective, params)
-            .map(|v| (v, chunk, why))
-    }
-
-    fn planned(
-        &mut self,
-        algorithm: Algorithm,
-        collective: Collective,
-        params: AlgorithmParams,
-    ) -> Result<Arc<Verified>, CommError> {
-        let key = (algorithm, collective, params);
-        if let Some(v) = self.plans.get(&key) {
-            return Ok(v.clone());
-        }
-        let schedule = generate(algorithm, collective, self.n, &key.2)?;
-        let verified = Arc::new(verify(schedule, &VerifyOptions::default()).map_err(Box::new)?);
-        self.plans.insert(key, verified.clone());
-        Ok(verified)
-    }
-
-    /// A hash of `v`'s whole schedule, computed once per plan.
-    fn fingerprint(&mut self, v: &Arc<Verified>) -> u64 {
-        use std::hash::{Hash, Hasher};
-        *self
-            .fingerprints
-            .entry(Arc::as_ptr(v) as usize)
-            .or_insert_with(|| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                v.schedule().to_json().hash(&mut h);
-                h.finish()
-            })
-    }
-
-    fn host_call<T: Reduce>(
-        &mut self,
-        collective: Collective,
-        input: Option<&[T]>,
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        ferrocoll_core::comm::check_root(collective, self.n)?;
-        let count = block_count(
-            collective,
-            self.n as usize,
-            input.map(<[T]>::len),
-            output.len(),
-        )?;
+    /// Run one collective, failing the group on any error but a bad argument.
+    fn collective(&mut self, call: Call<'_>) -> Result<(), CommError> {
+        let shape = call.shape(self.n)?.expect("a collective");
         // A loss noticed during an earlier call fails this one; record it
         // as this rank's failure too, so peers hear of it from us.
-        let result = self
-            .transport
-            .check()
-            .and_then(|()| self.run_collective(collective, count, input, output, op, None));
+        let result = self.transport.check().and_then(|()| {
+            let planned = self.planner.plan(&shape)?;
+            self.run_plan(&shape, &planned, call)
+        });
         self.fail_on(result)
     }
 
-    fn run_collective<T: Reduce>(
+    fn run_plan(
         &mut self,
-        collective: Collective,
-        count: usize,
-        input: Option<&[T]>,
-        output: &mut [T],
-        op: ReduceOp,
-        forced: Option<Algorithm>,
+        shape: &CallShape,
+        planned: &Planned,
+        call: Call<'_>,
     ) -> Result<(), CommError> {
-        let call = self.calls;
+        let number = self.calls;
         self.calls += 1;
-        let size = std::mem::size_of::<T>();
-        let in_place = input.is_none();
-        let blocks = collective
-            .input_blocks(self.n)
-            .max(collective.output_blocks(self.n)) as usize;
-        let (verified, chunk, why) = match forced {
-            Some(a) => (
-                self.planned(a, collective, AlgorithmParams::default())?,
-                None,
-                Cow::Borrowed("internal"),
-            ),
-            None => self.plan(collective, count * size * blocks)?,
-        };
-        let schedule = verified.schedule();
-        if in_place && !verified.supports_in_place() {
-            return Err(CommError::InPlaceUnsupported {
-                collective: format!("{collective} with schedule `{}`", schedule.name),
-            });
-        }
+        let plan = &planned.plan;
         if let Some(max) = self.transport.max_channel()
-            && schedule.channel_count() as u32 > max
+            && plan.channels > max
         {
-            return Err(CommError::Backend {
-                message: format!(
+            return Err(CommError::Capacity {
+                what: format!(
                     "schedule `{}` uses {} channels; this group was set up for {max} (raise ProcessConfig::max_channels)",
-                    schedule.name,
-                    schedule.channel_count()
+                    plan.schedule, plan.channels
                 ),
             });
         }
-        // Cut chunks so the widest step's message fits one message.
-        let limit = self.config.max_message_bytes.max(size) / schedule.widest_step() as usize;
-        let layout = Layout::with_max_chunk_bytes(
-            count,
-            schedule.chunks_per_block,
-            size,
-            chunk.unwrap_or(limit).min(limit).max(size),
-        );
-        // The plan's hash and segment count come before the schedule's
-        // name, so they survive when a long name is cut to fit the header.
-        let fingerprint = self.fingerprint(&verified);
-        let signature = format!(
-            "{collective} count={count} type={} op={op} plan={fingerprint:016x}/{} schedule={}",
-            T::DATA_TYPE,
-            layout.segments(),
-            schedule.name
-        );
+        // The plan's hash comes before the schedule's name, so it survives
+        // when a long name is cut to fit the header.
+        let signature = format!("{} schedule={}", plan.signature(), plan.schedule);
         tracing::debug!(
             rank = self.rank,
-            call,
+            call = number,
             transport = %self.config.transport,
-            "{collective} {} B {}: algorithm={} channels={} chunks/block={} segments={} in_place={in_place} ({why})",
-            count * size * blocks,
-            T::DATA_TYPE,
-            schedule.name,
-            schedule.channel_count(),
-            schedule.chunks_per_block,
-            layout.segments(),
+            "{} {} B {}: algorithm={} channels={} chunks/block={} segments={} in_place={} plan={:016x} ({})",
+            plan.collective,
+            plan.size_bytes(),
+            plan.dtype,
+            plan.schedule,
+            plan.channels,
+            plan.chunks_per_block,
+            plan.segments,
+            plan.in_place,
+            plan.hash,
+            planned.why,
         );
-        let scratch_len = schedule.scratch_len(count);
-        let mut scratch: Vec<T> = Vec::with_capacity(scratch_len);
-        let out = output.as_mut_ptr() as usize;
-        let (input_base, output_base) = match input {
-            Some(i) => (i.as_ptr() as usize, out),
-            None => (out, out),
-        };
+        let (_, input, output) = call.into_parts();
+        let mut output = output.expect("collectives have an output");
+        let output_base = output.as_mut_ptr() as usize;
+        let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let started = Instant::now();
-        let exec = Call {
-            schedule,
-            rank: self.rank,
-            in_place,
-            layout,
-            op,
-            bases: [input_base, output_base, scratch.as_mut_ptr() as usize],
-            call,
-            signature: &signature,
-            timeout: self.config.timeout,
-        };
-        execute::<T>(self.transport.as_mut(), &exec)?;
+        ferrocoll_core::with_element_type!(shape.dtype, T => {
+            let mut scratch: Vec<T> = Vec::with_capacity(plan.scratch_bytes as usize / std::mem::size_of::<T>());
+            let task = Task {
+                plan,
+                rank: self.rank,
+                bases: [input_base, output_base, scratch.as_mut_ptr() as usize],
+                number,
+                signature: &signature,
+                timeout: self.config.timeout,
+            };
+            execute::<T>(self.transport.as_mut(), &task)?;
+        });
         tracing::trace!(
             rank = self.rank,
-            call,
+            call = number,
             elapsed_us = started.elapsed().as_micros() as u64,
             "done"
         );
-        if op == ReduceOp::Avg && collective.reduces() {
-            let n = self.n;
-            let result: Option<&mut [T]> = match collective {
-                Collective::Reduce { root } if root != self.rank => None,
-                Collective::ReduceScatter if in_place => {
-                    let r = self.rank as usize;
-                    Some(&mut output[r * count..(r + 1) * count])
-                }
-                _ => Some(&mut output[..count]),
-            };
-            for x in result.into_iter().flatten() {
-                *x = x.divide(n);
-            }
-        }
         Ok(())
     }
 
@@ -398,23 +255,13 @@ impl ProcessCommunicator {
             * 8
     }
 
-    fn host_send<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
-        self.check_peer(peer)?;
-        let result = self
-            .transport
-            .check()
-            .and_then(|()| self.send_inner(data, peer));
-        self.fail_on(result)
-    }
-
-    fn send_inner<T: Reduce>(&mut self, data: &[T], peer: Rank) -> Result<(), CommError> {
+    fn send(&mut self, data: HostSlice<'_>, peer: Rank) -> Result<(), CommError> {
         let channel = p2p_channel(self.transport.as_ref());
-        let bytes = std::mem::size_of_val(data);
-        // SAFETY: viewing initialised elements as bytes.
-        let raw = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, bytes) };
+        let raw = data.as_bytes();
+        let bytes = raw.len();
         let number = self.p2p_sent[peer as usize];
         self.p2p_sent[peer as usize] += 1;
-        let signature = format!("send #{number} type={}", T::DATA_TYPE);
+        let signature = format!("send #{number} type={}", data.dtype());
         let fragment = self.fragment();
         let pieces: Vec<&[u8]> = if raw.is_empty() {
             vec![raw]
@@ -447,22 +294,14 @@ impl ProcessCommunicator {
         )
     }
 
-    fn host_recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
-        self.check_peer(peer)?;
-        let result = self
-            .transport
-            .check()
-            .and_then(|()| self.recv_inner(buffer, peer));
-        self.fail_on(result)
-    }
-
-    fn recv_inner<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
+    fn recv(&mut self, mut buffer: HostSliceMut<'_>, peer: Rank) -> Result<(), CommError> {
         let channel = p2p_channel(self.transport.as_ref());
-        let wanted = std::mem::size_of_val(buffer);
+        let dtype = buffer.dtype();
+        let wanted = buffer.as_bytes_mut().len();
         let number = self.p2p_received[peer as usize];
         self.p2p_received[peer as usize] += 1;
-        let signature = format!("send #{number} type={}", T::DATA_TYPE);
-        let out = buffer.as_mut_ptr() as *mut u8;
+        let signature = format!("send #{number} type={dtype}");
+        let out = buffer.as_mut_ptr();
         let mut at = 0usize;
         loop {
             let mut message = None;
@@ -485,7 +324,7 @@ impl ProcessCommunicator {
                     rank: self.rank,
                     other: peer,
                     expected: header.signature().to_owned(),
-                    got: format!("recv #{number} type={}", T::DATA_TYPE),
+                    got: format!("recv #{number} type={dtype}"),
                 });
             }
             if m.call as usize != wanted || at + m.len > wanted {
@@ -510,23 +349,56 @@ impl ProcessCommunicator {
         }
     }
 
-    fn host_barrier(&mut self) -> Result<(), CommError> {
+    /// A barrier is a one-byte direct all-reduce: every rank hears from
+    /// every other before any returns.
+    fn barrier(&mut self) -> Result<(), CommError> {
         let mut token = [1u8];
-        let result = self.transport.check().and_then(|()| {
-            self.run_collective(
-                Collective::AllReduce,
-                1,
-                None,
-                &mut token,
-                ReduceOp::Max,
-                Some(Algorithm::Direct),
-            )
-        });
-        self.fail_on(result)
+        let shape = CallShape {
+            collective: Collective::AllReduce,
+            count: 1,
+            dtype: DataType::U8,
+            op: ReduceOp::Max,
+            in_place: true,
+        };
+        let planned = self.planner.plan_with(&shape, Algorithm::Direct)?;
+        let call = Call::collective(shape.collective, shape.op, None, (&mut token[..]).into());
+        self.run_plan(&shape, &planned, call)
     }
 }
 
-ferrocoll_core::communicator_via_host_call!(ProcessCommunicator);
+impl Communicator for ProcessCommunicator {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn world_size(&self) -> u32 {
+        self.n
+    }
+
+    fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
+        let peer = call.peer(self.rank, self.n)?;
+        match call.operation() {
+            Operation::Collective { .. } => self.collective(call),
+            operation => {
+                let result = self.transport.check().and_then(|()| match operation {
+                    Operation::Send { .. } => self.send(
+                        call.input().expect("sends have data"),
+                        peer.expect("checked"),
+                    ),
+                    Operation::Recv { .. } => {
+                        let (_, _, buffer) = call.into_parts();
+                        self.recv(
+                            buffer.expect("receives have a buffer"),
+                            peer.expect("checked"),
+                        )
+                    }
+                    _ => self.barrier(),
+                });
+                self.fail_on(result)
+            }
+        }
+    }
+}
 
 impl Drop for ProcessCommunicator {
     fn drop(&mut self) {

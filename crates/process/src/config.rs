@@ -5,7 +5,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrocoll_core::choose::SharedChooser;
+use ferrocoll_core::plan::PlannerSettings;
+use ferrocoll_core::select::{SharedSelector, host_rule};
 use ferrocoll_core::{Algorithm, Verified};
 
 /// How the processes of a group exchange messages.
@@ -48,12 +49,12 @@ pub struct ProcessConfig {
     /// The longest any wait may last; a peer that dies is noticed sooner
     /// (shared memory: within about 20 ms; TCP: when its connection closes).
     pub timeout: Duration,
-    /// Force an algorithm; `None` asks `chooser`, then the CPU executor's rule.
+    /// Force an algorithm; `None` asks `selector`, then the host rule.
     pub algorithm: Option<Algorithm>,
     /// Picks each call's algorithm. It must answer the same in every
     /// process — feed it one topology (rank 0's, say), not each process's
     /// own measurement.
-    pub chooser: Option<SharedChooser>,
+    pub selector: Option<SharedSelector>,
     /// Channels for ring, tree and direct.
     pub channels: u32,
     /// The largest message, in bytes: the shared-memory slot size, and the
@@ -76,7 +77,7 @@ impl Default for ProcessConfig {
             transport: TransportKind::Shm,
             timeout: Duration::from_secs(60),
             algorithm: None,
-            chooser: None,
+            selector: None,
             channels: 1,
             // Large enough that the per-message cost (a header and a
             // doorbell) is small against the copy, small enough that a
@@ -86,5 +87,34 @@ impl Default for ProcessConfig {
             max_channels: 4,
             schedule: None,
         }
+    }
+}
+
+impl ProcessConfig {
+    /// How every rank plans its calls: the same settings in every process,
+    /// so every rank compiles the same plans.
+    pub fn planner_settings(&self) -> PlannerSettings {
+        PlannerSettings {
+            algorithm: self.algorithm,
+            selector: self.selector.clone(),
+            channels: self.channels,
+            max_chunk_bytes: self.max_message_bytes,
+            max_message_bytes: Some(self.max_message_bytes),
+            slots_per_link: self.link_slots(),
+            schedule: self.schedule.clone(),
+            rule: host_rule,
+        }
+    }
+
+    /// Slots each link gets: as configured, and at least what the
+    /// configured schedule (or, for built-ins, the verifier) proved.
+    pub(crate) fn link_slots(&self) -> u32 {
+        let proven = self
+            .schedule
+            .as_ref()
+            .map_or(ferrocoll_core::verify::DEFAULT_SLOTS_PER_LINK, |v| {
+                v.slots_per_link()
+            });
+        self.slots_per_link.max(proven)
     }
 }

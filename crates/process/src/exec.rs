@@ -1,9 +1,9 @@
-//! Runs one rank's share of a verified schedule over a [`Transport`].
+//! Runs one rank's part of an execution plan over a [`Transport`].
 //!
 //! The same loop as the in-process executor — every channel advances
-//! round-robin, a step fires when its messages are there, its outgoing
-//! links have room and its `after` steps are done — but every message is
-//! a copy: the step's value is reduced straight into the first outgoing
+//! round-robin, an instruction fires when its messages are there, its
+//! outgoing links have room and its waits are met — but every message is
+//! a copy: the value is reduced straight into the first outgoing
 //! message's room (or into the destination when nothing is sent) and read
 //! straight out of the incoming messages, so each byte is written once per
 //! hop. Every message carries the call's header; the first one that
@@ -12,101 +12,108 @@
 use std::time::{Duration, Instant};
 
 use ferrocoll_core::comm::CommError;
-use ferrocoll_core::cpu::Reduce;
-use ferrocoll_core::schedule::layout::Layout;
-use ferrocoll_core::schedule::progress::{Cursor, Progress};
-use ferrocoll_core::schedule::{Schedule, Slice, Step};
-use ferrocoll_core::{Rank, ReduceOp};
+use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Walk};
+use ferrocoll_core::{Rank, Reduce, ReduceOp};
 
 use crate::transport::{Incoming, Transport};
 use crate::wire::Header;
 
-/// One rank's view of one collective call.
-pub(crate) struct Call<'a> {
-    pub schedule: &'a Schedule,
+/// One rank's task in one call.
+pub(crate) struct Task<'a> {
+    pub plan: &'a ExecutionPlan,
     pub rank: Rank,
-    pub in_place: bool,
-    pub layout: Layout,
-    pub op: ReduceOp,
-    /// Base addresses of the physical input, output and scratch buffers.
+    /// Base addresses of the input, output and scratch buffers (in place,
+    /// the output's).
     pub bases: [usize; 3],
-    pub call: u64,
+    /// The call's number on this communicator.
+    pub number: u64,
+    /// What every message of the call carries in its header.
     pub signature: &'a str,
     pub timeout: Duration,
 }
 
-/// A contiguous run of a step's value in local memory: (offset into the
-/// value, address, elements).
-type Piece = (usize, usize, usize);
+/// A contiguous run of a value in local memory: (offset into the value,
+/// address, elements).
+type Span = (usize, usize, usize);
 
-impl Call<'_> {
-    fn pieces<T>(&self, segment: u32, slice: Slice, chunks: u32) -> Vec<Piece> {
-        let (buffer, chunk) =
-            self.schedule
-                .physical(self.in_place, self.rank, slice.buffer, slice.chunk);
-        let base = self.bases[buffer as usize];
+impl Task<'_> {
+    fn spans<T>(&self, region: &Region) -> Vec<Span> {
         let size = std::mem::size_of::<T>();
+        let base = self.bases[region.buffer as usize];
         let mut offset = 0;
-        self.layout
-            .slice_ranges(segment, chunk, chunks)
-            .into_iter()
-            .map(|r| {
-                let piece = (offset, base + r.start * size, r.len());
-                offset += r.len();
-                piece
+        region
+            .pieces
+            .iter()
+            .map(|p| {
+                let elems = p.bytes as usize / size;
+                let span = (offset, base + p.offset as usize, elems);
+                offset += elems;
+                span
             })
             .collect()
     }
+
+    fn rank_plan(&self) -> &RankPlan {
+        &self.plan.ranks[self.rank as usize]
+    }
 }
 
-/// Run every segment of the schedule for `call.rank`.
-pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, call: &Call) -> Result<(), CommError> {
-    let program = &call.schedule.ranks[call.rank as usize];
-    let mut progress = Progress::new(program, call.layout.segments());
-    let mut deadline = Instant::now() + call.timeout;
+/// Run the rank's part of the plan, then divide for `Avg`.
+pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<(), CommError> {
+    let mut walk = Walk::new(task.rank_plan());
+    let mut deadline = Instant::now() + task.timeout;
     loop {
         let seen = t.ticket();
         let mut progressed = false;
-        for channel in 0..progress.channels() {
-            while let Some((at, step)) = progress.next(channel) {
-                if !progress.after_done(step, at)
-                    || !try_fire::<T>(t, call, channel as u32, step, at)?
-                {
+        for channel in 0..walk.channels() {
+            while let Some((_, ins)) = walk.ready(channel) {
+                if !try_fire::<T>(t, task, channel as u32, ins)? {
                     break;
                 }
                 progressed = true;
-                progress.advance(channel);
+                walk.advance(channel);
             }
         }
-        if progress.done() {
-            return Ok(());
+        if walk.done() {
+            break;
         }
         if progressed {
-            deadline = Instant::now() + call.timeout;
+            deadline = Instant::now() + task.timeout;
             continue;
         }
         t.check()?;
-        find_mismatch(t, call, program.channels.len() as u32)?;
-        find_departed(t, call, &progress)?;
+        find_mismatch(t, task, walk.channels() as u32)?;
+        find_departed(t, task, &walk)?;
         if Instant::now() >= deadline {
             return Err(CommError::Timeout {
-                rank: call.rank,
-                timeout: call.timeout,
-                what: progress.describe(),
+                rank: task.rank,
+                timeout: task.timeout,
+                what: walk.describe(),
             });
         }
         t.wait(seen, deadline);
     }
+    if let Some(region) = &task.rank_plan().divide {
+        for (_, address, n) in task.spans::<T>(region) {
+            // SAFETY: the region lies in this rank's output (plan
+            // invariant), borrowed exclusively by the caller; the call is done.
+            let out = unsafe { std::slice::from_raw_parts_mut(address as *mut T, n) };
+            for x in out {
+                *x = x.divide(task.plan.world_size);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A peer's message for this very call that describes it differently.
-fn find_mismatch(t: &mut dyn Transport, call: &Call, channels: u32) -> Result<(), CommError> {
-    let n = call.schedule.world_size;
+fn find_mismatch(t: &mut dyn Transport, task: &Task, channels: u32) -> Result<(), CommError> {
+    let n = task.plan.world_size;
     let channels = t.max_channel().map_or(channels, |m| m.max(channels));
-    for peer in (0..n).filter(|&p| p != call.rank) {
+    for peer in (0..n).filter(|&p| p != task.rank) {
         for channel in 0..channels {
             if let Some(h) = t.peek_header(peer, channel) {
-                check_header(&h, peer, call)?;
+                check_header(&h, peer, task)?;
             }
         }
     }
@@ -115,23 +122,20 @@ fn find_mismatch(t: &mut dyn Transport, call: &Call, channels: u32) -> Result<()
 
 /// A peer this rank is blocked on that has left the group: it will never
 /// send or consume again, so waiting out the timeout would only delay the error.
-fn find_departed(t: &mut dyn Transport, call: &Call, progress: &Progress) -> Result<(), CommError> {
-    for channel in 0..progress.channels() {
-        let Some((_, step)) = progress.next(channel) else {
+fn find_departed(t: &mut dyn Transport, task: &Task, walk: &Walk) -> Result<(), CommError> {
+    for channel in 0..walk.channels() {
+        let Some((_, ins)) = walk.next(channel) else {
             continue;
         };
-        for &peer in step.recv_from.iter().chain(&step.send_to) {
-            let waiting = if step.recv_from.contains(&peer) {
-                t.peek(peer, channel as u32)?.is_none()
-            } else {
-                true
-            };
+        let recv = ins.recv.iter().map(|m| (m.peer, true));
+        for (peer, receiving) in recv.chain(ins.send.iter().map(|m| (m.peer, false))) {
+            let waiting = !receiving || t.peek(peer, channel as u32)?.is_none();
             if waiting && t.departed(peer) {
                 return Err(CommError::PeerFailed {
                     rank: peer,
                     reason: format!(
                         "left the group (its communicator was dropped) before call #{} ({}) finished",
-                        call.call, call.signature
+                        task.number, task.signature
                     ),
                 });
             }
@@ -140,80 +144,72 @@ fn find_departed(t: &mut dyn Transport, call: &Call, progress: &Progress) -> Res
     Ok(())
 }
 
-fn check_header(h: &Header, peer: Rank, call: &Call) -> Result<(), CommError> {
-    if h.call == call.call && !h.same_call(call.call, call.signature) {
+fn check_header(h: &Header, peer: Rank, task: &Task) -> Result<(), CommError> {
+    if h.call == task.number && !h.same_call(task.number, task.signature) {
         return Err(CommError::Mismatch {
-            call: call.call,
-            rank: call.rank,
+            call: task.number,
+            rank: task.rank,
             other: peer,
             expected: h.signature().to_owned(),
-            got: call.signature.to_owned(),
+            got: task.signature.to_owned(),
         });
     }
     Ok(())
 }
 
-/// Fire the step at `at` if it can fire now.
+/// Fire `ins` if it can fire now.
 fn try_fire<T: Reduce>(
     t: &mut dyn Transport,
-    call: &Call,
+    task: &Task,
     channel: u32,
-    step: &Step,
-    at: Cursor,
+    ins: &Instruction,
 ) -> Result<bool, CommError> {
-    let mut incoming: Vec<Incoming> = Vec::with_capacity(step.recv_from.len());
-    for &peer in &step.recv_from {
-        match t.peek(peer, channel)? {
-            Some(m) => incoming.push(m),
+    let mut incoming: Vec<Incoming> = Vec::with_capacity(ins.recv.len());
+    for m in &ins.recv {
+        match t.peek(m.peer, channel)? {
+            Some(msg) => incoming.push(msg),
             None => return Ok(false),
         }
     }
-    let size = std::mem::size_of::<T>();
-    let len = match step.write.or(step.read) {
-        Some(s) => call.layout.slice_len(at.segment, s.chunk, step.chunks),
-        None => incoming.first().map_or(0, |m| m.len / size),
-    };
-    for (m, &peer) in incoming.iter().zip(&step.recv_from) {
-        let header = t.peek_header(peer, channel).expect("peeked above");
-        check_header(&header, peer, call)?;
-        if m.call != call.call || m.len != len * size {
+    let bytes = ins.bytes as usize;
+    for (msg, m) in incoming.iter().zip(&ins.recv) {
+        let header = t.peek_header(m.peer, channel).expect("peeked above");
+        check_header(&header, m.peer, task)?;
+        if msg.call != task.number || msg.len != bytes {
             return Err(CommError::Mismatch {
-                call: call.call,
-                rank: call.rank,
-                other: peer,
+                call: task.number,
+                rank: task.rank,
+                other: m.peer,
                 expected: format!(
                     "{} (call #{}, {} bytes in this message)",
                     header.signature(),
-                    m.call,
-                    m.len
+                    msg.call,
+                    msg.len
                 ),
-                got: format!("{} ({} bytes expected)", call.signature, len * size),
+                got: format!("{} ({bytes} bytes expected)", task.signature),
             });
         }
     }
-    let mut outgoing: Vec<*mut T> = Vec::with_capacity(step.send_to.len());
-    for &peer in &step.send_to {
-        match t.reserve(peer, channel, len * size)? {
+    let mut outgoing: Vec<*mut T> = Vec::with_capacity(ins.send.len());
+    for m in &ins.send {
+        match t.reserve(m.peer, channel, bytes)? {
             Some(room) => outgoing.push(room as *mut T),
             None => return Ok(false),
         }
     }
     let sources: Vec<*const T> = incoming.iter().map(|m| m.payload as *const T).collect();
-    let read = step
-        .read
-        .map(|s| call.pieces::<T>(at.segment, s, step.chunks));
-    let write = step
-        .write
-        .map(|s| call.pieces::<T>(at.segment, s, step.chunks));
+    let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
+    let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
+    let len = bytes / std::mem::size_of::<T>();
     if len > 0 {
         // SAFETY: incoming payloads hold `len` elements (checked above) and
         // stay put until released below; reserved rooms hold `len` elements
-        // and are this rank's alone until committed; local pieces lie in
-        // the caller's buffers, which the communicator checked hold the
-        // whole layout.
+        // and are this rank's alone until committed; local spans lie in
+        // the caller's buffers, which hold the plan's buffer sizes (the
+        // communicator checked the call's shape).
         unsafe {
             compute(
-                call.op,
+                task.plan.op,
                 &sources,
                 read.as_deref(),
                 write.as_deref(),
@@ -222,12 +218,12 @@ fn try_fire<T: Reduce>(
             )
         };
     }
-    let header = Header::new(call.call, len * size, call.signature);
-    for &peer in &step.send_to {
-        t.commit(peer, channel, &header)?;
+    let header = Header::new(task.number, bytes, task.signature);
+    for m in &ins.send {
+        t.commit(m.peer, channel, &header)?;
     }
-    for &peer in &step.recv_from {
-        t.release(peer, channel)?;
+    for m in &ins.recv {
+        t.release(m.peer, channel)?;
     }
     Ok(true)
 }
@@ -241,8 +237,8 @@ fn try_fire<T: Reduce>(
 unsafe fn compute<T: Reduce>(
     op: ReduceOp,
     messages: &[*const T],
-    read: Option<&[Piece]>,
-    write: Option<&[Piece]>,
+    read: Option<&[Span]>,
+    write: Option<&[Span]>,
     outgoing: &[*mut T],
     len: usize,
 ) {
@@ -294,7 +290,7 @@ unsafe fn compute<T: Reduce>(
 unsafe fn combine<T: Reduce>(
     op: ReduceOp,
     messages: &[*const T],
-    read: Option<&[Piece]>,
+    read: Option<&[Span]>,
     dst: *mut T,
     len: usize,
 ) {
@@ -326,7 +322,7 @@ unsafe fn put<T: Reduce>(op: ReduceOp, srcs: &[*const T], dst: *mut T, n: usize)
 }
 
 /// Copy a contiguous value out to the write pieces.
-unsafe fn scatter<T>(value: *const T, write: &[Piece]) {
+unsafe fn scatter<T>(value: *const T, write: &[Span]) {
     for &(offset, address, n) in write {
         // SAFETY: forwarded; the value is a message room or a staging
         // vector, never the destination.

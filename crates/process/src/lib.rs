@@ -15,7 +15,7 @@
 //! `ferrocoll launch` set it up):
 //!
 //! ```no_run
-//! use ferrocoll_core::comm::Communicator;
+//! use ferrocoll_core::comm::{Communicator, CommunicatorExt};
 //! use ferrocoll_core::ReduceOp;
 //! use ferrocoll_process::{ProcessCommunicator, ProcessConfig};
 //! use ferrocoll_rendezvous::Store;

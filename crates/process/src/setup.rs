@@ -70,14 +70,14 @@ pub enum SetupError {
 /// The settings every rank must share, as text to compare.
 fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} algorithm={:?} chooser={} schedule={:?}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} algorithm={:?} selector={} schedule={:?}",
         config.transport,
         config.max_message_bytes,
         config.slots_per_link,
         config.max_channels,
         config.channels,
         config.algorithm,
-        config.chooser.is_some(),
+        config.selector.is_some(),
         config.schedule.as_ref().map(|v| &v.schedule().name),
     )
 }
@@ -127,9 +127,7 @@ fn shm(
     let shape = Shape {
         world_size,
         channels: config.max_channels.max(1) + 1,
-        slots: config
-            .slots_per_link
-            .max(ferrocoll_core::verify::DEFAULT_SLOTS_PER_LINK),
+        slots: config.link_slots(),
         slot_bytes: config.max_message_bytes.max(64),
     };
     if rank == 0 {
@@ -280,7 +278,7 @@ fn tcp(
     TcpTransport::new(
         rank,
         streams,
-        config.slots_per_link.max(2),
+        config.link_slots(),
         config.timeout,
         config.max_message_bytes.max(64),
     )

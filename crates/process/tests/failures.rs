@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
 use ferrocoll_process::{ProcessConfig, TransportKind};
 
 /// Long enough that a survivor reporting within a few seconds proves the

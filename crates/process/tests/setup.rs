@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::{CommError, Communicator};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, SetupError, TransportKind};
 use ferrocoll_rendezvous::{Server, Store};
 

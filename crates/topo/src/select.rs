@@ -5,7 +5,7 @@
 //! [`crate::search`] found (the best ring set and the single best ring,
 //! trees laid over the best ring) at a few chunk sizes. The choice is a
 //! pure function of (collective, size, world size, topology, options), so
-//! every rank that holds the same topology picks the same plan; ties go to
+//! every rank that holds the same topology selects the same; ties go to
 //! the earlier candidate in a fixed order. Choices are cached per
 //! (collective, size).
 
@@ -14,18 +14,20 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ferrocoll_core::algorithms::MAX_CHANNELS;
-use ferrocoll_core::choose::{Choice, Chooser};
-use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, Rank, generate};
+use ferrocoll_core::plan::{Compiler, DEVICE_CHUNK_BYTES, HOST_CHUNK_BYTES};
+use ferrocoll_core::select::{Selection, Selector};
+use ferrocoll_core::verify::{VerifyOptions, verify};
+use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, DataType, Rank, generate};
 
 use crate::error::TopologyError;
 use crate::graph::{NodeId, NodeKind, Topology};
 use crate::search;
 use crate::sim::{self, CostModel, Prediction, SimOptions};
 
-/// A choice, made once by whoever asks first.
-type PlanCell = OnceLock<Result<Arc<Plan>, TopologyError>>;
+/// A verdict, reached once by whoever asks first.
+type VerdictCell = OnceLock<Result<Arc<Verdict>, TopologyError>>;
 
-/// Cached choices kept at most; past it the cache starts over.
+/// Cached verdicts kept at most; past it the cache starts over.
 const CACHE_LIMIT: usize = 4096;
 
 /// The default [`SelectOptions::tie_margin`]: 3 %.
@@ -56,8 +58,8 @@ pub struct SelectOptions {
     /// the others' transfers); empty takes the devices' defaults (GPUs:
     /// 1, 2, 4, 8, 16; threads: 1).
     pub channel_multipliers: Vec<u32>,
-    /// Bytes per element of the calls.
-    pub element_size: usize,
+    /// The element type of the calls.
+    pub dtype: DataType,
     /// Messages a link holds in flight.
     pub slots_per_link: u32,
     /// The cost model.
@@ -72,7 +74,7 @@ impl Default for SelectOptions {
             chunk_sizes: Vec::new(),
             max_rings: search::MAX_RINGS,
             channel_multipliers: Vec::new(),
-            element_size: 4,
+            dtype: DataType::F32,
             slots_per_link: 4,
             cost: CostModel::default(),
         }
@@ -112,9 +114,9 @@ pub fn human_bytes(b: usize) -> String {
     }
 }
 
-/// A choice with its evidence.
+/// A selection with its evidence.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
+pub struct Verdict {
     /// What to run.
     pub candidate: Candidate,
     /// Its predicted time and bottleneck.
@@ -123,8 +125,8 @@ pub struct Plan {
     pub runner_up: Option<(Candidate, f64)>,
 }
 
-impl Plan {
-    /// One line: the choice, its prediction, the runner-up.
+impl Verdict {
+    /// One line: the selection, its prediction, the runner-up.
     pub fn explain(&self) -> String {
         let mut s = format!(
             "{} predicted {:.1} us",
@@ -144,33 +146,36 @@ impl Plan {
     }
 }
 
-/// Picks plans for one world size on one topology.
-pub struct Selector {
+/// Selects the algorithm, channels and chunk size of calls for one world
+/// size on one topology, by simulating every candidate.
+pub struct TopologySelector {
     topology: Topology,
     devices: Vec<NodeId>,
     world_size: u32,
     options: SelectOptions,
     rings: search::RingSet,
     tree_order: Vec<Rank>,
-    cache: Mutex<HashMap<(Collective, usize), Arc<PlanCell>>>,
+    cache: Mutex<HashMap<(Collective, usize), Arc<VerdictCell>>>,
+    /// Each candidate schedule, proven once and compiled per size.
+    compilers: Mutex<HashMap<(Algorithm, Collective, AlgorithmParams), Arc<Compiler>>>,
 }
 
-impl fmt::Debug for Selector {
+impl fmt::Debug for TopologySelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Selector")
+        f.debug_struct("TopologySelector")
             .field("topology", &self.topology.name)
             .field("world_size", &self.world_size)
             .finish_non_exhaustive()
     }
 }
 
-impl Selector {
+impl TopologySelector {
     /// A selector for `world_size` ranks on the first devices of `topology`.
     pub fn new(
         topology: Topology,
         world_size: u32,
         options: SelectOptions,
-    ) -> Result<Selector, TopologyError> {
+    ) -> Result<TopologySelector, TopologyError> {
         topology.validate()?;
         if world_size == 0 {
             return Err(TopologyError::Invalid(
@@ -188,7 +193,7 @@ impl Selector {
         let devices = all[..world_size as usize].to_vec();
         let rings = search::rings(&topology, &devices, &options.cost, options.max_rings)?;
         let tree_order = rings.orders[0].clone();
-        Ok(Selector {
+        Ok(TopologySelector {
             topology,
             devices,
             world_size,
@@ -196,6 +201,7 @@ impl Selector {
             rings,
             tree_order,
             cache: Mutex::new(HashMap::new()),
+            compilers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -215,9 +221,9 @@ impl Selector {
         }
         // The executor's default first: it wins ties.
         if self.topology.nodes[self.devices[0]].kind == NodeKind::Thread {
-            vec![sim::THREAD_CHUNK_BYTES, 1 << 20]
+            vec![HOST_CHUNK_BYTES, 1 << 20]
         } else {
-            vec![sim::GPU_CHUNK_BYTES, 128 << 10, 2 << 20]
+            vec![DEVICE_CHUNK_BYTES, 512 << 10, 128 << 10]
         }
     }
 
@@ -328,22 +334,49 @@ impl Selector {
         collective: Collective,
         size: usize,
     ) -> Result<Prediction, TopologyError> {
+        let compiler = self.compiler(candidate, collective)?;
+        let options = SimOptions {
+            max_chunk_bytes: Some(candidate.max_chunk_bytes),
+            slots_per_link: self.options.slots_per_link,
+            in_place: false,
+            dtype: self.options.dtype,
+            cost: self.options.cost.clone(),
+            placement: Some(self.devices.clone()),
+        };
+        sim::simulate(&compiler, &self.topology, size, &options)
+    }
+
+    /// The candidate's schedule, generated and proven on first use.
+    fn compiler(
+        &self,
+        candidate: &Candidate,
+        collective: Collective,
+    ) -> Result<Arc<Compiler>, TopologyError> {
+        let key = (candidate.algorithm, collective, candidate.params.clone());
+        if let Some(c) = self
+            .compilers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(c.clone());
+        }
+        let invalid = |e: String| TopologyError::Invalid(e);
         let schedule = generate(
             candidate.algorithm,
             collective,
             self.world_size,
             &candidate.params,
         )
-        .map_err(|e| TopologyError::Invalid(e.to_string()))?;
-        let options = SimOptions {
-            max_chunk_bytes: Some(candidate.max_chunk_bytes),
-            slots_per_link: self.options.slots_per_link,
-            in_place: false,
-            element_size: self.options.element_size,
-            cost: self.options.cost.clone(),
-            placement: Some(self.devices.clone()),
-        };
-        sim::simulate(&schedule, &self.topology, size, &options)
+        .map_err(|e| invalid(e.to_string()))?;
+        let verified =
+            verify(schedule, &VerifyOptions::default()).map_err(|e| invalid(e.to_string()))?;
+        let compiler = Arc::new(Compiler::new(Arc::new(verified)));
+        self.compilers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, compiler.clone());
+        Ok(compiler)
     }
 
     /// Every candidate with its prediction, in candidate order.
@@ -366,7 +399,11 @@ impl Selector {
     /// The first caller for a (collective, size) simulates; callers asking
     /// for it meanwhile (the other ranks of the call) wait for that result
     /// instead of simulating too.
-    pub fn choose(&self, collective: Collective, size: usize) -> Result<Arc<Plan>, TopologyError> {
+    pub fn verdict(
+        &self,
+        collective: Collective,
+        size: usize,
+    ) -> Result<Arc<Verdict>, TopologyError> {
         let cell = {
             let mut cache = self.lock();
             if cache.len() >= CACHE_LIMIT {
@@ -374,10 +411,10 @@ impl Selector {
             }
             cache.entry((collective, size)).or_default().clone()
         };
-        cell.get_or_init(|| self.plan(collective, size)).clone()
+        cell.get_or_init(|| self.decide(collective, size)).clone()
     }
 
-    fn plan(&self, collective: Collective, size: usize) -> Result<Arc<Plan>, TopologyError> {
+    fn decide(&self, collective: Collective, size: usize) -> Result<Arc<Verdict>, TopologyError> {
         let mut ranked = self.evaluate(collective, size)?;
         if ranked.is_empty() {
             return Err(TopologyError::Invalid(format!(
@@ -401,7 +438,7 @@ impl Selector {
             .filter(|(c, _)| c.algorithm != candidate.algorithm)
             .min_by(|a, b| a.1.time_us.total_cmp(&b.1.time_us))
             .map(|(c, p)| (c, p.time_us));
-        let plan = Arc::new(Plan {
+        let verdict = Arc::new(Verdict {
             candidate,
             prediction,
             runner_up,
@@ -410,27 +447,27 @@ impl Selector {
             topology = %self.topology.name,
             "{collective} {size} B on {} ranks: {}",
             self.world_size,
-            plan.explain()
+            verdict.explain()
         );
-        Ok(plan)
+        Ok(verdict)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Collective, usize), Arc<PlanCell>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Collective, usize), Arc<VerdictCell>>> {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-impl Chooser for Selector {
-    fn choose(&self, collective: Collective, world_size: u32, bytes: usize) -> Option<Choice> {
+impl Selector for TopologySelector {
+    fn select(&self, collective: Collective, world_size: u32, bytes: usize) -> Option<Selection> {
         if world_size != self.world_size {
             return None;
         }
-        match Selector::choose(self, collective, bytes) {
-            Ok(plan) => Some(Choice {
-                algorithm: plan.candidate.algorithm,
-                params: plan.candidate.params.clone(),
-                max_chunk_bytes: Some(plan.candidate.max_chunk_bytes),
-                why: format!("selected on `{}`: {}", self.topology.name, plan.explain()),
+        match self.verdict(collective, bytes) {
+            Ok(v) => Some(Selection {
+                algorithm: v.candidate.algorithm,
+                params: v.candidate.params.clone(),
+                max_chunk_bytes: Some(v.candidate.max_chunk_bytes),
+                why: format!("selected on `{}`: {}", self.topology.name, v.explain()),
             }),
             Err(e) => {
                 tracing::warn!(

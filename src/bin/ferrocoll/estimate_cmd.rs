@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use ferrocoll::Collective;
-use ferrocoll::topo::select::{SelectOptions, Selector};
+use ferrocoll::topo::select::{SelectOptions, TopologySelector};
 
 use crate::topo::source;
 
@@ -66,11 +66,12 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode, String> {
     let topology = source::load(&args.topo, args.ranks.unwrap_or(source::DEFAULT_HOST_RANKS))?;
     let n = args.ranks.unwrap_or(topology.devices().len() as u32);
     let e = |e: ferrocoll::topo::TopologyError| e.to_string();
-    let selector = Selector::new(topology.clone(), n, SelectOptions::default()).map_err(e)?;
-    let plan = selector
-        .choose(Collective::AllReduce, args.grad_bytes)
+    let selector =
+        TopologySelector::new(topology.clone(), n, SelectOptions::default()).map_err(e)?;
+    let verdict = selector
+        .verdict(Collective::AllReduce, args.grad_bytes)
         .map_err(e)?;
-    let comm_ms = plan.prediction.time_us / 1e3;
+    let comm_ms = verdict.prediction.time_us / 1e3;
     let serial = args.compute_ms + comm_ms;
     let overlapped = args.compute_ms.max(comm_ms);
     println!(
@@ -83,12 +84,12 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode, String> {
         args.grad_bytes as f64 / 1e9,
         args.compute_ms
     );
-    println!("algorithm        {}", plan.candidate);
+    println!("algorithm        {}", verdict.candidate);
     println!(
         "sync time        {comm_ms:.2} ms  (busbw {:.1} GB/s, algbw {:.1} GB/s)",
-        plan.prediction.busbw, plan.prediction.algbw
+        verdict.prediction.busbw, verdict.prediction.algbw
     );
-    if let Some(b) = plan.prediction.bottleneck() {
+    if let Some(b) = verdict.prediction.bottleneck() {
         println!(
             "bottleneck       {} ({:.0}% busy)",
             b.resource,
@@ -103,7 +104,7 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode, String> {
         "step, overlapped {overlapped:.2} ms  -> GPUs wait {:.0}% of the step",
         100.0 * (overlapped - args.compute_ms) / overlapped
     );
-    if let Some((c, t)) = &plan.runner_up {
+    if let Some((c, t)) = &verdict.runner_up {
         println!("runner-up        {c}: {:.2} ms", t / 1e3);
     }
     Ok(ExitCode::SUCCESS)

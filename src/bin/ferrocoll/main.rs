@@ -1,10 +1,11 @@
 //! The `ferrocoll` command-line tool: benchmark (`bench`), prove
-//! (`verify`), print (`schedule`), show topologies (`topo`), predict
-//! (`sim`, `estimate`). Run `ferrocoll --help` for the commands.
+//! (`verify`), print (`schedule`, `plan`), show topologies (`topo`),
+//! predict (`sim`, `estimate`). Run `ferrocoll --help` for the commands.
 
 mod bench;
 mod estimate_cmd;
 mod launch_cmd;
+mod plan_cmd;
 mod rendezvous_cmd;
 mod schedule_cmd;
 mod sim_cmd;
@@ -43,6 +44,8 @@ enum Command {
     Verify(verify_cmd::VerifyArgs),
     /// Print a built-in schedule as an ASCII grid or as JSON.
     Schedule(schedule_cmd::ScheduleArgs),
+    /// Print the execution plan of one call: every rank's instructions, resources and hash.
+    Plan(plan_cmd::PlanArgs),
     /// Show a link graph: the nvidia-smi topo -m matrix, bandwidth and latency matrices, rings, bottlenecks.
     Topo(topo::TopoArgs),
     /// Predict the bench table on a topology, with the bottleneck link of each row.
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => verify_cmd::run(&args),
         Command::Schedule(args) => schedule_cmd::run(&args),
+        Command::Plan(args) => plan_cmd::run(&args),
         Command::Topo(args) => topo::run(&args),
         Command::Sim(args) => sim_cmd::run(&args),
         Command::Estimate(args) => estimate_cmd::run(&args),

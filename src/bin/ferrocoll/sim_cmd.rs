@@ -3,12 +3,15 @@
 
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::Args;
-use ferrocoll::topo::select::{Candidate, SelectOptions, Selector};
+use ferrocoll::plan::Compiler;
+use ferrocoll::topo::select::{Candidate, SelectOptions, TopologySelector};
 use ferrocoll::topo::sim::{self, Prediction, SimOptions};
 use ferrocoll::{Algorithm, CollectiveKind, DataType, Schedule, VerifyOptions, verify};
 
-use crate::bench::{parse_size, sizes};
+use crate::spec::{self, AlgoSpec, parse_size, sizes};
 use crate::topo::source;
 
 #[derive(Args, Debug)]
@@ -26,8 +29,8 @@ pub(crate) struct SimArgs {
     /// `auto` (the selector's pick per size), `ring`, `tree`, `direct`,
     /// `halving-doubling`, `all` (every algorithm, with crossovers), or a
     /// schedule file.
-    #[arg(long, default_value = "auto")]
-    algo: String,
+    #[arg(long, default_value = "auto", value_parser = spec::parse_algo)]
+    algo: AlgoSpec,
     /// Smallest size (bytes; K, M, G suffixes).
     #[arg(short = 'b', long = "minbytes", default_value = "4K", value_parser = parse_size)]
     min_bytes: usize,
@@ -64,22 +67,26 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         "# ferrocoll sim: topology {} ({})",
         topology.name, topology.description
     );
-    if args.algo.ends_with(".json") {
+    if let Some(path) = args.algo.file() {
         // A schedule of the user's: proven once, simulated per size.
-        let schedule = Schedule::load(&args.algo).map_err(|e| e.to_string())?;
+        let schedule = Schedule::load(path).map_err(|e| e.to_string())?;
         let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
-        let s = verified.schedule();
+        let compiler = Compiler::new(Arc::new(verified));
+        let s = compiler.verified().schedule();
         println!(
             "# {} on {} ranks, schedule `{}` from {}; predicted, not measured",
-            s.collective, s.world_size, s.name, args.algo
+            s.collective,
+            s.world_size,
+            s.name,
+            path.display()
         );
         let options = SimOptions {
-            element_size: args.dtype.size_bytes(),
+            dtype: args.dtype,
             ..SimOptions::default()
         };
         let mut rows = Vec::new();
         for &size in &sizes {
-            let p = sim::simulate(s, &topology, size, &options).map_err(e)?;
+            let p = sim::simulate(&compiler, &topology, size, &options).map_err(e)?;
             rows.push(Row {
                 size,
                 label: s.name.clone(),
@@ -93,31 +100,24 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     let n = args.ranks.unwrap_or(topology.devices().len() as u32);
     let collective = args.op.with_root(args.root % n.max(1));
     let options = SelectOptions {
-        element_size: args.dtype.size_bytes(),
+        dtype: args.dtype,
         ..SelectOptions::default()
     };
-    let selector = Selector::new(topology.clone(), n, options).map_err(e)?;
+    let selector = TopologySelector::new(topology.clone(), n, options).map_err(e)?;
     println!(
         "# {collective} on {n} ranks, algorithm {}, sizes {}..{} x{}; predicted, not measured",
         args.algo, args.min_bytes, args.max_bytes, args.step_factor
     );
-    let all = args.algo == "all";
-    let wanted: Vec<Algorithm> = match args.algo.as_str() {
-        "auto" => Vec::new(),
-        "all" => Algorithm::ALL.to_vec(),
-        list => list
-            .split(',')
-            .map(|a| a.trim().parse::<Algorithm>().map_err(|e| e.to_string()))
-            .collect::<Result<_, _>>()?,
-    };
+    let all = args.algo == AlgoSpec::All;
+    let wanted: Vec<Algorithm> = args.algo.builtins();
     let mut rows: Vec<Row> = Vec::new();
     for &size in &sizes {
-        let plan = selector.choose(collective, size).map_err(e)?;
+        let verdict = selector.verdict(collective, size).map_err(e)?;
         if wanted.is_empty() {
             rows.push(Row {
                 size,
-                label: plan.candidate.to_string(),
-                prediction: plan.prediction.clone(),
+                label: verdict.candidate.to_string(),
+                prediction: verdict.prediction.clone(),
                 chosen: true,
             });
             continue;
@@ -126,11 +126,11 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         for &a in &wanted {
             // Comparing all, the chosen algorithm shows the very plan
             // `auto` runs; otherwise each algorithm its fastest variant.
-            if all && a == plan.candidate.algorithm {
+            if all && a == verdict.candidate.algorithm {
                 rows.push(Row {
                     size,
-                    label: plan.candidate.to_string(),
-                    prediction: plan.prediction.clone(),
+                    label: verdict.candidate.to_string(),
+                    prediction: verdict.prediction.clone(),
                     chosen: true,
                 });
                 continue;
@@ -173,7 +173,7 @@ fn print_table(rows: &[Row], args: &SimArgs, root: i64) {
         "none"
     };
     for r in rows {
-        let label = if r.chosen && args.algo == "all" {
+        let label = if r.chosen && args.algo == AlgoSpec::All {
             format!("{} *", r.label)
         } else {
             r.label.clone()
@@ -194,7 +194,7 @@ fn print_table(rows: &[Row], args: &SimArgs, root: i64) {
             r.prediction.busbw
         );
     }
-    if args.algo == "all" {
+    if args.algo == AlgoSpec::All {
         println!(
             "# * marks the selector's choice: the preferred candidate within {:.0}% of the fastest",
             100.0 * ferrocoll::topo::select::TIE_MARGIN

@@ -1,23 +1,30 @@
-//! Parsing of the command-line lists: algorithms, collectives, rank ranges.
+//! Parsing of what the commands share: the algorithm spec (`--algo`),
+//! collectives, rank ranges, sizes and counts.
 
 use std::path::PathBuf;
 
 use ferrocoll::{Algorithm, CollectiveKind};
 
-/// What `--algo` names.
-#[derive(Debug, Clone)]
+/// What `--algo` names, for `bench`, `sim`, `verify` and `plan` alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AlgoSpec {
-    /// Every built-in algorithm.
+    /// Let the selector decide per call (`auto`).
+    Auto,
+    /// Every built-in algorithm (`all`).
     All,
-    /// Some built-in algorithms.
+    /// Some built-in algorithms (`ring`, `ring,tree`, ...).
     Builtin(Vec<Algorithm>),
-    /// A schedule file.
+    /// A schedule file (`FILE.json`).
     File(PathBuf),
 }
 
+/// `auto`, `all`, a comma-separated list of algorithms, or a schedule file.
 pub(crate) fn parse_algo(s: &str) -> Result<AlgoSpec, String> {
     if s.eq_ignore_ascii_case("all") {
         return Ok(AlgoSpec::All);
+    }
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(AlgoSpec::Auto);
     }
     let path = PathBuf::from(s);
     if s.ends_with(".json") || path.is_file() {
@@ -30,13 +37,64 @@ pub(crate) fn parse_algo(s: &str) -> Result<AlgoSpec, String> {
 }
 
 impl AlgoSpec {
+    /// The built-in algorithms named (`auto` and a file name none).
     pub(crate) fn builtins(&self) -> Vec<Algorithm> {
         match self {
             AlgoSpec::All => Algorithm::ALL.to_vec(),
             AlgoSpec::Builtin(list) => list.clone(),
-            AlgoSpec::File(_) => Vec::new(),
+            AlgoSpec::Auto | AlgoSpec::File(_) => Vec::new(),
         }
     }
+
+    /// The schedule file, if one is named.
+    pub(crate) fn file(&self) -> Option<&PathBuf> {
+        match self {
+            AlgoSpec::File(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for AlgoSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AlgoSpec::Auto => f.write_str("auto"),
+            AlgoSpec::All => f.write_str("all"),
+            AlgoSpec::Builtin(list) => {
+                let names: Vec<&str> = list.iter().map(|a| a.name()).collect();
+                f.write_str(&names.join(","))
+            }
+            AlgoSpec::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A size or count: `4096`, `4K`, `64M`, `1G` (binary multiples, as
+/// nccl-tests).
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 10),
+        Some('M') => (&s[..s.len() - 1], 20),
+        Some('G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(1 << shift))
+        .ok_or_else(|| format!("`{s}` is not a size (e.g. 4096, 4K, 64M)"))
+}
+
+/// `min, min·factor, …` up to `max`, stopping before an overflow.
+pub(crate) fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = Some(min.max(1));
+    while let Some(size) = s.filter(|&v| v <= max) {
+        out.push(size);
+        s = size.checked_mul(factor);
+    }
+    out
 }
 
 /// Collectives named by `--op`.
@@ -107,10 +165,22 @@ mod tests {
     #[test]
     fn algorithms_and_ops_parse() {
         assert!(matches!(parse_algo("all").unwrap(), AlgoSpec::All));
+        assert_eq!(parse_algo("AUTO").unwrap(), AlgoSpec::Auto);
+        assert_eq!(parse_algo("ring,tree").unwrap().to_string(), "ring,tree");
         assert!(matches!(parse_algo("my.json").unwrap(), AlgoSpec::File(_)));
         assert_eq!(parse_algo("ring,hd").unwrap().builtins().len(), 2);
         assert!(parse_algo("rung").unwrap_err().contains("ring"));
         assert_eq!(parse_ops("all").unwrap().0.len(), CollectiveKind::ALL.len());
         assert_eq!(parse_ops("all-reduce,broadcast").unwrap().0.len(), 2);
+    }
+
+    #[test]
+    fn sizes_parse_and_step() {
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("64m").unwrap(), 64 << 20);
+        assert!(parse_size("lots").is_err());
+        assert_eq!(sizes(4096, 16384, 2), vec![4096, 8192, 16384]);
+        assert_eq!(sizes(1 << 62, usize::MAX, 2).len(), 2);
+        assert!(parse_size("99999999999999999G").is_err());
     }
 }

@@ -65,6 +65,12 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<ExitCode, String> {
             let label = format!("{} ({})", path.display(), schedule.name);
             vec![check(label, schedule, &options)]
         }
+        AlgoSpec::Auto => {
+            return Err(
+                "`auto` selects an algorithm per call; verify proves schedules: name algorithms, `all`, or a schedule file"
+                    .into(),
+            );
+        }
         builtin => builtin_jobs(args, &builtin.builtins(), &options)?,
     };
     let elapsed = started.elapsed();

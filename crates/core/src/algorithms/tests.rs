@@ -2,8 +2,9 @@
 //! proven by the verifier and replayed on concrete data.
 
 use super::*;
+use crate::plan::{CallShape, Chunking, compile};
 use crate::replay::replay;
-use crate::schedule::layout::Layout;
+use crate::types::DataType;
 use crate::verify::{VerifyOptions, verify};
 
 fn supported() -> Vec<(Algorithm, CollectiveKind)> {
@@ -36,11 +37,12 @@ use crate::types::ReduceOp;
 
 const POISON: u64 = 0xdead_beef_dead_beef;
 
-/// Replay `schedule` on random data and compare with the reference.
+/// Compile `verified` for a call, replay the plan on random data and
+/// compare with the reference.
 fn check_replay(
     verified: &crate::verify::Verified,
     count: usize,
-    segments: u32,
+    chunking: Chunking,
     in_place: bool,
     seed: u64,
 ) {
@@ -55,9 +57,18 @@ fn check_replay(
     // Wrapping sum and max: exact, so any misplaced element shows.
     for op in [ReduceOp::Sum, ReduceOp::Max] {
         let f = |a: u64, b: u64| u64::reference(op, &[a, b]);
-        let layout = Layout::new(count, s.chunks_per_block, segments);
+        let shape = CallShape {
+            collective,
+            count,
+            dtype: DataType::U64,
+            op,
+            in_place,
+        };
+        let plan = compile(verified, &shape, chunking, 2).expect("a verified schedule compiles");
+        plan.check().expect("compiled plans are well formed");
+        let segments = plan.segments;
         let outputs = vec![vec![POISON; out_len]; n as usize];
-        let got = replay(verified, layout, in_place, inputs.clone(), outputs, f);
+        let got = replay(&plan, inputs.clone(), outputs, f);
         for (r, g) in got.iter().enumerate() {
             let ctx = || {
                 format!(
@@ -98,7 +109,13 @@ fn every_algorithm_moves_real_elements_right_for_awkward_lengths() {
                             continue;
                         }
                         seed += 1;
-                        check_replay(&verified, count, segments, in_place, seed);
+                        check_replay(
+                            &verified,
+                            count,
+                            Chunking::Segments(segments),
+                            in_place,
+                            seed,
+                        );
                     }
                 }
             }
@@ -113,10 +130,7 @@ fn a_large_count_streams_through_many_segments() {
         let schedule = generate(algorithm, collective, 6, &AlgorithmParams::default()).unwrap();
         let verified = verify(schedule, &VerifyOptions::default()).unwrap();
         // 100_003 elements, chunks of at most 4 KiB of u64.
-        let layout =
-            Layout::with_max_chunk_bytes(100_003, verified.schedule().chunks_per_block, 8, 4096);
-        assert!(layout.segments() > 10);
-        check_replay(&verified, 100_003, layout.segments(), true, 42);
+        check_replay(&verified, 100_003, Chunking::MaxBytes(4096), true, 42);
     }
 }
 
@@ -235,7 +249,7 @@ mod random {
             let verified = verify(schedule, &VerifyOptions::default())
                 .map_err(|e| TestCaseError::fail(format!("{e}")))?;
             let in_place = in_place && verified.supports_in_place();
-            check_replay(&verified, count, segments, in_place, shuffle);
+            check_replay(&verified, count, Chunking::Segments(segments), in_place, shuffle);
         }
     }
 }

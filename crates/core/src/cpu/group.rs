@@ -1,28 +1,27 @@
-//! State shared by the ranks of one CPU group: links with bounded slots,
-//! per-rank doorbells, the failure flag, the call board and plan cache.
+//! State shared by the ranks of one CPU group: link queues with bounded
+//! slots and traffic counters, per-rank doorbells, the failure flag, the
+//! call board and the group's planner.
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
-use super::plan::{Plan, PlanKey};
 use crate::comm::CommError;
+use crate::flow::Link;
+use crate::plan::{CallShape, LinkLoad, Planned, Planner};
 use crate::types::Rank;
 
-/// A plan, built once by whichever rank needs it first.
-pub(crate) type PlanCell = OnceLock<Result<Arc<Plan>, CommError>>;
-
 /// Byte ranges of some rank's memory: (address, length).
-pub(crate) type Pieces = Vec<(usize, usize)>;
+pub(crate) type Extents = Vec<(usize, usize)>;
 
 /// A message on a link.
 #[derive(Debug, Clone)]
 pub(crate) enum Msg {
     /// The value sits in the sender's memory, which stays unchanged until
     /// the message is popped.
-    Pointer(Pieces),
+    Pointer(Extents),
     /// The value sits in this link's slot buffer `index`.
     Slot { index: usize, bytes: usize },
     /// The sender wrote the value straight into the receiver's posted destination.
@@ -38,7 +37,10 @@ pub(crate) struct LinkState {
     pub popped: u64,
     /// Where the receiver wants message number `.0` written: the sender of
     /// exactly that message may write the value there itself.
-    pub posted: Option<(u64, Pieces)>,
+    pub posted: Option<(u64, Extents)>,
+    /// Messages and bytes moved over the link, and the largest message,
+    /// counted where the data moves.
+    pub traffic: (u64, u64, u64),
 }
 
 /// A slot buffer. Written only by the link's sender while the slot is free,
@@ -72,9 +74,20 @@ impl SlotBuffer {
     }
 }
 
-pub(crate) struct Link {
+/// One link's queue and slot buffers.
+pub(crate) struct LinkQueue {
     pub state: Mutex<LinkState>,
     pub slots: Vec<SlotBuffer>,
+}
+
+impl LinkState {
+    /// Count a message of `bytes` moved over the link.
+    pub fn count(&mut self, bytes: usize) {
+        let (messages, total, largest) = &mut self.traffic;
+        *messages += 1;
+        *total += bytes as u64;
+        *largest = (*largest).max(bytes as u64);
+    }
 }
 
 struct Bell {
@@ -107,13 +120,13 @@ pub(crate) struct Group {
     /// Spin before sleeping (only when ranks do not outnumber cores).
     spin: bool,
     bells: Vec<Bell>,
-    links: Mutex<HashMap<(Rank, Rank, u32), Arc<Link>>>,
+    links: Mutex<HashMap<Link, Arc<LinkQueue>>>,
     failed: AtomicBool,
     failure: Mutex<Option<Failure>>,
     board: Mutex<CallBoard>,
-    /// One cell per plan: the first rank to need it builds it, the others
-    /// wait for that (finite) computation rather than repeat it.
-    pub plans: Mutex<HashMap<PlanKey, Arc<PlanCell>>>,
+    /// The group's one planner: the first rank to need a plan builds it,
+    /// the others wait for that (finite) computation rather than repeat it.
+    planner: Mutex<Planner>,
     barrier: Mutex<(u64, u32)>,
     /// Held for reading while a rank touches another rank's memory (pointer
     /// reads, direct writes); a rank that gives up takes it for writing
@@ -129,7 +142,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Group {
-    pub fn new(n: u32, slots: usize) -> Self {
+    pub fn new(n: u32, slots: usize, planner: Planner) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         Group {
             n,
@@ -146,18 +159,42 @@ impl Group {
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             board: Mutex::new(CallBoard::default()),
-            plans: Mutex::new(HashMap::new()),
+            planner: Mutex::new(planner),
             barrier: Mutex::new((0, 0)),
             movement: RwLock::new(()),
         }
     }
 
-    pub fn link(&self, from: Rank, to: Rank, channel: u32) -> Arc<Link> {
+    /// The plan of a call, shared by every rank.
+    pub fn plan(&self, shape: &CallShape) -> Result<Planned, CommError> {
+        lock(&self.planner).plan(shape)
+    }
+
+    /// Every link that carried a message, with what it carried.
+    pub fn traffic(&self) -> Vec<LinkLoad> {
+        let mut out: Vec<LinkLoad> = lock(&self.links)
+            .iter()
+            .map(|(&link, q)| {
+                let (messages, bytes, largest) = lock(&q.state).traffic;
+                LinkLoad {
+                    link,
+                    messages,
+                    bytes,
+                    largest,
+                }
+            })
+            .filter(|l| l.messages > 0)
+            .collect();
+        out.sort_by_key(|l| l.link);
+        out
+    }
+
+    pub fn link(&self, from: Rank, to: Rank, channel: u32) -> Arc<LinkQueue> {
         let slots = self.slots;
         lock(&self.links)
-            .entry((from, to, channel))
+            .entry(Link { from, to, channel })
             .or_insert_with(|| {
-                Arc::new(Link {
+                Arc::new(LinkQueue {
                     state: Mutex::new(LinkState::default()),
                     slots: (0..slots)
                         .map(|_| SlotBuffer(UnsafeCell::new(Vec::new())))
@@ -167,7 +204,7 @@ impl Group {
             .clone()
     }
 
-    pub fn lock_link<'a>(&self, link: &'a Link) -> MutexGuard<'a, LinkState> {
+    pub fn lock_link<'a>(&self, link: &'a LinkQueue) -> MutexGuard<'a, LinkState> {
         lock(&link.state)
     }
 

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use ferrocoll_core::cpu::{self, CpuConfig};
-//! use ferrocoll_core::comm::Communicator;
+//! use ferrocoll_core::comm::{Communicator, CommunicatorExt};
 //! use ferrocoll_core::ReduceOp;
 //!
 //! let results = cpu::run(4, &CpuConfig::default(), |comm| {
@@ -23,21 +23,18 @@
 //! instead of hanging.
 
 mod communicator;
+mod data;
 mod executor;
 mod group;
-mod kernels;
-mod plan;
-mod select;
 
 pub use communicator::{AbortHandle, CpuCommunicator, group, run};
-pub use kernels::{Reduce, reduce_slices};
-pub use select::auto_algorithm;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithms::Algorithm;
-use crate::choose::SharedChooser;
+use crate::plan::PlannerSettings;
+use crate::select::{SharedSelector, host_rule};
 use crate::verify::Verified;
 
 /// Settings of a CPU group. Every rank of a group shares them.
@@ -45,14 +42,14 @@ use crate::verify::Verified;
 pub struct CpuConfig {
     /// The longest any wait may last before the rank gives up and fails the group.
     pub timeout: Duration,
-    /// Force an algorithm; `None` asks `chooser`, then [`auto_algorithm`].
+    /// Force an algorithm; `None` asks `selector`, then [`host_rule`].
     pub algorithm: Option<Algorithm>,
-    /// Picks the algorithm of calls that do not force one (the facade
-    /// plugs in the topology-aware selector); `None` uses [`auto_algorithm`].
-    /// A chooser's plan brings its own channels and chunk size, which then
+    /// Selects the algorithm of calls that do not force one (the facade
+    /// plugs in the topology-aware selector); `None` uses [`host_rule`].
+    /// A selection brings its own channels and chunk size, which then
     /// replace `channels` and `max_chunk_bytes` for that call; leave it
     /// `None` to set those yourself.
-    pub chooser: Option<SharedChooser>,
+    pub selector: Option<SharedSelector>,
     /// Channels for ring, tree and direct.
     pub channels: u32,
     /// The largest chunk, in bytes, moved in one step; larger buffers run
@@ -72,16 +69,39 @@ impl Default for CpuConfig {
         CpuConfig {
             timeout: Duration::from_secs(60),
             algorithm: None,
-            chooser: None,
+            selector: None,
             channels: 1,
-            // Every segment boundary is a round of hand-offs between ranks;
-            // with zero-copy messages little is gained from finer
-            // pipelining. Measured on 2 cores, 64 MiB all-reduce: 4 MiB
-            // beat 1 MiB by 0.1–0.2 of the memory-bandwidth ceiling at 4
-            // ranks and matched it at 2 (docs/benchmarks.md).
-            max_chunk_bytes: 4 << 20,
+            max_chunk_bytes: crate::plan::HOST_CHUNK_BYTES,
             slots_per_link: 4,
             schedule: None,
         }
+    }
+}
+
+impl CpuConfig {
+    /// How the group plans its calls.
+    pub fn planner_settings(&self) -> PlannerSettings {
+        PlannerSettings {
+            algorithm: self.algorithm,
+            selector: self.selector.clone(),
+            channels: self.channels,
+            max_chunk_bytes: self.max_chunk_bytes,
+            max_message_bytes: None,
+            slots_per_link: self.link_slots(),
+            schedule: self.schedule.clone(),
+            rule: host_rule,
+        }
+    }
+
+    /// Slots each link gets: as configured, and at least what the
+    /// configured schedule (or, for built-ins, the verifier) proved.
+    pub(crate) fn link_slots(&self) -> u32 {
+        let proven = self
+            .schedule
+            .as_ref()
+            .map_or(crate::verify::DEFAULT_SLOTS_PER_LINK, |v| {
+                v.slots_per_link()
+            });
+        self.slots_per_link.max(proven)
     }
 }

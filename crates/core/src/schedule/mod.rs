@@ -3,10 +3,10 @@
 //! A [`Schedule`] is independent of the element count. It moves *chunks*:
 //! every buffer is cut into blocks of `count` elements (one block for most
 //! buffers, `n` for the all-gather output, the reduce-scatter input and both
-//! all-to-all buffers) and every block into `chunks_per_block` chunks;
-//! [`layout`] maps a chunk to its elements for a given count. An executor
-//! runs the whole schedule once per *segment* (see [`layout::Layout`]), which
-//! is how large buffers pipeline.
+//! all-to-all buffers) and every block into `chunks_per_block` chunks. The
+//! [execution plan](crate::plan) maps chunks to bytes for one call and
+//! unrolls the schedule once per *segment*, which is how large buffers
+//! pipeline.
 //!
 //! Each [`Step`] is described by orthogonal fields — receive from whom, read
 //! which local chunks, write which local chunks, send to whom — rather than
@@ -15,8 +15,6 @@
 
 mod builder;
 mod json;
-pub mod layout;
-pub mod progress;
 mod render;
 mod step;
 

@@ -175,15 +175,23 @@ macro_rules! with_element_type {
 /// A Rust type that can travel through a collective.
 ///
 /// Implemented for the ten NCCL element types; `half::f16` and `half::bf16`
-/// stand for the 16-bit floats.
-pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
+/// stand for the 16-bit floats. Sealed: backends view elements as plain
+/// bytes (no padding, every bit pattern valid), which only these types
+/// promise.
+pub trait Element: sealed::Sealed + Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     /// The matching [`DataType`].
     const DATA_TYPE: DataType;
 }
 
+mod sealed {
+    /// Only the element types of this module.
+    pub trait Sealed {}
+}
+
 macro_rules! impl_element {
     ($($t:ty => $d:ident),* $(,)?) => {
-        $(impl Element for $t {
+        $(impl sealed::Sealed for $t {}
+        impl Element for $t {
             const DATA_TYPE: DataType = DataType::$d;
         })*
     };

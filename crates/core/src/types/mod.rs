@@ -4,10 +4,12 @@
 mod collective;
 mod dtype;
 mod op;
+mod reduce;
 
 pub use collective::{Collective, CollectiveKind, Contributors, Expected, InPlaceAlias};
 pub use dtype::{DataType, Element};
 pub use op::ReduceOp;
+pub use reduce::Reduce;
 
 /// A rank's index in its group, `0..world_size`.
 pub type Rank = u32;

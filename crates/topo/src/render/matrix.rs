@@ -6,7 +6,7 @@ use crate::error::TopologyError;
 use crate::graph::Topology;
 use crate::probe::Matrix;
 use crate::sim::CostModel;
-use crate::sim::engine::Fabric;
+use crate::sim::engine::Network;
 
 /// The `nvidia-smi topo -m` view: one row and column per device, the path
 /// class in each cell, and each device's NUMA node; the legend follows.
@@ -46,16 +46,16 @@ pub fn smi_matrix(topo: &Topology) -> Result<String, TopologyError> {
 pub fn bandwidth_matrix(topo: &Topology, cost: &CostModel) -> Result<Matrix, TopologyError> {
     let devices = topo.devices();
     let n = devices.len();
-    let mut fabric = Fabric::new(topo, devices.clone(), cost);
+    let mut network = Network::new(topo, devices.clone(), cost);
     let mut m = Matrix::new(n);
     for (a, &device) in devices.iter().enumerate() {
         for b in 0..n {
             let v = if a == b {
                 topo.nodes[device].memory_bandwidth.unwrap_or(0.0)
             } else {
-                let (uses, _) = fabric.route(a as u32, b as u32)?;
+                let (uses, _) = network.route(a as u32, b as u32)?;
                 uses.iter()
-                    .map(|&(r, w)| fabric.resources[r].capacity / w / 1e3)
+                    .map(|&(r, w)| network.resources[r].capacity / w / 1e3)
                     .fold(f64::INFINITY, f64::min)
             };
             m.set(a, b, if v.is_finite() { v } else { 0.0 });

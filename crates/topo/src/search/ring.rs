@@ -5,7 +5,7 @@ use ferrocoll_core::Rank;
 use crate::error::TopologyError;
 use crate::graph::{NodeId, Topology};
 use crate::sim::CostModel;
-use crate::sim::engine::Fabric;
+use crate::sim::engine::Network;
 
 /// Up to this many ranks every ring order is tried (rank 0 fixed first):
 /// 8! = 40320 orders at 9 ranks.
@@ -24,7 +24,7 @@ pub struct RingSet {
     pub bandwidth: f64,
 }
 
-/// Per-pair resource use and latency, from the simulator's own fabric so
+/// Per-pair resource use and latency, from the simulator's own network model so
 /// search and simulation agree on what a route costs.
 struct Costs {
     n: usize,
@@ -36,19 +36,19 @@ struct Costs {
 impl Costs {
     fn new(topo: &Topology, devices: &[NodeId], cost: &CostModel) -> Result<Costs, TopologyError> {
         let n = devices.len();
-        let mut fabric = Fabric::new(topo, devices.to_vec(), cost);
+        let mut network = Network::new(topo, devices.to_vec(), cost);
         let mut uses = vec![Vec::new(); n * n];
         let mut latency = vec![0.0; n * n];
         for a in 0..n {
             for b in 0..n {
                 if a != b {
-                    let (u, l) = fabric.route(a as u32, b as u32)?;
+                    let (u, l) = network.route(a as u32, b as u32)?;
                     uses[a * n + b] = u;
                     latency[a * n + b] = l;
                 }
             }
         }
-        let capacity = fabric.resources.iter().map(|r| r.capacity).collect();
+        let capacity = network.resources.iter().map(|r| r.capacity).collect();
         Ok(Costs {
             n,
             uses,

@@ -2,8 +2,8 @@ use super::*;
 use crate::presets;
 use ferrocoll_core::Collective;
 
-fn selector(name: &str, n: u32) -> Selector {
-    Selector::new(
+fn selector(name: &str, n: u32) -> TopologySelector {
+    TopologySelector::new(
         presets::by_name(name, n).unwrap(),
         n,
         SelectOptions::default(),
@@ -27,13 +27,13 @@ fn small_messages_pick_few_steps_and_large_ones_saturate_the_links() {
         ("pcie4-8gpu-2numa", 8, 24.0),
     ] {
         let s = selector(name, n);
-        let small = s.choose(Collective::AllReduce, 4 << 10).unwrap();
+        let small = s.verdict(Collective::AllReduce, 4 << 10).unwrap();
         assert!(
             is_latency_optimal(small.candidate.algorithm),
             "{name} 4K: {}",
             small.explain()
         );
-        let large = s.choose(Collective::AllReduce, 1 << 30).unwrap();
+        let large = s.verdict(Collective::AllReduce, 1 << 30).unwrap();
         assert!(
             large.prediction.busbw > 0.85 * bound,
             "{name} 1G: busbw {} of {bound}: {}",
@@ -46,7 +46,7 @@ fn small_messages_pick_few_steps_and_large_ones_saturate_the_links() {
 #[test]
 fn on_pcie_large_all_reduce_is_a_ring_and_it_beats_direct() {
     let s = selector("pcie4-8gpu-2numa", 8);
-    let plan = s.choose(Collective::AllReduce, 256 << 20).unwrap();
+    let plan = s.verdict(Collective::AllReduce, 256 << 20).unwrap();
     assert_eq!(
         plan.candidate.algorithm,
         Algorithm::Ring,
@@ -66,13 +66,13 @@ fn on_pcie_large_all_reduce_is_a_ring_and_it_beats_direct() {
 #[test]
 fn on_the_cpu_host_the_choice_reaches_the_memory_ceiling() {
     let s = selector("host", 4);
-    let small = s.choose(Collective::AllReduce, 4 << 10).unwrap();
+    let small = s.verdict(Collective::AllReduce, 4 << 10).unwrap();
     assert!(
         is_latency_optimal(small.candidate.algorithm),
         "{}",
         small.explain()
     );
-    let large = s.choose(Collective::AllReduce, 64 << 20).unwrap();
+    let large = s.verdict(Collective::AllReduce, 64 << 20).unwrap();
     let m = crate::probe::host::measured();
     // An in-process all-reduce reads every input and writes every output
     // once: busbw ≤ BW·(n−1)/n².
@@ -90,12 +90,12 @@ fn choices_are_deterministic_cached_and_explained() {
     let a = selector("dgx1-v100", 8);
     let b = selector("dgx1-v100", 8);
     for size in [4 << 10, 1 << 20, 64 << 20] {
-        let pa = a.choose(Collective::AllReduce, size).unwrap();
-        let pb = b.choose(Collective::AllReduce, size).unwrap();
+        let pa = a.verdict(Collective::AllReduce, size).unwrap();
+        let pb = b.verdict(Collective::AllReduce, size).unwrap();
         assert_eq!(pa.candidate, pb.candidate);
         assert!(Arc::ptr_eq(
             &pa,
-            &a.choose(Collective::AllReduce, size).unwrap()
+            &a.verdict(Collective::AllReduce, size).unwrap()
         ));
         let line = pa.explain();
         assert!(
@@ -111,19 +111,19 @@ fn choices_are_deterministic_cached_and_explained() {
         Collective::ReduceScatter,
         Collective::AllToAll,
     ] {
-        a.choose(c, 1 << 20).unwrap();
+        a.verdict(c, 1 << 20).unwrap();
     }
 }
 
 #[test]
-fn the_chooser_seam_answers_only_its_world_size() {
+fn the_selector_seam_answers_only_its_world_size() {
     let s = selector("dgx-a100", 4);
-    let c: &dyn Chooser = &s;
-    assert!(c.choose(Collective::AllReduce, 8, 1 << 20).is_none());
-    let choice = c.choose(Collective::AllReduce, 4, 1 << 20).unwrap();
-    assert!(choice.why.contains("dgx-a100"), "{}", choice.why);
+    let c: &dyn Selector = &s;
+    assert!(c.select(Collective::AllReduce, 8, 1 << 20).is_none());
+    let selection = c.select(Collective::AllReduce, 4, 1 << 20).unwrap();
+    assert!(selection.why.contains("dgx-a100"), "{}", selection.why);
     assert!(matches!(
-        Selector::new(
+        TopologySelector::new(
             presets::by_name("dgx-a100", 1).unwrap(),
             9,
             SelectOptions::default()

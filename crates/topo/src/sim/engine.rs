@@ -1,20 +1,21 @@
-//! The discrete-event engine: runs a schedule's steps on a topology.
+//! The discrete-event engine: interprets an execution plan on a topology.
 //!
-//! Every (rank, channel) runs its steps in order, segment after segment, as
-//! the executors do. A step starts when its messages have arrived, its
-//! `after` steps are complete and each (sender, receiver, channel) pair has
-//! a free message slot, as in the CPU executor; it
+//! Every (rank, channel) fires its instructions in order, as the executors
+//! do: an instruction starts when its messages have arrived, its waits are
+//! met and each link it sends on has a free slot (the plan's model); it
 //! then pays the device's step overhead, does its local memory work, and
 //! launches one transfer per destination. Transfers and local work are
 //! flows over resources (links, memories, core pools) shared max-min
 //! fairly ([`super::fairshare`]); a transfer is delivered one route latency
-//! after its last byte leaves.
+//! after its last byte leaves. Lengths, regions, messages and waits are the
+//! plan's; the engine derives none of them.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
-use ferrocoll_core::schedule::layout::Layout;
-use ferrocoll_core::schedule::{Buffer, Schedule, Step};
+use ferrocoll_core::flow::Link;
+use ferrocoll_core::plan::{ExecutionPlan, Instruction, LinkLoad, Walk};
+use ferrocoll_core::schedule::Buffer;
 
 use super::cost::CostModel;
 use super::fairshare::{self, Uses};
@@ -35,10 +36,13 @@ pub(crate) struct Raw {
     pub time_us: f64,
     /// Bytes each resource carried (weighted).
     pub carried: Vec<f64>,
+    /// Messages and bytes each link of the plan carried, counted as the
+    /// transfers were launched.
+    pub links: Vec<LinkLoad>,
 }
 
-/// The resources of a topology and how ranks use them.
-pub(crate) struct Fabric<'a> {
+/// The resources of a topology and how ranks' traffic maps onto them.
+pub(crate) struct Network<'a> {
     topo: &'a Topology,
     pub resources: Vec<Resource>,
     devices: Vec<NodeId>,
@@ -52,8 +56,12 @@ pub(crate) struct Fabric<'a> {
     cost: &'a CostModel,
 }
 
-impl<'a> Fabric<'a> {
-    pub(crate) fn new(topo: &'a Topology, devices: Vec<NodeId>, cost: &'a CostModel) -> Fabric<'a> {
+impl<'a> Network<'a> {
+    pub(crate) fn new(
+        topo: &'a Topology,
+        devices: Vec<NodeId>,
+        cost: &'a CostModel,
+    ) -> Network<'a> {
         let mut resources = Vec::new();
         let mut link_res = Vec::new();
         for l in &topo.links {
@@ -94,7 +102,7 @@ impl<'a> Fabric<'a> {
                 }
             }
         }
-        Fabric {
+        Network {
             topo,
             resources,
             devices,
@@ -140,18 +148,18 @@ impl<'a> Fabric<'a> {
         Ok(entry)
     }
 
-    /// Whether the step's local work streams with its sends: a GPU kernel
-    /// reduces slices as it copies them, so the reduction overlaps the wire.
-    pub(crate) fn fuses_into_sends(&self, rank: u32, step: &Step) -> bool {
-        self.kind(rank) != NodeKind::Thread && !step.send_to.is_empty()
+    /// Whether the instruction's local work streams with its sends: a GPU
+    /// kernel reduces slices as it copies them, so the reduction overlaps the wire.
+    pub(crate) fn fuses_into_sends(&self, rank: u32, ins: &Instruction) -> bool {
+        self.kind(rank) != NodeKind::Thread && !ins.send.is_empty()
     }
 
     /// The memories a fused GPU send streams through: the sender reads each
     /// input once, the receiver writes the message once.
-    fn streaming_memory(&self, from: u32, to: u32, step: &Step) -> Uses {
+    fn streaming_memory(&self, from: u32, to: u32, ins: &Instruction) -> Uses {
         let mut uses = Uses::new();
-        let reads = if step.reduces() {
-            step.input_count() as f64
+        let reads = if ins.reduces() {
+            ins.inputs() as f64
         } else {
             1.0
         };
@@ -164,22 +172,28 @@ impl<'a> Fabric<'a> {
         uses
     }
 
-    /// Bytes of local memory traffic for a step moving `m` bytes, and the
-    /// resources it crosses.
-    fn local_work(&self, rank: u32, step: &Step, m: f64, pure_local_copy: bool) -> (f64, Uses) {
+    /// Bytes of local memory traffic for an instruction moving `m` bytes,
+    /// and the resources it crosses.
+    fn local_work(
+        &self,
+        rank: u32,
+        ins: &Instruction,
+        m: f64,
+        pure_local_copy: bool,
+    ) -> (f64, Uses) {
         let dev = self.device(rank);
-        let inputs = step.input_count() as f64;
+        let inputs = ins.inputs() as f64;
         match self.kind(rank) {
             NodeKind::Thread => {
                 // Shared memory: every value computed is read once per
                 // input and written once; a value only forwarded is written
                 // straight into the consumer's buffer by the producer.
-                let received_copy = step.recv_from.len() == 1 && step.read.is_none();
+                let received_copy = ins.recv.len() == 1 && ins.read.is_none();
                 let bytes = if pure_local_copy {
                     0.0
-                } else if step.reduces() {
+                } else if ins.reduces() {
                     inputs * m + m
-                } else if step.write.is_some() {
+                } else if ins.write.is_some() {
                     if received_copy { m } else { 2.0 * m }
                 } else {
                     0.0
@@ -201,7 +215,7 @@ impl<'a> Fabric<'a> {
             }
             _ => {
                 // A GPU reduces from its own memory; copies ride the links.
-                let bytes = if step.reduces() { inputs * m + m } else { 0.0 };
+                let bytes = if ins.reduces() { inputs * m + m } else { 0.0 };
                 let uses = self.memory_res[dev]
                     .map(|r| vec![(r, 1.0)])
                     .unwrap_or_default();
@@ -213,24 +227,16 @@ impl<'a> Fabric<'a> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    /// A step's overhead has passed: start its local work.
+    /// An instruction's overhead has passed: start its local work.
     Work { rank: u32, channel: u32 },
     /// A message reaches its receiver.
-    Deliver { from: u32, to: u32, channel: u32 },
+    Deliver(Link),
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Done {
-    Work {
-        rank: u32,
-        channel: u32,
-    },
-    Transfer {
-        from: u32,
-        to: u32,
-        channel: u32,
-        latency: f64,
-    },
+    Work { rank: u32, channel: u32 },
+    Transfer { link: Link, latency: f64 },
 }
 
 struct Flow {
@@ -244,111 +250,162 @@ fn key(t: f64) -> u64 {
     t.max(0.0).to_bits()
 }
 
-/// Run `schedule` with `layout` on `fabric`.
-pub(crate) fn run(
-    fabric: &mut Fabric,
-    schedule: &Schedule,
-    layout: &Layout,
-    element_size: usize,
-    slots: u32,
-    in_place: bool,
-) -> Result<Raw, TopologyError> {
-    let n = schedule.world_size;
-    let segments = layout.segments();
-    let channels: Vec<usize> = schedule.ranks.iter().map(|p| p.channels.len()).collect();
-    let total =
-        |r: usize, c: usize| schedule.ranks[r].channels[c].len() as u64 * u64::from(segments);
-    // Completed step instances per (rank, channel), and whether one runs.
-    let mut completed: Vec<Vec<u64>> = channels.iter().map(|&c| vec![0; c]).collect();
-    let mut busy: Vec<Vec<bool>> = channels.iter().map(|&c| vec![false; c]).collect();
-    let mut inbox: HashMap<(u32, u32, u32), u32> = HashMap::new();
-    let mut in_flight: HashMap<(u32, u32, u32), u32> = HashMap::new();
-    let mut events: BinaryHeap<Reverse<(u64, u64, Event)>> = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut flows: Vec<Flow> = Vec::new();
-    let mut carried = vec![0.0; fabric.resources.len()];
-    let capacity: Vec<f64> = fabric.resources.iter().map(|r| r.capacity).collect();
-    let mut now = 0.0f64;
+/// The state of one run.
+struct Run<'p, 'n, 'a> {
+    net: &'n mut Network<'a>,
+    plan: &'p ExecutionPlan,
+    walks: Vec<Walk<'p>>,
+    busy: Vec<Vec<bool>>,
+    /// Messages delivered and not yet consumed, per link.
+    inbox: HashMap<Link, u32>,
+    /// Messages sent and not yet consumed, per link (slots in use).
+    in_flight: HashMap<Link, u32>,
+    events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    seq: u64,
+    flows: Vec<Flow>,
+    carried: Vec<f64>,
+    traffic: BTreeMap<Link, LinkLoad>,
+    now: f64,
+    dirty: Vec<u32>,
+}
 
-    let step_at = |r: u32, c: usize, k: u64| -> (&Step, u32) {
-        let steps = &schedule.ranks[r as usize].channels[c];
-        (
-            &steps[(k % steps.len() as u64) as usize],
-            (k / steps.len() as u64) as u32,
-        )
+/// Run `plan` on `net`.
+pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, TopologyError> {
+    let carried = vec![0.0; net.resources.len()];
+    let mut sim = Run {
+        walks: plan.ranks.iter().map(Walk::new).collect(),
+        busy: plan
+            .ranks
+            .iter()
+            .map(|r| vec![false; r.channels.len()])
+            .collect(),
+        inbox: HashMap::new(),
+        in_flight: HashMap::new(),
+        events: BinaryHeap::new(),
+        seq: 0,
+        flows: Vec::new(),
+        carried,
+        traffic: BTreeMap::new(),
+        now: 0.0,
+        dirty: (0..plan.world_size).collect(),
+        net,
+        plan,
     };
-    let bytes_of = |step: &Step, seg: u32| -> f64 {
-        let chunk = step.write.or(step.read).map_or(0, |s| s.chunk);
-        (layout.slice_len(seg, chunk, step.chunks) * element_size) as f64
-    };
-
-    let mut dirty: Vec<u32> = (0..n).collect();
     loop {
-        // Start every step that can start; starting one may free a slot
-        // for another rank, so repeat until nothing changes.
-        while let Some(r) = dirty.pop() {
-            for c in 0..channels[r as usize] {
-                let k = completed[r as usize][c];
-                if busy[r as usize][c] || k >= total(r as usize, c) {
-                    continue;
+        sim.start_ready();
+        if !sim.advance_time() {
+            break;
+        }
+        let finished = sim.finished_flows();
+        let mut finished = sim.fire_events(finished);
+        for done in finished.drain(..) {
+            sim.complete(done)?;
+        }
+        if sim.flows.is_empty() && sim.events.is_empty() && sim.dirty.is_empty() {
+            break;
+        }
+    }
+    if !sim.walks.iter().all(Walk::done) {
+        return Err(TopologyError::Invalid(format!(
+            "the plan of `{}` stalls in the simulator (a plan compiled from a verified schedule never does)",
+            plan.schedule
+        )));
+    }
+    let call_us = (0..plan.world_size)
+        .map(|r| sim.net.cost.overheads(sim.net.kind(r)).call_us)
+        .fold(0.0, f64::max);
+    Ok(Raw {
+        time_us: sim.now + call_us,
+        carried: sim.carried,
+        links: sim.traffic.into_values().collect(),
+    })
+}
+
+impl Run<'_, '_, '_> {
+    fn push(&mut self, at: f64, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((key(at), self.seq, event)));
+    }
+
+    /// Start every instruction that can start; starting one may free a
+    /// slot for another rank, so repeat until nothing changes.
+    fn start_ready(&mut self) {
+        while let Some(r) = self.dirty.pop() {
+            for c in 0..self.walks[r as usize].channels() {
+                if !self.busy[r as usize][c] {
+                    self.try_start(r, c);
                 }
-                let (step, seg) = step_at(r, c, k);
-                let ch = c as u32;
-                let after_ok = step.after.iter().all(|a| {
-                    let len = schedule.ranks[r as usize].channels[a.channel as usize].len() as u64;
-                    completed[r as usize][a.channel as usize]
-                        > u64::from(seg) * len + u64::from(a.step)
-                });
-                let need = |p: u32| step.recv_from.iter().filter(|&&q| q == p).count() as u32;
-                let recv_ok = step
-                    .recv_from
-                    .iter()
-                    .all(|&p| inbox.get(&(p, r, ch)).copied().unwrap_or(0) >= need(p));
-                let send_ok = step.send_to.iter().all(|&s| {
-                    let sends = step.send_to.iter().filter(|&&q| q == s).count() as u32;
-                    in_flight.get(&(r, s, ch)).copied().unwrap_or(0) + sends <= slots
-                });
-                if !(after_ok && recv_ok && send_ok) {
-                    continue;
-                }
-                for &p in &step.recv_from {
-                    *inbox.get_mut(&(p, r, ch)).expect("checked") -= 1;
-                    *in_flight.get_mut(&(p, r, ch)).expect("sender reserved") -= 1;
-                    dirty.push(p);
-                }
-                for &s in &step.send_to {
-                    *in_flight.entry((r, s, ch)).or_default() += 1;
-                }
-                busy[r as usize][c] = true;
-                let step_us = fabric.cost.overheads(fabric.kind(r)).step_busy_us;
-                seq += 1;
-                events.push(Reverse((
-                    key(now + step_us),
-                    seq,
-                    Event::Work {
-                        rank: r,
-                        channel: ch,
-                    },
-                )));
             }
         }
+    }
 
-        // Rates of the flows now running.
-        let uses: Vec<&Uses> = flows.iter().map(|f| &f.uses).collect();
+    fn try_start(&mut self, r: u32, c: usize) {
+        let Some((_, ins)) = self.walks[r as usize].ready(c) else {
+            return;
+        };
+        let ch = c as u32;
+        let slots = self.plan.slots_per_link;
+        let link = |from, to| Link {
+            from,
+            to,
+            channel: ch,
+        };
+        let recv_ok = ins
+            .recv
+            .iter()
+            .all(|m| self.inbox.get(&link(m.peer, r)).copied().unwrap_or(0) > 0);
+        let send_ok = ins
+            .send
+            .iter()
+            .all(|m| self.in_flight.get(&link(r, m.peer)).copied().unwrap_or(0) < slots);
+        if !(recv_ok && send_ok) {
+            return;
+        }
+        for m in &ins.recv {
+            *self.inbox.get_mut(&link(m.peer, r)).expect("checked") -= 1;
+            *self
+                .in_flight
+                .get_mut(&link(m.peer, r))
+                .expect("sender reserved") -= 1;
+            self.dirty.push(m.peer);
+        }
+        for m in &ins.send {
+            *self.in_flight.entry(link(r, m.peer)).or_default() += 1;
+        }
+        self.busy[r as usize][c] = true;
+        let step_us = self.net.cost.overheads(self.net.kind(r)).step_busy_us;
+        self.push(
+            self.now + step_us,
+            Event::Work {
+                rank: r,
+                channel: ch,
+            },
+        );
+    }
+
+    /// Move time to the next flow completion or event; false when nothing
+    /// is left to happen.
+    fn advance_time(&mut self) -> bool {
+        let capacity: Vec<f64> = self.net.resources.iter().map(|r| r.capacity).collect();
+        let uses: Vec<&Uses> = self.flows.iter().map(|f| &f.uses).collect();
         let rate = fairshare::rates(&capacity, &uses);
-        let next_flow = flows
+        let next_flow = self
+            .flows
             .iter()
             .zip(&rate)
             .map(|(f, &r)| if r.is_infinite() { 0.0 } else { f.left / r })
             .fold(f64::INFINITY, f64::min);
-        let next_event = events
+        let next_event = self
+            .events
             .peek()
-            .map_or(f64::INFINITY, |Reverse((t, _, _))| f64::from_bits(*t) - now);
+            .map_or(f64::INFINITY, |Reverse((t, _, _))| {
+                f64::from_bits(*t) - self.now
+            });
         let dt = next_flow.min(next_event).max(0.0);
         if !dt.is_finite() {
-            break;
+            return false;
         }
-        for (f, &r) in flows.iter_mut().zip(&rate) {
+        for (f, &r) in self.flows.iter_mut().zip(&rate) {
             let moved = if r.is_infinite() {
                 f.left
             } else {
@@ -356,136 +413,127 @@ pub(crate) fn run(
             };
             f.left -= moved;
             for &(res, w) in &f.uses {
-                carried[res] += moved * w;
+                self.carried[res] += moved * w;
             }
         }
-        now += dt;
+        self.now += dt;
+        true
+    }
 
-        let mut finished: Vec<Done> = Vec::new();
-        flows.retain(|f| {
-            if f.left <= 1e-9 * (1.0 + f.left.abs()) || f.left <= 1e-6 {
+    fn finished_flows(&mut self) -> Vec<Done> {
+        let mut finished = Vec::new();
+        self.flows.retain(|f| {
+            let over = f.left <= 1e-9 * (1.0 + f.left.abs()) || f.left <= 1e-6;
+            if over {
                 finished.push(f.done);
-                false
-            } else {
-                true
             }
+            !over
         });
-        while let Some(Reverse((t, _, _))) = events.peek() {
-            if f64::from_bits(*t) > now + 1e-9 {
+        finished
+    }
+
+    /// Handle every event due now; local work that needs no flow is done at once.
+    fn fire_events(&mut self, mut finished: Vec<Done>) -> Vec<Done> {
+        while let Some(Reverse((t, _, _))) = self.events.peek() {
+            if f64::from_bits(*t) > self.now + 1e-9 {
                 break;
             }
-            let Reverse((_, _, e)) = events.pop().expect("peeked");
+            let Reverse((_, _, e)) = self.events.pop().expect("peeked");
             match e {
                 Event::Work { rank, channel } => {
-                    let c = channel as usize;
-                    let (step, seg) = step_at(rank, c, completed[rank as usize][c]);
-                    let m = bytes_of(step, seg);
-                    let pure_local_copy = in_place
-                        && step.recv_from.is_empty()
-                        && match (step.read, step.write) {
-                            (Some(rd), Some(wr)) => {
-                                schedule.physical(true, rank, rd.buffer, rd.chunk)
-                                    == schedule.physical(true, rank, wr.buffer, wr.chunk)
-                                    && rd.buffer != Buffer::Scratch
-                            }
-                            _ => false,
-                        };
-                    let (bytes, uses) = if fabric.fuses_into_sends(rank, step) {
-                        (0.0, Uses::new())
-                    } else {
-                        fabric.local_work(rank, step, m, pure_local_copy)
-                    };
-                    let done = Done::Work { rank, channel };
-                    if bytes > 0.0 && !uses.is_empty() {
-                        flows.push(Flow {
-                            left: bytes,
-                            uses,
-                            done,
-                        });
-                    } else {
+                    if let Some(done) = self.start_work(rank, channel) {
                         finished.push(done);
                     }
                 }
-                Event::Deliver { from, to, channel } => {
-                    *inbox.entry((from, to, channel)).or_default() += 1;
-                    dirty.push(to);
+                Event::Deliver(link) => {
+                    *self.inbox.entry(link).or_default() += 1;
+                    self.dirty.push(link.to);
                 }
             }
         }
-        for done in finished {
-            match done {
-                Done::Work { rank, channel } => {
-                    let c = channel as usize;
-                    let (step, seg) = step_at(rank, c, completed[rank as usize][c]);
-                    let m = bytes_of(step, seg);
-                    let step_latency = fabric.cost.overheads(fabric.kind(rank)).step_latency_us;
-                    for &s in &step.send_to {
-                        let (mut uses, latency) = fabric.route(rank, s)?;
-                        let latency = latency + step_latency;
-                        if fabric.fuses_into_sends(rank, step) {
-                            uses.extend(fabric.streaming_memory(rank, s, step));
-                        }
-                        let done = Done::Transfer {
-                            from: rank,
-                            to: s,
-                            channel,
-                            latency,
-                        };
-                        if m > 0.0 && !uses.is_empty() {
-                            flows.push(Flow {
-                                left: m,
-                                uses,
-                                done,
-                            });
-                        } else {
-                            seq += 1;
-                            events.push(Reverse((
-                                key(now + latency),
-                                seq,
-                                Event::Deliver {
-                                    from: rank,
-                                    to: s,
-                                    channel,
-                                },
-                            )));
-                        }
-                    }
-                    completed[rank as usize][c] += 1;
-                    busy[rank as usize][c] = false;
-                    dirty.push(rank);
-                }
-                Done::Transfer {
-                    from,
-                    to,
-                    channel,
-                    latency,
-                } => {
-                    seq += 1;
-                    events.push(Reverse((
-                        key(now + latency),
-                        seq,
-                        Event::Deliver { from, to, channel },
-                    )));
-                }
+        finished
+    }
+
+    /// Start the local memory work of `channel`'s running instruction;
+    /// `Some` when there is none to do.
+    fn start_work(&mut self, rank: u32, channel: u32) -> Option<Done> {
+        let (_, ins) = self.walks[rank as usize]
+            .next(channel as usize)
+            .expect("running");
+        let m = ins.bytes as f64;
+        let done = Done::Work { rank, channel };
+        let (bytes, uses) = if self.net.fuses_into_sends(rank, ins) {
+            (0.0, Uses::new())
+        } else {
+            self.net.local_work(rank, ins, m, self.pure_local_copy(ins))
+        };
+        if bytes > 0.0 && !uses.is_empty() {
+            self.flows.push(Flow {
+                left: bytes,
+                uses,
+                done,
+            });
+            None
+        } else {
+            Some(done)
+        }
+    }
+
+    /// In place, a step that reads and writes the same bytes moves nothing.
+    fn pure_local_copy(&self, ins: &Instruction) -> bool {
+        self.plan.in_place
+            && ins.recv.is_empty()
+            && matches!((&ins.read, &ins.write), (Some(r), Some(w)) if r == w && r.buffer != Buffer::Scratch)
+    }
+
+    fn complete(&mut self, done: Done) -> Result<(), TopologyError> {
+        match done {
+            Done::Work { rank, channel } => self.send_all(rank, channel)?,
+            Done::Transfer { link, latency } => self.push(self.now + latency, Event::Deliver(link)),
+        }
+        Ok(())
+    }
+
+    /// The instruction's work is done: launch its transfers and move on.
+    fn send_all(&mut self, rank: u32, channel: u32) -> Result<(), TopologyError> {
+        let c = channel as usize;
+        let (_, ins) = self.walks[rank as usize].next(c).expect("running");
+        let m = ins.bytes as f64;
+        let step_latency = self.net.cost.overheads(self.net.kind(rank)).step_latency_us;
+        for msg in &ins.send {
+            let link = Link {
+                from: rank,
+                to: msg.peer,
+                channel,
+            };
+            let load = self.traffic.entry(link).or_insert(LinkLoad {
+                link,
+                messages: 0,
+                bytes: 0,
+                largest: 0,
+            });
+            load.messages += 1;
+            load.bytes += ins.bytes;
+            load.largest = load.largest.max(ins.bytes);
+            let (mut uses, latency) = self.net.route(rank, msg.peer)?;
+            let latency = latency + step_latency;
+            if self.net.fuses_into_sends(rank, ins) {
+                uses.extend(self.net.streaming_memory(rank, msg.peer, ins));
+            }
+            let done = Done::Transfer { link, latency };
+            if m > 0.0 && !uses.is_empty() {
+                self.flows.push(Flow {
+                    left: m,
+                    uses,
+                    done,
+                });
+            } else {
+                self.push(self.now + latency, Event::Deliver(link));
             }
         }
-        if flows.is_empty() && events.is_empty() && dirty.is_empty() {
-            break;
-        }
+        self.walks[rank as usize].advance(c);
+        self.busy[rank as usize][c] = false;
+        self.dirty.push(rank);
+        Ok(())
     }
-    let unfinished =
-        (0..n as usize).any(|r| (0..channels[r]).any(|c| completed[r][c] < total(r, c)));
-    if unfinished {
-        return Err(TopologyError::Invalid(format!(
-            "schedule `{}` stalls in the simulator (a schedule that passed the verifier never does)",
-            schedule.name
-        )));
-    }
-    let call_us = (0..n)
-        .map(|r| fabric.cost.overheads(fabric.kind(r)).call_us)
-        .fold(0.0, f64::max);
-    Ok(Raw {
-        time_us: now + call_us,
-        carried,
-    })
 }

@@ -1,6 +1,8 @@
 //! The simulator: how long a schedule takes on a topology, and which link
 //! decides it.
 //!
+//! It interprets [execution plans](ferrocoll_core::plan): the very
+//! instructions an executor runs, with their lengths, messages and waits.
 //! The model is α–β with contention: each step costs a fixed overhead
 //! (α, [`cost`]) plus its bytes over the bandwidth its flows get, and
 //! flows that share a link, a memory or a pool of cores split it max-min
@@ -14,8 +16,10 @@ mod fairshare;
 
 pub use cost::{CostModel, Overheads};
 
-use ferrocoll_core::schedule::Schedule;
-use ferrocoll_core::schedule::layout::Layout;
+use ferrocoll_core::DataType;
+use ferrocoll_core::plan::{
+    CallShape, Chunking, Compiler, DEVICE_CHUNK_BYTES, ExecutionPlan, HOST_CHUNK_BYTES, LinkLoad,
+};
 use serde::Serialize;
 
 use crate::error::TopologyError;
@@ -25,24 +29,19 @@ use crate::graph::{NodeId, NodeKind, Topology};
 /// a pipeline in steady state adds the same time per segment.
 pub const MAX_SIMULATED_SEGMENTS: u32 = 32;
 
-/// The largest chunk a GPU step moves by default: NCCL's Simple protocol
-/// splits its 4 MiB buffer into 8 slots (`NCCL_STEPS`), 512 KiB each.
-pub const GPU_CHUNK_BYTES: usize = 512 << 10;
-/// The CPU executor's default largest chunk (`CpuConfig::max_chunk_bytes`).
-pub const THREAD_CHUNK_BYTES: usize = 4 << 20;
-
 /// How to simulate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimOptions {
     /// Largest chunk per step (the pipelining grain); `None` takes the
-    /// devices' default ([`GPU_CHUNK_BYTES`], [`THREAD_CHUNK_BYTES`]).
+    /// executors' default for the devices ([`DEVICE_CHUNK_BYTES`],
+    /// [`HOST_CHUNK_BYTES`]).
     pub max_chunk_bytes: Option<usize>,
     /// Messages a link holds in flight.
     pub slots_per_link: u32,
     /// Simulate the in-place call.
     pub in_place: bool,
-    /// Bytes per element.
-    pub element_size: usize,
+    /// The element type (its size is what matters here).
+    pub dtype: DataType,
     /// The cost model.
     pub cost: CostModel,
     /// Device of each rank; `None` puts rank `r` on the `r`-th device.
@@ -55,7 +54,7 @@ impl Default for SimOptions {
             max_chunk_bytes: None,
             slots_per_link: 4,
             in_place: false,
-            element_size: 4,
+            dtype: DataType::F32,
             cost: CostModel::default(),
             placement: None,
         }
@@ -86,6 +85,10 @@ pub struct Prediction {
     pub segments: u32,
     /// Every resource that carried data, busiest first.
     pub loads: Vec<Load>,
+    /// Messages and bytes on every link of the plan (sender, receiver,
+    /// channel), as the simulator moved them; extrapolated runs scale the
+    /// two short runs' counts like the time.
+    pub links: Vec<LinkLoad>,
 }
 
 impl Prediction {
@@ -95,17 +98,12 @@ impl Prediction {
     }
 }
 
-/// Simulate `schedule` on `topology` for a call of `size` bytes, in the
-/// nccl-tests sense: the larger of one rank's input and output buffers.
-pub fn simulate(
-    schedule: &Schedule,
+/// The devices the ranks run on, checked against the topology.
+fn placement(
     topology: &Topology,
-    size: usize,
+    world_size: u32,
     options: &SimOptions,
-) -> Result<Prediction, TopologyError> {
-    check_schedule(schedule)?;
-    options.cost.check()?;
-    let n = schedule.world_size;
+) -> Result<Vec<NodeId>, TopologyError> {
     let devices = match &options.placement {
         Some(p) => p.clone(),
         None => topology.devices(),
@@ -118,9 +116,9 @@ pub fn simulate(
             "placement puts two ranks on one device".into(),
         ));
     }
-    if devices.len() < n as usize {
+    if devices.len() < world_size as usize {
         return Err(TopologyError::TooFewDevices {
-            ranks: n,
+            ranks: world_size,
             devices: devices.len(),
             topology: topology.name.clone(),
         });
@@ -133,63 +131,146 @@ pub fn simulate(
             "placement names node {bad}, which is not a device"
         )));
     }
-    let element = options.element_size.max(1);
-    let c = schedule.collective;
+    Ok(devices)
+}
+
+/// Simulate a call of `size` bytes (in the nccl-tests sense: the larger
+/// of one rank's input and output buffers) of `compiler`'s schedule on
+/// `topology`: compile its plan as `options` say and run it; a pipeline
+/// longer than [`MAX_SIMULATED_SEGMENTS`] is extrapolated from two
+/// shorter plans with the same chunks.
+pub fn simulate(
+    compiler: &Compiler,
+    topology: &Topology,
+    size: usize,
+    options: &SimOptions,
+) -> Result<Prediction, TopologyError> {
+    options.cost.check()?;
+    let s = compiler.verified().schedule();
+    let devices = placement(topology, s.world_size, options)?;
+    let element = options.dtype.size_bytes();
+    let c = s.collective;
+    let n = s.world_size;
     let blocks = c.input_blocks(n).max(c.output_blocks(n)) as usize;
+    let shape = |count| CallShape {
+        collective: c,
+        count,
+        dtype: options.dtype,
+        op: ferrocoll_core::ReduceOp::Sum,
+        in_place: options.in_place,
+    };
     let count = size / (element * blocks);
-    let chunk_bytes = options.max_chunk_bytes.unwrap_or_else(|| {
+    let chunk = options.max_chunk_bytes.unwrap_or_else(|| {
         if topology.nodes[devices[0]].kind == NodeKind::Thread {
-            THREAD_CHUNK_BYTES
+            HOST_CHUNK_BYTES
         } else {
-            GPU_CHUNK_BYTES
+            DEVICE_CHUNK_BYTES
         }
     });
-    let layout =
-        Layout::with_max_chunk_bytes(count, schedule.chunks_per_block, element, chunk_bytes);
-    let segments = layout.segments();
-    let mut fabric = engine::Fabric::new(topology, devices, &options.cost);
-    let mut run = |layout: &Layout| {
-        engine::run(
-            &mut fabric,
-            schedule,
-            layout,
-            element,
-            options.slots_per_link.max(1),
-            options.in_place,
-        )
+    let compile = |count, chunking| {
+        compiler
+            .compile(&shape(count), chunking, options.slots_per_link.max(1))
+            .map_err(|e| TopologyError::Invalid(e.to_string()))
     };
-    let (time_us, carried) = if segments <= MAX_SIMULATED_SEGMENTS {
-        let raw = run(&layout)?;
-        (raw.time_us, raw.carried)
-    } else {
-        // Same chunk size, fewer segments: two runs give the per-segment
-        // slope of the steady state.
-        let short = |k: u32| {
-            let per_segment = count.div_ceil(segments as usize);
-            Layout::new(per_segment * k as usize, schedule.chunks_per_block, k)
-        };
-        let (k1, k2) = (MAX_SIMULATED_SEGMENTS / 2, MAX_SIMULATED_SEGMENTS);
-        let a = run(&short(k1))?;
-        let b = run(&short(k2))?;
-        let extra = f64::from(segments - k2) / f64::from(k2 - k1);
-        let carried: Vec<f64> = a
-            .carried
-            .iter()
-            .zip(&b.carried)
-            .map(|(x, y)| y + (y - x) * extra)
-            .collect();
-        // A pipeline not yet in steady state can show a slope below the
-        // real one; no resource can carry more than its capacity, so that
-        // bounds the time from below.
-        let busiest = carried
-            .iter()
-            .zip(&fabric.resources)
-            .map(|(bytes, r)| bytes / r.capacity)
-            .fold(0.0, f64::max);
-        let time = (b.time_us + (b.time_us - a.time_us) * extra).max(busiest);
-        (time, carried)
-    };
-    let mut loads: Vec<Load> = fabric
+    let segments = compiler.segments(&shape(count), Chunking::MaxBytes(chunk));
+    if segments <= MAX_SIMULATED_SEGMENTS {
+        return simulate_plan(
+            &compile(count, Chunking::MaxBytes(chunk))?,
+            topology,
+            options,
+        );
+    }
+    // Same chunk size, fewer segments: two runs give the per-segment
+    // slope of the steady state.
+    let per_segment = count.div_ceil(segments as usize);
+    let (k1, k2) = (MAX_SIMULATED_SEGMENTS / 2, MAX_SIMULATED_SEGMENTS);
+    let short = |k: u32| compile(per_segment * k as usize, Chunking::Segments(k));
+    let mut network = engine::Network::new(topology, devices, &options.cost);
+    let a = engine::run(&mut network, &short(k1)?)?;
+    let b = engine::run(&mut network, &short(k2)?)?;
+    let extra = f64::from(segments - k2) / f64::from(k2 - k1);
+    let carried: Vec<f64> = a
+        .carried
+        .iter()
+        .zip(&b.carried)
+        .map(|(x, y)| y + (y - x) * extra)
+        .collect();
+    // A pipeline not yet in steady state can show a slope below the
+    // real one; no resource can carry more than its capacity, so that
+    // bounds the time from below.
+    let busiest = carried
+        .iter()
+        .zip(&network.resources)
+        .map(|(bytes, r)| bytes / r.capacity)
+        .fold(0.0, f64::max);
+    let time = (b.time_us + (b.time_us - a.time_us) * extra).max(busiest);
+    let links = extrapolate_links(&a.links, &b.links, extra);
+    let bytes = count * blocks * element;
+    Ok(prediction(
+        &network,
+        c.bus_bandwidth_factor(n),
+        bytes,
+        segments,
+        time,
+        carried,
+        links,
+    ))
+}
+
+/// Simulate exactly `plan` — every segment — on `topology`. The plan's
+/// structure is checked first, so a hand-edited plan is an error, not a
+/// panic; `options` gives the cost model and placement (its chunking,
+/// slots, in-place and type fields are the plan's own here).
+pub fn simulate_plan(
+    plan: &ExecutionPlan,
+    topology: &Topology,
+    options: &SimOptions,
+) -> Result<Prediction, TopologyError> {
+    plan.check()
+        .map_err(|e| TopologyError::Invalid(e.to_string()))?;
+    options.cost.check()?;
+    let devices = placement(topology, plan.world_size, options)?;
+    let mut network = engine::Network::new(topology, devices, &options.cost);
+    let raw = engine::run(&mut network, plan)?;
+    let factor = plan.collective.bus_bandwidth_factor(plan.world_size);
+    let bytes = plan.size_bytes() as usize;
+    Ok(prediction(
+        &network,
+        factor,
+        bytes,
+        plan.segments,
+        raw.time_us,
+        raw.carried,
+        raw.links,
+    ))
+}
+
+fn extrapolate_links(a: &[LinkLoad], b: &[LinkLoad], extra: f64) -> Vec<LinkLoad> {
+    let scale = |x: u64, y: u64| (y as f64 + (y as f64 - x as f64) * extra).round().max(0.0) as u64;
+    b.iter()
+        .map(|lb| {
+            let la = a.iter().find(|l| l.link == lb.link);
+            let (m, bytes) = la.map_or((0, 0), |l| (l.messages, l.bytes));
+            LinkLoad {
+                link: lb.link,
+                messages: scale(m, lb.messages),
+                bytes: scale(bytes, lb.bytes),
+                largest: lb.largest,
+            }
+        })
+        .collect()
+}
+
+fn prediction(
+    network: &engine::Network,
+    factor: f64,
+    bytes: usize,
+    segments: u32,
+    time_us: f64,
+    carried: Vec<f64>,
+    links: Vec<LinkLoad>,
+) -> Prediction {
+    let mut loads: Vec<Load> = network
         .resources
         .iter()
         .zip(carried)
@@ -201,61 +282,19 @@ pub fn simulate(
         })
         .collect();
     loads.sort_by(|a, b| b.utilisation.total_cmp(&a.utilisation));
-    let bytes = count * blocks * element;
     let algbw = if time_us > 0.0 {
         bytes as f64 / time_us / 1e3
     } else {
         0.0
     };
-    Ok(Prediction {
+    Prediction {
         time_us,
         algbw,
-        busbw: algbw * c.bus_bandwidth_factor(n),
+        busbw: algbw * factor,
         segments,
         loads,
-    })
-}
-
-/// The structure the engine relies on, checked so that a hand-built,
-/// unverified schedule is an error and not a panic: ranks and channels
-/// exist, peers are ranks, `after` names existing steps.
-fn check_schedule(s: &Schedule) -> Result<(), TopologyError> {
-    let bad = |what: String| {
-        Err(TopologyError::Invalid(format!(
-            "schedule `{}`: {what}",
-            s.name
-        )))
-    };
-    let n = s.world_size;
-    if n == 0 || s.ranks.len() != n as usize {
-        return bad(format!(
-            "world size {n} with {} rank programs",
-            s.ranks.len()
-        ));
+        links,
     }
-    if s.chunks_per_block == 0 {
-        return bad("zero chunks per block".into());
-    }
-    for (r, program) in s.ranks.iter().enumerate() {
-        for (c, steps) in program.channels.iter().enumerate() {
-            for (i, step) in steps.iter().enumerate() {
-                let at = format!("rank {r} channel {c} step {i}");
-                if step.recv_from.iter().chain(&step.send_to).any(|&p| p >= n) {
-                    return bad(format!("{at} names a rank outside 0..{n}"));
-                }
-                let missing = step.after.iter().any(|a| {
-                    program
-                        .channels
-                        .get(a.channel as usize)
-                        .is_none_or(|ch| a.step as usize >= ch.len())
-                });
-                if missing {
-                    return bad(format!("{at} waits for a step that does not exist"));
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,4 +1,7 @@
-use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, generate};
+use std::sync::Arc;
+
+use ferrocoll_core::plan::Compiler;
+use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, VerifyOptions, generate, verify};
 
 use super::*;
 use crate::graph::{LinkKind, Node, NodeKind};
@@ -47,6 +50,11 @@ fn full_mesh(n: usize, bw: f64, lat: f64) -> Topology {
     t
 }
 
+fn compiler(algo: Algorithm, c: Collective, n: u32, params: &AlgorithmParams) -> Compiler {
+    let s = generate(algo, c, n, params).unwrap();
+    Compiler::new(Arc::new(verify(s, &VerifyOptions::default()).unwrap()))
+}
+
 fn sim(
     algo: Algorithm,
     c: Collective,
@@ -55,8 +63,8 @@ fn sim(
     size: usize,
     options: &SimOptions,
 ) -> Prediction {
-    let s = generate(algo, c, n, &AlgorithmParams::default()).unwrap();
-    simulate(&s, topo, size, options).unwrap()
+    let c = compiler(algo, c, n, &AlgorithmParams::default());
+    simulate(&c, topo, size, options).unwrap()
 }
 
 fn close(a: f64, b: f64, rel: f64) -> bool {
@@ -244,13 +252,12 @@ fn staging_without_p2p_costs_host_memory_twice() {
 
 #[test]
 fn a_schedule_needing_more_devices_is_an_error() {
-    let s = generate(
+    let s = compiler(
         Algorithm::Ring,
         Collective::AllReduce,
         8,
         &AlgorithmParams::default(),
-    )
-    .unwrap();
+    );
     let err = simulate(&s, &gpus(4), 1024, &SimOptions::default()).unwrap_err();
     assert!(matches!(
         err,
@@ -268,20 +275,20 @@ fn every_builtin_schedule_runs_to_the_end_on_every_preset_shape() {
     for (algo, kind) in ferrocoll_core::algorithms::applicable() {
         for n in [1u32, 2, 3, 5, 8] {
             let c = kind.with_root(n - 1);
-            let s = generate(
+            let channels = if algo == Algorithm::HalvingDoubling {
+                1
+            } else {
+                2
+            };
+            let s = compiler(
                 algo,
                 c,
                 n,
                 &AlgorithmParams {
-                    channels: if algo == Algorithm::HalvingDoubling {
-                        1
-                    } else {
-                        2
-                    },
+                    channels,
                     ..AlgorithmParams::default()
                 },
-            )
-            .unwrap();
+            );
             for size in [0usize, 1000, 3 << 20] {
                 let p = simulate(&s, &t, size, &SimOptions::default()).unwrap();
                 assert!(
@@ -296,13 +303,12 @@ fn every_builtin_schedule_runs_to_the_end_on_every_preset_shape() {
 #[test]
 fn bad_inputs_are_errors_not_panics() {
     let t = presets::by_name("pcie4-4gpu", 1).unwrap();
-    let s = generate(
+    let s = compiler(
         Algorithm::Direct,
         Collective::AllToAll,
         2,
         &AlgorithmParams::default(),
-    )
-    .unwrap();
+    );
     let o = |placement: Option<Vec<usize>>, cost: CostModel| SimOptions {
         placement,
         cost,
@@ -315,13 +321,40 @@ fn bad_inputs_are_errors_not_panics() {
         ..CostModel::default()
     };
     assert!(simulate(&s, &t, 1024, &o(None, zero)).is_err());
-    let mut broken = s.clone();
-    broken.ranks[0].channels[0][0].send_to.push(7);
-    assert!(simulate(&broken, &t, 1024, &SimOptions::default()).is_err());
-    let mut empty = s.clone();
+    // A plan edited by hand: checked, refused, never a panic.
+    let shape = ferrocoll_core::plan::CallShape {
+        collective: Collective::AllToAll,
+        count: 8,
+        dtype: ferrocoll_core::DataType::F32,
+        op: ferrocoll_core::ReduceOp::Sum,
+        in_place: false,
+    };
+    let plan = s
+        .compile(&shape, ferrocoll_core::plan::Chunking::Segments(1), 2)
+        .unwrap();
+    simulate_plan(&plan, &t, &SimOptions::default()).unwrap();
+    let mut broken = plan.clone();
+    let sending = broken.ranks[0].channels[0]
+        .iter_mut()
+        .find(|i| !i.send.is_empty())
+        .unwrap();
+    sending.send[0].peer = 7;
+    broken.hash = broken.compute_hash();
+    assert!(simulate_plan(&broken, &t, &SimOptions::default()).is_err());
+    let mut empty = plan.clone();
     empty.world_size = 0;
     empty.ranks.clear();
-    assert!(simulate(&empty, &t, 1024, &SimOptions::default()).is_err());
+    assert!(simulate_plan(&empty, &t, &SimOptions::default()).is_err());
+    // A plan that never finishes (its only message dropped at both ends)
+    // is an error too.
+    let mut stall = plan;
+    for rp in &mut stall.ranks {
+        for ins in rp.channels.iter_mut().flatten() {
+            ins.recv.clear();
+        }
+    }
+    stall.hash = stall.compute_hash();
+    assert!(simulate_plan(&stall, &t, &SimOptions::default()).is_err());
     // Size 0 and a size not divisible by anything are fine.
     simulate(&s, &t, 0, &SimOptions::default()).unwrap();
     simulate(&s, &t, 12_345, &SimOptions::default()).unwrap();

@@ -127,7 +127,7 @@ impl BenchRank for CudaCommunicator {
         Ok(buffers)
     }
 
-    fn call<T: KitElement>(
+    fn collective<T: KitElement>(
         &mut self,
         b: &mut DeviceBuffers,
         collective: Collective,

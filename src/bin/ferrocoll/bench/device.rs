@@ -13,10 +13,8 @@ pub(crate) fn bytes_of<T>(data: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
 }
 
-fn backend(e: impl std::fmt::Display) -> CommError {
-    CommError::Backend {
-        message: e.to_string(),
-    }
+fn backend(e: cudarc::driver::DriverError) -> CommError {
+    CommError::backend("cuda", e)
 }
 
 /// `bytes` in new device memory on `stream` (at least one byte).

@@ -6,6 +6,7 @@
 //! `busbw = algbw × factor` (all-reduce 2(n−1)/n; reduce-scatter,
 //! all-gather, all-to-all (n−1)/n; others 1), with GB = 1e9 bytes.
 
+mod backend;
 mod cuda;
 mod device;
 mod nccl;
@@ -13,25 +14,48 @@ mod predict;
 mod process;
 mod report;
 mod run;
+pub(crate) mod setup;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
-use ferrocoll::comm::Communicator;
-use ferrocoll::cpu::CpuConfig;
-use ferrocoll::topo::probe::membw;
-use ferrocoll::{Algorithm, CollectiveKind, DataType, ReduceOp};
+use clap::{Args, ValueEnum};
 
+use crate::spec::{self, AlgoSpec, parse_size};
 pub(crate) use report::Row;
+pub(crate) use setup::Section;
+
+/// The executors `bench` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Backend {
+    /// ferrocoll's schedules on CPU threads (or processes, with `--transport`).
+    Cpu,
+    /// ferrocoll's schedules on GPUs.
+    Cuda,
+    /// NCCL on the same GPUs, for comparison.
+    Nccl,
+}
+
+/// What `--compare` runs beside the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Peer {
+    /// NCCL on the same GPUs, sizes and data.
+    Nccl,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.to_possible_value().expect("no skipped variants");
+        f.write_str(v.get_name())
+    }
+}
 
 #[derive(Args, Debug, Clone)]
 pub(crate) struct BenchArgs {
-    /// Executor: `cpu` (threads), `cuda` (ferrocoll's schedules on GPUs)
-    /// or `nccl` (NCCL on the same GPUs, for comparison).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    /// Executor.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
     /// Number of ranks (threads, or ranks on GPUs). With `--transport`
     /// the group's size comes from `ferrocoll launch` instead.
     #[arg(long, default_value_t = 4)]
@@ -51,8 +75,8 @@ pub(crate) struct BenchArgs {
     /// `auto`, `ring`, `tree`, `direct`, `halving-doubling`, `all`, or a
     /// schedule file (`FILE.json`, proven before it runs; its collective
     /// and root replace `--op` and `-r`).
-    #[arg(long, default_value = "auto")]
-    algo: String,
+    #[arg(long, default_value = "auto", value_parser = spec::parse_algo)]
+    algo: AlgoSpec,
     /// Smallest size (bytes; K, M, G suffixes).
     #[arg(short = 'b', long = "minbytes", default_value = "4K", value_parser = parse_size)]
     min_bytes: usize,
@@ -102,306 +126,71 @@ pub(crate) struct BenchArgs {
     /// measured topology, and its error against the measurement.
     #[arg(long)]
     predict: bool,
-    /// With `--backend cuda`: also run NCCL (`nccl`) on the same GPUs,
-    /// sizes and data, print its rows and the busbw ratio per size; the
-    /// plot shows both curves.
-    #[arg(long)]
-    compare: Option<String>,
+    /// With `--backend cuda`: also run NCCL on the same GPUs, sizes and
+    /// data, print its rows and the busbw ratio per size; the plot shows
+    /// both curves.
+    #[arg(long, value_enum)]
+    compare: Option<Peer>,
 }
 
-/// `4096`, `4K`, `64M`, `1G` (binary multiples, as nccl-tests).
-pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&s[..s.len() - 1], 10),
-        Some('M') => (&s[..s.len() - 1], 20),
-        Some('G') => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|v| v.checked_mul(1 << shift))
-        .ok_or_else(|| format!("`{s}` is not a size (e.g. 4096, 4K, 64M)"))
-}
-
-fn list<T: Copy>(
-    s: &str,
-    all: &[T],
-    parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<Vec<T>, String> {
-    if s.eq_ignore_ascii_case("all") {
-        return Ok(all.to_vec());
-    }
-    s.split(',').map(|x| parse(x.trim())).collect()
-}
-
-/// One table: a collective, algorithm, type and op over all sizes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Section {
-    pub kind: CollectiveKind,
-    pub algorithm: Option<Algorithm>,
-    /// Set when the section runs the configured schedule file.
-    pub custom: bool,
-    pub dtype: DataType,
-    pub op: ReduceOp,
-}
-
+/// Run the benchmark: choose the backend, plan the sections, sweep them,
+/// report.
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
-    let mut owned;
-    let mut group = None;
-    let args = match args.transport {
-        None => args,
-        Some(transport) => {
-            if args.backend != "cpu" || args.predict || args.compare.is_some() {
-                return Err(
-                    "--transport runs the CPU executor across processes: use it with --backend cpu, without --predict or --compare".to_owned(),
-                );
-            }
-            // FERROCOLL_ALGO and FERROCOLL_TIMEOUT_MS apply as for threads.
-            let env = ferrocoll::env::cpu_config_from_env(CpuConfig::default())
-                .map_err(|e| e.to_string())?;
-            let boot =
-                ferrocoll::env::bootstrap_from_env(env.timeout).map_err(|e| e.to_string())?;
-            owned = args.clone();
-            owned.ranks = boot.world_size;
-            let config = ferrocoll::process::ProcessConfig {
-                transport,
-                timeout: env.timeout,
-                algorithm: env.algorithm,
-                max_message_bytes: args
-                    .max_chunk_bytes
-                    .unwrap_or(ferrocoll::process::ProcessConfig::default().max_message_bytes),
-                schedule: custom_schedule(&owned)?,
-                ..ferrocoll::process::ProcessConfig::default()
-            };
-            let comm = ferrocoll::process::ProcessCommunicator::connect(
-                boot.store,
-                boot.rank,
-                boot.world_size,
-                &config,
-            )
-            .map_err(|e| e.to_string())?;
-            group = Some((std::sync::Mutex::new(comm), config));
-            &owned
-        }
-    };
-    let show = group
-        .as_ref()
-        .is_none_or(|(c, _)| c.lock().map_or(true, |c| c.rank() == 0));
-    if let Some(other) = &args.compare {
-        if other != "nccl" || args.backend != "cuda" {
-            return Err(format!(
-                "--compare {other}: only `--backend cuda --compare nccl` is supported"
-            ));
-        }
-        ferrocoll::nccl::version().map_err(|e| e.to_string())?;
-    }
-    let (cuda, use_nccl): (Option<Vec<usize>>, bool) = match args.backend.as_str() {
-        "cpu" => (None, false),
-        "cuda" => (
-            Some(cuda::devices(args.ranks, args.devices.as_deref())?),
-            false,
-        ),
-        "nccl" => {
-            ferrocoll::nccl::version().map_err(|e| e.to_string())?;
-            (
-                Some(cuda::devices(args.ranks, args.devices.as_deref())?),
-                true,
-            )
-        }
-        other => {
-            return Err(format!(
-                "backend `{other}` is not available; `cpu`, `cuda` and `nccl` are"
-            ));
-        }
-    };
-    if args.ranks == 0 {
-        return Err("--ranks must be at least 1".to_owned());
-    }
-    if args.root >= args.ranks {
-        return Err(format!(
-            "--root {} is out of range for {} ranks",
-            args.root, args.ranks
-        ));
-    }
-    if args.min_bytes > args.max_bytes || args.step_factor < 2 {
-        return Err("need -b <= -e and -f >= 2".to_owned());
-    }
-    let custom = custom_schedule(args)?;
-    let algorithms: Vec<Option<Algorithm>> = match args.algo.as_str() {
-        _ if custom.is_some() => vec![None],
-        "auto" => vec![None],
-        "all" => Algorithm::ALL.map(Some).to_vec(),
-        other => other
-            .split(',')
-            .map(|a| a.parse::<Algorithm>().map(Some).map_err(|e| e.to_string()))
-            .collect::<Result<_, _>>()?,
-    };
-    let dtypes = list(&args.dtype, &DataType::ALL, |s| {
-        s.parse()
-            .map_err(|e: ferrocoll::ParseNameError| e.to_string())
-    })?;
-    let ops = list(&args.redop, &ReduceOp::ALL, |s| {
-        s.parse()
-            .map_err(|e: ferrocoll::ParseNameError| e.to_string())
-    })?;
-    let base = CpuConfig {
-        max_chunk_bytes: args
-            .max_chunk_bytes
-            .unwrap_or(CpuConfig::default().max_chunk_bytes),
-        ..CpuConfig::default()
-    };
-    let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
-    if args.max_chunk_bytes.is_some() {
-        // A chooser brings its own chunk size; an explicit one wins.
-        config.chooser = None;
-    }
-    let kinds: Vec<CollectiveKind> = match &custom {
-        Some(v) => vec![v.schedule().collective.kind()],
-        None => args.op.0.clone(),
-    };
-    config.schedule = custom.clone();
-
-    let mut sections = Vec::new();
-    for &kind in &kinds {
-        for &algorithm in &algorithms {
-            if let Some(a) = algorithm
-                && a.supports(kind).is_err()
-            {
-                continue;
-            }
-            for &dtype in &dtypes {
-                let reduces = kind.with_root(0).reduces();
-                for &op in if reduces { &ops[..] } else { &ops[..1] } {
-                    sections.push(Section {
-                        kind,
-                        algorithm,
-                        custom: custom.is_some(),
-                        dtype,
-                        op,
-                    });
-                }
-            }
-        }
-    }
-    if sections.is_empty() {
-        return Err("no algorithm given can run the collective(s) asked for".to_owned());
-    }
-    let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
+    let (target, args) = backend::Target::open(args)?;
+    let setup = setup::Setup::new(&args, target.custom())?;
+    let show = target.prints();
     if show {
-        report::print_header(args, &config, group.as_ref().map(|(_, p)| p));
+        report::print_header(&args, &setup, &target);
     }
-    let measure = || -> Result<membw::MemoryBandwidth, String> {
-        match &cuda {
-            Some(devices) => cuda::device_bandwidth(devices[0]),
-            None => Ok(membw::measure(
-                membw::ARRAY_BYTES,
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-                5,
-            )),
-        }
-    };
     let bandwidth = match args.membw && show {
         true => {
-            let bw = measure()?;
+            let bw = target.memory_bandwidth()?;
             report::print_membw(&bw, args.ranks);
             Some(bw)
         }
         false => None,
     };
     let progress = (show && std::io::stderr().is_terminal()).then(|| {
-        let bar = indicatif::ProgressBar::new((sections.len() * sizes.len()) as u64);
+        let bar = indicatif::ProgressBar::new((setup.sections.len() * setup.sizes.len()) as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {msg}")
                 .expect("valid template"),
         );
         bar
     });
-    let predictor = if args.predict {
-        Some(predict::Predictor::new(
-            args.ranks,
-            &config,
-            bandwidth.as_ref(),
-        )?)
-    } else {
-        None
+    let predictor = match args.predict {
+        true => Some(predict::Predictor::new(args.ranks, bandwidth.as_ref())),
+        false => None,
     };
     let mut rows: Vec<Row> = Vec::new();
-    for section in &sections {
+    for section in &setup.sections {
         if show {
-            report::print_section(section, args.ranks);
+            report::print_section(section, args.ranks, &args.algo);
         }
-        let config = CpuConfig {
-            algorithm: section.algorithm.or(config.algorithm),
-            ..config.clone()
-        };
-        let mut section_rows = match &cuda {
-            None if group.is_some() => {
-                let (comm, process_config) = group.as_ref().expect("checked");
-                comm.lock()
-                    .map_err(|_| "the communicator is poisoned")?
-                    .set_algorithm(config.algorithm);
-                let backend = process::Process {
-                    comm,
-                    schedule: process_config.schedule.as_deref(),
-                };
-                run::section(args, &backend, section, &sizes, progress.as_ref())?
-            }
-            Some(devices) if use_nccl => {
-                let backend = nccl::Nccl::new(devices.clone(), &config);
-                run::section(args, &backend, section, &sizes, progress.as_ref())?
-            }
-            Some(devices) => {
-                let backend = cuda::Cuda::new(devices.clone(), &config, args.ranks);
-                run::section(args, &backend, section, &sizes, progress.as_ref())?
-            }
-            None => {
-                let backend = run::Cpu {
-                    n: args.ranks,
-                    config: &config,
-                };
-                run::section(args, &backend, section, &sizes, progress.as_ref())?
-            }
-        };
+        let config = setup.section_config(section);
+        let mut section_rows =
+            target.run_section(&args, &config, section, &setup.sizes, progress.as_ref())?;
         if let Some(p) = &predictor {
             for row in &mut section_rows {
-                let collective = match (&config.schedule, section.custom) {
-                    (Some(v), true) => v.schedule().collective,
-                    _ => section.kind.with_root(args.root),
-                };
-                row.predicted_us = p.time_us(section, collective, row.size);
+                let collective = setup.collective(section, &args);
+                row.predicted_us = p.time_us(&config, collective, section.dtype, row.size);
             }
         }
         for row in &section_rows {
             report::print_row(row, bandwidth.as_ref(), args.ranks);
         }
-        if let (Some(devices), Some(_)) = (&cuda, &args.compare) {
-            let backend = nccl::Nccl::new(devices.clone(), &config);
-            let mut theirs = run::section(args, &backend, section, &sizes, progress.as_ref())?;
-            println!("# the same on NCCL");
-            for row in &mut theirs {
-                row.algorithm = "nccl".to_owned();
-                report::print_row(row, bandwidth.as_ref(), args.ranks);
-            }
-            for (ours, theirs) in section_rows.iter().zip(&theirs) {
-                if let (Some(a), Some(b)) = (ours.out_of_place, theirs.out_of_place) {
-                    println!(
-                        "# {:>10} B: ferrocoll busbw {:.2} GB/s, NCCL {:.2} GB/s, ratio {:.3}",
-                        ours.size,
-                        a.busbw,
-                        b.busbw,
-                        if b.busbw > 0.0 {
-                            a.busbw / b.busbw
-                        } else {
-                            0.0
-                        }
-                    );
-                }
-            }
+        rows.extend(section_rows);
+        if let Some(theirs) =
+            target.compare(&args, &config, section, &setup.sizes, progress.as_ref())?
+        {
+            report::print_comparison(
+                &rows[rows.len() - setup.sizes.len()..],
+                &theirs,
+                bandwidth.as_ref(),
+                args.ranks,
+            );
             rows.extend(theirs);
         }
-        rows.extend(section_rows);
     }
     if let Some(bar) = progress {
         bar.finish_and_clear();
@@ -409,7 +198,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     // Shared machines drift: measure again and judge against the higher of
     // the two, so the reported fraction errs low, never high.
     let bandwidth = bandwidth.map(|before| {
-        let after = measure().unwrap_or(before);
+        let after = target.memory_bandwidth().unwrap_or(before);
         println!(
             "# memory bandwidth again after the sweep: best {:.2} GB/s (before: {:.2})",
             after.best, before.best
@@ -423,68 +212,5 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     if !show {
         return Ok(ExitCode::SUCCESS);
     }
-    let wrong = report::print_footer(&rows, bandwidth.as_ref(), args.ranks);
-    if let Some(path) = &args.json {
-        report::write_json(path, &rows, bandwidth.as_ref())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    if let Some(path) = &args.csv {
-        report::write_csv(path, &rows).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    if let Some(path) = &args.plot {
-        report::write_svg(path, &rows).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    Ok(if wrong == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
-/// The schedule file `--algo` names, loaded and proven, if it names one.
-fn custom_schedule(
-    args: &BenchArgs,
-) -> Result<Option<std::sync::Arc<ferrocoll::Verified>>, String> {
-    let path = std::path::Path::new(&args.algo);
-    if !(args.algo.ends_with(".json") || path.is_file()) {
-        return Ok(None);
-    }
-    let schedule = ferrocoll::Schedule::load(path).map_err(|e| e.to_string())?;
-    if schedule.world_size != args.ranks {
-        return Err(format!(
-            "{} is a schedule for {} ranks; pass --ranks {}",
-            path.display(),
-            schedule.world_size,
-            schedule.world_size
-        ));
-    }
-    let verified = ferrocoll::verify(schedule, &ferrocoll::VerifyOptions::default())
-        .map_err(|e| e.to_string())?;
-    Ok(Some(std::sync::Arc::new(verified)))
-}
-
-/// `min, min·factor, …` up to `max`, stopping before an overflow.
-pub(crate) fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut s = Some(min.max(1));
-    while let Some(size) = s.filter(|&v| v <= max) {
-        out.push(size);
-        s = size.checked_mul(factor);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_and_step() {
-        assert_eq!(parse_size("4K").unwrap(), 4096);
-        assert_eq!(parse_size("64m").unwrap(), 64 << 20);
-        assert!(parse_size("lots").is_err());
-        assert_eq!(sizes(4096, 16384, 2), vec![4096, 8192, 16384]);
-        assert_eq!(sizes(1 << 62, usize::MAX, 2).len(), 2);
-        assert!(parse_size("99999999999999999G").is_err());
-    }
+    report::finish(&args, &rows, bandwidth.as_ref())
 }

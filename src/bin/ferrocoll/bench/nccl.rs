@@ -62,7 +62,7 @@ impl BenchRank for NcclCommunicator {
         Ok(b)
     }
 
-    fn call<T: KitElement>(
+    fn collective<T: KitElement>(
         &mut self,
         b: &mut Buffers,
         collective: Collective,

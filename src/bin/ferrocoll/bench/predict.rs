@@ -1,82 +1,60 @@
 //! `bench --predict`: the simulator's time for each row on this host's
 //! measured topology, next to the measured time — the calibration of the
-//! cost model (docs/topology.md).
+//! cost model (docs/topology.md). The simulator runs the very plan the
+//! executor runs: the same planner settings give the same plan.
 
 use ferrocoll::cpu::CpuConfig;
-use ferrocoll::topo::presets;
+use ferrocoll::plan::{CallShape, Planner};
 use ferrocoll::topo::probe::host;
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
-use ferrocoll::topo::select::{Candidate, SelectOptions, Selector};
 use ferrocoll::topo::sim::{self, SimOptions};
-use ferrocoll::{Algorithm, AlgorithmParams, Collective};
+use ferrocoll::topo::{Topology, presets};
+use ferrocoll::{Collective, DataType, ReduceOp};
 
-use super::Section;
-
-/// Predicts rows the way the executor will run them.
+/// Predicts rows the way the executor runs them.
 pub(crate) struct Predictor {
-    selector: Selector,
-    config: CpuConfig,
+    topology: Topology,
+    n: u32,
 }
 
 impl Predictor {
     /// `swept` is the bench's own memory-bandwidth measurement, taken just
     /// before the sweep, which then replaces the start-up probe's: the
     /// prediction uses the bandwidth of the same run.
-    pub(crate) fn new(
-        n: u32,
-        config: &CpuConfig,
-        swept: Option<&MemoryBandwidth>,
-    ) -> Result<Predictor, String> {
+    pub(crate) fn new(n: u32, swept: Option<&MemoryBandwidth>) -> Predictor {
         let mut measured = *host::measured();
         if let Some(bw) = swept {
             measured.memory_gbps = bw.best;
         }
-        let topology = presets::host(n, &measured);
-        let selector =
-            Selector::new(topology, n, SelectOptions::default()).map_err(|e| e.to_string())?;
-        Ok(Predictor {
-            selector,
-            config: config.clone(),
-        })
+        Predictor {
+            topology: presets::host(n, &measured),
+            n,
+        }
     }
 
-    /// The predicted time of one out-of-place call, µs.
+    /// The predicted time of one out-of-place call of `size` bytes of
+    /// `dtype` under `config`, µs.
     pub(crate) fn time_us(
         &self,
-        section: &Section,
+        config: &CpuConfig,
         collective: Collective,
+        dtype: DataType,
         size: usize,
     ) -> Option<f64> {
-        let prediction = if section.custom {
-            let schedule = self.config.schedule.as_ref()?.schedule().clone();
-            let options = SimOptions {
-                max_chunk_bytes: Some(self.config.max_chunk_bytes),
-                element_size: section.dtype.size_bytes(),
-                ..SimOptions::default()
-            };
-            sim::simulate(&schedule, self.selector.topology(), size, &options).ok()?
-        } else if let Some(algorithm) = section.algorithm.or(self.config.algorithm) {
-            let candidate = Candidate {
-                algorithm,
-                params: AlgorithmParams {
-                    channels: if algorithm == Algorithm::HalvingDoubling {
-                        1
-                    } else {
-                        self.config.channels
-                    },
-                    ..AlgorithmParams::default()
-                },
-                max_chunk_bytes: self.config.max_chunk_bytes,
-                multiplier: 1,
-            };
-            self.selector.predict(&candidate, collective, size).ok()?
-        } else {
-            self.selector
-                .choose(collective, size)
-                .ok()?
-                .prediction
-                .clone()
+        let blocks = collective
+            .input_blocks(self.n)
+            .max(collective.output_blocks(self.n)) as usize;
+        let shape = CallShape {
+            collective,
+            count: size / (blocks * dtype.size_bytes()),
+            dtype,
+            op: ReduceOp::Sum,
+            in_place: false,
         };
-        Some(prediction.time_us)
+        let planned = Planner::new(self.n, config.planner_settings())
+            .plan(&shape)
+            .ok()?;
+        let p = sim::simulate_plan(&planned.plan, &self.topology, &SimOptions::default()).ok()?;
+        Some(p.time_us)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use ferrocoll::comm::{CommError, Communicator};
+use ferrocoll::comm::{CommError, Communicator, CommunicatorExt};
 use ferrocoll::process::ProcessCommunicator;
 
 use super::run::{Backend, host_bench_rank};

@@ -3,10 +3,14 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use ferrocoll::cpu::CpuConfig;
+use std::process::ExitCode;
+
 use serde::Serialize;
 
+use super::backend::Target;
+use super::setup::Setup;
 use super::{BenchArgs, Section};
+use crate::spec::AlgoSpec;
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
 /// One mode's numbers for one size.
@@ -43,11 +47,7 @@ pub(crate) fn ceiling(bw: &MemoryBandwidth, n: u32) -> f64 {
     bw.best * (n - 1.0) / (n * n)
 }
 
-pub(crate) fn print_header(
-    args: &BenchArgs,
-    config: &CpuConfig,
-    process: Option<&ferrocoll::process::ProcessConfig>,
-) {
+pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
     println!(
         "# ferrocoll bench: backend {} ranks {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
         args.backend,
@@ -59,24 +59,29 @@ pub(crate) fn print_header(
         args.iters,
         args.check
     );
-    if let Some(p) = process {
+    let config = &setup.config;
+    let algorithm = match (&args.algo, config.algorithm) {
+        (AlgoSpec::File(path), _) => format!("the schedule file {}", path.display()),
+        (AlgoSpec::Auto, Some(forced)) => format!("{forced} (FERROCOLL_ALGO)"),
+        (spec, _) => spec.to_string(),
+    };
+    if let Some(p) = target.process_config() {
         println!(
-            "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {}",
-            args.ranks,
-            p.transport,
-            p.max_message_bytes,
-            p.slots_per_link,
-            p.timeout,
-            p.algorithm.map_or("auto", |a| a.name())
+            "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
+            args.ranks, p.transport, p.max_message_bytes, p.slots_per_link, p.timeout,
         );
         return;
     }
     println!(
-        "# executor: cpu threads, max chunk {} B, {} slots per link, timeout {:?}, algorithm {}",
+        "# executor: {}, max chunk {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
+        match args.backend {
+            super::Backend::Cpu => "cpu threads",
+            super::Backend::Cuda => "cuda",
+            super::Backend::Nccl => "nccl",
+        },
         config.max_chunk_bytes,
         config.slots_per_link,
         config.timeout,
-        config.algorithm.map_or("auto", |a| a.name())
     );
 }
 
@@ -92,12 +97,12 @@ pub(crate) fn print_membw(bw: &MemoryBandwidth, n: u32) {
     );
 }
 
-pub(crate) fn print_section(s: &Section, n: u32) {
+pub(crate) fn print_section(s: &Section, n: u32, spec: &AlgoSpec) {
     println!("#");
-    let algorithm = if s.custom {
-        "from the schedule file"
-    } else {
-        s.algorithm.map_or("auto", |a| a.name())
+    let algorithm = match (spec.file(), s.algorithm) {
+        (Some(path), _) if s.custom => format!("from the schedule file {}", path.display()),
+        (_, Some(a)) => a.name().to_owned(),
+        (_, None) => "auto".to_owned(),
     };
     println!("# {} on {n} ranks, algorithm {algorithm}", s.kind);
     println!(
@@ -213,6 +218,51 @@ pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -
     }
     println!("#");
     wrong
+}
+
+/// The rows of `--compare nccl`, and the busbw ratio per size.
+pub(crate) fn print_comparison(ours: &[Row], theirs: &[Row], bw: Option<&MemoryBandwidth>, n: u32) {
+    println!("# the same on NCCL");
+    for row in theirs {
+        print_row(row, bw, n);
+    }
+    for (ours, theirs) in ours.iter().zip(theirs) {
+        if let (Some(a), Some(b)) = (ours.out_of_place, theirs.out_of_place) {
+            let ratio = if b.busbw > 0.0 {
+                a.busbw / b.busbw
+            } else {
+                0.0
+            };
+            println!(
+                "# {:>10} B: ferrocoll busbw {:.2} GB/s, NCCL {:.2} GB/s, ratio {ratio:.3}",
+                ours.size, a.busbw, b.busbw,
+            );
+        }
+    }
+}
+
+/// The footer and the files asked for; a failure exit status when any
+/// element was wrong.
+pub(crate) fn finish(
+    args: &BenchArgs,
+    rows: &[Row],
+    bw: Option<&MemoryBandwidth>,
+) -> Result<ExitCode, String> {
+    let wrong = print_footer(rows, bw, args.ranks);
+    if let Some(path) = &args.json {
+        write_json(path, rows, bw).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.csv {
+        write_csv(path, rows).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        write_svg(path, rows).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(if wrong == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 #[derive(Serialize)]

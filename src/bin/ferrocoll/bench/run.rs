@@ -43,7 +43,7 @@ pub(crate) trait BenchRank: Communicator {
         output: Vec<T>,
     ) -> Result<Self::Buffers<T>, CommError>;
     /// Run the collective on placed buffers.
-    fn call<T: KitElement>(
+    fn collective<T: KitElement>(
         &mut self,
         buffers: &mut Self::Buffers<T>,
         collective: Collective,
@@ -96,7 +96,7 @@ macro_rules! host_bench_rank {
                 Ok((input.to_vec(), output))
             }
 
-            fn call<T: ferrocoll::conformance::KitElement>(
+            fn collective<T: ferrocoll::conformance::KitElement>(
                 &mut self,
                 (input, output): &mut (Vec<T>, Vec<T>),
                 collective: ferrocoll::Collective,
@@ -104,7 +104,9 @@ macro_rules! host_bench_rank {
                 in_place: bool,
                 _count: usize,
             ) -> Result<(), ferrocoll::comm::CommError> {
-                ferrocoll::comm::dispatch(self, collective, op, in_place, input, output)
+                let input = (!in_place).then(|| input.as_slice().into());
+                let call = ferrocoll::comm::Call::collective(collective, op, input, output.as_mut_slice().into());
+                ferrocoll::comm::Communicator::execute(self, call)
             }
 
             fn output<T: ferrocoll::conformance::KitElement>(
@@ -197,9 +199,11 @@ fn typed<T: KitElement, B: Backend>(
                 };
                 rows.lock().unwrap().push(Row {
                     collective: section.kind.name().to_owned(),
-                    algorithm: section
-                        .algorithm
-                        .map_or("auto".to_owned(), |a| a.name().to_owned()),
+                    algorithm: match (custom, section.algorithm) {
+                        (Some(v), _) => v.schedule().name.clone(),
+                        (None, Some(a)) => a.name().to_owned(),
+                        (None, None) => "auto".to_owned(),
+                    },
                     ranks: n,
                     size: bytes,
                     count: count * blocks,
@@ -261,12 +265,12 @@ fn one_size<T: KitElement, C: BenchRank>(
     };
     let mut placed = comm.place(&mine, fresh(&mine))?;
     for _ in 0..args.warmup {
-        comm.call(&mut placed, collective, op, in_place, count)?;
+        comm.collective(&mut placed, collective, op, in_place, count)?;
     }
     comm.barrier()?;
     let started = Instant::now();
     for _ in 0..args.iters {
-        comm.call(&mut placed, collective, op, in_place, count)?;
+        comm.collective(&mut placed, collective, op, in_place, count)?;
     }
     comm.barrier()?;
     let secs = started.elapsed().as_secs_f64() / f64::from(args.iters.max(1));
@@ -274,7 +278,7 @@ fn one_size<T: KitElement, C: BenchRank>(
         return Ok((secs, 0));
     }
     let mut placed = comm.place(&mine, fresh(&mine))?;
-    comm.call(&mut placed, collective, op, in_place, count)?;
+    comm.collective(&mut placed, collective, op, in_place, count)?;
     let out = comm.output(&placed)?;
     Ok((
         secs,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use ferrocoll::topo::probe::{LinkProbe, ProbeOptions, host::HostProbe};
-use ferrocoll::topo::select::{SelectOptions, Selector};
+use ferrocoll::topo::select::{SelectOptions, TopologySelector};
 use ferrocoll::topo::sim::CostModel;
 use ferrocoll::topo::{Topology, presets, render};
 use ferrocoll::{Algorithm, Collective};
@@ -128,7 +128,7 @@ fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
     );
     let n = t.devices().len() as u32;
     if n >= 2 {
-        let selector = Selector::new(t.clone(), n, SelectOptions::default()).map_err(e)?;
+        let selector = TopologySelector::new(t.clone(), n, SelectOptions::default()).map_err(e)?;
         let rings = selector.rings();
         println!(
             "# ring search: {} ring(s), {:.1} GB/s together",

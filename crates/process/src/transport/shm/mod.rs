@@ -260,9 +260,9 @@ impl Transport for ShmTransport {
     ) -> Result<Option<*mut u8>, CommError> {
         let s = &self.segments;
         if len > s.shape.slot_bytes {
-            return Err(CommError::Backend {
-                message: format!(
-                    "a {len}-byte message does not fit the {}-byte shared-memory slots",
+            return Err(CommError::Capacity {
+                what: format!(
+                    "a {len}-byte message does not fit the {}-byte shared-memory slots (raise ProcessConfig::max_message_bytes)",
                     s.shape.slot_bytes
                 ),
             });

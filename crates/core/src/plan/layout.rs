@@ -9,7 +9,7 @@
 //!
 //! [`partition`] splits `count` into parts whose sizes differ by at most one
 //! and which tile `0..count` exactly; when `count` is smaller than the number
-//! of parts some parts are empty, and executors move empty chunks as
+//! of parts some parts are empty, and plans move empty chunks as
 //! zero-length messages so that every rank stays in step.
 
 use std::ops::Range;
@@ -70,19 +70,9 @@ impl Layout {
         )
     }
 
-    /// Elements per block.
-    pub fn count(&self) -> usize {
-        self.count
-    }
-
     /// Segments the schedule runs over.
     pub fn segments(&self) -> u32 {
         self.segments
-    }
-
-    /// Chunks per block.
-    pub fn chunks_per_block(&self) -> u32 {
-        self.chunks_per_block
     }
 
     /// The elements of `chunk` in `segment`, as offsets into its buffer.
@@ -107,13 +97,6 @@ impl Layout {
             }
         }
         out
-    }
-
-    /// Elements in a step's slice in `segment`.
-    pub fn slice_len(&self, segment: u32, first: u32, chunks: u32) -> usize {
-        (first..first + chunks)
-            .map(|c| self.chunk_range(segment, c).len())
-            .sum()
     }
 }
 

@@ -1,5 +1,6 @@
-//! Reduction kernels: elementwise combine of several sources into one
-//! destination, for every element type × op.
+//! Host reduction kernels: elementwise combine of several sources into one
+//! destination, for every element type × op — the implementations of
+//! [`Reduce`] every host executor (threads, processes) runs.
 //!
 //! Integers wrap on overflow. `f16` and `bf16` accumulate every source in
 //! `f32` and round once per element, so a k-way sum rounds once, not k−1
@@ -8,43 +9,11 @@
 //! the same memory as one of the sources (exactly the same range, element
 //! for element — partial overlaps are staged by the caller).
 
-use crate::types::{Element, ReduceOp};
+use crate::types::{Reduce, ReduceOp};
 
 /// Elements processed per block: small enough to stay in L1 while several
 /// sources are folded into the destination.
 const BLOCK: usize = 2048;
-
-/// An element type the CPU executor can reduce.
-pub trait Reduce: Element {
-    /// `dst[i] = op(srcs[0][i], srcs[1][i], ...)` for `i < len`.
-    ///
-    /// # Safety
-    /// Every pointer in `srcs` is valid for `len` reads and `dst` for `len`
-    /// writes; `dst` overlaps no source except, exactly, `srcs[0]` (the
-    /// kernel reads the first two sources of an element before writing it,
-    /// then folds the rest into `dst`). `srcs` is not empty.
-    unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize);
-
-    /// `self / n`, the final step of `Avg` (integers truncate toward zero).
-    fn divide(self, n: u32) -> Self;
-
-    /// Reduce `srcs` and store the result into every destination with
-    /// non-temporal stores in one pass, when this type and op have a fused
-    /// kernel; returns false (having done nothing) otherwise, and the
-    /// caller falls back to reduce-then-copy.
-    ///
-    /// # Safety
-    /// Every source is valid for `len` reads and every destination for
-    /// `len` writes; destinations overlap no source and no other destination.
-    unsafe fn reduce_stream(
-        _op: ReduceOp,
-        _srcs: &[*const Self],
-        _dsts: &[*mut Self],
-        _len: usize,
-    ) -> bool {
-        false
-    }
-}
 
 /// Fused sum-and-stream for one SSE2 lane type: loads, adds and streams a
 /// 16-byte vector per step, writing every destination from registers.

@@ -1,0 +1,196 @@
+//! The data path of the CPU executor: reducing sources into destinations
+//! given as byte extents of host memory, with non-temporal stores for
+//! long stretches, and the final division of `Avg`.
+
+use super::group::Extents;
+use crate::kernels;
+use crate::types::{Reduce, ReduceOp};
+
+/// Elements reduced into the first destination before it is copied to the
+/// others: small enough that the copies read from L1/L2.
+const FAN_OUT_BLOCK: usize = 4096;
+
+/// Stretches at least this long are written with non-temporal stores: they
+/// will not be read again from cache, and skipping the write-allocate read
+/// of every destination line saves a third of the memory traffic.
+const STREAM_MIN_BYTES: usize = 256 << 10;
+
+/// Reduce `srcs` into every destination. Short stretches reduce into the
+/// first destination and copy from it while it is in cache; long ones
+/// reduce a block at a time into a small buffer that stays in L1 and
+/// stream it to every destination.
+pub(crate) fn combine<T: Reduce>(op: ReduceOp, srcs: &[Extents], dsts: &[Extents]) {
+    let size = std::mem::size_of::<T>();
+    let lists: Vec<&Extents> = srcs.iter().chain(dsts).collect();
+    let mut streamed = false;
+    walk(&lists, |addrs, bytes| {
+        let (src_addrs, dst_addrs) = addrs.split_at(srcs.len());
+        let stream = bytes >= STREAM_MIN_BYTES;
+        streamed |= stream;
+        if stream && fused::<T>(op, src_addrs, dst_addrs, bytes) {
+            return;
+        }
+        let mut done = 0;
+        while done < bytes {
+            let n = (bytes - done).min(FAN_OUT_BLOCK * size);
+            let len = n / size;
+            let mut src: Vec<*const T> =
+                src_addrs.iter().map(|&a| (a + done) as *const T).collect();
+            if stream {
+                stream_block::<T>(op, &src, dst_addrs, done, n);
+            } else {
+                let first = (dst_addrs[0] + done) as *mut T;
+                // In place, the destination is one of the sources; the
+                // kernel reads its first two sources before writing, so put
+                // it first.
+                if let Some(i) = src.iter().position(|&p| std::ptr::eq(p, first)) {
+                    src.swap(0, i);
+                }
+                if !(src.len() == 1 && std::ptr::eq(src[0], first)) {
+                    // SAFETY: the verifier proved every slice in bounds of
+                    // its buffer (or of a slot sized for it), that a step's
+                    // read and write coincide or do not overlap, and that no
+                    // other step touches these bytes concurrently.
+                    unsafe { T::reduce(op, &src, first, len) };
+                }
+                for &d in &dst_addrs[1..] {
+                    let d = (d + done) as *mut T;
+                    if d != first {
+                        // SAFETY: as above; distinct destinations never overlap.
+                        unsafe { std::ptr::copy_nonoverlapping(first as *const T, d, len) };
+                    }
+                }
+            }
+            done += n;
+        }
+    });
+    if streamed {
+        kernels::stream_fence();
+    }
+}
+
+/// Try the element type's fused reduce-and-stream kernel for a whole
+/// stretch; false when it has none or a destination is also a source
+/// (in place, where ordinary stores into just-read lines are cheaper).
+fn fused<T: Reduce>(op: ReduceOp, src_addrs: &[usize], dst_addrs: &[usize], bytes: usize) -> bool {
+    if dst_addrs.iter().any(|d| src_addrs.contains(d)) {
+        return false;
+    }
+    let srcs: Vec<*const T> = src_addrs.iter().map(|&a| a as *const T).collect();
+    let dsts: Vec<*mut T> = dst_addrs.iter().map(|&a| a as *mut T).collect();
+    // SAFETY: every address covers `bytes` bytes (verified slices or sized
+    // slots); destinations are distinct from each other and, as checked
+    // above, from every source.
+    unsafe { T::reduce_stream(op, &srcs, &dsts, bytes / std::mem::size_of::<T>()) }
+}
+
+/// Bytes reduced at a time on the streaming path: small enough that the
+/// stores to every destination interleave tightly with the loads (a large
+/// staging block serialises the streams and loses a third of the rate).
+const STREAM_BLOCK_BYTES: usize = 1024;
+
+/// Reduce `n` bytes of `src` and stream the result to every destination
+/// (offset by `done`), one small block at a time.
+fn stream_block<T: Reduce>(
+    op: ReduceOp,
+    src: &[*const T],
+    dst_addrs: &[usize],
+    done: usize,
+    n: usize,
+) {
+    let size = std::mem::size_of::<T>();
+    let mut staging = [0u64; STREAM_BLOCK_BYTES / 8];
+    let staging_ptr = staging.as_mut_ptr() as *mut T;
+    let mut ptrs: Vec<*const T> = src.to_vec();
+    let mut off = 0;
+    while off < n {
+        let m = (n - off).min(STREAM_BLOCK_BYTES);
+        let len = m / size;
+        let from: *const u8 = if ptrs.len() == 1 {
+            ptrs[0] as *const u8
+        } else {
+            // SAFETY: the staging block holds STREAM_BLOCK_BYTES ≥ m bytes,
+            // is aligned for every element type (u64 alignment) and
+            // overlaps no source.
+            unsafe { T::reduce(op, &ptrs, staging_ptr, len) };
+            staging_ptr as *const u8
+        };
+        for &d in dst_addrs {
+            let d = (d + done + off) as *mut u8;
+            if std::ptr::eq(d, from) {
+                continue;
+            }
+            // A destination that is also a source (in place) was just read
+            // into this core's cache: an ordinary store costs no extra
+            // read there, and is cheaper than bypassing the cache.
+            let just_read = ptrs.iter().any(|&p| std::ptr::eq(p as *const u8, d));
+            // SAFETY: destinations are in bounds (verified) and overlap
+            // neither the staging block nor each other; a destination that
+            // is also a source was read into staging already.
+            unsafe {
+                if just_read {
+                    std::ptr::copy_nonoverlapping(from, d, m);
+                } else {
+                    kernels::stream_copy(from, d, m);
+                }
+            }
+        }
+        for p in &mut ptrs {
+            // SAFETY: stays within the stretch being reduced.
+            *p = unsafe { p.add(len) };
+        }
+        off += m;
+    }
+}
+
+/// Walk several lists of byte ranges of equal total length in lock step,
+/// calling `f` with one address per list for each stretch that is
+/// contiguous in all of them.
+fn walk(lists: &[&Extents], mut f: impl FnMut(&[usize], usize)) {
+    let mut pos: Vec<(usize, usize)> = vec![(0, 0); lists.len()];
+    let mut addrs = vec![0usize; lists.len()];
+    loop {
+        let mut step = usize::MAX;
+        for (l, &(i, off)) in lists.iter().zip(&pos) {
+            // Skip empty pieces.
+            match l.get(i) {
+                Some(&(_, len)) => step = step.min(len - off),
+                None => return,
+            }
+        }
+        if step == 0 {
+            for (l, p) in lists.iter().zip(pos.iter_mut()) {
+                if l[p.0].1 == p.1 {
+                    *p = (p.0 + 1, 0);
+                }
+            }
+            continue;
+        }
+        for ((l, &(i, off)), a) in lists.iter().zip(&pos).zip(addrs.iter_mut()) {
+            *a = l[i].0 + off;
+        }
+        f(&addrs, step);
+        for (l, p) in lists.iter().zip(pos.iter_mut()) {
+            p.1 += step;
+            if p.1 == l[p.0].1 {
+                *p = (p.0 + 1, 0);
+            }
+        }
+    }
+}
+
+/// Divide every element of `extents` by `n` (the end of `Avg`).
+///
+/// # Safety
+/// The extents address initialised elements of `T` that nothing else
+/// touches during the call.
+pub(crate) unsafe fn divide<T: Reduce>(extents: &Extents, n: u32) {
+    let size = std::mem::size_of::<T>();
+    for &(address, bytes) in extents {
+        // SAFETY: forwarded from the caller.
+        let out = unsafe { std::slice::from_raw_parts_mut(address as *mut T, bytes / size) };
+        for x in out {
+            *x = x.divide(n);
+        }
+    }
+}

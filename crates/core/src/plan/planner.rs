@@ -1,0 +1,240 @@
+//! Call preparation, once for every host and device executor: select the
+//! schedule, compile its plan, cache both.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use super::{CallShape, Chunking, Compiler, ExecutionPlan, PlanError};
+use crate::algorithms::{Algorithm, AlgorithmParams, generate};
+use crate::comm::CommError;
+use crate::select::{Rule, SharedSelector, select};
+use crate::types::Collective;
+use crate::verify::{Verified, VerifyOptions, verify};
+
+/// Plans kept per planner; the least recently used goes first.
+const PLAN_CACHE_LIMIT: usize = 64;
+
+/// How an executor plans its calls.
+#[derive(Debug, Clone)]
+pub struct PlannerSettings {
+    /// Force an algorithm (`None`: the selector, then `rule`).
+    pub algorithm: Option<Algorithm>,
+    /// Selects the algorithm of calls that force none.
+    pub selector: Option<SharedSelector>,
+    /// Channels of forced and rule-picked algorithms.
+    pub channels: u32,
+    /// The largest chunk when the selector names none.
+    pub max_chunk_bytes: usize,
+    /// A hard bound on one message (a transport's slot): chunks are cut so
+    /// that the widest step's message fits.
+    pub max_message_bytes: Option<usize>,
+    /// Messages each link of the executor holds.
+    pub slots_per_link: u32,
+    /// A schedule of the user's, run for every call it matches.
+    pub schedule: Option<Arc<Verified>>,
+    /// The executor's fixed rule.
+    pub rule: Rule,
+}
+
+/// A call's plan and why its schedule was chosen.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// The plan.
+    pub plan: Arc<ExecutionPlan>,
+    /// Why this schedule (for the debug log line).
+    pub why: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ScheduleKey {
+    Builtin {
+        algorithm: Algorithm,
+        collective: Collective,
+        params: AlgorithmParams,
+    },
+    Custom,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    shape: CallShape,
+    /// The settings' forced algorithm when the plan was made.
+    forced: Option<Algorithm>,
+    /// An executor's own choice, which also passes over a custom schedule.
+    internal: Option<Algorithm>,
+}
+
+/// Selects, compiles and caches the plans of one group's calls. Every
+/// rank's planner must be built with the same settings: plans are then
+/// the same everywhere, and ranks compare their hashes.
+#[derive(Debug)]
+pub struct Planner {
+    world_size: u32,
+    settings: PlannerSettings,
+    compilers: HashMap<ScheduleKey, Arc<Compiler>>,
+    plans: HashMap<PlanKey, Planned>,
+    recent: VecDeque<PlanKey>,
+}
+
+impl Planner {
+    /// A planner for a group of `world_size` ranks.
+    pub fn new(world_size: u32, settings: PlannerSettings) -> Self {
+        Planner {
+            world_size,
+            settings,
+            compilers: HashMap::new(),
+            plans: HashMap::new(),
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &PlannerSettings {
+        &self.settings
+    }
+
+    /// Force (or stop forcing) the algorithm of later calls.
+    pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
+        self.settings.algorithm = algorithm;
+    }
+
+    /// The plan of `shape`, selected as the settings say.
+    pub fn plan(&mut self, shape: &CallShape) -> Result<Planned, CommError> {
+        self.plan_keyed(shape, None)
+    }
+
+    /// The plan of `shape` with `algorithm` (for an executor's own calls,
+    /// such as a barrier), whatever the settings force.
+    pub fn plan_with(
+        &mut self,
+        shape: &CallShape,
+        algorithm: Algorithm,
+    ) -> Result<Planned, CommError> {
+        self.plan_keyed(shape, Some(algorithm))
+    }
+
+    fn plan_keyed(
+        &mut self,
+        shape: &CallShape,
+        internal: Option<Algorithm>,
+    ) -> Result<Planned, CommError> {
+        let key = PlanKey {
+            shape: *shape,
+            forced: self.settings.algorithm,
+            internal,
+        };
+        if let Some(hit) = self.plans.get(&key).cloned() {
+            self.recent.retain(|k| k != &key);
+            self.recent.push_back(key);
+            return Ok(hit);
+        }
+        let planned = self.build(shape, internal)?;
+        if self.plans.len() >= PLAN_CACHE_LIMIT
+            && let Some(old) = self.recent.pop_front()
+        {
+            self.plans.remove(&old);
+        }
+        self.plans.insert(key, planned.clone());
+        self.recent.push_back(key);
+        Ok(planned)
+    }
+
+    fn build(
+        &mut self,
+        shape: &CallShape,
+        internal: Option<Algorithm>,
+    ) -> Result<Planned, CommError> {
+        let n = self.world_size;
+        let st = &self.settings;
+        let custom = st.schedule.as_ref().filter(|v| {
+            let s = v.schedule();
+            internal.is_none() && s.collective == shape.collective && s.world_size == n
+        });
+        let forced = internal.or(st.algorithm);
+        let (key, chunk, why) = match custom {
+            Some(_) => (
+                ScheduleKey::Custom,
+                None,
+                "the configured schedule".to_owned(),
+            ),
+            None => {
+                let bytes = shape.size_bytes(n);
+                let s = select(
+                    forced,
+                    st.selector.as_ref(),
+                    st.channels,
+                    shape.collective,
+                    n,
+                    bytes,
+                    st.rule,
+                );
+                let key = ScheduleKey::Builtin {
+                    algorithm: s.algorithm,
+                    collective: shape.collective,
+                    params: s.params,
+                };
+                (key, s.max_chunk_bytes, s.why)
+            }
+        };
+        let compiler = self.compiler(key)?;
+        let chunk = self.chunk_bytes(shape, chunk, &compiler);
+        let plan = compiler
+            .compile(
+                shape,
+                Chunking::MaxBytes(chunk),
+                self.settings.slots_per_link,
+            )
+            .map_err(|e| match e {
+                PlanError::InPlaceUnproven {
+                    schedule,
+                    collective,
+                } => CommError::InPlaceUnsupported {
+                    collective: format!("{collective} with schedule `{schedule}`"),
+                },
+                other => CommError::Plan(other),
+            })?;
+        Ok(Planned {
+            plan: Arc::new(plan),
+            why: why.into(),
+        })
+    }
+
+    /// The compiler of a schedule, generating and proving it on first use.
+    fn compiler(&mut self, key: ScheduleKey) -> Result<Arc<Compiler>, CommError> {
+        if let Some(c) = self.compilers.get(&key) {
+            return Ok(c.clone());
+        }
+        let verified = match &key {
+            ScheduleKey::Custom => self
+                .settings
+                .schedule
+                .clone()
+                .expect("custom keys need a schedule"),
+            ScheduleKey::Builtin {
+                algorithm,
+                collective,
+                params,
+            } => {
+                let schedule = generate(*algorithm, *collective, self.world_size, params)?;
+                Arc::new(verify(schedule, &VerifyOptions::default()).map_err(Box::new)?)
+            }
+        };
+        let compiler = Arc::new(Compiler::new(verified));
+        self.compilers.insert(key, compiler.clone());
+        Ok(compiler)
+    }
+
+    /// The chunk size: the selector's or the settings', cut so the widest
+    /// step's message fits the transport.
+    fn chunk_bytes(&self, shape: &CallShape, selected: Option<usize>, c: &Compiler) -> usize {
+        let elem = shape.dtype.size_bytes();
+        let chunk = selected.unwrap_or(self.settings.max_chunk_bytes);
+        match self.settings.max_message_bytes {
+            Some(max) => {
+                let limit = max.max(elem) / c.verified().schedule().widest_step() as usize;
+                chunk.min(limit).max(elem)
+            }
+            None => chunk,
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! How a call's algorithm is selected: a forced algorithm wins, then a
+//! [`Selector`] the caller plugs in (ferrocoll-topo's simulates the
+//! candidates on the machine's topology), then the executor's fixed
+//! [`Rule`]. "auto" — on the command line, in `FERROCOLL_ALGO` — means
+//! "force nothing": let the selector, then the rule, decide.
+//!
+//! Core knows no topology: [`Selector`] is the seam. A selector must be
+//! deterministic — every rank of a group asks it the same question and must
+//! get the same answer, or the ranks would run different schedules (the
+//! plan hash would catch it, as a mismatch).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::algorithms::{Algorithm, AlgorithmParams};
+use crate::types::{Collective, CollectiveKind};
+
+/// What was selected for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Its channels, ring orders and tree order.
+    pub params: AlgorithmParams,
+    /// The pipelining grain for this call, if the selector has a view.
+    pub max_chunk_bytes: Option<usize>,
+    /// Why, for the debug log line: the prediction and the runner-up.
+    pub why: String,
+}
+
+/// Selects the algorithm of calls that force none.
+pub trait Selector: Send + Sync + fmt::Debug {
+    /// The selection for `collective` on `world_size` ranks moving `bytes`
+    /// (nccl-tests' size), or `None` to leave it to the executor's rule.
+    fn select(&self, collective: Collective, world_size: u32, bytes: usize) -> Option<Selection>;
+}
+
+/// A shared selector in a configuration; two are equal when they are the
+/// same object.
+#[derive(Clone)]
+pub struct SharedSelector(pub Arc<dyn Selector>);
+
+impl PartialEq for SharedSelector {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
+    }
+}
+
+impl Eq for SharedSelector {}
+
+impl fmt::Debug for SharedSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An executor's fixed rule: the algorithm for (collective, world size,
+/// bytes) when nothing is forced and no selector answers, and why.
+pub type Rule = fn(CollectiveKind, u32, usize) -> (Algorithm, &'static str);
+
+/// The selection of one call: `forced` wins, then `selector`, then `rule`.
+/// Forced and rule-picked algorithms run on `channels` channels
+/// (halving-doubling has exactly one).
+pub fn select(
+    forced: Option<Algorithm>,
+    selector: Option<&SharedSelector>,
+    channels: u32,
+    collective: Collective,
+    world_size: u32,
+    bytes: usize,
+    rule: Rule,
+) -> Selection {
+    let fixed = |algorithm: Algorithm| AlgorithmParams {
+        channels: if algorithm == Algorithm::HalvingDoubling {
+            1
+        } else {
+            channels
+        },
+        ..AlgorithmParams::default()
+    };
+    if let Some(algorithm) = forced {
+        return Selection {
+            algorithm,
+            params: fixed(algorithm),
+            max_chunk_bytes: None,
+            why: "forced by configuration".to_owned(),
+        };
+    }
+    if let Some(selection) = selector.and_then(|s| s.0.select(collective, world_size, bytes)) {
+        return selection;
+    }
+    let (algorithm, why) = rule(collective.kind(), world_size, bytes);
+    Selection {
+        algorithm,
+        params: fixed(algorithm),
+        max_chunk_bytes: None,
+        why: why.to_owned(),
+    }
+}
+
+/// Above this many ranks, direct's n² messages per call cost more than
+/// ring's 2n; below, direct moves each byte the fewest times.
+const DIRECT_MAX_RANKS: u32 = 16;
+
+/// Above this many ranks a rooted star funnels too much through the root.
+const STAR_MAX_RANKS: u32 = 8;
+
+/// The host executors' rule (threads and processes share host memory, a
+/// full mesh in which every rank reaches every other at the same cost).
+pub fn host_rule(
+    kind: CollectiveKind,
+    world_size: u32,
+    _bytes: usize,
+) -> (Algorithm, &'static str) {
+    use CollectiveKind as C;
+    match kind {
+        C::AllToAll | C::SendRecv => (Algorithm::Direct, "only direct expresses it"),
+        C::Broadcast | C::Reduce if world_size <= STAR_MAX_RANKS => {
+            (Algorithm::Direct, "few ranks: one star hop from the root")
+        }
+        C::Broadcast | C::Reduce => (Algorithm::Tree, "many ranks: log-depth tree from the root"),
+        _ if world_size <= DIRECT_MAX_RANKS => (
+            Algorithm::Direct,
+            "shared memory is a full mesh: direct reads every input once and writes every output once",
+        ),
+        _ => (
+            Algorithm::Ring,
+            "many ranks: ring keeps messages per call linear in n",
+        ),
+    }
+}

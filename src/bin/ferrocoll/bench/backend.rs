@@ -1,0 +1,209 @@
+//! Which executor a bench run drives: threads, processes of a group
+//! started by `ferrocoll launch`, the CUDA executor, or NCCL — checked and
+//! opened once, then asked to run each section.
+
+use std::sync::{Arc, Mutex};
+
+use ferrocoll::Verified;
+use ferrocoll::comm::Communicator;
+use ferrocoll::cpu::CpuConfig;
+use ferrocoll::process::{ProcessCommunicator, ProcessConfig};
+use ferrocoll::topo::probe::membw::{self, MemoryBandwidth};
+
+use super::report::Row;
+use super::run::{self, Cpu};
+use super::setup::{Section, custom_schedule};
+use super::{Backend, BenchArgs, cuda, nccl, process};
+
+/// The executor of a run.
+pub(crate) enum Target {
+    /// Ranks are threads of this process.
+    Threads { custom: Option<Arc<Verified>> },
+    /// This process is one rank of a process group.
+    Processes {
+        comm: Box<Mutex<ProcessCommunicator>>,
+        config: ProcessConfig,
+    },
+    /// The CUDA executor on these devices, with NCCL beside it if asked.
+    Cuda {
+        devices: Vec<usize>,
+        custom: Option<Arc<Verified>>,
+        compare: bool,
+    },
+    /// NCCL on these devices.
+    Nccl { devices: Vec<usize> },
+}
+
+impl Target {
+    /// Check the backend's flags and open it; returns the arguments with
+    /// `--ranks` replaced by the group's size under `launch`.
+    pub(crate) fn open(args: &BenchArgs) -> Result<(Target, BenchArgs), String> {
+        let mut args = args.clone();
+        if let Some(transport) = args.transport {
+            if args.backend != Backend::Cpu || args.predict || args.compare.is_some() {
+                return Err(
+                    "--transport runs the CPU executor across processes: use it with --backend cpu, without --predict or --compare".to_owned(),
+                );
+            }
+            let target = Target::join(&mut args, transport)?;
+            return Ok((target, args));
+        }
+        if args.compare.is_some() && args.backend != Backend::Cuda {
+            return Err("--compare nccl runs beside --backend cuda only".to_owned());
+        }
+        let custom = custom_schedule(&args.algo, args.ranks)?;
+        let target = match args.backend {
+            Backend::Cpu => Target::Threads { custom },
+            Backend::Cuda => {
+                if args.compare.is_some() {
+                    ferrocoll::nccl::version().map_err(|e| e.to_string())?;
+                }
+                Target::Cuda {
+                    devices: cuda::devices(args.ranks, args.devices.as_deref())?,
+                    custom,
+                    compare: args.compare.is_some(),
+                }
+            }
+            Backend::Nccl => {
+                ferrocoll::nccl::version().map_err(|e| e.to_string())?;
+                Target::Nccl {
+                    devices: cuda::devices(args.ranks, args.devices.as_deref())?,
+                }
+            }
+        };
+        Ok((target, args))
+    }
+
+    /// Join the process group `launch` started (env:// variables).
+    fn join(
+        args: &mut BenchArgs,
+        transport: ferrocoll::process::TransportKind,
+    ) -> Result<Target, String> {
+        // FERROCOLL_ALGO and FERROCOLL_TIMEOUT_MS apply as for threads.
+        let env =
+            ferrocoll::env::cpu_config_from_env(CpuConfig::default()).map_err(|e| e.to_string())?;
+        let boot = ferrocoll::env::bootstrap_from_env(env.timeout).map_err(|e| e.to_string())?;
+        args.ranks = boot.world_size;
+        let config = ProcessConfig {
+            transport,
+            timeout: env.timeout,
+            algorithm: env.algorithm,
+            max_message_bytes: args
+                .max_chunk_bytes
+                .unwrap_or(ProcessConfig::default().max_message_bytes),
+            schedule: custom_schedule(&args.algo, args.ranks)?,
+            ..ProcessConfig::default()
+        };
+        let comm = ProcessCommunicator::connect(boot.store, boot.rank, boot.world_size, &config)
+            .map_err(|e| e.to_string())?;
+        Ok(Target::Processes {
+            comm: Box::new(Mutex::new(comm)),
+            config,
+        })
+    }
+
+    /// The schedule file the run executes, if any.
+    pub(crate) fn custom(&self) -> Option<Arc<Verified>> {
+        match self {
+            Target::Threads { custom } | Target::Cuda { custom, .. } => custom.clone(),
+            Target::Processes { config, .. } => config.schedule.clone(),
+            Target::Nccl { .. } => None,
+        }
+    }
+
+    /// Whether this process prints the table (rank 0 of a process group).
+    pub(crate) fn prints(&self) -> bool {
+        match self {
+            Target::Processes { comm, .. } => comm.lock().map_or(true, |c| c.rank() == 0),
+            _ => true,
+        }
+    }
+
+    /// The process group's settings, when ranks are processes.
+    pub(crate) fn process_config(&self) -> Option<&ProcessConfig> {
+        match self {
+            Target::Processes { config, .. } => Some(config),
+            _ => None,
+        }
+    }
+
+    /// The memory bandwidth that bounds the backend's busbw.
+    pub(crate) fn memory_bandwidth(&self) -> Result<MemoryBandwidth, String> {
+        match self {
+            Target::Cuda { devices, .. } | Target::Nccl { devices } => {
+                cuda::device_bandwidth(devices[0])
+            }
+            _ => Ok(membw::measure(
+                membw::ARRAY_BYTES,
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+                5,
+            )),
+        }
+    }
+
+    /// Time and check one section on the backend.
+    pub(crate) fn run_section(
+        &self,
+        args: &BenchArgs,
+        config: &CpuConfig,
+        section: &Section,
+        sizes: &[usize],
+        progress: Option<&indicatif::ProgressBar>,
+    ) -> Result<Vec<Row>, String> {
+        match self {
+            Target::Threads { .. } => {
+                let backend = Cpu {
+                    n: args.ranks,
+                    config,
+                };
+                run::section(args, &backend, section, sizes, progress)
+            }
+            Target::Processes {
+                comm,
+                config: process,
+            } => {
+                comm.lock()
+                    .map_err(|_| "the communicator is poisoned")?
+                    .set_algorithm(config.algorithm);
+                let backend = process::Process {
+                    comm,
+                    schedule: process.schedule.as_deref(),
+                };
+                run::section(args, &backend, section, sizes, progress)
+            }
+            Target::Cuda { devices, .. } => {
+                let backend = cuda::Cuda::new(devices.clone(), config, args.ranks);
+                run::section(args, &backend, section, sizes, progress)
+            }
+            Target::Nccl { devices } => {
+                let backend = nccl::Nccl::new(devices.clone(), config);
+                run::section(args, &backend, section, sizes, progress)
+            }
+        }
+    }
+
+    /// With `--compare nccl`: the same section on NCCL, its rows labelled.
+    pub(crate) fn compare(
+        &self,
+        args: &BenchArgs,
+        config: &CpuConfig,
+        section: &Section,
+        sizes: &[usize],
+        progress: Option<&indicatif::ProgressBar>,
+    ) -> Result<Option<Vec<Row>>, String> {
+        let Target::Cuda {
+            devices,
+            compare: true,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let backend = nccl::Nccl::new(devices.clone(), config);
+        let mut theirs = run::section(args, &backend, section, sizes, progress)?;
+        for row in &mut theirs {
+            row.algorithm = "nccl".to_owned();
+        }
+        Ok(Some(theirs))
+    }
+}
