@@ -221,43 +221,7 @@ impl CudaCommunicator {
             output,
         };
         // Meet the other ranks; the last to arrive enqueues everything.
-        let rank = self.rank;
-        let last = {
-            let mut board = self.shared.lock();
-            if let Some((who, why)) = &board.failed {
-                return Err(CommError::PeerFailed {
-                    rank: *who,
-                    reason: why.clone(),
-                });
-            }
-            let state = board.calls.entry(call).or_insert_with(|| CallState {
-                signature: signature.clone(),
-                first: rank,
-                buffers: vec![None; n as usize],
-                arrived: 0,
-                observed: 0,
-                outcome: None,
-            });
-            if state.signature != signature {
-                return Err(CommError::Mismatch {
-                    call,
-                    rank,
-                    other: state.first,
-                    expected: state.signature.clone(),
-                    got: signature,
-                });
-            }
-            state.buffers[rank as usize] = Some(buffers);
-            state.arrived += 1;
-            (state.arrived == n).then(|| {
-                state
-                    .buffers
-                    .iter()
-                    .map(|b| b.expect("all arrived"))
-                    .collect::<Vec<_>>()
-            })
-        };
-        if let Some(all) = last {
+        if let Some(all) = self.meet(call, signature, buffers)? {
             let outcome = self.enqueue(&planned, all);
             let mut board = self.shared.lock();
             if let Some(state) = board.calls.get_mut(&call) {
@@ -266,6 +230,59 @@ impl CudaCommunicator {
             drop(board);
             self.shared.changed.notify_all();
         }
+        self.complete(call, &collective.to_string())
+    }
+
+    /// Put this rank's buffers on the call's board, checking its
+    /// signature against the first rank's; the last rank to arrive gets
+    /// every rank's buffers back.
+    fn meet(
+        &self,
+        call: u64,
+        signature: String,
+        buffers: RankBuffers,
+    ) -> Result<Option<Vec<RankBuffers>>, CommError> {
+        let (rank, n) = (self.rank, self.shared.n);
+        let mut board = self.shared.lock();
+        if let Some((who, why)) = &board.failed {
+            return Err(CommError::PeerFailed {
+                rank: *who,
+                reason: why.clone(),
+            });
+        }
+        let state = board.calls.entry(call).or_insert_with(|| CallState {
+            signature: signature.clone(),
+            first: rank,
+            buffers: vec![None; n as usize],
+            arrived: 0,
+            observed: 0,
+            outcome: None,
+        });
+        if state.signature != signature {
+            return Err(CommError::Mismatch {
+                call,
+                rank,
+                other: state.first,
+                expected: state.signature.clone(),
+                got: signature,
+            });
+        }
+        state.buffers[rank as usize] = Some(buffers);
+        state.arrived += 1;
+        Ok((state.arrived == n).then(|| {
+            state
+                .buffers
+                .iter()
+                .map(|b| b.expect("all arrived"))
+                .collect()
+        }))
+    }
+
+    /// Wait for the call's work on this rank's device, bounded by the
+    /// timeout (after which its memory is leaked, never freed under the
+    /// device's feet).
+    fn complete(&self, call: u64, what: &str) -> Result<(), CommError> {
+        let (rank, n) = (self.rank, self.shared.n);
         let outcome = self
             .shared
             .wait_until(rank, "the other ranks to join the call", |b| {
@@ -288,7 +305,7 @@ impl CudaCommunicator {
             return Err(CommError::Timeout {
                 rank,
                 timeout: self.shared.config.timeout,
-                what: format!("the device to finish {collective}"),
+                what: format!("the device to finish {what}"),
             });
         }
         let mut board = self.shared.lock();
@@ -309,18 +326,7 @@ impl CudaCommunicator {
     ) -> Result<Arc<Outcome>, CudaError> {
         let sh = &self.shared;
         let plan: &ExecutionPlan = &planned.plan;
-        tracing::debug!(
-            "{} {} B {} on CUDA: algorithm={} channels={} segments={} in_place={} plan={:016x} ({})",
-            plan.collective,
-            plan.size_bytes(),
-            plan.dtype,
-            plan.schedule,
-            plan.channels,
-            plan.segments,
-            plan.in_place,
-            plan.hash,
-            planned.why,
-        );
+        tracing::debug!("on CUDA: {}", planned.describe());
         let channels: Vec<usize> = plan.ranks.iter().map(|r| r.channels.len()).collect();
         let devices = Devices {
             devices: sh.rank_devices.iter().collect(),

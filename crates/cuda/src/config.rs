@@ -75,19 +75,16 @@ pub fn device_rule(
 impl CudaConfig {
     /// How the group plans its calls.
     pub fn planner_settings(&self) -> PlannerSettings {
-        let proven = self
-            .schedule
-            .as_ref()
-            .map_or(ferrocoll_core::verify::DEFAULT_SLOTS_PER_LINK, |v| {
-                v.slots_per_link()
-            });
         PlannerSettings {
             algorithm: self.algorithm,
             selector: self.selector.clone(),
             channels: self.channels,
             max_chunk_bytes: self.max_chunk_bytes,
             max_message_bytes: None,
-            slots_per_link: self.slots_per_link.max(proven),
+            slots_per_link: ferrocoll_core::plan::link_slots(
+                self.slots_per_link,
+                self.schedule.as_deref(),
+            ),
             schedule: self.schedule.clone(),
             rule: device_rule,
         }

@@ -120,6 +120,16 @@ impl Mailbox {
     }
 }
 
+/// Make `stream` wait for `ev`.
+fn wait(stream: sys::CUstream, ev: sys::CUevent) -> Result<(), CudaError> {
+    // SAFETY: every event waited on was recorded on its stream before the
+    // wait is enqueued; events and streams live until the call is freed.
+    unsafe {
+        result::stream::wait_event(stream, ev, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+    }?;
+    Ok(())
+}
+
 fn event(device: &Arc<Device>, resources: &mut Resources) -> Result<sys::CUevent, CudaError> {
     device.bind()?;
     let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
@@ -251,15 +261,7 @@ impl Enqueuer<'_> {
             let other = self.dag.nodes[d];
             if (other.rank, other.channel) != (node.rank, node.channel) {
                 let ev = self.events[d].expect("dependencies are enqueued first");
-                // SAFETY: the event was recorded on its stream before this
-                // wait is enqueued; both live until the call is freed.
-                unsafe {
-                    result::stream::wait_event(
-                        stream,
-                        ev,
-                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                    )
-                }?;
+                wait(stream, ev)?;
             }
         }
         let plan = self.call.plan;
@@ -414,14 +416,7 @@ impl Enqueuer<'_> {
                 }
                 let last = self.dag.id(r, c as u32, list.len() as u32 - 1);
                 let ev = self.events[last].expect("enqueued");
-                // SAFETY: recorded above; freed with the call.
-                unsafe {
-                    result::stream::wait_event(
-                        stream,
-                        ev,
-                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                    )
-                }?;
+                wait(stream, ev)?;
             }
             for p in rp.divide.iter().flat_map(|d| &d.pieces) {
                 let ptr = self.call.buffers[r as usize].output + p.offset;

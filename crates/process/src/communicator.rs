@@ -173,17 +173,8 @@ impl ProcessCommunicator {
             rank = self.rank,
             call = number,
             transport = %self.config.transport,
-            "{} {} B {}: algorithm={} channels={} chunks/block={} segments={} in_place={} plan={:016x} ({})",
-            plan.collective,
-            plan.size_bytes(),
-            plan.dtype,
-            plan.schedule,
-            plan.channels,
-            plan.chunks_per_block,
-            plan.segments,
-            plan.in_place,
-            plan.hash,
-            planned.why,
+            "{}",
+            planned.describe()
         );
         let (_, input, output) = call.into_parts();
         let mut output = output.expect("collectives have an output");

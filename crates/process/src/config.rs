@@ -106,15 +106,8 @@ impl ProcessConfig {
         }
     }
 
-    /// Slots each link gets: as configured, and at least what the
-    /// configured schedule (or, for built-ins, the verifier) proved.
+    /// Slots each link gets (see [`ferrocoll_core::plan::link_slots`]).
     pub(crate) fn link_slots(&self) -> u32 {
-        let proven = self
-            .schedule
-            .as_ref()
-            .map_or(ferrocoll_core::verify::DEFAULT_SLOTS_PER_LINK, |v| {
-                v.slots_per_link()
-            });
-        self.slots_per_link.max(proven)
+        ferrocoll_core::plan::link_slots(self.slots_per_link, self.schedule.as_deref())
     }
 }

@@ -69,10 +69,48 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     if args.nproc == 0 {
         return Err("-n must be at least 1".into());
     }
+    if !(args.grace >= 0.0 && args.grace.is_finite()) {
+        return Err("--grace must be a number of seconds, at least 0".into());
+    }
     let port = match args.port {
         Some(p) => p,
         None => free_port()?,
     };
+    let (children, forwarders) = spawn_all(args, port)?;
+    let pids: Vec<String> = children
+        .iter()
+        .map(|(r, c)| format!("{r}={}", c.id()))
+        .collect();
+    eprintln!(
+        "ferrocoll launch: {} ranks, rendezvous 127.0.0.1:{port}, pids {}",
+        args.nproc,
+        pids.join(" ")
+    );
+    let (failed, after) = supervise(children, Duration::from_secs_f64(args.grace));
+    for f in forwarders {
+        let _ = f.join();
+    }
+    match failed {
+        None => Ok(ExitCode::SUCCESS),
+        Some((rank, why)) => {
+            let rest = if after.is_empty() {
+                String::new()
+            } else {
+                format!("; then {}", after.join(", "))
+            };
+            eprintln!("ferrocoll launch: rank {rank} failed ({why}){rest}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Start every rank with its env:// variables, its output forwarded with
+/// a rank prefix; on a failure to start one, stop the ones started.
+#[allow(clippy::type_complexity)]
+fn spawn_all(
+    args: &LaunchArgs,
+    port: u16,
+) -> Result<(Vec<(u32, Child)>, Vec<std::thread::JoinHandle<()>>), String> {
     let (program, rest) = args
         .command
         .split_first()
@@ -113,20 +151,12 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         }
         children.push((rank, child));
     }
-    let pids: Vec<String> = children
-        .iter()
-        .map(|(r, c)| format!("{r}={}", c.id()))
-        .collect();
-    eprintln!(
-        "ferrocoll launch: {} ranks, rendezvous 127.0.0.1:{port}, pids {}",
-        args.nproc,
-        pids.join(" ")
-    );
-    if !(args.grace >= 0.0 && args.grace.is_finite()) {
-        return Err("--grace must be a number of seconds, at least 0".into());
-    }
-    let grace = Duration::from_secs_f64(args.grace);
-    // Wait for all; the first failure kills the rest (after the grace).
+    Ok((children, forwarders))
+}
+
+/// Wait for every rank; the first failure kills the rest after `grace`.
+/// Returns the first failure and how the others ended after it.
+fn supervise(children: Vec<(u32, Child)>, grace: Duration) -> (Option<(u32, String)>, Vec<String>) {
     let mut failed: Option<(u32, String)> = None;
     let mut kill_at: Option<Instant> = None;
     let mut after: Vec<String> = Vec::new();
@@ -177,19 +207,5 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    for f in forwarders {
-        let _ = f.join();
-    }
-    match failed {
-        None => Ok(ExitCode::SUCCESS),
-        Some((rank, why)) => {
-            let rest = if after.is_empty() {
-                String::new()
-            } else {
-                format!("; then {}", after.join(", "))
-            };
-            eprintln!("ferrocoll launch: rank {rank} failed ({why}){rest}");
-            Ok(ExitCode::from(1))
-        }
-    }
+    (failed, after)
 }

@@ -15,6 +15,11 @@
 //! rank can drive all its links at once. Reduce-scatter, all-gather and
 //! all-to-all are one phase each: `α + (n−1)/n · S/B`. Broadcast and reduce
 //! are one star: `α + (n−1) · S/B` at the root's link.
+//!
+//! Traffic over all links, in blocks of `count` elements
+//! ([`traffic_blocks`]): all-reduce 2(n−1) (each owner's chunk in, the
+//! sum out); reduce-scatter, all-gather and all-to-all n(n−1); broadcast
+//! and reduce n−1; send/recv n.
 
 use super::peers;
 use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
@@ -118,4 +123,17 @@ fn send_recv(r: Rank, n: u32, g: u32) -> Vec<Step> {
         Step::new(1).read(Buffer::Input, g).send((r + 1) % n),
         Step::new(1).recv((r + n - 1) % n).write(Buffer::Output, g),
     ]
+}
+
+/// Bytes over all links of one call, in blocks (see the module docs).
+pub fn traffic_blocks(kind: crate::types::CollectiveKind, n: u32) -> u64 {
+    use crate::types::CollectiveKind as K;
+    let n = u64::from(n);
+    match kind {
+        _ if n == 1 => 0,
+        K::AllReduce => 2 * (n - 1),
+        K::ReduceScatter | K::AllGather | K::AllToAll => n * (n - 1),
+        K::Broadcast | K::Reduce => n - 1,
+        K::SendRecv => n,
+    }
 }

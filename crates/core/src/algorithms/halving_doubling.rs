@@ -18,6 +18,13 @@
 //! fold adds `2α + 2·S/B` on the paired ranks otherwise. Reduce-scatter and
 //! all-gather are one half each; their block ranges follow the virtual
 //! ranks, so the halves need not be equal in size.
+//!
+//! Traffic over all links, in blocks of `count` elements
+//! ([`traffic_blocks`]), with m = n − p resting ranks: all-reduce 2(n−1)
+//! (the p virtual ranks move 2(p−1) and each fold moves a block there and
+//! back); reduce-scatter and all-gather n(p−1) + m·n + m (each halving or
+//! doubling level moves n blocks over every pair, the fold moves a whole
+//! buffer one way and one block the other).
 
 use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
 use crate::types::{Collective, Rank};
@@ -285,4 +292,17 @@ fn all_gather(fold: &Fold, r: Rank) -> Vec<Step> {
         steps.push(Step::new(n).read(Buffer::Output, 0).send(rest));
     }
     steps
+}
+
+/// Bytes over all links of one call, in blocks (see the module docs).
+pub fn traffic_blocks(kind: crate::types::CollectiveKind, n: u32) -> u64 {
+    use crate::types::CollectiveKind as K;
+    let p = u64::from(1u32 << (31 - n.leading_zeros()));
+    let n = u64::from(n);
+    let m = n - p;
+    match kind {
+        K::AllReduce => 2 * (n - 1),
+        K::ReduceScatter | K::AllGather => n * (p - 1) + m * n + m,
+        _ => 0,
+    }
 }

@@ -272,6 +272,24 @@ pub fn generate(
     }
 }
 
+/// The cost line of `algorithm` for `kind` on `world_size` ranks as a
+/// number: bytes over all links of one call, in blocks of `count` elements
+/// (the execution plan's link table, the executors' counters and the
+/// simulator must all agree with it); `None` where the algorithm cannot run
+/// the collective.
+pub fn traffic_blocks(algorithm: Algorithm, kind: CollectiveKind, world_size: u32) -> Option<u64> {
+    algorithm.supports(kind).ok()?;
+    if world_size <= 1 {
+        return Some(0);
+    }
+    Some(match algorithm {
+        Algorithm::Ring => ring::traffic_blocks(kind, world_size),
+        Algorithm::Tree => tree::traffic_blocks(kind, world_size),
+        Algorithm::Direct => direct::traffic_blocks(kind, world_size),
+        Algorithm::HalvingDoubling => halving_doubling::traffic_blocks(kind, world_size),
+    })
+}
+
 /// With one rank, every collective copies the input to the output.
 fn local_copy(algorithm: Algorithm, collective: Collective) -> Schedule {
     let mut b = ScheduleBuilder::new(algorithm.name(), collective, 1, 1, 1);

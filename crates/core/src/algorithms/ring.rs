@@ -16,6 +16,11 @@
 //! reduce are chains around the ring starting (or ending) at the root:
 //! `(n−1)·α + S/B` once segments pipeline.
 //!
+//! Traffic over all links, in blocks of `count` elements
+//! ([`traffic_blocks`]): all-reduce 2(n−1); reduce-scatter and all-gather
+//! n(n−1) (every rank passes on n−1 of the n blocks); broadcast and reduce
+//! n−1 (each link of the chain carries the whole buffer once).
+//!
 //! The ring order is a parameter (one per channel): the topology crate
 //! picks orders whose slowest link is fastest. Each channel carries its own
 //! share of the chunks.
@@ -219,4 +224,16 @@ fn reduce(ring: &Ring, r: Rank, n: u32, root: Rank, ch: u32) -> Vec<Step> {
     } else {
         step.write(Buffer::Output, ch)
     }]
+}
+
+/// Bytes over all links of one call, in blocks (see the module docs).
+pub fn traffic_blocks(kind: crate::types::CollectiveKind, n: u32) -> u64 {
+    use crate::types::CollectiveKind as K;
+    let n = u64::from(n);
+    match kind {
+        K::AllReduce => 2 * (n - 1),
+        K::ReduceScatter | K::AllGather => n * (n - 1),
+        K::Broadcast | K::Reduce => n - 1,
+        K::AllToAll | K::SendRecv => 0,
+    }
 }

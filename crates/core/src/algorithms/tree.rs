@@ -19,6 +19,11 @@
 //! one tree. Broadcast and reduce run the down or up half only, on two
 //! trees rooted at the given root.
 //!
+//! Traffic over all links, in blocks of `count` elements
+//! ([`traffic_blocks`]): every rank but a tree's root sends that tree's half
+//! up once and receives it down once, so all-reduce moves 2(n−1), broadcast
+//! and reduce n−1.
+//!
 //! Channels: each tree uses its own up and down channels, so segments
 //! stream up the tree while earlier segments stream down; the root's down
 //! step waits (`after`) for its up step.
@@ -257,6 +262,17 @@ pub(super) fn generate_in_order(
     schedule.ranks = ranks;
     schedule.collective = collective;
     Ok(schedule)
+}
+
+/// Bytes over all links of one call, in blocks (see the module docs).
+pub fn traffic_blocks(kind: crate::types::CollectiveKind, n: u32) -> u64 {
+    use crate::types::CollectiveKind as K;
+    let n = u64::from(n);
+    match kind {
+        K::AllReduce => 2 * (n - 1),
+        K::Broadcast | K::Reduce => n - 1,
+        _ => 0,
+    }
 }
 
 #[cfg(test)]

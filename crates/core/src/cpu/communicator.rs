@@ -165,21 +165,7 @@ impl CpuCommunicator {
         let plan = &planned.plan;
         self.group
             .register_call(number, self.rank, &plan.signature())?;
-        tracing::debug!(
-            rank = self.rank,
-            call = number,
-            "{} {} B {}: algorithm={} channels={} chunks/block={} segments={} in_place={} plan={:016x} ({})",
-            plan.collective,
-            plan.size_bytes(),
-            plan.dtype,
-            plan.schedule,
-            plan.channels,
-            plan.chunks_per_block,
-            plan.segments,
-            plan.in_place,
-            plan.hash,
-            planned.why,
-        );
+        tracing::debug!(rank = self.rank, call = number, "{}", planned.describe());
         let (_, input, output) = call.into_parts();
         let mut output = output.expect("collectives have an output");
         // In place the plan names only the output, so both bases are its.
@@ -279,7 +265,7 @@ impl CpuCommunicator {
         {
             let mut st = self.group.lock_link(&link);
             st.queue.pop_front();
-            st.count(bytes);
+            st.count(link.link, bytes);
         }
         drop(moving);
         self.group.ring(peer);

@@ -202,7 +202,7 @@ fn try_fire<T: Reduce>(
         let mut st = group.lock_link(q);
         match st.queue.front().cloned().expect("checked non-empty") {
             Msg::Pointer(p) => {
-                st.count(p.iter().map(|e| e.1).sum());
+                st.count(q.link, p.iter().map(|e| e.1).sum());
                 srcs.push(p);
             }
             Msg::Slot { index, bytes } => srcs.push(vec![(q.slots[index].address(), bytes)]),
@@ -227,7 +227,7 @@ fn try_fire<T: Reduce>(
         let mut st = group.lock_link(q);
         if st.posted.as_ref().is_some_and(|(seq, _)| *seq == st.pushed) {
             let (_, posted) = st.posted.take().expect("checked");
-            st.count(posted.iter().map(|e| e.1).sum());
+            st.count(q.link, posted.iter().map(|e| e.1).sum());
             dsts.push(posted);
             outgoing_msgs.push(Msg::Written);
             continue;
@@ -241,7 +241,7 @@ fn try_fire<T: Reduce>(
                 // `slots` messages are queued, all of this call and numbered
                 // just below this one, so slot `index % slots` is free.
                 let address = unsafe { q.slots[index].prepare(bytes) };
-                st.count(bytes);
+                st.count(q.link, bytes);
                 dsts.push(vec![(address, bytes)]);
                 Msg::Slot { index, bytes }
             }

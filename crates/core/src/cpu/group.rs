@@ -38,9 +38,9 @@ pub(crate) struct LinkState {
     /// Where the receiver wants message number `.0` written: the sender of
     /// exactly that message may write the value there itself.
     pub posted: Option<(u64, Extents)>,
-    /// Messages and bytes moved over the link, and the largest message,
-    /// counted where the data moves.
-    pub traffic: (u64, u64, u64),
+    /// Messages and bytes moved over the link, counted where the data
+    /// moves; `None` until the first message.
+    pub traffic: Option<LinkLoad>,
 }
 
 /// A slot buffer. Written only by the link's sender while the slot is free,
@@ -76,17 +76,18 @@ impl SlotBuffer {
 
 /// One link's queue and slot buffers.
 pub(crate) struct LinkQueue {
+    /// Which link it is.
+    pub link: Link,
     pub state: Mutex<LinkState>,
     pub slots: Vec<SlotBuffer>,
 }
 
 impl LinkState {
     /// Count a message of `bytes` moved over the link.
-    pub fn count(&mut self, bytes: usize) {
-        let (messages, total, largest) = &mut self.traffic;
-        *messages += 1;
-        *total += bytes as u64;
-        *largest = (*largest).max(bytes as u64);
+    pub fn count(&mut self, link: Link, bytes: usize) {
+        self.traffic
+            .get_or_insert(LinkLoad::new(link))
+            .count(bytes as u64);
     }
 }
 
@@ -173,17 +174,8 @@ impl Group {
     /// Every link that carried a message, with what it carried.
     pub fn traffic(&self) -> Vec<LinkLoad> {
         let mut out: Vec<LinkLoad> = lock(&self.links)
-            .iter()
-            .map(|(&link, q)| {
-                let (messages, bytes, largest) = lock(&q.state).traffic;
-                LinkLoad {
-                    link,
-                    messages,
-                    bytes,
-                    largest,
-                }
-            })
-            .filter(|l| l.messages > 0)
+            .values()
+            .filter_map(|q| lock(&q.state).traffic)
             .collect();
         out.sort_by_key(|l| l.link);
         out
@@ -195,6 +187,7 @@ impl Group {
             .entry(Link { from, to, channel })
             .or_insert_with(|| {
                 Arc::new(LinkQueue {
+                    link: Link { from, to, channel },
                     state: Mutex::new(LinkState::default()),
                     slots: (0..slots)
                         .map(|_| SlotBuffer(UnsafeCell::new(Vec::new())))

@@ -93,15 +93,8 @@ impl CpuConfig {
         }
     }
 
-    /// Slots each link gets: as configured, and at least what the
-    /// configured schedule (or, for built-ins, the verifier) proved.
+    /// Slots each link gets (see [`crate::plan::link_slots`]).
     pub(crate) fn link_slots(&self) -> u32 {
-        let proven = self
-            .schedule
-            .as_ref()
-            .map_or(crate::verify::DEFAULT_SLOTS_PER_LINK, |v| {
-                v.slots_per_link()
-            });
-        self.slots_per_link.max(proven)
+        crate::plan::link_slots(self.slots_per_link, self.schedule.as_deref())
     }
 }

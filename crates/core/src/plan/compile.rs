@@ -462,15 +462,7 @@ fn link_loads(ranks: &[RankPlan]) -> Vec<LinkLoad> {
             for ins in list {
                 for m in &ins.send {
                     let l = link(r, m.peer, c);
-                    let load = loads.entry(l).or_insert(LinkLoad {
-                        link: l,
-                        messages: 0,
-                        bytes: 0,
-                        largest: 0,
-                    });
-                    load.messages += 1;
-                    load.bytes += ins.bytes;
-                    load.largest = load.largest.max(ins.bytes);
+                    loads.entry(l).or_insert(LinkLoad::new(l)).count(ins.bytes);
                 }
             }
         }

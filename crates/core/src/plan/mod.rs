@@ -69,7 +69,7 @@ mod walk;
 
 pub use check::PlanError;
 pub use compile::{CallShape, Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, compile};
-pub use planner::{Planned, Planner, PlannerSettings};
+pub use planner::{Planned, Planner, PlannerSettings, link_slots};
 pub use render::human_bytes;
 pub use stretch::Stretch;
 pub use walk::Walk;
@@ -297,6 +297,25 @@ pub struct LinkLoad {
     pub bytes: u64,
     /// The largest message, in bytes.
     pub largest: u64,
+}
+
+impl LinkLoad {
+    /// A link that has carried nothing yet.
+    pub fn new(link: Link) -> Self {
+        LinkLoad {
+            link,
+            messages: 0,
+            bytes: 0,
+            largest: 0,
+        }
+    }
+
+    /// Count one message of `bytes` on the link.
+    pub fn count(&mut self, bytes: u64) {
+        self.messages += 1;
+        self.bytes += bytes;
+        self.largest = self.largest.max(bytes);
+    }
 }
 
 impl ExecutionPlan {

@@ -45,6 +45,36 @@ pub struct Planned {
     pub why: Arc<str>,
 }
 
+impl Planned {
+    /// The executors' one debug line per call: what runs, and why.
+    pub fn describe(&self) -> String {
+        let p = &self.plan;
+        format!(
+            "{} {} B {}: algorithm={} channels={} chunks/block={} segments={} in_place={} plan={:016x} ({})",
+            p.collective,
+            p.size_bytes(),
+            p.dtype,
+            p.schedule,
+            p.channels,
+            p.chunks_per_block,
+            p.segments,
+            p.in_place,
+            p.hash,
+            self.why
+        )
+    }
+}
+
+/// Slots a link of an executor gets: as configured, and at least what the
+/// configured schedule (or, for built-ins, the verifier) was proven with.
+pub fn link_slots(configured: u32, schedule: Option<&Verified>) -> u32 {
+    let proven = schedule.map_or(
+        crate::verify::DEFAULT_SLOTS_PER_LINK,
+        Verified::slots_per_link,
+    );
+    configured.max(proven)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum ScheduleKey {
     Builtin {

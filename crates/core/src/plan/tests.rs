@@ -520,3 +520,29 @@ fn stretches_cut_where_either_region_breaks() {
         assert_eq!(total, ins.bytes);
     }
 }
+
+#[test]
+fn every_plans_link_table_moves_its_algorithms_cost_line() {
+    for (algorithm, kind) in applicable() {
+        for n in 1..=16u32 {
+            let collective = kind.with_root(n / 3);
+            let v = verified(algorithm, collective, n);
+            for count in [1usize, 7, 1001] {
+                let plan = compile(
+                    &v,
+                    &shape(collective, count, false),
+                    Chunking::MaxBytes(256),
+                    2,
+                )
+                .unwrap();
+                let moved: u64 = plan.links.iter().map(|l| l.bytes).sum();
+                let blocks = crate::algorithms::traffic_blocks(algorithm, kind, n).unwrap();
+                assert_eq!(
+                    moved,
+                    blocks * count as u64 * 4,
+                    "{algorithm} {collective} n={n} count={count}"
+                );
+            }
+        }
+    }
+}

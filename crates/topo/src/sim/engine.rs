@@ -256,10 +256,13 @@ struct Run<'p, 'n, 'a> {
     plan: &'p ExecutionPlan,
     walks: Vec<Walk<'p>>,
     busy: Vec<Vec<bool>>,
+    /// Position in the plan's link table of each (sender, receiver,
+    /// channel), densely indexed: `(from · n + to) · channels + channel`.
+    link_index: Vec<u32>,
     /// Messages delivered and not yet consumed, per link.
-    inbox: HashMap<Link, u32>,
+    inbox: Vec<u32>,
     /// Messages sent and not yet consumed, per link (slots in use).
-    in_flight: HashMap<Link, u32>,
+    in_flight: Vec<u32>,
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
     flows: Vec<Flow>,
@@ -267,6 +270,21 @@ struct Run<'p, 'n, 'a> {
     traffic: BTreeMap<Link, LinkLoad>,
     now: f64,
     dirty: Vec<u32>,
+}
+
+/// The dense link index of [`Run::slot`] (a checked plan's messages all
+/// name links of its table, on channels below `plan.channels`).
+fn link_index(plan: &ExecutionPlan) -> Vec<u32> {
+    let (n, channels) = (plan.world_size as usize, plan.channels.max(1) as usize);
+    let mut index = vec![u32::MAX; n * n * channels];
+    for (i, l) in plan.links.iter().enumerate() {
+        let at =
+            (l.link.from as usize * n + l.link.to as usize) * channels + l.link.channel as usize;
+        if let Some(slot) = index.get_mut(at) {
+            *slot = i as u32;
+        }
+    }
+    index
 }
 
 /// Run `plan` on `net`.
@@ -279,8 +297,9 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
             .iter()
             .map(|r| vec![false; r.channels.len()])
             .collect(),
-        inbox: HashMap::new(),
-        in_flight: HashMap::new(),
+        link_index: link_index(plan),
+        inbox: vec![0; plan.links.len()],
+        in_flight: vec![0; plan.links.len()],
         events: BinaryHeap::new(),
         seq: 0,
         flows: Vec::new(),
@@ -322,6 +341,15 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
 }
 
 impl Run<'_, '_, '_> {
+    /// The position of a link in the plan's link table.
+    fn slot(&self, from: u32, to: u32, channel: u32) -> usize {
+        let (n, channels) = (
+            self.plan.world_size as usize,
+            self.plan.channels.max(1) as usize,
+        );
+        self.link_index[(from as usize * n + to as usize) * channels + channel as usize] as usize
+    }
+
     fn push(&mut self, at: f64, event: Event) {
         self.seq += 1;
         self.events.push(Reverse((key(at), self.seq, event)));
@@ -345,32 +373,26 @@ impl Run<'_, '_, '_> {
         };
         let ch = c as u32;
         let slots = self.plan.slots_per_link;
-        let link = |from, to| Link {
-            from,
-            to,
-            channel: ch,
-        };
         let recv_ok = ins
             .recv
             .iter()
-            .all(|m| self.inbox.get(&link(m.peer, r)).copied().unwrap_or(0) > 0);
+            .all(|m| self.inbox[self.slot(m.peer, r, ch)] > 0);
         let send_ok = ins
             .send
             .iter()
-            .all(|m| self.in_flight.get(&link(r, m.peer)).copied().unwrap_or(0) < slots);
+            .all(|m| self.in_flight[self.slot(r, m.peer, ch)] < slots);
         if !(recv_ok && send_ok) {
             return;
         }
         for m in &ins.recv {
-            *self.inbox.get_mut(&link(m.peer, r)).expect("checked") -= 1;
-            *self
-                .in_flight
-                .get_mut(&link(m.peer, r))
-                .expect("sender reserved") -= 1;
+            let l = self.slot(m.peer, r, ch);
+            self.inbox[l] -= 1;
+            self.in_flight[l] -= 1;
             self.dirty.push(m.peer);
         }
         for m in &ins.send {
-            *self.in_flight.entry(link(r, m.peer)).or_default() += 1;
+            let l = self.slot(r, m.peer, ch);
+            self.in_flight[l] += 1;
         }
         self.busy[r as usize][c] = true;
         let step_us = self.net.cost.overheads(self.net.kind(r)).step_busy_us;
@@ -446,7 +468,8 @@ impl Run<'_, '_, '_> {
                     }
                 }
                 Event::Deliver(link) => {
-                    *self.inbox.entry(link).or_default() += 1;
+                    let l = self.slot(link.from, link.to, link.channel);
+                    self.inbox[l] += 1;
                     self.dirty.push(link.to);
                 }
             }
@@ -506,15 +529,10 @@ impl Run<'_, '_, '_> {
                 to: msg.peer,
                 channel,
             };
-            let load = self.traffic.entry(link).or_insert(LinkLoad {
-                link,
-                messages: 0,
-                bytes: 0,
-                largest: 0,
-            });
-            load.messages += 1;
-            load.bytes += ins.bytes;
-            load.largest = load.largest.max(ins.bytes);
+            self.traffic
+                .entry(link)
+                .or_insert(LinkLoad::new(link))
+                .count(ins.bytes);
             let (mut uses, latency) = self.net.route(rank, msg.peer)?;
             let latency = latency + step_latency;
             if self.net.fuses_into_sends(rank, ins) {

@@ -173,19 +173,28 @@ pub fn simulate(
             .map_err(|e| TopologyError::Invalid(e.to_string()))
     };
     let segments = compiler.segments(&shape(count), Chunking::MaxBytes(chunk));
+    let mut network = engine::Network::new(topology, devices, &options.cost);
     if segments <= MAX_SIMULATED_SEGMENTS {
-        return simulate_plan(
-            &compile(count, Chunking::MaxBytes(chunk))?,
-            topology,
-            options,
-        );
+        // A plan compiled here needs no check.
+        let plan = compile(count, Chunking::MaxBytes(chunk))?;
+        let raw = engine::run(&mut network, &plan)?;
+        let bytes = plan.size_bytes() as usize;
+        let factor = c.bus_bandwidth_factor(n);
+        return Ok(prediction(
+            &network,
+            factor,
+            bytes,
+            segments,
+            raw.time_us,
+            raw.carried,
+            raw.links,
+        ));
     }
     // Same chunk size, fewer segments: two runs give the per-segment
     // slope of the steady state.
     let per_segment = count.div_ceil(segments as usize);
     let (k1, k2) = (MAX_SIMULATED_SEGMENTS / 2, MAX_SIMULATED_SEGMENTS);
     let short = |k: u32| compile(per_segment * k as usize, Chunking::Segments(k));
-    let mut network = engine::Network::new(topology, devices, &options.cost);
     let a = engine::run(&mut network, &short(k1)?)?;
     let b = engine::run(&mut network, &short(k2)?)?;
     let extra = f64::from(segments - k2) / f64::from(k2 - k1);

@@ -45,17 +45,7 @@ impl Setup {
         if args.min_bytes > args.max_bytes || args.step_factor < 2 {
             return Err("need -b <= -e and -f >= 2".to_owned());
         }
-        let base = CpuConfig {
-            max_chunk_bytes: args
-                .max_chunk_bytes
-                .unwrap_or(CpuConfig::default().max_chunk_bytes),
-            ..CpuConfig::default()
-        };
-        let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
-        if args.max_chunk_bytes.is_some() {
-            // A selection brings its own chunk size; an explicit one wins.
-            config.selector = None;
-        }
+        let mut config = cpu_config(CpuConfig::default(), args.max_chunk_bytes)?;
         let kinds: Vec<CollectiveKind> = match &custom {
             Some(v) => vec![v.schedule().collective.kind()],
             None => args.op.0.clone(),
@@ -84,6 +74,24 @@ impl Setup {
             _ => section.kind.with_root(args.root),
         }
     }
+}
+
+/// The CPU executor's settings as the tool runs it: `base` with the
+/// topology-aware selector and the `FERROCOLL_*` overrides; an explicit
+/// chunk size replaces the selector's (which brings its own).
+pub(crate) fn cpu_config(
+    base: CpuConfig,
+    max_chunk_bytes: Option<usize>,
+) -> Result<CpuConfig, String> {
+    let base = CpuConfig {
+        max_chunk_bytes: max_chunk_bytes.unwrap_or(base.max_chunk_bytes),
+        ..base
+    };
+    let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
+    if max_chunk_bytes.is_some() {
+        config.selector = None;
+    }
+    Ok(config)
 }
 
 /// Every (collective, algorithm, type, op) the arguments name that can run.

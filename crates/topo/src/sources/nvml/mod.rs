@@ -38,10 +38,10 @@ use crate::error::TopologyError;
 use crate::graph::{LinkKind, Node, NodeId, NodeKind, Topology};
 use crate::presets::pcie::{UPI_GBPS, UPI_LATENCY_US};
 
-mod build;
+mod assemble;
 mod query;
 
-pub use build::build_topology;
+pub use assemble::build_topology;
 pub use query::snapshot;
 
 /// Link slots NVML numbers per GPU (`NVML_NVLINK_MAX_LINKS` in `nvml.h`).

@@ -25,13 +25,13 @@
 //! generations come from [`SmiOptions`], every PCIe link is x16, and
 //! peer-to-peer is on for every pair.
 
-mod build;
+mod assemble;
 mod matrix;
 
 use crate::error::TopologyError;
 use crate::graph::{LinkKind, NodeId, Topology};
 use crate::presets::pcie::{UPI_GBPS, UPI_LATENCY_US};
-use build::build;
+use assemble::build;
 use matrix::Matrix;
 
 /// Join every pair of CPU nodes with the socket interconnect, at the

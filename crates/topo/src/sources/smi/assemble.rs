@@ -113,7 +113,6 @@ pub(super) fn build(m: &Matrix, options: &SmiOptions) -> Result<Topology, Topolo
         generation: options.pcie_generation,
         width: 16,
     };
-
     // CPUs: the matrix keeps SYS pairs apart and joins the rest; affinity
     // places the devices the matrix only relates by NVLink.
     let hints: Vec<Option<String>> = m
@@ -127,8 +126,59 @@ pub(super) fn build(m: &Matrix, options: &SmiOptions) -> Result<Topology, Topolo
         .collect();
     let all: Vec<usize> = (0..n).collect();
     let cpu_groups = partition(m, &all, 3, Some(&hints), true)?;
+    let numas = numa_nodes(m, &cpu_groups);
+    let mut order: Vec<usize> = (0..cpu_groups.len()).collect();
+    order.sort_unstable_by_key(|&g| numas[g]);
+    let mut numa_of = vec![0u32; n];
+    for (g, members) in cpu_groups.iter().enumerate() {
+        for &d in members {
+            numa_of[d] = m.rows[d].numa.unwrap_or(numas[g]);
+        }
+    }
+    let mut t = Topology::new(
+        format!("nvidia-smi-{}gpu", gpus.len()),
+        description(m, options, gpus.len(), nics.len(), cpu_groups.len()),
+    );
+    let mut node_of = vec![0; n];
+    for &d in gpus.iter().chain(&nics) {
+        let kind = if is_gpu_name(&m.names[d]) {
+            NodeKind::Gpu
+        } else {
+            NodeKind::Nic
+        };
+        node_of[d] = t.add_node(Node::new(m.names[d].clone(), kind).numa(numa_of[d]));
+    }
+    let mut cpu_node = vec![0; cpu_groups.len()];
+    for &g in &order {
+        cpu_node[g] =
+            t.add_node(Node::new(format!("CPU{}", numas[g]), NodeKind::Cpu).numa(numas[g]));
+    }
+    let cpu_nodes: Vec<NodeId> = order.iter().map(|&g| cpu_node[g]).collect();
+    join_cpus(&mut t, &cpu_nodes);
+    let mut namer = Namer {
+        switches: 0,
+        bridges: 0,
+    };
+    for &g in &order {
+        let below = Below {
+            m,
+            node_of: &node_of,
+            pcie: &pcie,
+            numa: numas[g],
+        };
+        below.add_bridges(&mut t, &mut namer, &cpu_groups[g], cpu_node[g])?;
+    }
+    add_nvlinks(m, &mut t, &gpus, &node_of, options.nvlink_generation);
+    check_classes(m, &t, &node_of)?;
+    t.validate()?;
+    Ok(t)
+}
+
+/// The NUMA node of each CPU group: the one its devices name, else the
+/// lowest not taken.
+fn numa_nodes(m: &Matrix, cpu_groups: &[Vec<usize>]) -> Vec<u32> {
     let mut group_numa: Vec<Option<u32>> = Vec::with_capacity(cpu_groups.len());
-    for g in &cpu_groups {
+    for g in cpu_groups {
         let mut numa = None;
         for &d in g {
             if let Some(x) = m.rows[d].numa {
@@ -158,16 +208,10 @@ pub(super) fn build(m: &Matrix, options: &SmiOptions) -> Result<Topology, Topolo
         };
         numas.push(numa);
     }
-    let mut order: Vec<usize> = (0..cpu_groups.len()).collect();
-    order.sort_unstable_by_key(|&g| numas[g]);
-    let mut numa_of = vec![0u32; n];
-    for (g, members) in cpu_groups.iter().enumerate() {
-        for &d in members {
-            numa_of[d] = m.rows[d].numa.unwrap_or(numas[g]);
-        }
-    }
+    numas
+}
 
-    let gpu_count = gpus.len();
+fn description(m: &Matrix, options: &SmiOptions, gpus: usize, nics: usize, cpus: usize) -> String {
     let legend = if m.nic_legend.is_empty() {
         String::new()
     } else {
@@ -178,60 +222,61 @@ pub(super) fn build(m: &Matrix, options: &SmiOptions) -> Result<Topology, Topolo
             .collect();
         format!(" ({})", pairs.join(", "))
     };
-    let mut t = Topology::new(
-        format!("nvidia-smi-{gpu_count}gpu"),
-        format!(
-            "from `nvidia-smi topo -m`: {gpu_count} GPUs, {} NICs{legend}, {} CPUs; NVLink {} and \
-             PCIe {}.0 x16 assumed",
-            nics.len(),
-            cpu_groups.len(),
-            options.nvlink_generation,
-            options.pcie_generation
-        ),
-    );
-    let mut node_of = vec![0; n];
-    for &d in gpus.iter().chain(&nics) {
-        let kind = if is_gpu_name(&m.names[d]) {
-            NodeKind::Gpu
-        } else {
-            NodeKind::Nic
-        };
-        node_of[d] = t.add_node(Node::new(m.names[d].clone(), kind).numa(numa_of[d]));
-    }
-    let mut cpu_node = vec![0; cpu_groups.len()];
-    for &g in &order {
-        cpu_node[g] =
-            t.add_node(Node::new(format!("CPU{}", numas[g]), NodeKind::Cpu).numa(numas[g]));
-    }
-    let cpu_nodes: Vec<NodeId> = order.iter().map(|&g| cpu_node[g]).collect();
-    join_cpus(&mut t, &cpu_nodes);
+    format!(
+        "from `nvidia-smi topo -m`: {gpus} GPUs, {nics} NICs{legend}, {cpus} CPUs; NVLink {} and \
+         PCIe {}.0 x16 assumed",
+        options.nvlink_generation, options.pcie_generation
+    )
+}
 
-    let mut namer = Namer {
-        switches: 0,
-        bridges: 0,
-    };
-    for &g in &order {
-        let numa = numas[g];
-        let bridge_groups = partition(m, &cpu_groups[g], 2, None, true)?;
-        for members in &bridge_groups {
+/// What hanging one CPU's devices needs.
+struct Below<'a> {
+    m: &'a Matrix,
+    node_of: &'a [NodeId],
+    pcie: &'a LinkKind,
+    numa: u32,
+}
+
+impl Below<'_> {
+    /// A CPU's devices under host bridges where the matrix keeps groups
+    /// `NODE` apart (under the CPU itself when there is one group).
+    fn add_bridges(
+        &self,
+        t: &mut Topology,
+        namer: &mut Namer,
+        members: &[usize],
+        cpu: NodeId,
+    ) -> Result<(), TopologyError> {
+        let bridge_groups = partition(self.m, members, 2, None, true)?;
+        for group in &bridge_groups {
             let parent = if bridge_groups.len() > 1 {
                 let hb = t.add_node(
-                    Node::new(format!("HB{}", namer.bridges), NodeKind::HostBridge).numa(numa),
+                    Node::new(format!("HB{}", namer.bridges), NodeKind::HostBridge).numa(self.numa),
                 );
                 namer.bridges += 1;
-                t.connect(hb, cpu_node[g], pcie.clone());
+                t.connect(hb, cpu, self.pcie.clone());
                 hb
             } else {
-                cpu_node[g]
+                cpu
             };
             add_switches(
-                m, &mut t, &mut namer, members, parent, numa, &node_of, &pcie,
+                self.m,
+                t,
+                namer,
+                group,
+                parent,
+                self.numa,
+                self.node_of,
+                self.pcie,
             )?;
         }
+        Ok(())
     }
+}
 
-    add_nvlinks(m, &mut t, &gpus, &node_of, options.nvlink_generation);
-
+/// The graph gives every pair the class the matrix printed.
+fn check_classes(m: &Matrix, t: &Topology, node_of: &[NodeId]) -> Result<(), TopologyError> {
+    let n = m.names.len();
     for i in 0..n {
         for j in i + 1..n {
             let cell = m.rows[i].cells[j];
@@ -250,8 +295,7 @@ pub(super) fn build(m: &Matrix, options: &SmiOptions) -> Result<Topology, Topolo
             ));
         }
     }
-    t.validate()?;
-    Ok(t)
+    Ok(())
 }
 
 /// Hang the devices of one host bridge (or CPU) below `parent`: a device
