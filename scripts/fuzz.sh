@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-300}
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(schedule_json topology_json nvidia_smi nccl_xml)
+[[ ${#targets[@]} -gt 0 ]] || targets=(schedule_json topology_json nvidia_smi nccl_xml plan_json)
 
 seed() {
   local target=$1 dir=fuzz/corpus/$1
@@ -31,6 +31,13 @@ seed() {
     topology_json)
       for p in $(cargo run -q --release -- topo --list 2>/dev/null | awk 'NF{print $1}'); do
         cargo run -q --release -- topo --preset "$p" --json >"$dir/$p.json" 2>/dev/null || rm -f "$dir/$p.json"
+      done ;;
+    plan_json)
+      for algo in ring tree direct halving-doubling; do
+        for n in 2 3 5; do
+          cargo run -q --release -- plan --algo "$algo" --op all-reduce --ranks "$n" --count 37 \
+            --max-chunk-bytes 64 --json >"$dir/$algo-$n.json" 2>/dev/null || rm -f "$dir/$algo-$n.json"
+        done
       done ;;
     nvidia_smi) cp crates/topo/tests/fixtures/smi/*.txt "$dir"/ ;;
     nccl_xml) cp crates/topo/tests/fixtures/nccl_xml/*.xml "$dir"/ ;;

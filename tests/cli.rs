@@ -252,3 +252,85 @@ fn bench_runs_a_hand_written_schedule_file() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("pass --ranks 3"));
 }
+
+#[test]
+fn plan_prints_a_call_and_the_simulator_reads_it_back() {
+    let out = ferrocoll(&[
+        "plan",
+        "--algo",
+        "ring",
+        "--op",
+        "all-reduce",
+        "--ranks",
+        "4",
+        "--count",
+        "1M",
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("`ring` all-reduce count=1048576 type=f32 op=sum out of place"),
+        "{text}"
+    );
+    assert!(text.contains("recv_reduce_copy_send"), "{text}");
+    assert!(
+        text.contains("0->1 channel 0: 6 message(s), 6 MiB"),
+        "{text}"
+    );
+
+    // JSON out, checked back in by the simulator; an edit breaks the hash.
+    let dir = std::env::temp_dir().join(format!("ferrocoll-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.json");
+    let out = ferrocoll(&[
+        "plan",
+        "--algo",
+        "tree",
+        "--op",
+        "broadcast",
+        "--root",
+        "2",
+        "--ranks",
+        "5",
+        "--count",
+        "10",
+        "--in-place",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    std::fs::write(&path, &out.stdout).unwrap();
+    let out = ferrocoll(&[
+        "sim",
+        "--topo",
+        "dgx-a100",
+        "--plan",
+        path.to_str().unwrap(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("`tree` broadcast(root=2) on 5 ranks, 40 B"),
+        "{text}"
+    );
+    let edited = String::from_utf8_lossy(&std::fs::read(&path).unwrap())
+        .replace("\"count\": 10", "\"count\": 11");
+    std::fs::write(&path, edited).unwrap();
+    let out = ferrocoll(&[
+        "sim",
+        "--topo",
+        "dgx-a100",
+        "--plan",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not match its contents"));
+    let _ = std::fs::remove_dir_all(dir);
+
+    // One plan at a time, and `auto` says why.
+    let out = ferrocoll(&["plan", "--algo", "all"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = ferrocoll(&["plan", "--ranks", "3", "--count", "4K"]);
+    assert!(stdout(&out).starts_with("# why: "), "{}", stdout(&out));
+    let out = ferrocoll(&["verify", "--algo", "auto"]);
+    assert_eq!(out.status.code(), Some(2));
+}

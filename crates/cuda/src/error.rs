@@ -39,3 +39,23 @@ impl From<CudaError> for CommError {
         CommError::backend("cuda", e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cuda_error_stays_typed_inside_comm_error() {
+        let e = CommError::from(CudaError::Invalid("device 9 does not exist".into()));
+        let CommError::Backend { backend, source } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(*backend, "cuda");
+        assert_eq!(
+            source.downcast_ref::<CudaError>(),
+            Some(&CudaError::Invalid("device 9 does not exist".into()))
+        );
+        assert_eq!(e.to_string(), "cuda: device 9 does not exist");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}

@@ -63,3 +63,31 @@ impl From<cudarc::driver::DriverError> for NcclError {
         NcclError::Cuda(e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_become_comm_timeouts_and_the_rest_stays_typed() {
+        let timeout = std::time::Duration::from_millis(250);
+        let e = CommError::from(NcclError::Timeout {
+            rank: 3,
+            what: "all-reduce".into(),
+            timeout,
+        });
+        assert!(
+            matches!(&e, CommError::Timeout { rank: 3, timeout: t, what } if *t == timeout && what.contains("all-reduce")),
+            "{e:?}"
+        );
+        let e = CommError::from(NcclError::MissingSymbol("ncclCommSplit"));
+        let CommError::Backend { backend, source } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(*backend, "nccl");
+        assert_eq!(
+            source.downcast_ref::<NcclError>(),
+            Some(&NcclError::MissingSymbol("ncclCommSplit"))
+        );
+    }
+}

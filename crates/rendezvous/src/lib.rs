@@ -16,11 +16,13 @@
 //! Invariant: no call blocks longer than the store's timeout; a server or
 //! client that goes away is an error on the other side, never a hang.
 
+mod error;
 mod server;
 mod store;
 
+pub use error::StoreError;
 pub use server::Server;
-pub use store::{Store, StoreError};
+pub use store::Store;
 
 /// Largest key or value accepted, so a garbled stream cannot ask for an
 /// absurd allocation.

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
 use crate::MAX_LEN;
-use crate::store::StoreError;
+use crate::error::StoreError;
 
 /// A running store server; it serves until the process exits.
 #[derive(Debug)]

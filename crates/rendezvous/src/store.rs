@@ -4,47 +4,9 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use thiserror::Error;
-
 use crate::MAX_LEN;
+use crate::error::StoreError;
 use crate::server::Server;
-
-/// Why the rendezvous failed.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum StoreError {
-    /// Rank 0 could not listen: another process holds the port.
-    #[error(
-        "rendezvous: {addr} is already in use (another job on this MASTER_PORT? pick a free one)"
-    )]
-    AddressInUse {
-        /// The address.
-        addr: SocketAddr,
-    },
-    /// No server answered at the address within the timeout.
-    #[error(
-        "rendezvous: no store at {addr} within {timeout:?} (is rank 0 running, and MASTER_ADDR/MASTER_PORT the same everywhere?)"
-    )]
-    Unreachable {
-        /// Where we looked.
-        addr: String,
-        /// How long.
-        timeout: Duration,
-    },
-    /// A key did not appear within the timeout.
-    #[error("rendezvous: key `{key}` did not appear within {timeout:?} (a rank missing or dead?)")]
-    Timeout {
-        /// The key.
-        key: String,
-        /// How long we waited.
-        timeout: Duration,
-    },
-    /// The address does not parse or resolve.
-    #[error("rendezvous: bad address `{0}`")]
-    BadAddress(String),
-    /// The connection broke (the server went away).
-    #[error("rendezvous: connection lost: {0}")]
-    Io(String),
-}
 
 /// A connection to the store.
 #[derive(Debug)]

@@ -35,4 +35,4 @@ pub mod sim;
 pub mod sources;
 
 pub use error::TopologyError;
-pub use graph::{Link, LinkKind, Node, NodeKind, PathClass, Route, Topology};
+pub use graph::{LinkKind, Node, NodeKind, PathClass, PhysicalLink, Route, Topology};

@@ -46,6 +46,10 @@ pub(crate) struct SimArgs {
     /// Root of broadcast and reduce.
     #[arg(short = 'r', long, default_value_t = 0)]
     root: u32,
+    /// An execution plan file (`ferrocoll plan --json`): simulate exactly
+    /// that call, instead of a size sweep.
+    #[arg(long)]
+    plan: Option<std::path::PathBuf>,
 }
 
 struct Row {
@@ -67,6 +71,9 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         "# ferrocoll sim: topology {} ({})",
         topology.name, topology.description
     );
+    if let Some(path) = &args.plan {
+        return run_plan(path, &topology);
+    }
     if let Some(path) = args.algo.file() {
         // A schedule of the user's: proven once, simulated per size.
         let schedule = Schedule::load(path).map_err(|e| e.to_string())?;
@@ -154,6 +161,41 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     print_table(&rows, args, collective.root().map_or(-1, i64::from));
     if all {
         print_crossovers(&rows);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--plan FILE`: one plan, checked, simulated as it is.
+fn run_plan(
+    path: &std::path::Path,
+    topology: &ferrocoll::topo::Topology,
+) -> Result<ExitCode, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let plan = ferrocoll::ExecutionPlan::from_json(&text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let p =
+        sim::simulate_plan(&plan, topology, &SimOptions::default()).map_err(|e| e.to_string())?;
+    println!(
+        "# plan {:016x} from {}: `{}` {} on {} ranks, {} B; predicted, not measured",
+        plan.hash,
+        path.display(),
+        plan.schedule,
+        plan.collective,
+        plan.world_size,
+        plan.size_bytes()
+    );
+    println!(
+        "time {:.2} us  algbw {:.2} GB/s  busbw {:.2} GB/s  segments {}",
+        p.time_us, p.algbw, p.busbw, p.segments
+    );
+    if let Some(b) = p.bottleneck() {
+        println!("bottleneck {} at {:.0}%", b.resource, b.utilisation * 100.0);
+    }
+    for l in &p.links {
+        println!(
+            "link {}->{} channel {}: {} message(s), {} bytes",
+            l.link.from, l.link.to, l.link.channel, l.messages, l.bytes
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -87,6 +87,13 @@ impl ExecutionPlan {
             if rp.rank != r as Rank {
                 return invalid(format!("rank part {r} says it is rank {}", rp.rank));
             }
+            if rp.channels.len() > self.channels as usize {
+                return invalid(format!(
+                    "rank {r} has {} channels; the plan says at most {}",
+                    rp.channels.len(),
+                    self.channels
+                ));
+            }
             for (c, list) in rp.channels.iter().enumerate() {
                 for (i, ins) in list.iter().enumerate() {
                     self.check_instruction(rp, c, i, ins).map_err(|e| {

@@ -43,7 +43,7 @@ impl CallShape {
     /// rank's buffers, in bytes (saturating).
     pub fn size_bytes(&self, world_size: u32) -> usize {
         let c = self.collective;
-        let blocks = c.input_blocks(world_size).max(c.output_blocks(world_size)) as usize;
+        let blocks = c.size_blocks(world_size) as usize;
         self.count
             .saturating_mul(blocks)
             .saturating_mul(self.dtype.size_bytes())
@@ -113,7 +113,7 @@ impl Compiler {
         let blocks = |b: u32| u64::from(b) * call.count as u64 * elem;
         let (input_bytes, output_bytes) = if call.in_place {
             let c = call.collective;
-            (0, blocks(c.input_blocks(n).max(c.output_blocks(n))))
+            (0, blocks(c.size_blocks(n)))
         } else {
             (
                 blocks(call.collective.input_blocks(n)),
@@ -202,7 +202,7 @@ fn layout(s: &Schedule, call: &CallShape, chunking: Chunking) -> Result<Layout, 
     let elem = call.dtype.size_bytes();
     let n = s.world_size;
     let c = call.collective;
-    let blocks = u64::from(c.input_blocks(n).max(c.output_blocks(n)));
+    let blocks = u64::from(c.size_blocks(n));
     let bytes = (call.count as u64)
         .checked_mul(blocks)
         .and_then(|e| e.checked_mul(elem as u64));

@@ -336,10 +336,7 @@ impl ExecutionPlan {
     /// The nccl-tests size of the call: the larger of one rank's buffers.
     pub fn size_bytes(&self) -> u64 {
         let n = self.world_size;
-        let blocks = self
-            .collective
-            .input_blocks(n)
-            .max(self.collective.output_blocks(n));
+        let blocks = self.collective.size_blocks(n);
         u64::from(blocks) * self.count * self.dtype.size_bytes() as u64
     }
 

@@ -200,6 +200,16 @@ impl Collective {
         }
     }
 
+    /// Blocks in the larger of one rank's buffers: nccl-tests' size of a
+    /// call is this many blocks (and the in-place buffer holds as many).
+    pub const fn size_blocks(self, world_size: u32) -> u32 {
+        let (i, o) = (
+            self.input_blocks(world_size),
+            self.output_blocks(world_size),
+        );
+        if i > o { i } else { o }
+    }
+
     /// Where the input lies inside the output (or the output inside the
     /// input) when the call is in place, in blocks; `None` when in-place
     /// calls are not supported.

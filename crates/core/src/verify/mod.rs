@@ -21,8 +21,9 @@
 //! collective's in-place call defines, so a schedule that reads an input
 //! chunk after overwriting it fails. Values are symbolic — "input chunk `c`
 //! over ranks `S`" — so one run covers every element count, data type and
-//! reduction op; [`crate::schedule::layout`] is the other half of the proof,
-//! the chunk-to-element map, property-tested on its own.
+//! reduction op; the execution plan's chunk-to-byte map ([`crate::plan`])
+//! is the other half of the proof, property-tested on its own and checked
+//! by replaying plans on real values.
 
 mod races;
 mod structure;

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Link, LinkKind, Node, Topology};
+use super::{LinkKind, Node, PhysicalLink, Topology};
 use crate::error::TopologyError;
 
 /// The `format` field every file carries.
@@ -115,7 +115,7 @@ impl Topology {
                 .ok_or_else(|| TopologyError::UnknownNode(format!("{name}` in `{at}")))
         };
         for (i, l) in file.links.into_iter().enumerate() {
-            let link = Link {
+            let link = PhysicalLink {
                 from: id(&l.from, format!("links[{i}].from"), &topo)?,
                 to: id(&l.to, format!("links[{i}].to"), &topo)?,
                 kind: l.kind,

@@ -135,9 +135,11 @@ impl Node {
     }
 }
 
-/// One direction of a connection.
+/// One direction of a physical connection between two nodes. (A
+/// schedule's *link* — sender, receiver, channel — is
+/// `ferrocoll_core::flow::Link`; many of those may share one physical link.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Link {
+pub struct PhysicalLink {
     /// Source node.
     pub from: NodeId,
     /// Destination node.
@@ -168,7 +170,7 @@ pub struct Topology {
     /// The nodes; ranks map to the devices among them in this order.
     pub nodes: Vec<Node>,
     /// The directed links.
-    pub links: Vec<Link>,
+    pub links: Vec<PhysicalLink>,
     /// Device pairs that cannot reach each other's memory (peer-to-peer
     /// off); their traffic is staged through host memory.
     pub p2p_blocked: Vec<(NodeId, NodeId)>,
@@ -215,7 +217,7 @@ impl Topology {
         latency_us: f64,
     ) {
         for (from, to) in [(a, b), (b, a)] {
-            self.links.push(Link {
+            self.links.push(PhysicalLink {
                 from,
                 to,
                 kind: kind.clone(),
@@ -251,7 +253,7 @@ impl Topology {
     }
 
     /// Links leaving `node`, in link order.
-    pub fn links_from(&self, node: NodeId) -> impl Iterator<Item = (LinkId, &Link)> + '_ {
+    pub fn links_from(&self, node: NodeId) -> impl Iterator<Item = (LinkId, &PhysicalLink)> + '_ {
         self.links
             .iter()
             .enumerate()

@@ -151,7 +151,7 @@ pub fn simulate(
     let element = options.dtype.size_bytes();
     let c = s.collective;
     let n = s.world_size;
-    let blocks = c.input_blocks(n).max(c.output_blocks(n)) as usize;
+    let blocks = c.size_blocks(n) as usize;
     let shape = |count| CallShape {
         collective: c,
         count,

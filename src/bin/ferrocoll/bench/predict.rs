@@ -41,9 +41,7 @@ impl Predictor {
         dtype: DataType,
         size: usize,
     ) -> Option<f64> {
-        let blocks = collective
-            .input_blocks(self.n)
-            .max(collective.output_blocks(self.n)) as usize;
+        let blocks = collective.size_blocks(self.n) as usize;
         let shape = CallShape {
             collective,
             count: size / (blocks * dtype.size_bytes()),

@@ -158,7 +158,7 @@ fn typed<T: KitElement, B: Backend>(
     let wrong: Mutex<Vec<[u64; 2]>> = Mutex::new(vec![[0, 0]; sizes.len()]);
     let results = backend.run(&|comm: &mut B::Rank| {
         for (i, &size) in sizes.iter().enumerate() {
-            let blocks = (collective.input_blocks(n).max(collective.output_blocks(n))) as usize;
+            let blocks = collective.size_blocks(n) as usize;
             let count = size / (std::mem::size_of::<T>() * blocks);
             let mut measures = [None, None];
             let mut mine = [0u64; 2];
