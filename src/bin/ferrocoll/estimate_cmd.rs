@@ -19,38 +19,11 @@ pub(crate) struct EstimateArgs {
     ranks: Option<u32>,
     /// Gradient bytes all-reduced per step: `10GB` (1e9), `10GiB` (2^30),
     /// or a plain byte count.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = crate::spec::parse_size)]
     grad_bytes: usize,
     /// Compute time per step, milliseconds.
     #[arg(long, default_value_t = 100.0)]
     compute_ms: f64,
-}
-
-/// `10GB`, `1.5GB`, `512MB`, `10GiB`, `4096`.
-pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let units: [(&str, f64); 8] = [
-        ("GiB", (1u64 << 30) as f64),
-        ("MiB", (1u64 << 20) as f64),
-        ("KiB", 1024.0),
-        ("GB", 1e9),
-        ("MB", 1e6),
-        ("KB", 1e3),
-        ("kB", 1e3),
-        ("B", 1.0),
-    ];
-    let (number, scale) = units
-        .iter()
-        .find_map(|(u, k)| t.strip_suffix(u).map(|n| (n, *k)))
-        .unwrap_or((t, 1.0));
-    let v: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a byte count (e.g. 10GB, 512MiB)"))?;
-    if !(v.is_finite() && v >= 0.0) {
-        return Err(format!("`{s}` is not a byte count"));
-    }
-    Ok((v * scale).round() as usize)
 }
 
 pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode, String> {
@@ -108,19 +81,4 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode, String> {
         println!("runner-up        {c}: {:.2} ms", t / 1e3);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_counts_parse_in_both_unit_systems() {
-        assert_eq!(parse_bytes("10GB").unwrap(), 10_000_000_000);
-        assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
-        assert_eq!(parse_bytes("1.5MB").unwrap(), 1_500_000);
-        assert_eq!(parse_bytes("4096").unwrap(), 4096);
-        assert!(parse_bytes("ten").is_err());
-        assert!(parse_bytes("-1GB").is_err());
-    }
 }

@@ -69,21 +69,50 @@ impl std::fmt::Display for AlgoSpec {
     }
 }
 
-/// A size or count: `4096`, `4K`, `64M`, `1G` (binary multiples, as
-/// nccl-tests).
+/// A size or count, for every command: `4096`; `4K`, `64M`, `1G` (binary
+/// multiples, as nccl-tests; either case); `512KiB`, `10GiB` (binary);
+/// `1.5MB`, `10GB` (decimal, as the seed article's 10 GB of gradients).
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&s[..s.len() - 1], 10),
-        Some('M') => (&s[..s.len() - 1], 20),
-        Some('G') => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|v| v.checked_mul(1 << shift))
-        .ok_or_else(|| format!("`{s}` is not a size (e.g. 4096, 4K, 64M)"))
+    const UNITS: [(&str, u64); 10] = [
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("GB", 1_000_000_000),
+        ("MB", 1_000_000),
+        ("KB", 1_000),
+        ("kB", 1_000),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ];
+    let bad = || format!("`{s}` is not a size (e.g. 4096, 4K, 64M, 512KiB, 10GB)");
+    let t = s.trim();
+    let (number, scale) = UNITS
+        .iter()
+        .find_map(|&(u, k)| {
+            t.strip_suffix(u)
+                .or_else(|| {
+                    (u.len() == 1)
+                        .then(|| t.strip_suffix(&u.to_lowercase()))
+                        .flatten()
+                })
+                .map(|n| (n, k))
+        })
+        .or_else(|| t.strip_suffix('B').map(|n| (n, 1)))
+        .unwrap_or((t, 1));
+    let number = number.trim();
+    if let Ok(whole) = number.parse::<u64>() {
+        return whole
+            .checked_mul(scale)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(bad);
+    }
+    let v: f64 = number.parse().map_err(|_| bad())?;
+    let bytes = v * scale as f64;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < usize::MAX as f64) {
+        return Err(bad());
+    }
+    Ok(bytes.round() as usize)
 }
 
 /// `min, min·factor, …` up to `max`, stopping before an overflow.
@@ -182,5 +211,11 @@ mod tests {
         assert_eq!(sizes(4096, 16384, 2), vec![4096, 8192, 16384]);
         assert_eq!(sizes(1 << 62, usize::MAX, 2).len(), 2);
         assert!(parse_size("99999999999999999G").is_err());
+        assert_eq!(parse_size("10GB").unwrap(), 10_000_000_000);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1.5MB").unwrap(), 1_500_000);
+        assert_eq!(parse_size("512B").unwrap(), 512);
+        assert!(parse_size("-1GB").is_err());
+        assert!(parse_size("1e400GB").is_err());
     }
 }
