@@ -5,6 +5,8 @@
 //! algorithm's cost line ([`traffic_blocks`]). A plan with a message more,
 //! or the plan of another call, must make the comparison fail.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use ferrocoll_core::algorithms::{applicable, traffic_blocks};
@@ -14,27 +16,8 @@ use ferrocoll_core::flow::Link;
 use ferrocoll_core::plan::{CallShape, ExecutionPlan, LinkLoad, Planner};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
 use ferrocoll_topo::sim::{SimOptions, simulate_plan};
-use ferrocoll_topo::{LinkKind, Node, NodeKind, Topology};
 
 const COUNT: usize = 1001;
-
-/// `n` GPUs, every pair linked: room for any plan's traffic.
-fn mesh(n: u32) -> Topology {
-    let mut t = Topology::new("mesh", "every pair linked");
-    for i in 0..n {
-        t.add_node(Node::new(format!("GPU{i}"), NodeKind::Gpu));
-    }
-    let kind = LinkKind::Nvlink {
-        generation: 4,
-        count: 1,
-    };
-    for a in 0..n as usize {
-        for b in a + 1..n as usize {
-            t.connect_with(a, b, kind.clone(), 50.0, 1.0);
-        }
-    }
-    t
-}
 
 fn config(algorithm: Algorithm) -> CpuConfig {
     CpuConfig {
@@ -125,7 +108,8 @@ fn check(algorithm: Algorithm, kind: CollectiveKind, n: u32) -> Result<(), Strin
     let what = format!("{algorithm} {collective} n={n}");
     let plan = plan_of(n, algorithm, collective);
     let executor = counted(n, algorithm, collective);
-    let sim = simulate_plan(&plan, &mesh(n), &SimOptions::default()).map_err(|e| e.to_string())?;
+    let sim = simulate_plan(&plan, &common::mesh(n), &SimOptions::default())
+        .map_err(|e| e.to_string())?;
     let cost = traffic_blocks(algorithm, kind, n).unwrap() * (COUNT * 4) as u64;
     compare(&what, &executor, &sim.links, &plan.links, cost)
 }
@@ -204,7 +188,7 @@ fn a_mutated_plan_fails_the_comparison() {
     let cost =
         traffic_blocks(algorithm, CollectiveKind::AllReduce, n).unwrap() * (COUNT * 4) as u64;
     let sim = |p: &ExecutionPlan| {
-        simulate_plan(p, &mesh(n), &SimOptions::default())
+        simulate_plan(p, &common::mesh(n), &SimOptions::default())
             .unwrap()
             .links
     };

@@ -3,6 +3,8 @@
 //! plans edited field by field (then re-hashed, so they pass the hash
 //! check) must be simulated, ordered or refused — never a panic or a hang.
 
+mod common;
+
 use std::sync::Arc;
 
 use ferrocoll_core::plan::dag::Dag;
@@ -11,7 +13,6 @@ use ferrocoll_core::{
     Algorithm, AlgorithmParams, Collective, DataType, ReduceOp, VerifyOptions, generate, verify,
 };
 use ferrocoll_topo::sim::{SimOptions, simulate_plan};
-use ferrocoll_topo::{LinkKind, Node, NodeKind, Topology};
 use proptest::prelude::*;
 
 fn plans() -> Vec<ExecutionPlan> {
@@ -35,23 +36,6 @@ fn plans() -> Vec<ExecutionPlan> {
         c.compile(&shape, Chunking::Segments(2), 2).unwrap()
     })
     .collect()
-}
-
-fn mesh(n: u32) -> Topology {
-    let mut t = Topology::new("mesh", "every pair linked");
-    for i in 0..n {
-        t.add_node(Node::new(format!("GPU{i}"), NodeKind::Gpu));
-    }
-    let kind = LinkKind::Nvlink {
-        generation: 4,
-        count: 1,
-    };
-    for a in 0..n as usize {
-        for b in a + 1..n as usize {
-            t.connect_with(a, b, kind.clone(), 50.0, 1.0);
-        }
-    }
-    t
 }
 
 /// Set one field of one instruction (or of the plan) to `value`.
@@ -123,7 +107,7 @@ proptest! {
         if plan.check().is_ok() {
             let _ = Dag::new(&plan);
         }
-        let _ = simulate_plan(&plan, &mesh(n.min(8)), &SimOptions::default());
+        let _ = simulate_plan(&plan, &common::mesh(n.min(8)), &SimOptions::default());
     }
 
     #[test]
