@@ -418,8 +418,12 @@ impl Enqueuer<'_> {
                 let ev = self.events[last].expect("enqueued");
                 wait(stream, ev)?;
             }
-            for p in rp.divide.iter().flat_map(|d| &d.pieces) {
-                let ptr = self.call.buffers[r as usize].output + p.offset;
+            for (buffer, p) in rp
+                .divide
+                .iter()
+                .flat_map(|d| d.pieces.iter().map(move |p| (d.buffer, p)))
+            {
+                let ptr = self.base(r, buffer) + p.offset;
                 let elems = p.bytes as usize / plan.element_bytes();
                 // SAFETY: the plan's divide region of this rank's output,
                 // after all of its channels (waited for above).

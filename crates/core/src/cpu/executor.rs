@@ -64,9 +64,12 @@ impl Links {
                     });
                 }
                 for m in &ins.send {
-                    outgoing
-                        .entry((m.peer, c))
-                        .or_insert_with(|| group.link(rank, m.peer, c));
+                    outgoing.entry((m.peer, c)).or_insert_with(|| {
+                        let q = group.link(rank, m.peer, c);
+                        // The slot numbering of the plan relies on it.
+                        debug_assert!(group.lock_link(&q).queue.is_empty(), "drained last call");
+                        q
+                    });
                 }
             }
         }

@@ -31,7 +31,9 @@ pub(crate) enum Msg {
 #[derive(Debug, Default)]
 pub(crate) struct LinkState {
     pub queue: VecDeque<Msg>,
-    /// Messages ever pushed; message `k` uses slot buffer `k % slots`.
+    /// Messages ever pushed. Within a call, the plan's message `k` of the
+    /// link uses slot buffer `k % slots`: every sender drains its links
+    /// before its call returns, so a call starts with the link empty.
     pub pushed: u64,
     /// Messages ever consumed by the receiver.
     pub popped: u64,
@@ -49,9 +51,10 @@ pub(crate) struct LinkState {
 pub(crate) struct SlotBuffer(UnsafeCell<Vec<u64>>);
 
 // SAFETY: access follows the slot protocol above: the sender writes a slot
-// only when fewer than `slots` messages are queued (so the message that last
-// used it was popped) and the receiver reads it only while its message is
-// queued; the link mutex orders the two.
+// only when fewer than `slots` messages are queued, and those are the
+// call's messages numbered just below it (the link was empty when the call
+// began), so no queued message names that slot; the receiver reads a slot
+// only while its message is queued; the link mutex orders the two.
 unsafe impl Sync for SlotBuffer {}
 
 impl SlotBuffer {

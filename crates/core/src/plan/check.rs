@@ -106,6 +106,18 @@ impl ExecutionPlan {
                     .map_err(|e| PlanError::Invalid(format!("rank {r} divide: {e}")))?;
             }
         }
+        let busiest = self
+            .ranks
+            .iter()
+            .map(|r| r.channels.len())
+            .max()
+            .unwrap_or(0);
+        if busiest != self.channels as usize {
+            return invalid(format!(
+                "the plan says {} channels; its busiest rank has {busiest}",
+                self.channels
+            ));
+        }
         self.check_messages()?;
         let computed = self.compute_hash();
         if computed != self.hash {
@@ -125,6 +137,15 @@ impl ExecutionPlan {
         ins: &Instruction,
     ) -> Result<(), String> {
         let n = self.world_size;
+        for ms in [&ins.recv, &ins.send] {
+            if ms
+                .iter()
+                .enumerate()
+                .any(|(i, m)| ms[..i].iter().any(|o| o.peer == m.peer))
+            {
+                return Err("one peer twice in one instruction".into());
+            }
+        }
         for m in ins.recv.iter().chain(&ins.send) {
             if m.peer >= n || m.peer == rp.rank {
                 return Err(format!("peer {} of a {n}-rank plan", m.peer));

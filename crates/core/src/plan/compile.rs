@@ -138,7 +138,7 @@ impl Compiler {
             slots_per_link,
             input_bytes,
             output_bytes,
-            scratch_bytes: s.scratch_len(call.count) as u64 * elem,
+            scratch_bytes: scratch_bytes(s, call)?,
             ranks,
             links,
             hash: 0,
@@ -228,6 +228,21 @@ fn layout(s: &Schedule, call: &CallShape, chunking: Chunking) -> Result<Layout, 
         });
     }
     Ok(layout)
+}
+
+/// Bytes of scratch each rank needs, checked: a schedule's scratch may
+/// hold more blocks than the call's buffers.
+fn scratch_bytes(s: &Schedule, call: &CallShape) -> Result<u64, PlanError> {
+    let blocks = u64::from(s.scratch_chunks.div_ceil(s.chunks_per_block));
+    blocks
+        .checked_mul(call.count as u64)
+        .and_then(|e| e.checked_mul(call.dtype.size_bytes() as u64))
+        .filter(|&b| b <= i64::MAX as u64)
+        .ok_or(PlanError::TooLarge {
+            what: "scratch bytes",
+            value: u64::MAX,
+            limit: i64::MAX as u64,
+        })
 }
 
 /// What building one rank's instructions needs.

@@ -42,10 +42,18 @@ pub struct Dag {
 
 impl Dag {
     /// The graph of `plan`; [`PlanError::Invalid`] when it has a cycle
-    /// (the links hold too few slots) or an unmatched message.
+    /// (the links hold too few slots), an unmatched message or a wait on an
+    /// instruction that does not exist. Meant for checked plans
+    /// ([`ExecutionPlan::check`]); it never panics on others.
     pub fn new(plan: &ExecutionPlan) -> Result<Dag, PlanError> {
         let mut dag = Dag::nodes(plan);
         let (producer, consumer) = dag.matching(plan);
+        if let Some((l, k)) = producer.keys().find(|key| !consumer.contains_key(key)) {
+            return Err(PlanError::Invalid(format!(
+                "nobody receives message {k} on {}->{} channel {}",
+                l.from, l.to, l.channel
+            )));
+        }
         let slots = u64::from(plan.slots_per_link);
         let missing = |what: &str, l: Link, k: u64| {
             PlanError::Invalid(format!(
@@ -64,7 +72,19 @@ impl Dag {
             if index > 0 {
                 deps.push(id - 1);
             }
-            deps.extend(ins.after.iter().map(|w| dag.id(rank, w.channel, w.index)));
+            for w in &ins.after {
+                let exists = plan.ranks[rank as usize]
+                    .channels
+                    .get(w.channel as usize)
+                    .is_some_and(|list| (w.index as usize) < list.len());
+                if !exists {
+                    return Err(PlanError::Invalid(format!(
+                        "rank {rank} channel {channel} instruction {index} waits for channel {} index {}, which does not exist",
+                        w.channel, w.index
+                    )));
+                }
+                deps.push(dag.id(rank, w.channel, w.index));
+            }
             for m in &ins.recv {
                 let l = Link {
                     from: m.peer,

@@ -65,14 +65,15 @@ impl Planned {
     }
 }
 
-/// Slots a link of an executor gets: as configured, and at least what the
-/// configured schedule (or, for built-ins, the verifier) was proven with.
+/// Slots a link of an executor gets: as configured, never fewer than the
+/// built-in schedules were proven with (2), and never fewer than the
+/// configured schedule of the user's was — one count serves every plan of
+/// the group, built-in or not.
 pub fn link_slots(configured: u32, schedule: Option<&Verified>) -> u32 {
-    let proven = schedule.map_or(
-        crate::verify::DEFAULT_SLOTS_PER_LINK,
-        Verified::slots_per_link,
-    );
-    configured.max(proven)
+    let custom = schedule.map_or(0, Verified::slots_per_link);
+    configured
+        .max(crate::verify::DEFAULT_SLOTS_PER_LINK)
+        .max(custom)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -256,9 +256,8 @@ struct Run<'p, 'n, 'a> {
     plan: &'p ExecutionPlan,
     walks: Vec<Walk<'p>>,
     busy: Vec<Vec<bool>>,
-    /// Position in the plan's link table of each (sender, receiver,
-    /// channel), densely indexed: `(from · n + to) · channels + channel`.
-    link_index: Vec<u32>,
+    /// Where each link sits in the plan's link table.
+    link_index: LinkIndex,
     /// Messages delivered and not yet consumed, per link.
     inbox: Vec<u32>,
     /// Messages sent and not yet consumed, per link (slots in use).
@@ -272,19 +271,55 @@ struct Run<'p, 'n, 'a> {
     dirty: Vec<u32>,
 }
 
-/// The dense link index of [`Run::slot`] (a checked plan's messages all
-/// name links of its table, on channels below `plan.channels`).
-fn link_index(plan: &ExecutionPlan) -> Vec<u32> {
-    let (n, channels) = (plan.world_size as usize, plan.channels.max(1) as usize);
-    let mut index = vec![u32::MAX; n * n * channels];
-    for (i, l) in plan.links.iter().enumerate() {
-        let at =
-            (l.link.from as usize * n + l.link.to as usize) * channels + l.link.channel as usize;
-        if let Some(slot) = index.get_mut(at) {
-            *slot = i as u32;
+/// Entries a dense link index may have; past it (absurd rank or channel
+/// counts in a plan from a file) the index is a map.
+const MAX_DENSE_LINKS: usize = 1 << 22;
+
+/// Where each link of a plan sits in its link table.
+enum LinkIndex {
+    /// `(from · n + to) · channels + channel`, for plans of sane size.
+    Dense {
+        n: usize,
+        channels: usize,
+        at: Vec<u32>,
+    },
+    Sparse(HashMap<Link, u32>),
+}
+
+impl LinkIndex {
+    fn new(plan: &ExecutionPlan) -> LinkIndex {
+        let (n, channels) = (plan.world_size as usize, plan.channels.max(1) as usize);
+        let entries = n.saturating_mul(n).saturating_mul(channels);
+        if entries > MAX_DENSE_LINKS {
+            let map = plan
+                .links
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (l.link, i as u32))
+                .collect();
+            return LinkIndex::Sparse(map);
+        }
+        let mut at = vec![u32::MAX; entries];
+        for (i, l) in plan.links.iter().enumerate() {
+            let k = (l.link.from as usize * n + l.link.to as usize) * channels
+                + l.link.channel as usize;
+            if let Some(slot) = at.get_mut(k) {
+                *slot = i as u32;
+            }
+        }
+        LinkIndex::Dense { n, channels, at }
+    }
+
+    /// The link's position in the table (a checked plan names only links
+    /// of its table).
+    fn get(&self, from: u32, to: u32, channel: u32) -> usize {
+        match self {
+            LinkIndex::Dense { n, channels, at } => {
+                at[(from as usize * n + to as usize) * channels + channel as usize] as usize
+            }
+            LinkIndex::Sparse(map) => map[&Link { from, to, channel }] as usize,
         }
     }
-    index
 }
 
 /// Run `plan` on `net`.
@@ -297,7 +332,7 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
             .iter()
             .map(|r| vec![false; r.channels.len()])
             .collect(),
-        link_index: link_index(plan),
+        link_index: LinkIndex::new(plan),
         inbox: vec![0; plan.links.len()],
         in_flight: vec![0; plan.links.len()],
         events: BinaryHeap::new(),
@@ -343,11 +378,7 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
 impl Run<'_, '_, '_> {
     /// The position of a link in the plan's link table.
     fn slot(&self, from: u32, to: u32, channel: u32) -> usize {
-        let (n, channels) = (
-            self.plan.world_size as usize,
-            self.plan.channels.max(1) as usize,
-        );
-        self.link_index[(from as usize * n + to as usize) * channels + channel as usize] as usize
+        self.link_index.get(from, to, channel)
     }
 
     fn push(&mut self, at: f64, event: Event) {
