@@ -560,27 +560,64 @@ fn every_plans_link_table_moves_its_algorithms_cost_line() {
 #[test]
 fn dependency_graphs_refuse_what_a_check_would_without_panicking() {
     let v = verified(Algorithm::Ring, Collective::AllReduce, 3);
-    let plan = compile(&v, &shape(Collective::AllReduce, 9, false), Chunking::Segments(2), 2).unwrap();
+    let plan = compile(
+        &v,
+        &shape(Collective::AllReduce, 9, false),
+        Chunking::Segments(2),
+        2,
+    )
+    .unwrap();
     let mut unmatched = plan.clone();
     for ins in unmatched.ranks[1].channels[0].iter_mut() {
         ins.recv.clear();
     }
     assert!(Dag::new(&unmatched).is_err(), "sends nobody receives");
     let mut dangling = plan.clone();
-    dangling.ranks[0].channels[0][0].after.push(Wait { channel: 5, index: 0 });
-    assert!(Dag::new(&dangling).is_err(), "a wait on a channel that does not exist");
+    dangling.ranks[0].channels[0][0].after.push(Wait {
+        channel: 5,
+        index: 0,
+    });
+    assert!(
+        Dag::new(&dangling).is_err(),
+        "a wait on a channel that does not exist"
+    );
     // One slot fewer than proven: the order has a cycle or compile refuses.
-    assert!(compile(&v, &shape(Collective::AllReduce, 9, false), Chunking::Segments(2), 1).is_err());
+    assert!(
+        compile(
+            &v,
+            &shape(Collective::AllReduce, 9, false),
+            Chunking::Segments(2),
+            1
+        )
+        .is_err()
+    );
 }
 
 #[test]
 fn every_executor_gets_at_least_the_slots_any_of_its_schedules_needs() {
     assert_eq!(link_slots(1, None), 2, "built-ins are proven with 2");
     assert_eq!(link_slots(4, None), 4);
-    let star = crate::Schedule::from_json(include_str!("../../../../examples/schedules/star_all_reduce_3.json")).unwrap();
-    let opts = VerifyOptions { slots_per_link: 1, ..VerifyOptions::default() };
+    let star = crate::Schedule::from_json(include_str!(
+        "../../../../examples/schedules/star_all_reduce_3.json"
+    ))
+    .unwrap();
+    let opts = VerifyOptions {
+        slots_per_link: 1,
+        ..VerifyOptions::default()
+    };
     let one = verify(star.clone(), &opts).unwrap();
-    assert_eq!(link_slots(1, Some(&one)), 2, "a schedule proven with 1 still runs beside built-ins");
-    let five = verify(star, &VerifyOptions { slots_per_link: 5, ..VerifyOptions::default() }).unwrap();
+    assert_eq!(
+        link_slots(1, Some(&one)),
+        2,
+        "a schedule proven with 1 still runs beside built-ins"
+    );
+    let five = verify(
+        star,
+        &VerifyOptions {
+            slots_per_link: 5,
+            ..VerifyOptions::default()
+        },
+    )
+    .unwrap();
     assert_eq!(link_slots(2, Some(&five)), 5);
 }
