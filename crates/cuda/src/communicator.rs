@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, result, sys};
 use ferrocoll_core::comm::{
-    Call, CommError, Communicator, HostSlice, HostSliceMut, Operation, send_recv_by_pairs,
+    Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, send_recv_by_pairs,
 };
 use ferrocoll_core::plan::{CallShape, ExecutionPlan, Planned};
 use ferrocoll_core::{Collective, DataType, Rank, Reduce, ReduceOp};
@@ -341,12 +341,12 @@ impl CudaCommunicator {
     }
 
     /// Stage host data through this rank's device and run the collective.
-    fn host_collective(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let Some(shape) = call.shape(self.shared.n)? else {
-            unreachable!("a collective")
-        };
-        let (_, input, output) = call.into_parts();
-        let mut output = output.expect("collectives have an output");
+    fn host_collective(
+        &mut self,
+        shape: &CallShape,
+        input: Option<HostSlice<'_>>,
+        mut output: HostSliceMut<'_>,
+    ) -> Result<(), CommError> {
         if shape.collective == Collective::SendRecv {
             return send_recv_by_pairs(
                 self,
@@ -446,25 +446,19 @@ impl Communicator for CudaCommunicator {
     }
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let peer = call.peer(self.rank, self.shared.n)?;
-        match call.operation() {
-            Operation::Collective { .. } => {
-                let result = self.host_collective(call);
+        match call.check(self.rank, self.shared.n)? {
+            Checked::Collective {
+                shape,
+                input,
+                output,
+            } => {
+                let result = self.host_collective(&shape, input, output);
                 self.fail_on(&result);
                 result
             }
-            Operation::Send { .. } => self.host_send(
-                call.input().expect("sends have data"),
-                peer.expect("checked"),
-            ),
-            Operation::Recv { .. } => {
-                let (_, _, buffer) = call.into_parts();
-                self.host_recv(
-                    buffer.expect("receives have a buffer"),
-                    peer.expect("checked"),
-                )
-            }
-            _ => self.host_barrier(),
+            Checked::Send { data, peer } => self.host_send(data, peer),
+            Checked::Recv { buffer, peer } => self.host_recv(buffer, peer),
+            Checked::Barrier => self.host_barrier(),
         }
     }
 }

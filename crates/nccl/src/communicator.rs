@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys as cu};
 use ferrocoll_core::comm::{
-    Call, CommError, Communicator, CommunicatorExt, HostSlice, HostSliceMut, Operation,
+    Call, Checked, CommError, Communicator, CommunicatorExt, HostSlice, HostSliceMut,
     send_recv_by_pairs,
 };
+use ferrocoll_core::plan::CallShape;
 use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use nccl_rs_sys::{
     library, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId,
@@ -405,12 +406,12 @@ impl NcclCommunicator {
     }
 
     /// Stage host data through the device and run the collective.
-    fn host_collective(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let Some(shape) = call.shape(self.n)? else {
-            unreachable!("a collective")
-        };
-        let (_, input, output) = call.into_parts();
-        let mut output = output.expect("collectives have an output");
+    fn host_collective(
+        &mut self,
+        shape: &CallShape,
+        input: Option<HostSlice<'_>>,
+        mut output: HostSliceMut<'_>,
+    ) -> Result<(), CommError> {
         if shape.collective == Collective::SendRecv {
             return send_recv_by_pairs(
                 self,
@@ -638,16 +639,16 @@ impl Communicator for NcclCommunicator {
     }
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let peer = call.peer(self.rank, self.n)?;
-        match call.operation() {
-            Operation::Collective { .. } => self.host_collective(call),
-            Operation::Send { .. } => self.p2p(call.input(), None, peer.expect("checked")),
-            Operation::Recv { .. } => {
-                let (_, _, buffer) = call.into_parts();
-                self.p2p(None, buffer, peer.expect("checked"))
-            }
+        match call.check(self.rank, self.n)? {
+            Checked::Collective {
+                shape,
+                input,
+                output,
+            } => self.host_collective(&shape, input, output),
+            Checked::Send { data, peer } => self.p2p(Some(data), None, peer),
+            Checked::Recv { buffer, peer } => self.p2p(None, Some(buffer), peer),
             // NCCL has no barrier: a one-element all-reduce is one.
-            _ => self.all_reduce_in_place(&mut [0i32], ReduceOp::Sum),
+            Checked::Barrier => self.all_reduce_in_place(&mut [0i32], ReduceOp::Sum),
         }
     }
 }

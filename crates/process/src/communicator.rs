@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use ferrocoll_core::algorithms::Algorithm;
-use ferrocoll_core::comm::{Call, CommError, Communicator, HostSlice, HostSliceMut, Operation};
+use ferrocoll_core::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut};
 use ferrocoll_core::plan::{CallShape, Planned, Planner};
 use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use ferrocoll_rendezvous::Store;
@@ -135,23 +135,12 @@ impl ProcessCommunicator {
         result
     }
 
-    /// Run one collective, failing the group on any error but a bad argument.
-    fn collective(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let shape = call.shape(self.n)?.expect("a collective");
-        // A loss noticed during an earlier call fails this one; record it
-        // as this rank's failure too, so peers hear of it from us.
-        let result = self.transport.check().and_then(|()| {
-            let planned = self.planner.plan(&shape)?;
-            self.run_plan(&shape, &planned, call)
-        });
-        self.fail_on(result)
-    }
-
     fn run_plan(
         &mut self,
         shape: &CallShape,
         planned: &Planned,
-        call: Call<'_>,
+        input: Option<HostSlice<'_>>,
+        mut output: HostSliceMut<'_>,
     ) -> Result<(), CommError> {
         let number = self.calls;
         self.calls += 1;
@@ -176,8 +165,6 @@ impl ProcessCommunicator {
             "{}",
             planned.describe()
         );
-        let (_, input, output) = call.into_parts();
-        let mut output = output.expect("collectives have an output");
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let started = Instant::now();
@@ -352,8 +339,7 @@ impl ProcessCommunicator {
             in_place: true,
         };
         let planned = self.planner.plan_with(&shape, Algorithm::Direct)?;
-        let call = Call::collective(shape.collective, shape.op, None, (&mut token[..]).into());
-        self.run_plan(&shape, &planned, call)
+        self.run_plan(&shape, &planned, None, (&mut token[..]).into())
     }
 }
 
@@ -367,27 +353,23 @@ impl Communicator for ProcessCommunicator {
     }
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let peer = call.peer(self.rank, self.n)?;
-        match call.operation() {
-            Operation::Collective { .. } => self.collective(call),
-            operation => {
-                let result = self.transport.check().and_then(|()| match operation {
-                    Operation::Send { .. } => self.send(
-                        call.input().expect("sends have data"),
-                        peer.expect("checked"),
-                    ),
-                    Operation::Recv { .. } => {
-                        let (_, _, buffer) = call.into_parts();
-                        self.recv(
-                            buffer.expect("receives have a buffer"),
-                            peer.expect("checked"),
-                        )
-                    }
-                    _ => self.barrier(),
-                });
-                self.fail_on(result)
+        let checked = call.check(self.rank, self.n)?;
+        // A loss noticed during an earlier call fails this one; record it
+        // as this rank's failure too, so peers hear of it from us.
+        let result = self.transport.check().and_then(|()| match checked {
+            Checked::Collective {
+                shape,
+                input,
+                output,
+            } => {
+                let planned = self.planner.plan(&shape)?;
+                self.run_plan(&shape, &planned, input, output)
             }
-        }
+            Checked::Send { data, peer } => self.send(data, peer),
+            Checked::Recv { buffer, peer } => self.recv(buffer, peer),
+            Checked::Barrier => self.barrier(),
+        });
+        self.fail_on(result)
     }
 }
 

@@ -236,78 +236,99 @@ impl<'a> Call<'a> {
         self.operation
     }
 
-    /// The data read: a send's data, an out-of-place collective's input.
-    pub fn input(&self) -> Option<HostSlice<'a>> {
-        self.input
-    }
-
-    /// The data written: a receive's buffer, a collective's output (in
-    /// place, its one buffer).
-    pub fn output(&mut self) -> Option<HostSliceMut<'_>> {
-        self.output.as_mut().map(HostSliceMut::reborrow)
-    }
-
-    /// The operation and both buffers, taken apart. A collective always
-    /// has an output; a send an input and no output; a receive an output
-    /// and no input; a barrier neither.
-    pub fn into_parts(self) -> (Operation, Option<HostSlice<'a>>, Option<HostSliceMut<'a>>) {
-        (self.operation, self.input, self.output)
-    }
-
-    /// The element type of the call's buffers (`None` for a barrier).
-    pub fn dtype(&self) -> Option<DataType> {
-        self.output
-            .as_ref()
-            .map(HostSliceMut::dtype)
-            .or(self.input.map(|i| i.dtype()))
-    }
-
-    /// Check a collective's arguments on rank `rank` of `world_size` and
-    /// describe it for planning: root in range, an in-place form where one
-    /// is asked for, one element type, buffer lengths of the collective's
-    /// shape. `None` for sends, receives and barriers, whose peers are
-    /// checked by [`Call::peer`].
-    pub fn shape(&self, world_size: u32) -> Result<Option<CallShape>, CommError> {
-        let Operation::Collective { collective, op } = self.operation else {
-            return Ok(None);
-        };
-        check_root(collective, world_size)?;
-        let output = self.output.as_ref().expect("collectives have an output");
-        if self.input.is_none() && collective.in_place_alias(0).is_none() {
-            return Err(CommError::InPlaceUnsupported {
-                collective: collective.kind().to_string(),
-            });
-        }
-        if let Some(input) = self.input
-            && input.dtype() != output.dtype()
-        {
-            return Err(CommError::DtypeMismatch {
-                input: input.dtype(),
-                output: output.dtype(),
-            });
-        }
-        let count = block_count(
-            collective,
-            world_size as usize,
-            self.input.map(|i| i.len()),
-            output.len(),
-        )?;
-        Ok(Some(CallShape {
-            collective,
-            count,
-            dtype: output.dtype(),
-            op,
-            in_place: self.input.is_none(),
-        }))
-    }
-
-    /// The peer of a send or receive, checked against `rank` and `world_size`.
-    pub fn peer(&self, rank: Rank, world_size: u32) -> Result<Option<Rank>, CommError> {
-        match self.operation {
-            Operation::Send { peer } | Operation::Recv { peer } => {
-                check_peer(peer, rank, world_size).map(|()| Some(peer))
+    /// Check the call's arguments on rank `rank` of a group of
+    /// `world_size` and take it apart for the backend — the checks every
+    /// backend shares, done once: a collective's root in range, an in-place
+    /// form where one is asked for, one element type, buffer lengths of the
+    /// collective's shape; a send's or receive's peer in the group and not
+    /// this rank. An error here leaves the group usable.
+    pub fn check(self, rank: Rank, world_size: u32) -> Result<Checked<'a>, CommError> {
+        match (self.operation, self.input, self.output) {
+            (Operation::Collective { collective, op }, input, Some(output)) => {
+                let shape = shape(collective, op, input.as_ref(), &output, world_size)?;
+                Ok(Checked::Collective {
+                    shape,
+                    input,
+                    output,
+                })
             }
-            _ => Ok(None),
+            (Operation::Send { peer }, Some(data), None) => {
+                check_peer(peer, rank, world_size)?;
+                Ok(Checked::Send { data, peer })
+            }
+            (Operation::Recv { peer }, None, Some(buffer)) => {
+                check_peer(peer, rank, world_size)?;
+                Ok(Checked::Recv { buffer, peer })
+            }
+            (Operation::Barrier, None, None) => Ok(Checked::Barrier),
+            _ => unreachable!("the constructors pair every operation with its buffers"),
         }
     }
+}
+
+/// A call checked for one rank, taken apart for the backend.
+#[derive(Debug)]
+pub enum Checked<'a> {
+    /// A collective, described for planning; `input` is `None` in place.
+    Collective {
+        /// What every rank must agree on.
+        shape: CallShape,
+        /// The input (out of place).
+        input: Option<HostSlice<'a>>,
+        /// The output (in place, the one buffer).
+        output: HostSliceMut<'a>,
+    },
+    /// Send `data` to `peer`.
+    Send {
+        /// The data.
+        data: HostSlice<'a>,
+        /// The receiver.
+        peer: Rank,
+    },
+    /// Receive into `buffer` from `peer`.
+    Recv {
+        /// The buffer.
+        buffer: HostSliceMut<'a>,
+        /// The sender.
+        peer: Rank,
+    },
+    /// Wait for every rank.
+    Barrier,
+}
+
+/// A collective's arguments checked and described for planning.
+fn shape(
+    collective: Collective,
+    op: ReduceOp,
+    input: Option<&HostSlice<'_>>,
+    output: &HostSliceMut<'_>,
+    world_size: u32,
+) -> Result<CallShape, CommError> {
+    check_root(collective, world_size)?;
+    if input.is_none() && collective.in_place_alias(0).is_none() {
+        return Err(CommError::InPlaceUnsupported {
+            collective: collective.kind().to_string(),
+        });
+    }
+    if let Some(input) = input
+        && input.dtype() != output.dtype()
+    {
+        return Err(CommError::DtypeMismatch {
+            input: input.dtype(),
+            output: output.dtype(),
+        });
+    }
+    let count = block_count(
+        collective,
+        world_size as usize,
+        input.map(|i| i.len()),
+        output.len(),
+    )?;
+    Ok(CallShape {
+        collective,
+        count,
+        dtype: output.dtype(),
+        op,
+        in_place: input.is_none(),
+    })
 }

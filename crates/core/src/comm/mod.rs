@@ -30,7 +30,7 @@
 mod call;
 mod error;
 
-pub use call::{Call, HostSlice, HostSliceMut, Operation};
+pub use call::{Call, Checked, HostSlice, HostSliceMut, Operation};
 pub use error::{
     BackendError, CommError, block_count, check_disjoint, check_peer, check_rank, check_root,
 };

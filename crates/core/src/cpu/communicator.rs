@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::CpuConfig;
 use super::executor::{Task, execute};
 use super::group::{Group, Msg};
-use crate::comm::{Call, CommError, Communicator, HostSlice, HostSliceMut, Operation};
+use crate::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut};
 use crate::plan::{CallShape, LinkLoad, Planner};
 use crate::types::Rank;
 
@@ -141,12 +141,16 @@ impl CpuCommunicator {
 
     /// Run one collective; on an error other than a bad argument, fail the
     /// group so no peer waits for this rank.
-    fn collective(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let shape = call.shape(self.group.n)?.expect("a collective");
+    fn collective(
+        &mut self,
+        shape: &CallShape,
+        input: Option<HostSlice<'_>>,
+        output: HostSliceMut<'_>,
+    ) -> Result<(), CommError> {
         self.group.check()?;
         let number = self.calls;
         self.calls += 1;
-        let result = self.run_collective(number, &shape, call);
+        let result = self.run_collective(number, shape, input, output);
         if let Err(e) = &result
             && !matches!(e, CommError::PeerFailed { .. })
         {
@@ -159,15 +163,14 @@ impl CpuCommunicator {
         &mut self,
         number: u64,
         shape: &CallShape,
-        call: Call<'_>,
+        input: Option<HostSlice<'_>>,
+        mut output: HostSliceMut<'_>,
     ) -> Result<(), CommError> {
         let planned = self.group.plan(shape)?;
         let plan = &planned.plan;
         self.group
             .register_call(number, self.rank, &plan.signature())?;
         tracing::debug!(rank = self.rank, call = number, "{}", planned.describe());
-        let (_, input, output) = call.into_parts();
-        let mut output = output.expect("collectives have an output");
         // In place the plan names only the output, so both bases are its.
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
@@ -294,21 +297,15 @@ impl Communicator for CpuCommunicator {
     }
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        let peer = call.peer(self.rank, self.group.n)?;
-        match call.operation() {
-            Operation::Collective { .. } => self.collective(call),
-            Operation::Send { .. } => {
-                let data = call.input().expect("sends have data");
-                self.send(data, peer.expect("checked"))
-            }
-            Operation::Recv { .. } => {
-                let (_, _, buffer) = call.into_parts();
-                self.recv(
-                    buffer.expect("receives have a buffer"),
-                    peer.expect("checked"),
-                )
-            }
-            Operation::Barrier => self.barrier(),
+        match call.check(self.rank, self.group.n)? {
+            Checked::Collective {
+                shape,
+                input,
+                output,
+            } => self.collective(&shape, input, output),
+            Checked::Send { data, peer } => self.send(data, peer),
+            Checked::Recv { buffer, peer } => self.recv(buffer, peer),
+            Checked::Barrier => self.barrier(),
         }
     }
 }
