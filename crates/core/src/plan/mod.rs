@@ -207,18 +207,12 @@ impl Instruction {
 
     /// The NCCL-style name of what it does: `recv_reduce_copy_send`, ...
     pub fn primitive_name(&self) -> String {
-        let parts = [
-            (!self.recv.is_empty(), "recv"),
-            (self.reduces(), "reduce"),
-            (self.write.is_some(), "copy"),
-            (!self.send.is_empty(), "send"),
-        ];
-        let name: Vec<&str> = parts.iter().filter(|p| p.0).map(|p| p.1).collect();
-        if name.is_empty() {
-            "nop".to_owned()
-        } else {
-            name.join("_")
-        }
+        crate::schedule::primitive_name(
+            !self.recv.is_empty(),
+            self.reduces(),
+            self.write.is_some(),
+            !self.send.is_empty(),
+        )
     }
 }
 

@@ -21,6 +21,7 @@ mod step;
 pub use builder::ScheduleBuilder;
 pub use json::FORMAT_VERSION;
 pub use render::render_grid;
+pub(crate) use step::primitive_name;
 pub use step::{Buffer, Slice, Step, StepAt, StepRef};
 
 use serde::{Deserialize, Serialize};

@@ -163,23 +163,28 @@ impl Step {
 
     /// The NCCL-style primitive name: `send`, `recv_reduce_copy_send`, ...
     pub fn primitive_name(&self) -> String {
-        let mut parts = Vec::new();
-        if !self.recv_from.is_empty() {
-            parts.push("recv");
-        }
-        if self.reduces() {
-            parts.push("reduce");
-        }
-        if self.write.is_some() {
-            parts.push("copy");
-        }
-        if !self.send_to.is_empty() {
-            parts.push("send");
-        }
-        if parts.is_empty() {
-            "nop".to_owned()
-        } else {
-            parts.join("_")
-        }
+        primitive_name(
+            !self.recv_from.is_empty(),
+            self.reduces(),
+            self.write.is_some(),
+            !self.send_to.is_empty(),
+        )
+    }
+}
+
+/// The NCCL-style name of a step (or a plan's instruction) that receives,
+/// reduces, copies to a local slice and sends as the flags say.
+pub(crate) fn primitive_name(recv: bool, reduce: bool, copy: bool, send: bool) -> String {
+    let parts = [
+        (recv, "recv"),
+        (reduce, "reduce"),
+        (copy, "copy"),
+        (send, "send"),
+    ];
+    let name: Vec<&str> = parts.iter().filter(|p| p.0).map(|p| p.1).collect();
+    if name.is_empty() {
+        "nop".to_owned()
+    } else {
+        name.join("_")
     }
 }
