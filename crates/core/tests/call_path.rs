@@ -152,7 +152,7 @@ fn the_traffic_counters_see_every_message() {
 }
 
 #[test]
-fn ranks_that_disagree_on_in_place_or_chunking_are_a_mismatch_not_a_hang() {
+fn ranks_that_disagree_on_in_place_are_a_mismatch_not_a_hang() {
     let config = CpuConfig {
         timeout: std::time::Duration::from_secs(20),
         ..CpuConfig::default()
