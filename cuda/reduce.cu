@@ -12,7 +12,7 @@
 // half and bfloat16 accumulate in float over a launch's inputs and round
 // to nearest even once (a step with more than eight inputs takes several
 // launches and so rounds between them), min and max use the same
-// comparisons, and `avg` is a sum followed by `ferrocoll_div_*` on the
+// comparisons (NaN propagates), and `avg` is a sum followed by `ferrocoll_div_*` on the
 // final values.
 //
 // Access is vectorised: when every pointer is 16-byte aligned, each thread
@@ -72,8 +72,10 @@ template <typename A> struct Prod {
 template <> struct Prod<float> { static __device__ float apply(float a, float b) { return a * b; } };
 template <> struct Prod<double> { static __device__ double apply(double a, double b) { return a * b; } };
 // The same comparisons as the CPU kernels, so NaNs land the same way.
-template <typename A> struct Min { static __device__ A apply(A a, A b) { return b < a ? b : a; } };
-template <typename A> struct Max { static __device__ A apply(A a, A b) { return b > a ? b : a; } };
+// `b != b` holds only for a NaN: min and max propagate NaN whatever the
+// operand order, as the CPU executor does (fminf/fmaxf would drop it).
+template <typename A> struct Min { static __device__ A apply(A a, A b) { return (b < a || b != b) ? b : a; } };
+template <typename A> struct Max { static __device__ A apply(A a, A b) { return (b > a || b != b) ? b : a; } };
 
 template <typename T, template <typename> class Op>
 __device__ T combine(const Inputs<T> &in, u64 i) {

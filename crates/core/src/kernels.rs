@@ -152,6 +152,24 @@ macro_rules! integer_reduce {
 
 integer_reduce!(i8, u8, i32, u32, i64, u64);
 
+/// The smaller of `a` and `b`, or NaN if either is NaN, whatever the
+/// order: a NaN gradient must not vanish in a `min` (PyTorch's `minimum`
+/// and `maximum` propagate NaN the same way; `f32::min` would drop it).
+#[inline(always)]
+fn nan_min<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    #[allow(clippy::eq_op)] // NaN is the one value unequal to itself.
+    let b_nan = b != b;
+    if b < a || b_nan { b } else { a }
+}
+
+/// The larger of `a` and `b`, or NaN if either is NaN (see [`nan_min`]).
+#[inline(always)]
+fn nan_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    #[allow(clippy::eq_op)] // NaN is the one value unequal to itself.
+    let b_nan = b != b;
+    if b > a || b_nan { b } else { a }
+}
+
 macro_rules! float_reduce {
     ($($t:ty => $fused:ident),*) => {$(
         impl Reduce for $t {
@@ -161,8 +179,8 @@ macro_rules! float_reduce {
                     match op {
                         ReduceOp::Sum | ReduceOp::Avg => fold(srcs, dst, len, |a: $t, b: $t| a + b),
                         ReduceOp::Prod => fold(srcs, dst, len, |a: $t, b: $t| a * b),
-                        ReduceOp::Min => fold(srcs, dst, len, |a: $t, b: $t| if b < a { b } else { a }),
-                        ReduceOp::Max => fold(srcs, dst, len, |a: $t, b: $t| if b > a { b } else { a }),
+                        ReduceOp::Min => fold(srcs, dst, len, nan_min::<$t>),
+                        ReduceOp::Max => fold(srcs, dst, len, nan_max::<$t>),
                     }
                 }
             }
@@ -193,8 +211,8 @@ macro_rules! half_reduce {
                 let f: fn(f32, f32) -> f32 = match op {
                     ReduceOp::Sum | ReduceOp::Avg => |a, b| a + b,
                     ReduceOp::Prod => |a, b| a * b,
-                    ReduceOp::Min => |a, b| if b < a { b } else { a },
-                    ReduceOp::Max => |a, b| if b > a { b } else { a },
+                    ReduceOp::Min => nan_min::<f32>,
+                    ReduceOp::Max => nan_max::<f32>,
                 };
                 for i in 0..len {
                     // SAFETY: every source and the destination hold `len`

@@ -61,6 +61,7 @@ pub mod plan;
 pub mod replay;
 pub mod schedule;
 pub mod select;
+pub mod settings;
 pub mod types;
 pub mod verify;
 

@@ -78,24 +78,47 @@ pub fn select(
         },
         ..AlgorithmParams::default()
     };
+    let mut refused = None;
     if let Some(algorithm) = forced {
-        return Selection {
-            algorithm,
-            params: fixed(algorithm),
-            max_chunk_bytes: None,
-            why: "forced by configuration".to_owned(),
-        };
+        match algorithm.supports(collective.kind()) {
+            Ok(()) => {
+                return Selection {
+                    algorithm,
+                    params: fixed(algorithm),
+                    max_chunk_bytes: None,
+                    why: "forced by configuration".to_owned(),
+                };
+            }
+            // A forced algorithm that cannot express this collective must
+            // not fail the call (and with it the group): fall back to what
+            // would run unforced, and say so.
+            Err(reason) => refused = Some((algorithm, reason)),
+        }
     }
-    if let Some(selection) = selector.and_then(|s| s.0.select(collective, world_size, bytes)) {
-        return selection;
+    let mut selection = selector
+        .and_then(|s| s.0.select(collective, world_size, bytes))
+        .unwrap_or_else(|| {
+            let (algorithm, why) = rule(collective.kind(), world_size, bytes);
+            Selection {
+                algorithm,
+                params: fixed(algorithm),
+                max_chunk_bytes: None,
+                why: why.to_owned(),
+            }
+        });
+    if let Some((algorithm, reason)) = refused {
+        tracing::warn!(
+            "forced algorithm {algorithm} cannot run {} ({reason}); running {} instead",
+            collective.kind(),
+            selection.algorithm
+        );
+        selection.why = format!(
+            "forced {algorithm} cannot run {} ({reason}); fell back: {}",
+            collective.kind(),
+            selection.why
+        );
     }
-    let (algorithm, why) = rule(collective.kind(), world_size, bytes);
-    Selection {
-        algorithm,
-        params: fixed(algorithm),
-        max_chunk_bytes: None,
-        why: why.to_owned(),
-    }
+    selection
 }
 
 /// Above this many ranks, direct's n² messages per call cost more than

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::CpuConfig;
 use super::executor::{Task, execute};
-use super::group::{Group, Msg};
+use super::group::{Agreement, Group, Msg};
 use crate::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut};
 use crate::plan::{CallShape, LinkLoad, Planner};
 use crate::types::Rank;
@@ -60,12 +60,13 @@ where
         let handles: Vec<_> = comms
             .into_iter()
             .map(|mut comm| {
-                scope.spawn(move || {
+                let (group, rank) = (comm.group.clone(), comm.rank);
+                let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
                     let (group, rank) = (comm.group.clone(), comm.rank);
                     match catch_unwind(AssertUnwindSafe(|| f(&mut comm))) {
                         Ok(Ok(value)) => Ok(value),
                         Ok(Err(e)) => {
-                            group.fail(rank, &e);
+                            group.fail_on(rank, &e);
                             Err(e)
                         }
                         Err(panic) => {
@@ -82,12 +83,21 @@ where
                             Err(e)
                         }
                     }
+                });
+                // The system refused a thread: this rank never runs, so
+                // fail the group at once rather than let the others wait.
+                spawned.map_err(|e| {
+                    let err = CommError::Capacity {
+                        what: format!("cannot start a thread for rank {rank} of {n}: {e}"),
+                    };
+                    group.fail(rank, &err);
+                    err
                 })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("panics are caught inside the thread"))
+            .map(|h| h?.join().expect("panics are caught inside the thread"))
             .collect()
     })
 }
@@ -147,8 +157,8 @@ impl CpuCommunicator {
         input: Option<HostSlice<'_>>,
         output: HostSliceMut<'_>,
     ) -> Result<(), CommError> {
-        self.group.check()?;
         let number = self.calls;
+        self.group.check_before(number)?;
         self.calls += 1;
         let result = self.run_collective(number, shape, input, output);
         if let Err(e) = &result
@@ -168,8 +178,7 @@ impl CpuCommunicator {
     ) -> Result<(), CommError> {
         let planned = self.group.plan(shape)?;
         let plan = &planned.plan;
-        self.group
-            .register_call(number, self.rank, &plan.signature())?;
+        self.agree(number, &plan.signature())?;
         tracing::debug!(rank = self.rank, call = number, "{}", planned.describe());
         // In place the plan names only the output, so both bases are its.
         let output_base = output.as_mut_ptr() as usize;
@@ -193,6 +202,46 @@ impl CpuCommunicator {
             "done"
         );
         Ok(())
+    }
+
+    /// Register call `number` as `what` and wait until every rank has
+    /// made the same call: no data moves before the whole group agrees.
+    fn agree(&self, number: u64, what: &str) -> Result<(), CommError> {
+        self.group.register_call(number, self.rank, what)?;
+        let deadline = Instant::now() + self.config.timeout;
+        let never_arrived = || match self.group.agreement(number, self.rank) {
+            Ok(Agreement::Waiting(missing)) => {
+                format!("ranks {missing:?} to make call #{number} ({what}); they never arrived")
+            }
+            _ => format!("every rank to make call #{number} ({what})"),
+        };
+        loop {
+            let seen = self.group.generation(self.rank);
+            let missing = match self.group.agreement(number, self.rank)? {
+                Agreement::Agreed => return Ok(()),
+                Agreement::Waiting(missing) => missing,
+            };
+            if let Err(failed) = self.group.check() {
+                // The failure may be a peer's report of this very call's
+                // mismatch (registered before it failed the group).
+                self.group.agreement(number, self.rank)?;
+                return Err(failed);
+            }
+            self.group.departed_among(&missing, number, what)?;
+            let waited = self.group.wait(
+                self.rank,
+                seen,
+                deadline,
+                never_arrived,
+                self.config.timeout,
+            );
+            if let Err(e) = waited {
+                // A peer that found the mismatch may have failed the group
+                // first: report the mismatch itself on this rank too.
+                self.group.agreement(number, self.rank)?;
+                return Err(e);
+            }
+        }
     }
 
     fn wait_for(&self, what: &str, mut done: impl FnMut(&Group) -> bool) -> Result<(), CommError> {
@@ -219,8 +268,11 @@ impl CpuCommunicator {
         let bytes = data.as_bytes().len();
         {
             let mut st = self.group.lock_link(&link);
-            st.queue
-                .push_back(Msg::Pointer(vec![(data.as_ptr() as usize, bytes)]));
+            st.queue.push_back(Msg::Send {
+                address: data.as_ptr() as usize,
+                bytes,
+                dtype: data.dtype(),
+            });
             st.pushed += 1;
         }
         self.group.ring(peer);
@@ -243,18 +295,36 @@ impl CpuCommunicator {
         })?;
         let moving = self.group.begin_movement()?;
         let msg = self.group.lock_link(&link).queue.front().cloned();
-        let Some(Msg::Pointer(pieces)) = msg else {
-            unreachable!("point-to-point links carry pointers only")
+        let Some(Msg::Send {
+            address,
+            bytes,
+            dtype,
+        }) = msg
+        else {
+            unreachable!("point-to-point links carry sends only")
         };
-        let (address, bytes) = pieces[0];
         let wanted = buffer.as_bytes_mut().len();
-        if bytes != wanted {
-            drop(moving);
-            let e = CommError::BufferSize {
+        let e = if dtype != buffer.dtype() {
+            Some(CommError::Mismatch {
+                call: self.group.lock_link(&link).popped,
+                rank: self.rank,
+                other: peer,
+                expected: format!("send of {bytes} bytes of {dtype}"),
+                got: format!("recv of {wanted} bytes of {}", buffer.dtype()),
+            })
+        } else if bytes != wanted {
+            Some(CommError::BufferSize {
                 what: "recv buffer (bytes)",
                 got: wanted,
                 needed: bytes,
-            };
+            })
+        } else {
+            None
+        };
+        if let Some(e) = e {
+            drop(moving);
+            // The send cannot complete: fail the group so the sender does
+            // not wait out its timeout.
             self.group.fail(self.rank, &e);
             return Err(e);
         }
@@ -275,15 +345,27 @@ impl CpuCommunicator {
         Ok(())
     }
 
+    /// A barrier is a call like any other: its agreement is the barrier,
+    /// and a rank that meanwhile makes another call is a mismatch.
     fn barrier(&mut self) -> Result<(), CommError> {
-        self.group.check()?;
-        let (generation, last) = self.group.arrive();
-        if last {
-            return Ok(());
+        let number = self.calls;
+        self.group.check_before(number)?;
+        self.calls += 1;
+        let result = self.agree(number, "barrier");
+        if let Err(e) = &result
+            && !matches!(e, CommError::PeerFailed { .. })
+        {
+            self.group.fail(self.rank, e);
         }
-        self.wait_for("every rank to reach the barrier", |g| {
-            g.barrier_generation() > generation
-        })
+        result
+    }
+}
+
+impl Drop for CpuCommunicator {
+    fn drop(&mut self) {
+        // Peers waiting for this rank's next call learn at once that it
+        // will never come, instead of waiting out their timeout.
+        self.group.depart(self.rank);
     }
 }
 

@@ -210,6 +210,7 @@ fn try_fire<T: Reduce>(
             }
             Msg::Slot { index, bytes } => srcs.push(vec![(q.slots[index].address(), bytes)]),
             Msg::Written => already_written = true,
+            Msg::Send { .. } => unreachable!("point-to-point messages stay on their own channel"),
         }
     }
     if let Some(r) = &ins.read {

@@ -11,7 +11,7 @@ use std::time::Instant;
 use crate::comm::CommError;
 use crate::flow::Link;
 use crate::plan::{CallShape, LinkLoad, Planned, Planner};
-use crate::types::Rank;
+use crate::types::{DataType, Rank};
 
 /// Byte ranges of some rank's memory: (address, length).
 pub(crate) type Extents = Vec<(usize, usize)>;
@@ -26,6 +26,13 @@ pub(crate) enum Msg {
     Slot { index: usize, bytes: usize },
     /// The sender wrote the value straight into the receiver's posted destination.
     Written,
+    /// A point-to-point send: the bytes sit in the sender's memory, which
+    /// stays unchanged until the message is popped.
+    Send {
+        address: usize,
+        bytes: usize,
+        dtype: DataType,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -112,10 +119,32 @@ struct Failure {
     reason: String,
 }
 
-/// What each rank called, per call number, to catch mismatches.
+/// What each rank called, per call number: the agreement every call
+/// passes before any data moves.
 #[derive(Default)]
 struct CallBoard {
-    calls: HashMap<u64, (Rank, String, u32)>,
+    calls: HashMap<u64, Entry>,
+    /// Every call below this number was agreed by every rank.
+    agreed: u64,
+}
+
+/// One call number on the board.
+struct Entry {
+    /// The first rank to arrive, and its description of the call.
+    first: Rank,
+    what: String,
+    arrived: Vec<bool>,
+    count: u32,
+    /// A rank that described the call differently, and how.
+    conflict: Option<(Rank, String)>,
+}
+
+/// Where a rank stands in a call's agreement.
+pub(crate) enum Agreement {
+    /// Every rank made the same call.
+    Agreed,
+    /// These ranks have not arrived yet.
+    Waiting(Vec<Rank>),
 }
 
 pub(crate) struct Group {
@@ -131,7 +160,8 @@ pub(crate) struct Group {
     /// The group's one planner: the first rank to need a plan builds it,
     /// the others wait for that (finite) computation rather than repeat it.
     planner: Mutex<Planner>,
-    barrier: Mutex<(u64, u32)>,
+    /// Ranks whose communicator was dropped: they make no further calls.
+    departed: Vec<AtomicBool>,
     /// Held for reading while a rank touches another rank's memory (pointer
     /// reads, direct writes); a rank that gives up takes it for writing
     /// once, after failing the group, so no peer is still inside its
@@ -164,7 +194,7 @@ impl Group {
             failure: Mutex::new(None),
             board: Mutex::new(CallBoard::default()),
             planner: Mutex::new(planner),
-            barrier: Mutex::new((0, 0)),
+            departed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             movement: RwLock::new(()),
         }
     }
@@ -283,6 +313,18 @@ impl Group {
         }
     }
 
+    /// Fail the group on `err`, which `rank` returned: a peer's failure
+    /// keeps naming that peer, so every rank blames the one that started it.
+    pub fn fail_on(&self, rank: Rank, err: &CommError) {
+        match err {
+            CommError::PeerFailed {
+                rank: culprit,
+                reason,
+            } => self.fail(*culprit, reason),
+            other => self.fail(rank, other),
+        }
+    }
+
     /// Enter a stretch of work on shared memory; `Err` if the group has
     /// failed (then nothing may be touched).
     pub fn begin_movement(&self) -> Result<RwLockReadGuard<'_, ()>, CommError> {
@@ -313,49 +355,118 @@ impl Group {
         })
     }
 
-    /// Record that `rank` makes call number `call` described by `what`;
-    /// `Err` if an earlier rank described it differently.
+    /// Record that `rank` makes call number `call` described by `what`.
+    /// `Err(Mismatch)` if a rank described it differently; the mismatch
+    /// stays on the board so every rank of the call reports it.
     pub fn register_call(&self, call: u64, rank: Rank, what: &str) -> Result<(), CommError> {
         let mut board = lock(&self.board);
         let n = self.n;
-        let entry = board
-            .calls
-            .entry(call)
-            .or_insert_with(|| (rank, what.to_owned(), 0));
-        if entry.1 != what {
-            return Err(CommError::Mismatch {
-                call,
-                rank,
-                other: entry.0,
-                expected: entry.1.clone(),
-                got: what.to_owned(),
-            });
+        let entry = board.calls.entry(call).or_insert_with(|| Entry {
+            first: rank,
+            what: what.to_owned(),
+            arrived: vec![false; n as usize],
+            count: 0,
+            conflict: None,
+        });
+        entry.arrived[rank as usize] = true;
+        entry.count += 1;
+        if entry.what != what {
+            entry.conflict.get_or_insert((rank, what.to_owned()));
         }
-        entry.2 += 1;
-        if entry.2 == n {
+        let result = mismatch(call, rank, what, entry);
+        if entry.count == n && entry.conflict.is_none() {
             board.calls.remove(&call);
-        }
-        Ok(())
-    }
-
-    /// Arrive at the barrier; returns the generation to wait past.
-    pub fn arrive(&self) -> (u64, bool) {
-        let mut b = lock(&self.barrier);
-        let generation = b.0;
-        b.1 += 1;
-        if b.1 == self.n {
-            b.0 += 1;
-            b.1 = 0;
-            drop(b);
-            for r in 0..self.n {
+            board.agreed = board.agreed.max(call + 1);
+            drop(board);
+            for r in 0..n {
                 self.ring(r);
             }
-            return (generation, true);
         }
-        (generation, false)
+        result
     }
 
-    pub fn barrier_generation(&self) -> u64 {
-        lock(&self.barrier).0
+    /// Whether every rank has agreed on call `call`, as `rank` sees it;
+    /// `Err` on a mismatch.
+    pub fn agreement(&self, call: u64, rank: Rank) -> Result<Agreement, CommError> {
+        let board = lock(&self.board);
+        if board.agreed > call {
+            return Ok(Agreement::Agreed);
+        }
+        let Some(entry) = board.calls.get(&call) else {
+            return Ok(Agreement::Waiting((0..self.n).collect()));
+        };
+        mismatch(call, rank, &entry_what(entry, rank), entry)?;
+        let missing: Vec<Rank> = (0..self.n)
+            .filter(|&r| !entry.arrived[r as usize])
+            .collect();
+        Ok(Agreement::Waiting(missing))
     }
+
+    /// `Err` when one of `missing` (ranks that have not made call `call`)
+    /// left the group: its communicator was dropped, so it never will.
+    pub fn departed_among(&self, missing: &[Rank], call: u64, what: &str) -> Result<(), CommError> {
+        match missing
+            .iter()
+            .find(|&&r| self.departed[r as usize].load(Ordering::SeqCst))
+        {
+            Some(&gone) => Err(CommError::PeerFailed {
+                rank: gone,
+                reason: format!(
+                    "left the group (its communicator was dropped) before call #{call} ({what})"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`check`](Self::check) for a rank about to make call `call`, except
+    /// that a failure caused by that very call's mismatch lets the rank go
+    /// on to register, so it reports the mismatch like every other rank.
+    pub fn check_before(&self, call: u64) -> Result<(), CommError> {
+        let failed = self.check();
+        if failed.is_err()
+            && lock(&self.board)
+                .calls
+                .get(&call)
+                .is_some_and(|e| e.conflict.is_some())
+        {
+            return Ok(());
+        }
+        failed
+    }
+
+    /// `rank`'s communicator is gone: wake everyone waiting for it.
+    pub fn depart(&self, rank: Rank) {
+        self.departed[rank as usize].store(true, Ordering::SeqCst);
+        for r in 0..self.n {
+            self.ring(r);
+        }
+    }
+}
+
+/// How `rank` described the call, if the board knows (it registered).
+fn entry_what(entry: &Entry, rank: Rank) -> String {
+    match &entry.conflict {
+        Some((r, what)) if *r == rank => what.clone(),
+        _ => entry.what.clone(),
+    }
+}
+
+/// The call's mismatch as `rank` (which described it as `what`) reports it.
+fn mismatch(call: u64, rank: Rank, what: &str, entry: &Entry) -> Result<(), CommError> {
+    let Some((other, theirs)) = &entry.conflict else {
+        return Ok(());
+    };
+    let (other, expected) = if what == theirs {
+        (entry.first, entry.what.clone())
+    } else {
+        (*other, theirs.clone())
+    };
+    Err(CommError::Mismatch {
+        call,
+        rank,
+        other,
+        expected,
+        got: what.to_owned(),
+    })
 }

@@ -35,6 +35,7 @@ use std::time::Duration;
 use crate::algorithms::Algorithm;
 use crate::plan::PlannerSettings;
 use crate::select::{SharedSelector, host_rule};
+use crate::settings::{EnvOverrides, SettingsError};
 use crate::verify::Verified;
 
 /// Settings of a CPU group. Every rank of a group shares them.
@@ -65,7 +66,19 @@ pub struct CpuConfig {
 }
 
 impl Default for CpuConfig {
+    /// The built-in settings with the `FERROCOLL_*` environment applied
+    /// (see [`crate::settings`]; a malformed variable is logged and
+    /// ignored here — [`CpuConfig::from_env`] reports it).
     fn default() -> Self {
+        let mut config = CpuConfig::builtin();
+        EnvOverrides::read_or_warn().apply(&mut config.algorithm, &mut config.timeout);
+        config
+    }
+}
+
+impl CpuConfig {
+    /// The built-in settings, whatever the environment says.
+    pub fn builtin() -> Self {
         CpuConfig {
             timeout: Duration::from_secs(60),
             algorithm: None,
@@ -76,9 +89,19 @@ impl Default for CpuConfig {
             schedule: None,
         }
     }
-}
 
-impl CpuConfig {
+    /// The built-in settings with the `FERROCOLL_*` environment applied;
+    /// a malformed variable is an error.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        CpuConfig::builtin().with_env()
+    }
+
+    /// These settings with the `FERROCOLL_*` environment applied on top.
+    pub fn with_env(mut self) -> Result<Self, SettingsError> {
+        EnvOverrides::read()?.apply(&mut self.algorithm, &mut self.timeout);
+        Ok(self)
+    }
+
     /// How the group plans its calls.
     pub fn planner_settings(&self) -> PlannerSettings {
         PlannerSettings {

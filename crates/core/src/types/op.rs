@@ -22,9 +22,11 @@ pub enum ReduceOp {
     Sum,
     /// Product (wrapping on integer overflow).
     Prod,
-    /// Minimum.
+    /// Minimum. On floating types a NaN anywhere gives NaN, whatever the
+    /// order of the operands (as PyTorch's `minimum`; IEEE `minNum` and
+    /// Rust's `f32::min` would drop it), the same on every executor.
     Min,
-    /// Maximum.
+    /// Maximum; NaN propagates as for [`ReduceOp::Min`].
     Max,
     /// Average: a sum, divided once by the world size.
     Avg,

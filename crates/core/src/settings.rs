@@ -1,0 +1,132 @@
+//! The one configuration layer: the `FERROCOLL_*` environment variables,
+//! read here and nowhere else, applied the same way by every entry point —
+//! [`CpuConfig::default`](crate::cpu::CpuConfig), `ProcessConfig::default`,
+//! the facade's `from_env` functions and the `ferrocoll` CLI.
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling`, or `auto` (the default: the selector decides) |
+//! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 60000) |
+//! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
+//!
+//! A forced algorithm that cannot express a collective (tree for an
+//! all-to-all, say) does not fail that call: the selector picks one that
+//! can, with a warning in the log.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::algorithms::Algorithm;
+use crate::error::ParseNameError;
+
+/// A `FERROCOLL_*` variable with a value ferrocoll cannot use.
+#[derive(Debug, Clone, Error)]
+pub enum SettingsError {
+    /// `FERROCOLL_ALGO` names no algorithm.
+    #[error("FERROCOLL_ALGO: {0}")]
+    Algorithm(#[from] ParseNameError),
+    /// A number that does not parse.
+    #[error("{name}: `{value}` is not a whole number")]
+    Number {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+}
+
+/// What the environment overrides; `None` leaves a setting alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvOverrides {
+    /// `FERROCOLL_ALGO`: `Some(None)` is `auto`.
+    pub algorithm: Option<Option<Algorithm>>,
+    /// `FERROCOLL_TIMEOUT_MS`.
+    pub timeout: Option<Duration>,
+}
+
+impl EnvOverrides {
+    /// The overrides this process's environment sets.
+    pub fn read() -> Result<EnvOverrides, SettingsError> {
+        EnvOverrides::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The overrides `get` reports (tests pass a map instead of the environment).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let algorithm = match get("FERROCOLL_ALGO") {
+            None => None,
+            Some(v) => Some(match v.trim() {
+                "" | "auto" => None,
+                name => Some(name.parse::<Algorithm>()?),
+            }),
+        };
+        let timeout = match get("FERROCOLL_TIMEOUT_MS") {
+            None => None,
+            Some(v) => Some(Duration::from_millis(v.trim().parse::<u64>().map_err(
+                |_| SettingsError::Number {
+                    name: "FERROCOLL_TIMEOUT_MS",
+                    value: v.clone(),
+                },
+            )?)),
+        };
+        Ok(EnvOverrides { algorithm, timeout })
+    }
+
+    /// The overrides of this process's environment for a `Default` impl,
+    /// which cannot fail: a malformed variable is logged and ignored
+    /// (the `from_env` constructors return it as an error instead).
+    pub fn read_or_warn() -> EnvOverrides {
+        EnvOverrides::read().unwrap_or_else(|e| {
+            tracing::warn!("ignoring the environment: {e}");
+            EnvOverrides::default()
+        })
+    }
+
+    /// Apply to the two settings every backend has.
+    pub fn apply(&self, algorithm: &mut Option<Algorithm>, timeout: &mut Duration) {
+        if let Some(a) = self.algorithm {
+            *algorithm = a;
+        }
+        if let Some(t) = self.timeout {
+            *timeout = t;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn overrides_parse_and_bad_values_are_errors() {
+        let o = EnvOverrides::from_lookup(env(&[
+            ("FERROCOLL_ALGO", "ring"),
+            ("FERROCOLL_TIMEOUT_MS", "250"),
+        ]))
+        .unwrap();
+        assert_eq!(o.algorithm, Some(Some(Algorithm::Ring)));
+        assert_eq!(o.timeout, Some(Duration::from_millis(250)));
+        let (mut a, mut t) = (None, Duration::from_secs(60));
+        o.apply(&mut a, &mut t);
+        assert_eq!((a, t), (Some(Algorithm::Ring), Duration::from_millis(250)));
+        let auto = EnvOverrides::from_lookup(env(&[("FERROCOLL_ALGO", "auto")])).unwrap();
+        assert_eq!(auto.algorithm, Some(None));
+        let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_ALGO", "rung")])).unwrap_err();
+        assert!(e.to_string().contains("FERROCOLL_ALGO"), "{e}");
+        let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_TIMEOUT_MS", "soon")])).unwrap_err();
+        assert!(e.to_string().contains("FERROCOLL_TIMEOUT_MS"), "{e}");
+        assert_eq!(
+            EnvOverrides::from_lookup(env(&[])).unwrap(),
+            EnvOverrides::default()
+        );
+    }
+}
