@@ -37,7 +37,69 @@ pub enum StoreError {
     /// The address does not parse or resolve.
     #[error("rendezvous: bad address `{0}`")]
     BadAddress(String),
-    /// The connection broke (the server went away).
+    /// The connection failed in a way other than the store closing it
+    /// (a timeout, a reset mid-request).
     #[error("rendezvous: connection lost: {0}")]
     Io(String),
+    /// The store closed the connection: rank 0, which hosts it, exited or
+    /// crashed (or closed this connection for breaking the protocol).
+    #[error(
+        "rendezvous: the store at {addr} closed the connection (rank 0, which hosts it, exited or crashed?)"
+    )]
+    Closed {
+        /// The store's address.
+        addr: String,
+    },
+    /// The store asks for the job secret and this process has none.
+    #[error(
+        "rendezvous: the store at {addr} requires the job secret, and FERROCOLL_JOB_SECRET is not set in this process"
+    )]
+    SecretRequired {
+        /// The store's address.
+        addr: String,
+    },
+    /// The store refused this process's job secret.
+    #[error(
+        "rendezvous: the store at {addr} refused this process's job secret (FERROCOLL_JOB_SECRET differs from rank 0's: another job's store?)"
+    )]
+    BadSecret {
+        /// The store's address.
+        addr: String,
+    },
+    /// This process has a job secret but the store does not ask for one: it
+    /// is not this job's store, or rank 0 was started without the secret.
+    #[error(
+        "rendezvous: the store at {addr} does not ask for a job secret, but FERROCOLL_JOB_SECRET is set here (another job's store, or rank 0 started without it?)"
+    )]
+    Unauthenticated {
+        /// The store's address.
+        addr: String,
+    },
+    /// The store holds its maximum of connections.
+    #[error(
+        "rendezvous: the store at {addr} holds its maximum of connections (more than {max} processes joined?)"
+    )]
+    Busy {
+        /// The store's address.
+        addr: String,
+        /// The server's default bound (it may be configured lower).
+        max: usize,
+    },
+    /// A key or value longer than the store takes.
+    #[error("rendezvous: {what} of {len} bytes is too large (the store takes at most {max})")]
+    TooLarge {
+        /// `"key"` or `"value"`.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The store is at its cap of keys or bytes.
+    #[error("rendezvous: the store is full: {0}")]
+    Full(String),
+    /// The other side does not speak this protocol (not a ferrocoll store,
+    /// another version, or a request the store could not parse).
+    #[error("rendezvous: protocol error: {0}")]
+    Protocol(String),
 }

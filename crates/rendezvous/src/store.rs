@@ -1,12 +1,17 @@
 //! The store's client.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::MAX_LEN;
 use crate::error::StoreError;
-use crate::server::Server;
+use crate::protocol::{
+    self, Admission, GREETING_BYTES, MAX_CONNECTIONS, MAX_KEY_BYTES, MAX_VALUE_BYTES, OP_ADD,
+    OP_GET, OP_SET, REPLY_BAD_REQUEST, REPLY_FULL, REPLY_KEY_TOO_LONG, REPLY_MISSING, REPLY_OK,
+    REPLY_VALUE_TOO_LONG,
+};
+use crate::secret::JobSecret;
+use crate::server::{Server, ServerOptions};
 
 /// A connection to the store.
 #[derive(Debug)]
@@ -14,37 +19,81 @@ pub struct Store {
     reader: BufReader<TcpStream>,
     writer: BufWriter<TcpStream>,
     timeout: Duration,
+    /// The address joined, for errors.
+    addr: String,
+    secret: Option<JobSecret>,
     /// Kept alive on rank 0 for the life of the store.
     _server: Option<Server>,
 }
 
-fn io(e: std::io::Error) -> StoreError {
+fn io(e: io::Error) -> StoreError {
     StoreError::Io(e.to_string())
+}
+
+/// Whether an I/O error means the other side closed the connection.
+fn is_closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// Why one attempt at connecting failed.
+enum Attempt {
+    /// Worth another try before the deadline (refused, or closed during
+    /// the handshake: the server had too many strangers pending).
+    Retry(io::Error),
+    /// Final.
+    Fail(StoreError),
 }
 
 impl Store {
     /// Join the store at `addr` (`host:port`): rank 0 starts the server
-    /// there first. Connecting retries until `timeout`.
+    /// there first. Connecting retries until `timeout`. The job secret, if
+    /// any, comes from `FERROCOLL_JOB_SECRET` ([`JobSecret::from_env`]); see
+    /// [`join_with`](Self::join_with).
     pub fn join(addr: &str, rank: u32, timeout: Duration) -> Result<Store, StoreError> {
+        Store::join_with(addr, rank, timeout, JobSecret::from_env().as_ref())
+    }
+
+    /// [`join`](Self::join) with an explicit job secret. With `Some`, rank
+    /// 0's server admits only connections that prove they know it, and this
+    /// client refuses a store that does not ask for it; with `None` the
+    /// store is unauthenticated (anyone who can reach the port may use it).
+    pub fn join_with(
+        addr: &str,
+        rank: u32,
+        timeout: Duration,
+        secret: Option<&JobSecret>,
+    ) -> Result<Store, StoreError> {
         let resolved: SocketAddr = addr
             .to_socket_addrs()
             .map_err(|_| StoreError::BadAddress(addr.to_owned()))?
             .next()
             .ok_or_else(|| StoreError::BadAddress(addr.to_owned()))?;
         let server = if rank == 0 {
-            Some(Server::start(resolved)?)
+            let options = ServerOptions {
+                secret: secret.cloned(),
+                ..ServerOptions::default()
+            };
+            Some(Server::start_with(resolved, options)?)
         } else {
             None
         };
         let target = server.as_ref().map_or(resolved, Server::addr);
         let deadline = Instant::now() + timeout;
         let conn = loop {
-            match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
+            match attempt(&target, addr, secret, deadline) {
                 Ok(c) => break c,
-                Err(_) if Instant::now() < deadline => {
+                Err(Attempt::Fail(e)) => return Err(e),
+                Err(Attempt::Retry(e)) if Instant::now() < deadline => {
+                    tracing::trace!("store: connecting to {addr}: {e}; retrying");
                     std::thread::sleep(Duration::from_millis(50))
                 }
-                Err(_) => {
+                Err(Attempt::Retry(_)) => {
                     return Err(StoreError::Unreachable {
                         addr: addr.to_owned(),
                         timeout,
@@ -52,15 +101,22 @@ impl Store {
                 }
             }
         };
-        conn.set_nodelay(true).map_err(io)?;
         conn.set_read_timeout(Some(timeout)).map_err(io)?;
         conn.set_write_timeout(Some(timeout)).map_err(io)?;
         Ok(Store {
             reader: BufReader::new(conn.try_clone().map_err(io)?),
             writer: BufWriter::new(conn),
             timeout,
+            addr: addr.to_owned(),
+            secret: secret.cloned(),
             _server: server,
         })
+    }
+
+    /// The job secret this store was joined with: the transports
+    /// authenticate their connections with the same one.
+    pub fn secret(&self) -> Option<&JobSecret> {
+        self.secret.as_ref()
     }
 
     /// This end of the connection to the store: the address other ranks
@@ -74,52 +130,81 @@ impl Store {
         self._server.as_ref().map(Server::addr)
     }
 
+    fn closed(&self) -> StoreError {
+        StoreError::Closed {
+            addr: self.addr.clone(),
+        }
+    }
+
+    /// An I/O error on the open connection, typed.
+    fn lost(&self, e: io::Error) -> StoreError {
+        if is_closed(&e) {
+            self.closed()
+        } else {
+            StoreError::Io(format!("talking to the store at {}: {e}", self.addr))
+        }
+    }
+
     fn request(&mut self, op: u8, key: &str, value: &[u8]) -> Result<(bool, Vec<u8>), StoreError> {
-        if key.len() > MAX_LEN as usize || value.len() > MAX_LEN as usize {
-            return Err(StoreError::Io("key or value too large".into()));
+        check_len("key", key.len(), MAX_KEY_BYTES)?;
+        check_len("value", value.len(), MAX_VALUE_BYTES)?;
+        self.send(op, key, value).map_err(|e| self.lost(e))?;
+        let (status, v) = self.receive().map_err(|e| self.lost(e))?;
+        match status {
+            REPLY_OK => Ok((true, v)),
+            REPLY_MISSING => Ok((false, v)),
+            REPLY_KEY_TOO_LONG => Err(too_large("key", key.len(), &v)),
+            REPLY_VALUE_TOO_LONG => Err(too_large("value", value.len(), &v)),
+            REPLY_FULL => Err(StoreError::Full(String::from_utf8_lossy(&v).into_owned())),
+            REPLY_BAD_REQUEST => Err(StoreError::Protocol(format!(
+                "the store refused a request: {}",
+                String::from_utf8_lossy(&v)
+            ))),
+            other => Err(StoreError::Protocol(format!(
+                "the store replied with unknown status {other}"
+            ))),
         }
-        self.writer.write_all(&[op]).map_err(io)?;
+    }
+
+    fn send(&mut self, op: u8, key: &str, value: &[u8]) -> io::Result<()> {
         self.writer
-            .write_all(&(key.len() as u32).to_le_bytes())
-            .map_err(io)?;
-        self.writer.write_all(key.as_bytes()).map_err(io)?;
-        self.writer
-            .write_all(&(value.len() as u32).to_le_bytes())
-            .map_err(io)?;
-        self.writer.write_all(value).map_err(io)?;
-        self.writer.flush().map_err(io)?;
-        let mut status = [0u8; 1];
-        self.reader.read_exact(&mut status).map_err(io)?;
-        let mut len = [0u8; 4];
-        self.reader.read_exact(&mut len).map_err(io)?;
-        let len = u32::from_le_bytes(len);
-        if len > MAX_LEN {
-            return Err(StoreError::Io("reply too large".into()));
+            .write_all(&crate::protocol::request(op, key.as_bytes(), value))?;
+        self.writer.flush()
+    }
+
+    fn receive(&mut self) -> io::Result<(u8, Vec<u8>)> {
+        let mut head = [0u8; 5];
+        self.reader.read_exact(&mut head)?;
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len > MAX_VALUE_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a {len}-byte reply (protocol error)"),
+            ));
         }
-        let mut v = vec![0u8; len as usize];
-        self.reader.read_exact(&mut v).map_err(io)?;
-        Ok((status[0] == 0, v))
+        let mut v = vec![0u8; len];
+        self.reader.read_exact(&mut v)?;
+        Ok((head[0], v))
     }
 
     /// Store `value` under `key`.
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.request(1, key, value).map(|_| ())
+        self.request(OP_SET, key, value).map(|_| ())
     }
 
     /// The value under `key`, if set.
     pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let (found, v) = self.request(2, key, &[])?;
+        let (found, v) = self.request(OP_GET, key, &[])?;
         Ok(found.then_some(v))
     }
 
     /// Add `delta` to the counter `key` (0 if unset); returns the new value.
     pub fn add(&mut self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        let (_, v) = self.request(3, key, &delta.to_le_bytes())?;
+        let (_, v) = self.request(OP_ADD, key, &delta.to_le_bytes())?;
         v.try_into()
             .map(i64::from_le_bytes)
-            .map_err(|_| StoreError::Io("bad counter reply".into()))
+            .map_err(|_| StoreError::Protocol("a counter reply that is not 8 bytes".into()))
     }
-
     /// The value under `key`, waiting for it up to the store's timeout.
     pub fn wait(&mut self, key: &str) -> Result<Vec<u8>, StoreError> {
         let deadline = Instant::now() + self.timeout;
@@ -156,6 +241,69 @@ impl Store {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+}
+
+fn check_len(what: &'static str, len: usize, max: usize) -> Result<(), StoreError> {
+    if len > max {
+        return Err(StoreError::TooLarge { what, len, max });
+    }
+    Ok(())
+}
+
+/// The store's refusal of a too-long key or value; its reply carries its cap.
+fn too_large(what: &'static str, len: usize, reply: &[u8]) -> StoreError {
+    let max = <[u8; 8]>::try_from(reply).map_or(0, |b| u64::from_le_bytes(b) as usize);
+    StoreError::TooLarge { what, len, max }
+}
+
+/// Connect once and authenticate.
+fn attempt(
+    target: &SocketAddr,
+    addr: &str,
+    secret: Option<&JobSecret>,
+    deadline: Instant,
+) -> Result<TcpStream, Attempt> {
+    let mut conn =
+        TcpStream::connect_timeout(target, Duration::from_millis(500)).map_err(Attempt::Retry)?;
+    conn.set_nodelay(true).map_err(Attempt::Retry)?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(100));
+    conn.set_read_timeout(Some(left)).map_err(Attempt::Retry)?;
+    conn.set_write_timeout(Some(left)).map_err(Attempt::Retry)?;
+    let mut g = [0u8; GREETING_BYTES];
+    conn.read_exact(&mut g).map_err(Attempt::Retry)?;
+    let owned = || addr.to_owned();
+    let greeting = protocol::parse_greeting(&g).ok_or_else(|| {
+        Attempt::Fail(StoreError::Protocol(format!(
+            "{addr} is not a ferrocoll store (or another version of one)"
+        )))
+    })?;
+    match (greeting.auth, secret) {
+        (true, None) => return Err(Attempt::Fail(StoreError::SecretRequired { addr: owned() })),
+        (false, Some(_)) => {
+            return Err(Attempt::Fail(StoreError::Unauthenticated { addr: owned() }));
+        }
+        _ => {}
+    }
+    conn.write_all(&protocol::hello(secret, &greeting.nonce))
+        .map_err(Attempt::Retry)?;
+    let mut verdict = [0u8; 1];
+    conn.read_exact(&mut verdict).map_err(Attempt::Retry)?;
+    match Admission::from_byte(verdict[0]) {
+        Some(Admission::Accepted) => Ok(conn),
+        Some(Admission::BadSecret) => Err(Attempt::Fail(StoreError::BadSecret { addr: owned() })),
+        Some(Admission::Busy) => Err(Attempt::Fail(StoreError::Busy {
+            addr: owned(),
+            max: MAX_CONNECTIONS,
+        })),
+        // Closed as the oldest stranger pending: try again.
+        Some(Admission::BadHello) => Err(Attempt::Retry(io::ErrorKind::ConnectionReset.into())),
+        None => Err(Attempt::Fail(StoreError::Protocol(format!(
+            "{addr} answered the hello with {}",
+            verdict[0]
+        )))),
     }
 }
 

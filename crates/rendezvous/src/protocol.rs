@@ -1,0 +1,566 @@
+//! The store's wire format and its in-memory table, as pure functions over
+//! `impl Read` and plain data, so the server, the client and the fuzz
+//! target share one parser (see the crate docs for the format).
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::time::Duration;
+
+use crate::secret::{JobSecret, NONCE_BYTES, PROOF_BYTES};
+
+/// The server's greeting starts with these bytes.
+pub(crate) const GREETING_MAGIC: [u8; 4] = *b"fcst";
+/// The client's hello starts with these bytes.
+pub(crate) const HELLO_MAGIC: [u8; 4] = *b"fccl";
+/// The wire format's version, in the greeting.
+pub(crate) const VERSION: u8 = 2;
+/// Greeting: magic, version, whether a proof is asked for, nonce.
+pub(crate) const GREETING_BYTES: usize = 4 + 1 + 1 + NONCE_BYTES;
+/// Hello: magic, proof (zeros when none is asked for).
+pub(crate) const HELLO_BYTES: usize = 4 + PROOF_BYTES;
+
+/// What the client proves knowledge of the secret over: this label, then
+/// the server's nonce.
+const PROOF_LABEL: &[u8] = b"ferrocoll-store-v2 hello";
+
+/// Greeting flag: no secret is asked for.
+pub(crate) const AUTH_NONE: u8 = 0;
+/// Greeting flag: the hello must carry an HMAC-SHA-256 proof.
+pub(crate) const AUTH_HMAC: u8 = 1;
+
+/// The server's answer to a hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Admission {
+    /// Welcome: requests may follow.
+    Accepted = 0,
+    /// The proof is wrong; the server closes the connection.
+    BadSecret = 1,
+    /// The server holds its maximum of connections; it closes this one.
+    Busy = 2,
+    /// The hello is not a ferrocoll store hello; the server closes.
+    BadHello = 3,
+}
+
+impl Admission {
+    pub(crate) fn from_byte(b: u8) -> Option<Admission> {
+        [
+            Admission::Accepted,
+            Admission::BadSecret,
+            Admission::Busy,
+            Admission::BadHello,
+        ]
+        .into_iter()
+        .find(|a| *a as u8 == b)
+    }
+}
+
+/// Request operations.
+pub(crate) const OP_SET: u8 = 1;
+pub(crate) const OP_GET: u8 = 2;
+pub(crate) const OP_ADD: u8 = 3;
+
+/// Reply statuses.
+pub(crate) const REPLY_OK: u8 = 0;
+pub(crate) const REPLY_MISSING: u8 = 1;
+pub(crate) const REPLY_KEY_TOO_LONG: u8 = 2;
+pub(crate) const REPLY_VALUE_TOO_LONG: u8 = 3;
+pub(crate) const REPLY_FULL: u8 = 4;
+pub(crate) const REPLY_BAD_REQUEST: u8 = 5;
+
+/// Largest key the store accepts, in bytes (keys are short names such as
+/// `pg/tcp/12`; 4 KiB leaves wide margin).
+pub const MAX_KEY_BYTES: usize = 4 << 10;
+/// Largest value the store accepts, in bytes (values are addresses, paths,
+/// pids and settings strings of well under 1 KiB; 1 MiB leaves margin for
+/// a user's own bootstrap data).
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+/// Bytes the store may hold in all, counting every key, value and a fixed
+/// overhead per entry ([`ENTRY_OVERHEAD_BYTES`]).
+pub const MAX_STORE_BYTES: usize = 64 << 20;
+/// Keys the store may hold (a group of `n` ranks sets about `4n`).
+pub const MAX_KEYS: usize = 1 << 17;
+/// What each entry costs against [`MAX_STORE_BYTES`] beyond its key and
+/// value (the map's own bookkeeping, roughly).
+pub const ENTRY_OVERHEAD_BYTES: usize = 64;
+/// Authenticated connections the server keeps at once. Each rank holds
+/// one, so this bounds a job at 4096 ranks per store; it is a bound on
+/// the server's threads, not a tuning knob.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Connections still authenticating at once; when more arrive, the oldest
+/// is closed, so idle strangers cannot keep a rank out (a real client
+/// finishes its handshake within a round trip).
+pub const MAX_PENDING: usize = 128;
+/// Time a new connection has to send its hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a started request (or a reply) has to finish crossing the wire.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The store server's bounds (defaults: the constants of this crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest key, in bytes.
+    pub max_key_bytes: usize,
+    /// Largest value, in bytes.
+    pub max_value_bytes: usize,
+    /// Most keys held.
+    pub max_keys: usize,
+    /// Most bytes held (keys, values and per-entry overhead, plus requests
+    /// being read).
+    pub max_total_bytes: usize,
+    /// Most authenticated connections at once.
+    pub max_connections: usize,
+    /// Most connections still authenticating; beyond it the oldest goes.
+    pub max_pending: usize,
+    /// Time a new connection has to authenticate.
+    pub handshake_timeout: Duration,
+    /// Time a request that has begun has to arrive in full.
+    pub frame_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_key_bytes: MAX_KEY_BYTES,
+            max_value_bytes: MAX_VALUE_BYTES,
+            max_keys: MAX_KEYS,
+            max_total_bytes: MAX_STORE_BYTES,
+            max_connections: MAX_CONNECTIONS,
+            max_pending: MAX_PENDING,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            frame_timeout: FRAME_TIMEOUT,
+        }
+    }
+}
+
+/// The greeting a server sends on a new connection.
+pub(crate) fn greeting(auth: bool, nonce: &[u8; NONCE_BYTES]) -> [u8; GREETING_BYTES] {
+    let mut g = [0u8; GREETING_BYTES];
+    g[..4].copy_from_slice(&GREETING_MAGIC);
+    g[4] = VERSION;
+    g[5] = if auth { AUTH_HMAC } else { AUTH_NONE };
+    g[6..].copy_from_slice(nonce);
+    g
+}
+
+/// A greeting as the client reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Greeting {
+    pub auth: bool,
+    pub nonce: [u8; NONCE_BYTES],
+}
+
+/// Parse a greeting; `None` if it is not a ferrocoll store of this version.
+pub(crate) fn parse_greeting(g: &[u8; GREETING_BYTES]) -> Option<Greeting> {
+    if g[..4] != GREETING_MAGIC || g[4] != VERSION || g[5] > AUTH_HMAC {
+        return None;
+    }
+    let mut nonce = [0u8; NONCE_BYTES];
+    nonce.copy_from_slice(&g[6..]);
+    Some(Greeting {
+        auth: g[5] == AUTH_HMAC,
+        nonce,
+    })
+}
+
+fn proof_context(nonce: &[u8; NONCE_BYTES]) -> Vec<u8> {
+    [PROOF_LABEL, nonce.as_slice()].concat()
+}
+
+/// The hello a client answers a greeting with.
+pub(crate) fn hello(secret: Option<&JobSecret>, nonce: &[u8; NONCE_BYTES]) -> [u8; HELLO_BYTES] {
+    let mut h = [0u8; HELLO_BYTES];
+    h[..4].copy_from_slice(&HELLO_MAGIC);
+    if let Some(s) = secret {
+        h[4..].copy_from_slice(&s.prove(&proof_context(nonce)));
+    }
+    h
+}
+
+/// The server's verdict on a hello: `Accepted` (before the connection
+/// count is checked), `BadSecret` or `BadHello`.
+pub(crate) fn check_hello(
+    h: &[u8; HELLO_BYTES],
+    secret: Option<&JobSecret>,
+    nonce: &[u8; NONCE_BYTES],
+) -> Admission {
+    if h[..4] != HELLO_MAGIC {
+        return Admission::BadHello;
+    }
+    match secret {
+        None => Admission::Accepted,
+        Some(s) if s.verify(&proof_context(nonce), &h[4..]) => Admission::Accepted,
+        Some(_) => Admission::BadSecret,
+    }
+}
+
+/// A request's operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Set,
+    Get,
+    Add,
+}
+
+/// One request, read in full.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub op: Op,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// Why a request could not be read.
+#[derive(Debug)]
+pub(crate) enum RequestError {
+    /// The stream broke or timed out mid-request.
+    Io(io::Error),
+    /// The request breaks a bound or the format: answer with this reply
+    /// (a status and, for a length over a cap, the cap as a u64 LE; else a
+    /// message), then close (the rest of the request is not read).
+    Refused(Reply),
+    /// The request was read in full (its body discarded) and is answered
+    /// with this reply; the connection stays in step.
+    Rejected(Reply),
+}
+
+impl From<io::Error> for RequestError {
+    fn from(e: io::Error) -> Self {
+        RequestError::Io(e)
+    }
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+/// Read `len` bytes, growing the buffer only as bytes arrive, so a length
+/// that lies costs nothing.
+fn read_exactly(r: &mut impl Read, len: usize) -> io::Result<Vec<u8>> {
+    let mut v = Vec::with_capacity(len.min(64 << 10));
+    r.take(len as u64).read_to_end(&mut v)?;
+    if v.len() != len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(v)
+}
+
+fn too_long(status: u8, max: usize) -> RequestError {
+    RequestError::Refused((status, (max as u64).to_le_bytes().to_vec()))
+}
+
+fn op_of(byte: u8) -> Result<Op, RequestError> {
+    match byte {
+        OP_SET => Ok(Op::Set),
+        OP_GET => Ok(Op::Get),
+        OP_ADD => Ok(Op::Add),
+        other => Err(RequestError::Refused((
+            REPLY_BAD_REQUEST,
+            format!("unknown operation {other}").into_bytes(),
+        ))),
+    }
+}
+
+/// Read the rest of a request whose first byte was `op`. `admit` is asked,
+/// once the lengths are known and before the body is read, whether the
+/// store has room for a request of that many bytes.
+/// A request as it goes on the wire: op, key length, key, value length,
+/// value (lengths u32 LE). Callers keep lengths within the caps, far
+/// below `u32::MAX`.
+pub(crate) fn request(op: u8, key: &[u8], value: &[u8]) -> Vec<u8> {
+    let len = |b: &[u8]| u32::try_from(b.len()).unwrap_or(u32::MAX).to_le_bytes();
+    let mut v = Vec::with_capacity(9 + key.len() + value.len());
+    v.push(op);
+    v.extend_from_slice(&len(key));
+    v.extend_from_slice(key);
+    v.extend_from_slice(&len(value));
+    v.extend_from_slice(value);
+    v
+}
+
+pub(crate) fn read_request_body(
+    op: u8,
+    r: &mut impl Read,
+    limits: &Limits,
+    admit: impl FnOnce(usize) -> Result<(), String>,
+) -> Result<Request, RequestError> {
+    let op = op_of(op)?;
+    let key_len = read_u32(r)? as usize;
+    if key_len > limits.max_key_bytes {
+        return Err(too_long(REPLY_KEY_TOO_LONG, limits.max_key_bytes));
+    }
+    let key = read_exactly(r, key_len)?;
+    let value_len = read_u32(r)? as usize;
+    if value_len > limits.max_value_bytes {
+        return Err(too_long(REPLY_VALUE_TOO_LONG, limits.max_value_bytes));
+    }
+    if let Err(why) = admit(key_len + value_len) {
+        // Skip the body without keeping it, so the connection stays usable.
+        let skipped = io::copy(&mut r.take(value_len as u64), &mut io::sink())?;
+        if skipped != value_len as u64 {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+        }
+        return Err(RequestError::Rejected((REPLY_FULL, why.into_bytes())));
+    }
+    let value = read_exactly(r, value_len)?;
+    Ok(Request { op, key, value })
+}
+
+/// Read one whole request; `Ok(None)` at a clean end of stream. The fuzz
+/// target's entry point (the server reads the first byte itself, to time
+/// the rest).
+pub(crate) fn read_request(
+    r: &mut impl Read,
+    limits: &Limits,
+) -> Result<Option<Request>, RequestError> {
+    let mut op = [0u8; 1];
+    if r.read(&mut op)? == 0 {
+        return Ok(None);
+    }
+    read_request_body(op[0], r, limits, |_| Ok(())).map(Some)
+}
+
+/// A reply: status and value.
+pub(crate) type Reply = (u8, Vec<u8>);
+
+/// The store's contents, with what they cost against the bounds.
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    map: HashMap<Vec<u8>, Vec<u8>>,
+    /// Bytes held: keys, values and per-entry overhead.
+    bytes: usize,
+    /// Bytes of requests being read (admitted, not yet applied).
+    reserved: usize,
+}
+
+fn cost(key: &[u8], value: &[u8]) -> usize {
+    key.len() + value.len() + ENTRY_OVERHEAD_BYTES
+}
+
+impl Table {
+    /// Bytes held (keys, values, overhead).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Keys held.
+    pub fn keys(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Set aside room for a request of `len` bytes being read, if there is
+    /// room; give it back with [`release`](Self::release).
+    pub fn reserve(&mut self, len: usize, limits: &Limits) -> Result<(), String> {
+        let after = self.bytes + self.reserved + len;
+        if after > limits.max_total_bytes {
+            return Err(full_bytes(limits));
+        }
+        self.reserved += len;
+        Ok(())
+    }
+
+    /// Give back room set aside by [`reserve`](Self::reserve).
+    pub fn release(&mut self, len: usize) {
+        self.reserved = self.reserved.saturating_sub(len);
+    }
+
+    /// Carry out a request.
+    pub fn apply(&mut self, req: Request, limits: &Limits) -> Reply {
+        match req.op {
+            Op::Set => match self.put(req.key, req.value, limits) {
+                Ok(()) => (REPLY_OK, Vec::new()),
+                Err(why) => (REPLY_FULL, why.into_bytes()),
+            },
+            Op::Get => match self.map.get(&req.key) {
+                Some(v) => (REPLY_OK, v.clone()),
+                None => (REPLY_MISSING, Vec::new()),
+            },
+            Op::Add => self.add(req.key, &req.value, limits),
+        }
+    }
+
+    fn add(&mut self, key: Vec<u8>, delta: &[u8], limits: &Limits) -> Reply {
+        let Ok(delta) = <[u8; 8]>::try_from(delta).map(i64::from_le_bytes) else {
+            return (
+                REPLY_BAD_REQUEST,
+                format!("add takes an 8-byte counter, not {} bytes", delta.len()).into_bytes(),
+            );
+        };
+        let now = self
+            .map
+            .get(&key)
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, i64::from_le_bytes)
+            .wrapping_add(delta);
+        let bytes = now.to_le_bytes().to_vec();
+        match self.put(key, bytes.clone(), limits) {
+            Ok(()) => (REPLY_OK, bytes),
+            Err(why) => (REPLY_FULL, why.into_bytes()),
+        }
+    }
+
+    /// Insert or replace, if the result stays within the bounds.
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>, limits: &Limits) -> Result<(), String> {
+        let old = self.map.get(&key).map(|v| cost(&key, v));
+        if old.is_none() && self.map.len() >= limits.max_keys {
+            return Err(format!(
+                "the store holds its maximum of {} keys",
+                limits.max_keys
+            ));
+        }
+        let after = self.bytes - old.unwrap_or(0) + cost(&key, &value);
+        if after > limits.max_total_bytes {
+            return Err(full_bytes(limits));
+        }
+        self.bytes = after;
+        self.map.insert(key, value);
+        Ok(())
+    }
+}
+
+fn full_bytes(limits: &Limits) -> String {
+    format!(
+        "the store holds its maximum of {} bytes",
+        limits.max_total_bytes
+    )
+}
+
+/// Feed `data` to the server's parsers as if it arrived on a connection:
+/// a hello, then requests, applied to a table with small bounds. Any
+/// input must end in a reply or an error, never a panic, and the table
+/// must stay within its bounds. The fuzz target's entry point.
+#[doc(hidden)]
+pub fn fuzz_server(data: &[u8]) {
+    let limits = Limits {
+        max_key_bytes: 64,
+        max_value_bytes: 256,
+        max_keys: 16,
+        max_total_bytes: 2048,
+        ..Limits::default()
+    };
+    let secret = JobSecret::new("fuzz".into());
+    let nonce = [7u8; NONCE_BYTES];
+    let mut r = data;
+    let mut h = [0u8; HELLO_BYTES];
+    if r.read_exact(&mut h).is_err() {
+        return;
+    }
+    // Whatever the verdict, go on to the requests: the parser behind the
+    // handshake must be robust too.
+    let _ = check_hello(&h, secret.as_ref(), &nonce);
+    let mut table = Table::default();
+    while let Ok(Some(req)) = read_request(&mut r, &limits) {
+        let _ = table.apply(req, &limits);
+        assert!(table.bytes() <= limits.max_total_bytes);
+        assert!(table.keys() <= limits.max_keys);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_over_the_caps_are_refused_before_any_body_is_read() {
+        let limits = Limits::default();
+        let mut huge_key = vec![OP_SET];
+        huge_key.extend_from_slice(&u32::MAX.to_le_bytes());
+        match read_request(&mut huge_key.as_slice(), &limits) {
+            Err(RequestError::Refused((REPLY_KEY_TOO_LONG, max))) => {
+                assert_eq!(max, 4096u64.to_le_bytes())
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut huge_value = request(OP_SET, b"k", b"");
+        huge_value.truncate(1 + 4 + 1);
+        huge_value.extend_from_slice(&(64u32 << 20).to_le_bytes());
+        assert!(matches!(
+            read_request(&mut huge_value.as_slice(), &limits),
+            Err(RequestError::Refused((REPLY_VALUE_TOO_LONG, _)))
+        ));
+        // A length that lies about a short stream is an end of stream, and
+        // allocates only what arrived.
+        let mut short = request(OP_SET, b"k", b"");
+        short.truncate(1 + 4 + 1);
+        short.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        short.extend_from_slice(b"abc");
+        assert!(matches!(
+            read_request(&mut short.as_slice(), &limits),
+            Err(RequestError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof
+        ));
+        assert!(matches!(
+            read_request(&mut request(9, b"k", b"").as_slice(), &limits),
+            Err(RequestError::Refused((REPLY_BAD_REQUEST, _)))
+        ));
+    }
+
+    #[test]
+    fn the_table_keeps_within_its_key_and_byte_caps() {
+        let limits = Limits {
+            max_keys: 3,
+            max_total_bytes: 3 * (ENTRY_OVERHEAD_BYTES + 10),
+            ..Limits::default()
+        };
+        let mut t = Table::default();
+        let set = |k: &str, v: &[u8]| Request {
+            op: Op::Set,
+            key: k.into(),
+            value: v.into(),
+        };
+        for k in ["a", "b", "c"] {
+            assert_eq!(t.apply(set(k, b"123456789"), &limits).0, REPLY_OK);
+        }
+        let (status, why) = t.apply(set("d", b""), &limits);
+        assert_eq!(status, REPLY_FULL);
+        assert!(String::from_utf8_lossy(&why).contains("3 keys"));
+        // Replacing a key is not a new key; growing it past the byte cap is refused.
+        assert_eq!(t.apply(set("a", b"x"), &limits).0, REPLY_OK);
+        let (status, why) = t.apply(set("a", &[0; 40]), &limits);
+        assert_eq!(status, REPLY_FULL, "{}", String::from_utf8_lossy(&why));
+        assert!(t.bytes() <= limits.max_total_bytes);
+        assert!(t.reserve(limits.max_total_bytes, &limits).is_err());
+    }
+
+    #[test]
+    fn hellos_prove_the_secret_for_this_nonce_only() {
+        let s = JobSecret::new("s3cret".into()).unwrap();
+        let other = JobSecret::new("guess".into()).unwrap();
+        let nonce = [1u8; NONCE_BYTES];
+        let check = |h, secret| check_hello(&h, secret, &nonce);
+        assert_eq!(
+            check(hello(Some(&s), &nonce), Some(&s)),
+            Admission::Accepted
+        );
+        assert_eq!(
+            check(hello(Some(&other), &nonce), Some(&s)),
+            Admission::BadSecret
+        );
+        assert_eq!(check(hello(None, &nonce), Some(&s)), Admission::BadSecret);
+        assert_eq!(
+            check(hello(Some(&s), &[2u8; NONCE_BYTES]), Some(&s)),
+            Admission::BadSecret,
+            "a proof for another nonce is a replay"
+        );
+        // The old protocol's first bytes (a set request) are not a hello.
+        let mut old = request(OP_SET, b"key", b"v");
+        old.resize(HELLO_BYTES, 0);
+        let old: [u8; HELLO_BYTES] = old.try_into().unwrap();
+        assert_eq!(check(old, None), Admission::BadHello);
+        let g = greeting(true, &nonce);
+        assert_eq!(parse_greeting(&g), Some(Greeting { auth: true, nonce }));
+    }
+
+    #[test]
+    fn the_fuzz_entry_point_survives_odd_inputs() {
+        fuzz_server(&[]);
+        fuzz_server(&[0xff; 100]);
+        let mut data = hello(None, &[0; NONCE_BYTES]).to_vec();
+        for i in 0..40u32 {
+            data.extend(request(OP_SET, &i.to_le_bytes(), &[1; 200]));
+            data.extend(request(OP_ADD, &i.to_le_bytes(), &[1; 8]));
+        }
+        fuzz_server(&data);
+    }
+}
