@@ -2,12 +2,13 @@
 
 use std::time::Instant;
 
+use ferrocoll_core::Rank;
 use ferrocoll_core::algorithms::Algorithm;
 use ferrocoll_core::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut};
 use ferrocoll_core::plan::{CallShape, Planned, Planner};
-use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use ferrocoll_rendezvous::Store;
 
+use crate::agree::Agreement;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::exec::{Task, execute};
 use crate::setup::{SetupError, connect};
@@ -34,6 +35,11 @@ pub struct ProcessCommunicator {
     p2p_received: Vec<u64>,
     /// Selects and compiles every call's plan, the same in every process.
     planner: Planner,
+    /// Every call is agreed by all ranks before its data moves.
+    agreement: Agreement,
+    /// A call of this communicator failed the group: later calls return
+    /// the failure at once and announce nothing to the peers.
+    poisoned: bool,
     /// Rank 0 hosts the store; keep it for the life of the group.
     _store: Store,
 }
@@ -83,6 +89,7 @@ impl ProcessCommunicator {
         config: &ProcessConfig,
     ) -> Result<Self, SetupError> {
         let transport = connect(&mut store, rank, world_size, config)?;
+        crate::panic_note::install();
         Ok(ProcessCommunicator {
             transport,
             config: config.clone(),
@@ -92,6 +99,8 @@ impl ProcessCommunicator {
             p2p_sent: vec![0; world_size as usize],
             p2p_received: vec![0; world_size as usize],
             planner: Planner::new(world_size, config.planner_settings()),
+            agreement: Agreement::new(rank, world_size),
+            poisoned: false,
             _store: store,
         })
     }
@@ -127,6 +136,7 @@ impl ProcessCommunicator {
         if let Err(e) = &result
             && !e.is_argument_error()
         {
+            self.poisoned = true;
             match e {
                 CommError::PeerFailed { rank, reason } => self.transport.fail(*rank, reason),
                 other => self.transport.fail(self.rank, &other.to_string()),
@@ -165,6 +175,12 @@ impl ProcessCommunicator {
             "{}",
             planned.describe()
         );
+        self.agreement.agree(
+            self.transport.as_mut(),
+            number,
+            &signature,
+            self.config.timeout,
+        )?;
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let started = Instant::now();
@@ -327,19 +343,18 @@ impl ProcessCommunicator {
         }
     }
 
-    /// A barrier is a one-byte direct all-reduce: every rank hears from
-    /// every other before any returns.
+    /// A barrier is a call's agreement alone: no rank returns before every
+    /// rank has entered it, and a rank that makes another call instead is
+    /// a mismatch.
     fn barrier(&mut self) -> Result<(), CommError> {
-        let mut token = [1u8];
-        let shape = CallShape {
-            collective: Collective::AllReduce,
-            count: 1,
-            dtype: DataType::U8,
-            op: ReduceOp::Max,
-            in_place: true,
-        };
-        let planned = self.planner.plan_with(&shape, Algorithm::Direct)?;
-        self.run_plan(&shape, &planned, None, (&mut token[..]).into())
+        let number = self.calls;
+        self.calls += 1;
+        self.agreement.agree(
+            self.transport.as_mut(),
+            number,
+            "barrier",
+            self.config.timeout,
+        )
     }
 }
 
@@ -354,21 +369,32 @@ impl Communicator for ProcessCommunicator {
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
         let checked = call.check(self.rank, self.n)?;
+        if self.poisoned {
+            self.transport.check()?;
+        }
         // A loss noticed during an earlier call fails this one; record it
-        // as this rank's failure too, so peers hear of it from us.
-        let result = self.transport.check().and_then(|()| match checked {
+        // as this rank's failure too, so peers hear of it from us. Calls
+        // that agree first check inside the agreement, after looking at
+        // the announcements: a rank that arrives after a peer failed the
+        // group over this very call's mismatch reports the mismatch.
+        let result = match checked {
             Checked::Collective {
                 shape,
                 input,
                 output,
-            } => {
-                let planned = self.planner.plan(&shape)?;
-                self.run_plan(&shape, &planned, input, output)
+            } => self
+                .planner
+                .plan(&shape)
+                .and_then(|planned| self.run_plan(&shape, &planned, input, output)),
+            Checked::Send { data, peer } => {
+                self.transport.check().and_then(|()| self.send(data, peer))
             }
-            Checked::Send { data, peer } => self.send(data, peer),
-            Checked::Recv { buffer, peer } => self.recv(buffer, peer),
+            Checked::Recv { buffer, peer } => self
+                .transport
+                .check()
+                .and_then(|()| self.recv(buffer, peer)),
             Checked::Barrier => self.barrier(),
-        });
+        };
         self.fail_on(result)
     }
 }
@@ -377,8 +403,10 @@ impl Drop for ProcessCommunicator {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // Dropped while unwinding: the program did not finish its calls,
-            // so peers must hear of a failure, not a clean exit.
-            self.transport.fail(self.rank, "panicked");
+            // so peers must hear of a failure (and why), not a clean exit.
+            let why = crate::panic_note::last()
+                .map_or_else(|| "panicked".to_owned(), |m| format!("panicked: {m}"));
+            self.transport.fail(self.rank, &why);
         } else {
             self.transport.depart();
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ferrocoll_core::plan::PlannerSettings;
 use ferrocoll_core::select::{SharedSelector, host_rule};
+use ferrocoll_core::settings::{EnvOverrides, SettingsError};
 use ferrocoll_core::{Algorithm, Verified};
 
 /// How the processes of a group exchange messages.
@@ -72,7 +73,19 @@ pub struct ProcessConfig {
 }
 
 impl Default for ProcessConfig {
+    /// The built-in settings with the `FERROCOLL_*` environment applied
+    /// (see [`ferrocoll_core::settings`]; a malformed variable is logged
+    /// and ignored here — [`ProcessConfig::from_env`] reports it).
     fn default() -> Self {
+        let mut config = ProcessConfig::builtin();
+        EnvOverrides::read_or_warn().apply(&mut config.algorithm, &mut config.timeout);
+        config
+    }
+}
+
+impl ProcessConfig {
+    /// The built-in settings, whatever the environment says.
+    pub fn builtin() -> Self {
         ProcessConfig {
             transport: TransportKind::Shm,
             timeout: Duration::from_secs(60),
@@ -88,9 +101,19 @@ impl Default for ProcessConfig {
             schedule: None,
         }
     }
-}
 
-impl ProcessConfig {
+    /// The built-in settings with the `FERROCOLL_*` environment applied;
+    /// a malformed variable is an error.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        ProcessConfig::builtin().with_env()
+    }
+
+    /// These settings with the `FERROCOLL_*` environment applied on top.
+    pub fn with_env(mut self) -> Result<Self, SettingsError> {
+        EnvOverrides::read()?.apply(&mut self.algorithm, &mut self.timeout);
+        Ok(self)
+    }
+
     /// How every rank plans its calls: the same settings in every process,
     /// so every rank compiles the same plans.
     pub fn planner_settings(&self) -> PlannerSettings {

@@ -41,9 +41,11 @@
 //! - Every rank must pass the same [`ProcessConfig`] (checked when the
 //!   group forms) and make the same calls in the same order.
 
+mod agree;
 mod communicator;
 mod config;
 mod exec;
+mod panic_note;
 mod setup;
 mod transport;
 mod wire;
@@ -51,3 +53,11 @@ mod wire;
 pub use communicator::{AbortHandle, ProcessCommunicator};
 pub use config::{ProcessConfig, TransportKind};
 pub use setup::SetupError;
+
+/// Entry points for the fuzz targets (`fuzz/`): the TCP transport's frame
+/// reader and its connection handshake. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::setup::fuzz_hello;
+    pub use crate::transport::tcp::fuzz_frames;
+}

@@ -1,17 +1,23 @@
 //! Forming a group: every rank meets in the rendezvous store, agrees on
 //! the settings, and opens the transport to every other rank.
 
-use std::io::{Read, Write};
+mod handshake;
+mod shm;
+mod watch;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use ferrocoll_core::Rank;
-use ferrocoll_rendezvous::{Store, StoreError};
+use ferrocoll_rendezvous::{JobSecret, Store, StoreError};
+#[doc(hidden)]
+pub use handshake::fuzz_hello;
 use thiserror::Error;
 
 use crate::config::{ProcessConfig, TransportKind};
 use crate::transport::Transport;
 use crate::transport::tcp::TcpTransport;
+use watch::Watch;
 
 /// Why a process group could not be formed.
 #[derive(Debug, Error)]
@@ -62,6 +68,42 @@ pub enum SetupError {
         /// The system's error.
         source: std::io::Error,
     },
+    /// The segments this group needs do not fit this host's tmpfs (or
+    /// their size overflows): nothing was created.
+    #[error(
+        "shared memory: {world_size} ranks need {need} bytes per rank in {dir}, which has {free} free (fewer ranks, smaller ProcessConfig::max_message_bytes or max_channels, or --transport tcp)"
+    )]
+    ShmSpace {
+        /// Ranks in the group.
+        world_size: u32,
+        /// Bytes one rank's segment needs (`u64::MAX`: more than can be counted).
+        need: u64,
+        /// Bytes free where segments live.
+        free: u64,
+        /// Where segments live.
+        dir: String,
+    },
+    /// A peer's process exited while the group was forming.
+    #[error("rank {rank} (process {pid}) exited while the group was forming ({during})")]
+    PeerExited {
+        /// The rank.
+        rank: Rank,
+        /// Its process id.
+        pid: u32,
+        /// The setup step this rank was at.
+        during: String,
+    },
+    /// A TCP group needs more connections than this process may open.
+    #[error(
+        "tcp: {world_size} ranks need a connection and a reader thread for every peer, but this process can hold {capacity} (its file limit, `ulimit -n`, less 64 spare; the tcp transport takes at most 8192 ranks)"
+    )]
+    TooManyConnections {
+        /// Ranks in the group.
+        world_size: u32,
+        /// Peers this process can hold: its open-file limit (`RLIMIT_NOFILE`)
+        /// less spares, at most 8192.
+        capacity: u64,
+    },
     /// This system has no shared-memory transport.
     #[error("the shared-memory transport needs a Unix system; use tcp")]
     Unsupported,
@@ -99,102 +141,92 @@ pub(crate) fn connect(
     if rank >= world_size {
         return Err(SetupError::RankOutOfRange { rank, world_size });
     }
-    let mine = fingerprint(config, world_size);
-    store.set(&format!("pg/config/{rank}"), mine.as_bytes())?;
-    let theirs = text(store.wait("pg/config/0")?);
-    if theirs != mine {
-        return Err(SetupError::ConfigMismatch { rank, mine, theirs });
+    match config.transport {
+        TransportKind::Shm => shm::check_capacity(world_size, config)?,
+        TransportKind::Tcp => check_files(world_size)?,
     }
-    let transport: Box<dyn Transport> = match config.transport {
-        TransportKind::Shm => shm(store, rank, world_size, config)?,
-        TransportKind::Tcp => Box::new(tcp(store, rank, world_size, config)?),
-    };
-    store.barrier("pg/connected", world_size)?;
-    tracing::debug!(rank, world_size, transport = %config.transport, "process group formed");
-    Ok(transport)
+    let mut watch = Watch::start(store, rank, world_size, config.timeout)?;
+    let formed = form(store, &mut watch, rank, world_size, config);
+    formed.map_err(|e| {
+        // Name the root cause, and leave it for peers that see us exit.
+        let e = watch.explain(store, e);
+        watch.record_cause(store, &e);
+        e
+    })
 }
 
+/// The largest TCP group: a full mesh with a reader thread per connection
+/// stops making sense well before it, whatever the file limit says.
+const MAX_TCP_WORLD: u64 = 8192;
+
+/// Refuse a TCP group whose connections this process could not open: one
+/// per peer, plus room for the store, the listener and the program's own
+/// (and never more than [`MAX_TCP_WORLD`] ranks).
 #[cfg(unix)]
-fn shm(
+fn check_files(world_size: u32) -> Result<(), SetupError> {
+    const SPARE: u64 = 64;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Ok(());
+    }
+    // `rlim_t` is narrower than u64 on some 32-bit targets.
+    #[allow(clippy::unnecessary_cast)]
+    let files = limit.rlim_cur as u64;
+    let capacity = files.saturating_sub(SPARE).min(MAX_TCP_WORLD);
+    if u64::from(world_size) > capacity {
+        return Err(SetupError::TooManyConnections {
+            world_size,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_files(_world_size: u32) -> Result<(), SetupError> {
+    Ok(())
+}
+
+/// Agree on the settings, open the transport and meet at the last barrier,
+/// every wait watching the peers' processes.
+fn form(
     store: &mut Store,
+    watch: &mut Watch,
     rank: Rank,
     world_size: u32,
     config: &ProcessConfig,
 ) -> Result<Box<dyn Transport>, SetupError> {
-    use crate::transport::shm::segment::{self, Segment};
-    use crate::transport::shm::{Shape, ShmTransport};
-
-    let shape = Shape {
-        world_size,
-        channels: config.max_channels.max(1) + 1,
-        slots: config.link_slots(),
-        slot_bytes: config.max_message_bytes.max(64),
-    };
-    if rank == 0 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let token = format!("{}-{nanos:x}", std::process::id());
-        store.set("pg/token", token.as_bytes())?;
+    let mine = fingerprint(config, world_size);
+    store.set(&format!("pg/config/{rank}"), mine.as_bytes())?;
+    let theirs = text(watch.wait(store, "pg/config/0")?);
+    if theirs != mine {
+        return Err(SetupError::ConfigMismatch { rank, mine, theirs });
     }
-    let token = text(store.wait("pg/token")?);
-    let path_of = |r: Rank| segment::directory().join(format!("ferrocoll-{token}-{r}"));
-    let own = path_of(rank);
-    let segment = ShmTransport::create_segment(&own, &shape).map_err(|source| SetupError::Shm {
-        what: "create",
-        path: own.display().to_string(),
-        source,
-    })?;
-    store.set(&format!("pg/shm/{rank}"), own.to_string_lossy().as_bytes())?;
-    let mut all: Vec<Option<Segment>> = (0..world_size).map(|_| None).collect();
-    let mut pids = vec![std::process::id(); world_size as usize];
-    let opened = (|| {
-        for peer in (0..world_size).filter(|&p| p != rank) {
-            let path = std::path::PathBuf::from(text(store.wait(&format!("pg/shm/{peer}"))?));
-            let seg = Segment::open(&path, shape.segment_bytes())
-                .and_then(|s| ShmTransport::validate(&s).map(|pid| (s, pid)))
-                .map_err(|source| SetupError::Shm {
-                    what: "open",
-                    path: path.display().to_string(),
-                    source,
-                })?;
-            pids[peer as usize] = seg.1;
-            all[peer as usize] = Some(seg.0);
-        }
-        store.barrier("pg/mapped", world_size)?;
-        Ok::<(), SetupError>(())
-    })();
-    // Every rank has mapped every segment (or gave up): the names are no
-    // longer needed, and nothing is left in tmpfs if a process dies.
-    segment.unlink();
-    opened?;
-    all[rank as usize] = Some(segment);
-    let all = all
-        .into_iter()
-        .map(|s| s.expect("every rank mapped"))
-        .collect();
-    Ok(Box::new(ShmTransport::new(rank, shape, all, pids)))
+    let transport: Box<dyn Transport> = match config.transport {
+        TransportKind::Shm => shm::open(store, watch, rank, world_size, config)?,
+        TransportKind::Tcp => Box::new(tcp(store, watch, rank, world_size, config)?),
+    };
+    watch.barrier(store, "pg/connected")?;
+    tracing::debug!(rank, world_size, transport = %config.transport, "process group formed");
+    Ok(transport)
 }
 
-#[cfg(not(unix))]
-fn shm(
-    _store: &mut Store,
-    _rank: Rank,
-    _world_size: u32,
-    _config: &ProcessConfig,
-) -> Result<Box<dyn Transport>, SetupError> {
-    Err(SetupError::Unsupported)
-}
-
-const HELLO: u32 = u32::from_le_bytes(*b"fcol");
-
+/// Open the TCP transport: publish a data port, dial every lower rank and
+/// accept every higher one, each connection authenticated with the job
+/// secret the store was joined with (see [`handshake`]).
 fn tcp(
     store: &mut Store,
+    watch: &mut Watch,
     rank: Rank,
     world_size: u32,
     config: &ProcessConfig,
 ) -> Result<TcpTransport, SetupError> {
     let tcp_err = |what: String| move |source| SetupError::Tcp { what, source };
+    let secret = store.secret().cloned();
     let ip = store.local_addr()?.ip();
     let listener =
         TcpListener::bind(SocketAddr::new(ip, 0)).map_err(tcp_err(format!("listen on {ip}")))?;
@@ -204,77 +236,29 @@ fn tcp(
     store.set(&format!("pg/tcp/{rank}"), addr.to_string().as_bytes())?;
     let deadline = Instant::now() + config.timeout;
     let mut streams: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
-    // Connect to every lower rank (their listeners queue us even before
-    // they accept), then accept every higher one.
+    // Dial every lower rank (each answers once it has dialed its own lower
+    // ranks, so rank 0 first), then accept every higher one.
     for peer in 0..rank {
-        let at = text(store.wait(&format!("pg/tcp/{peer}"))?);
-        let peer_addr: SocketAddr = at.parse().map_err(|_| SetupError::Tcp {
-            what: format!("rank {peer} published a bad address `{at}`"),
-            source: std::io::Error::from(std::io::ErrorKind::InvalidData),
-        })?;
-        let mut stream = loop {
-            match TcpStream::connect_timeout(&peer_addr, Duration::from_secs(1)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(SetupError::Tcp {
-                        what: format!("connect to rank {peer} at {peer_addr}"),
-                        source: e,
-                    });
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        };
-        let mut hello = [0u8; 8];
-        hello[..4].copy_from_slice(&HELLO.to_le_bytes());
-        hello[4..].copy_from_slice(&rank.to_le_bytes());
-        stream
-            .write_all(&hello)
-            .map_err(tcp_err(format!("greet rank {peer}")))?;
+        let stream = dial_peer(
+            store,
+            watch,
+            rank,
+            peer,
+            world_size,
+            secret.as_ref(),
+            deadline,
+        )?;
         streams[peer as usize] = Some(stream);
     }
-    listener
-        .set_nonblocking(true)
-        .map_err(tcp_err("set up the listener".into()))?;
-    let mut waiting = world_size - rank - 1;
-    while waiting > 0 {
-        match listener.accept() {
-            Ok((mut stream, _from)) => {
-                // Read the greeting with what is left of the deadline (at
-                // most a second): a silent stranger must not stall us.
-                let left = deadline
-                    .saturating_duration_since(Instant::now())
-                    .clamp(Duration::from_millis(10), Duration::from_secs(1));
-                let mut hello = [0u8; 8];
-                let greeted = stream
-                    .set_nonblocking(false)
-                    .and_then(|()| stream.set_read_timeout(Some(left)))
-                    .and_then(|()| stream.read_exact(&mut hello))
-                    .and_then(|()| stream.set_read_timeout(None));
-                let peer = u32::from_le_bytes(hello[4..].try_into().expect("4 bytes"));
-                let magic = u32::from_le_bytes(hello[..4].try_into().expect("4 bytes"));
-                if greeted.is_err() || magic != HELLO || peer <= rank || peer >= world_size {
-                    // Not one of ours (a port scanner, another job): ignore it.
-                    continue;
-                }
-                if streams[peer as usize].replace(stream).is_none() {
-                    waiting -= 1;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<Rank> = (rank + 1..world_size)
-                        .filter(|&p| streams[p as usize].is_none())
-                        .collect();
-                    return Err(SetupError::Tcp {
-                        what: format!("ranks {missing:?} did not connect to {addr}"),
-                        source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(tcp_err("accept".into())(e)),
-        }
-    }
+    let mut peers_alive = || watch.check(store, "waiting for higher ranks to connect");
+    handshake::accept_peers(
+        &listener,
+        rank,
+        &mut streams,
+        secret.as_ref(),
+        deadline,
+        &mut peers_alive,
+    )?;
     TcpTransport::new(
         rank,
         streams,
@@ -283,4 +267,43 @@ fn tcp(
         config.max_message_bytes.max(64),
     )
     .map_err(tcp_err("start the connection readers".into()))
+}
+
+/// Connect to `peer`'s published data port and run the dialer's handshake.
+fn dial_peer(
+    store: &mut Store,
+    watch: &mut Watch,
+    rank: Rank,
+    peer: Rank,
+    world_size: u32,
+    secret: Option<&JobSecret>,
+    deadline: Instant,
+) -> Result<TcpStream, SetupError> {
+    let at = text(watch.wait(store, &format!("pg/tcp/{peer}"))?);
+    let peer_addr: SocketAddr = at.parse().map_err(|_| SetupError::Tcp {
+        what: format!("rank {peer} published a bad address `{at}`"),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+    })?;
+    let mut stream = loop {
+        match TcpStream::connect_timeout(&peer_addr, Duration::from_secs(1)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(SetupError::Tcp {
+                    what: format!("connect to rank {peer} at {peer_addr}"),
+                    source: e,
+                });
+            }
+            Err(_) => {
+                watch.check(store, &format!("connecting to rank {peer}"))?;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    handshake::dial(&mut stream, rank, peer, world_size, secret, deadline).map_err(|source| {
+        SetupError::Tcp {
+            what: format!("handshake with rank {peer} at {peer_addr}"),
+            source,
+        }
+    })?;
+    Ok(stream)
 }

@@ -111,19 +111,6 @@ fn run(scenario: &str, transport: TransportKind) -> Vec<common::Finished> {
     ranks.finish(Duration::from_secs(60), Vec::new())
 }
 
-fn show(finished: &[common::Finished]) -> String {
-    finished
-        .iter()
-        .map(|f| {
-            format!(
-                "--- rank {} exit {:?} at {:?}\n{}",
-                f.rank, f.code, f.at, f.output
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn killed_mid_run(transport: TransportKind) {
     let mut ranks = common::spawn("child", "killed", 4, transport);
     let mut log = Vec::new();
@@ -134,7 +121,7 @@ fn killed_mid_run(transport: TransportKind) {
     ranks.children[2].kill().unwrap();
     let killed_at = ranks.started.elapsed();
     let finished = ranks.finish(Duration::from_secs(60), log);
-    let all = show(&finished);
+    let all = common::show(&finished);
     for f in finished.iter().filter(|f| f.rank != 2) {
         assert_eq!(f.code, Some(3), "survivors exit with an error\n{all}");
         assert!(f.output.contains("error: rank"), "{all}");
@@ -167,7 +154,7 @@ fn a_killed_rank_is_an_error_on_every_survivor_over_tcp() {
 
 fn survivors_fail_fast(scenario: &str, transport: TransportKind, culprit: u32, says: &str) {
     let finished = run(scenario, transport);
-    let all = show(&finished);
+    let all = common::show(&finished);
     for f in finished.iter().filter(|f| f.rank != culprit) {
         assert_eq!(
             f.code,
@@ -191,7 +178,12 @@ fn survivors_fail_fast(scenario: &str, transport: TransportKind, culprit: u32, s
 #[test]
 fn a_panicking_rank_fails_the_group() {
     for t in [TransportKind::Shm, TransportKind::Tcp] {
-        survivors_fail_fast("panics", t, 1, "rank 1 failed: panicked");
+        survivors_fail_fast(
+            "panics",
+            t,
+            1,
+            "rank 1 failed: panicked: rank 1 panics on purpose",
+        );
     }
 }
 
@@ -218,7 +210,7 @@ fn a_count_dtype_or_op_mismatch_is_a_typed_error_not_a_hang() {
             ("op", "op=max"),
         ] {
             let finished = run(scenario, t);
-            let all = show(&finished);
+            let all = common::show(&finished);
             for f in &finished {
                 assert_eq!(
                     f.code,

@@ -1,14 +1,17 @@
 //! Soak across processes: trials of 4 processes each running many random
 //! collectives (random algorithm, collective, dtype, op, count, in place or
-//! not), every result checked against the serial reference; in some trials
-//! one process dies (aborts, as a crash would) at a random call. Counts
-//! hangs (must be 0), wrong results (0) and survivors that did not report
-//! an error within the timeout (0), and prints them.
+//! not), every result checked against the serial reference. In most
+//! trials one process is lost, at a random phase: killed by the parent
+//! while the group forms, aborting (as a crash would) at a random call or
+//! after its last call (teardown), or stopped with SIGSTOP mid-run (alive
+//! but silent: peers must time out, not hang). Counts hangs, wrong
+//! results, survivors that did not report an error in time and segments
+//! left in /dev/shm (all must be 0), and prints them.
 //! `FERROCOLL_SOAK_TRIALS` sets the number of trials (CI runs a short version).
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrocoll_core::conformance::{Case, SplitMix64, check_rank};
 use ferrocoll_core::{DataType, ReduceOp};
@@ -48,6 +51,10 @@ fn child() {
     let seed: u64 = parts[0].parse().unwrap();
     let victim: Option<u32> = parts[1].parse().ok();
     let die_at: u64 = parts[2].parse().unwrap();
+    if victim == Some(env.rank) && die_at == SETUP_KILL {
+        // Announce, so the parent kills this rank while it forms the group.
+        println!("setting up");
+    }
     let mut comm = common::connect(
         &env,
         ProcessConfig {
@@ -60,6 +67,11 @@ fn child() {
         if victim == Some(env.rank) && call == die_at {
             std::process::abort();
         }
+        if victim == Some(env.rank) && die_at == STOPPED && call == seed % CALLS {
+            // Alive but silent from here on, as a process under a debugger.
+            // SAFETY: stopping this very process; the parent kills it later.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
         let case = case(seed, call);
         comm.set_algorithm(case.algorithm);
         if let Err(e) = check_rank(&mut comm, &case) {
@@ -71,7 +83,74 @@ fn child() {
             std::process::exit(3);
         }
     }
+    if victim == Some(env.rank) && die_at == TEARDOWN {
+        std::process::abort();
+    }
     println!("finished {CALLS} calls");
+}
+
+/// `die_at` values past the calls: a phase instead of a call number.
+const SETUP_KILL: u64 = 1000;
+const TEARDOWN: u64 = 1001;
+const STOPPED: u64 = 1002;
+
+/// How trial `trial` loses a process: (victim, phase or call).
+fn fate(trial: u64) -> (Option<u32>, u64) {
+    let mut rng = SplitMix64(trial ^ 0xfeed);
+    let victim = rng.next_u64() as u32 % RANKS;
+    let call = rng.next_u64() % CALLS;
+    match trial % 5 {
+        0 => (None, 0),
+        1 => (Some(victim), call),
+        2 => (Some(victim), SETUP_KILL),
+        3 => (Some(victim), TEARDOWN),
+        _ => (Some(victim), STOPPED),
+    }
+}
+
+/// Segments of job `job` still named in /dev/shm.
+fn leaked(job: &str) -> usize {
+    let prefix = format!("ferrocoll-{job}.");
+    std::fs::read_dir("/dev/shm").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .count()
+    })
+}
+
+/// Kill or stop the victim at its phase; returns when that happened.
+fn strike(ranks: &mut common::Ranks, victim: u32, phase: u64, trial: u64) -> Option<Duration> {
+    let pid = ranks.children[victim as usize].id() as i32;
+    let mut log = Vec::new();
+    match phase {
+        SETUP_KILL => {
+            ranks.wait_for_line("setting up", Duration::from_secs(20), &mut log);
+            // A random moment of the setup: 0 to 20 ms after it began.
+            std::thread::sleep(Duration::from_micros(SplitMix64(trial).next_u64() % 20_000));
+            ranks.children[victim as usize].kill().ok()?;
+        }
+        STOPPED => {
+            // The victim stops itself; once every peer has given up on it
+            // (or far too late), kill it.
+            let deadline = Instant::now() + TIMEOUT * 6;
+            while Instant::now() < deadline {
+                let peers_done = (0..RANKS).filter(|&r| r != victim).all(|r| {
+                    ranks.children[r as usize]
+                        .try_wait()
+                        .is_ok_and(|s| s.is_some())
+                });
+                if peers_done {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // SAFETY: signalling our own child process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return None;
+        }
+        _ => return None,
+    }
+    Some(ranks.started.elapsed())
 }
 
 #[test]
@@ -79,9 +158,11 @@ fn random_collectives_across_processes_never_hang_or_go_wrong() {
     let trials: u64 = std::env::var("FERROCOLL_SOAK_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(6);
+        // Ten trials: every fate on both transports.
+        .unwrap_or(10);
     let (mut hangs, mut wrong, mut late, mut killed_trials, mut finished_anyway, mut calls) =
         (0, 0, 0, 0, 0, 0u64);
+    let mut leaks = 0;
     let started = std::time::Instant::now();
     for trial in 0..trials {
         let transport = if trial % 2 == 0 {
@@ -89,34 +170,60 @@ fn random_collectives_across_processes_never_hang_or_go_wrong() {
         } else {
             TransportKind::Tcp
         };
-        let mut rng = SplitMix64(trial ^ 0xfeed);
-        // One trial in three loses a process.
-        let victim = (trial % 3 == 2).then(|| rng.next_u64() as u32 % RANKS);
-        let die_at = rng.next_u64() % CALLS;
+        let (victim, die_at) = fate(trial);
         let scenario = format!(
             "{trial}:{}:{die_at}",
             victim.map_or("-".to_owned(), |v| v.to_string())
         );
-        let ranks = common::spawn("child", &scenario, RANKS, transport);
-        // Far beyond the timeout: a rank still running then is hung.
+        let job = format!("soak{}x{trial}", std::process::id());
+        let all: Vec<u32> = (0..RANKS).collect();
+        let mut ranks = common::spawn_some(
+            "child",
+            &scenario,
+            &all,
+            RANKS,
+            transport,
+            &[("FERROCOLL_JOB_ID", &job)],
+        );
+        let struck = victim.and_then(|v| strike(&mut ranks, v, die_at, trial));
+        let stopped = victim.filter(|_| die_at == STOPPED);
+        // Far beyond the timeout: a rank still running then is hung. A
+        // stopped victim is killed at that point (so it never counts).
         let finished = ranks.finish(TIMEOUT * 6, Vec::new());
-        let died_at = victim.map(|v| finished[v as usize].at);
+        let died_at = struck.or_else(|| victim.map(|v| finished[v as usize].at));
         killed_trials += u64::from(victim.is_some());
+        leaks += leaked(&job);
         for f in &finished {
             if Some(f.rank) == victim {
                 continue;
             }
+            // A stopped peer is noticed by the timeout, not by its death.
+            let allowed = if stopped.is_some() {
+                TIMEOUT * 3
+            } else {
+                TIMEOUT
+            };
             match f.code {
-                None => hangs += 1,
+                None => {
+                    hangs += 1;
+                    eprintln!(
+                        "trial {trial} ({transport}, {scenario}) rank {} hung:\n{}",
+                        f.rank, f.output
+                    );
+                }
                 Some(4) => {
                     wrong += 1;
                     eprintln!("trial {trial} ({transport}) rank {}: {}", f.rank, f.output);
                 }
                 Some(0) if victim.is_some() => finished_anyway += 1,
                 Some(0) => calls += CALLS,
-                Some(3) if victim.is_some() => {
-                    if f.at.saturating_sub(died_at.unwrap()) > TIMEOUT {
+                Some(3) | Some(101) if victim.is_some() => {
+                    if f.at.saturating_sub(died_at.unwrap_or_default()) > allowed {
                         late += 1;
+                        eprintln!(
+                            "trial {trial} ({transport}) rank {} late: {:?}\n{}",
+                            f.rank, f.at, f.output
+                        );
                     }
                 }
                 other => {
@@ -131,10 +238,11 @@ fn random_collectives_across_processes_never_hang_or_go_wrong() {
     }
     println!(
         "soak across processes: {trials} trials of {RANKS} processes × {CALLS} random collectives \
-         ({killed_trials} with a process killed), {calls} rank-calls checked in {:?}: \
-         hangs {hangs}, wrong {wrong}, survivors without an error in time {late}, \
-         survivors that finished anyway {finished_anyway}",
+         ({killed_trials} losing a process: killed during setup, aborted mid-run or in teardown, \
+         or stopped), {calls} rank-calls checked in {:?}: hangs {hangs}, wrong {wrong}, \
+         survivors without an error in time {late}, survivors that finished anyway \
+         {finished_anyway}, leaked segments {leaks}",
         started.elapsed()
     );
-    assert_eq!((hangs, wrong, late), (0, 0, 0));
+    assert_eq!((hangs, wrong, late, leaks), (0, 0, 0, 0));
 }

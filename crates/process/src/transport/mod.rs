@@ -16,6 +16,11 @@ use ferrocoll_core::comm::CommError;
 
 use crate::wire::Header;
 
+/// The channel message-based transports carry call announcements on
+/// (see [`Transport::announce`]): past every schedule channel, below the
+/// TCP transport's bound on channel numbers, apart from point-to-point.
+pub(crate) const CONTROL_CHANNEL: u32 = (1 << 16) - 1;
+
 /// A received message, valid until [`Transport::release`] on its link.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Incoming {
@@ -81,4 +86,28 @@ pub(crate) trait Transport: Send {
 
     /// Whether `peer` has left the group cleanly.
     fn departed(&mut self, peer: Rank) -> bool;
+
+    /// Tell `to` that this rank entered the call `header` describes (its
+    /// number and signature, no payload); `Ok(false)` while there is no
+    /// room yet. Announcing the same call again is harmless.
+    fn announce(&mut self, to: Rank, header: &Header) -> Result<bool, CommError> {
+        match self.reserve(to, CONTROL_CHANNEL, 0)? {
+            Some(_) => {
+                self.commit(to, CONTROL_CHANNEL, header)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The newest call `from` has announced, if any arrived since the last
+    /// look (a transport may also repeat the newest one).
+    fn announcement(&mut self, from: Rank) -> Result<Option<Header>, CommError> {
+        let mut newest = None;
+        while self.peek(from, CONTROL_CHANNEL)?.is_some() {
+            newest = self.peek_header(from, CONTROL_CHANNEL);
+            self.release(from, CONTROL_CHANNEL)?;
+        }
+        Ok(newest)
+    }
 }

@@ -12,6 +12,14 @@
 //! cleanly sends `bye`. A connection that closes without either — the
 //! process was killed, or its host went away — marks the peer lost, which
 //! every waiting call reports at once.
+//!
+//! Connections are made by `setup`'s handshake, which admits only the
+//! peer that should dial and proves the job secret. After it, nothing read
+//! off the wire is trusted: [`read_frame`] checks every frame's kind,
+//! length, channel (below [`MAX_WIRE_CHANNELS`], or the point-to-point
+//! channel), a failure's culprit (a rank of the group) and a data header
+//! against its payload; a frame that fails a check is a protocol error
+//! blamed on the peer that sent it, never a panic or a huge allocation.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -33,6 +41,10 @@ const BYE: u32 = 4;
 const PREFIX_BYTES: usize = 16;
 /// The longest failure reason sent to peers.
 const MAX_REASON: usize = 4096;
+/// Channel numbers a data or ack frame may carry (besides the
+/// point-to-point channel, `u32::MAX`): far more than any schedule uses,
+/// few enough that a peer cannot grow the per-channel queues without bound.
+pub(crate) const MAX_WIRE_CHANNELS: u32 = 1 << 16;
 
 struct Message {
     header: Header,
@@ -242,95 +254,170 @@ impl TcpTransport {
     }
 }
 
+/// One frame, read and checked.
+#[derive(Debug)]
+pub(crate) enum Frame {
+    /// A message on `channel`.
+    Data {
+        channel: u32,
+        header: Header,
+        /// The payload, in `u64`s so it is aligned for every element type.
+        data: Vec<u64>,
+    },
+    /// One credit returned on `channel`.
+    Ack { channel: u32 },
+    /// The peer failed because `culprit` did.
+    Fail { culprit: Rank, reason: String },
+    /// The peer left cleanly.
+    Bye,
+}
+
+fn protocol_error(what: String) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("protocol error: {what}"),
+    )
+}
+
+/// Whether a channel number read off the wire is one a peer may use: a
+/// schedule channel, or the point-to-point channel (the communicator's
+/// `p2p_channel` is `u32::MAX` on a transport without `max_channel`).
+fn channel_ok(channel: u32) -> bool {
+    channel < MAX_WIRE_CHANNELS || channel == u32::MAX
+}
+
+/// Read one frame. Every field from the wire is checked before it is
+/// trusted — lengths against their kind and `max_payload`, channels against
+/// [`MAX_WIRE_CHANNELS`], a failure's culprit against `world_size`, a data
+/// header against its payload — so a garbled or hostile stream is an
+/// `InvalidData` error, never a huge allocation, an out-of-range index or a
+/// panic.
+pub(crate) fn read_frame(
+    r: &mut impl Read,
+    max_payload: usize,
+    world_size: u32,
+) -> std::io::Result<Frame> {
+    let mut prefix = [0u8; PREFIX_BYTES];
+    r.read_exact(&mut prefix)?;
+    let [k0, k1, k2, k3, c0, c1, c2, c3, l @ ..] = prefix;
+    let kind = u32::from_le_bytes([k0, k1, k2, k3]);
+    let channel = u32::from_le_bytes([c0, c1, c2, c3]);
+    let len = u64::from_le_bytes(l);
+    let fits = match kind {
+        DATA => (HEADER_BYTES as u64..=(HEADER_BYTES + max_payload) as u64).contains(&len),
+        FAIL => len <= MAX_REASON as u64,
+        ACK | BYE => len == 0,
+        other => return Err(protocol_error(format!("unknown frame kind {other}"))),
+    };
+    if !fits {
+        return Err(protocol_error(format!(
+            "frame kind {kind} announces {len} bytes"
+        )));
+    }
+    if matches!(kind, DATA | ACK) && !channel_ok(channel) {
+        return Err(protocol_error(format!(
+            "frame kind {kind} on channel {channel} (at most {MAX_WIRE_CHANNELS})"
+        )));
+    }
+    let len = len as usize;
+    match kind {
+        DATA => read_data(r, channel, len - HEADER_BYTES),
+        ACK => Ok(Frame::Ack { channel }),
+        FAIL => read_fail(r, channel, len, world_size),
+        _ => Ok(Frame::Bye),
+    }
+}
+
+fn read_data(r: &mut impl Read, channel: u32, payload: usize) -> std::io::Result<Frame> {
+    let mut header = [0u8; HEADER_BYTES];
+    r.read_exact(&mut header)?;
+    let header = Header::decode(&header);
+    if header.len != payload as u64 {
+        return Err(protocol_error(format!(
+            "a {payload}-byte payload whose header says {}",
+            header.len
+        )));
+    }
+    let mut data = vec![0u64; payload.div_ceil(8)];
+    // SAFETY: viewing the u64 buffer's first `payload` bytes as bytes; it
+    // holds at least that many, and any byte pattern is a valid u64.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, payload) };
+    r.read_exact(bytes)?;
+    Ok(Frame::Data {
+        channel,
+        header,
+        data,
+    })
+}
+
+/// A fail frame's channel field names the rank that caused the failure.
+fn read_fail(
+    r: &mut impl Read,
+    culprit: u32,
+    len: usize,
+    world_size: u32,
+) -> std::io::Result<Frame> {
+    if culprit >= world_size {
+        return Err(protocol_error(format!(
+            "a failure blamed on rank {culprit} of a {world_size}-rank group"
+        )));
+    }
+    let mut reason = vec![0u8; len];
+    r.read_exact(&mut reason)?;
+    Ok(Frame::Fail {
+        culprit,
+        reason: String::from_utf8_lossy(&reason).into_owned(),
+    })
+}
+
+/// Feed `data` to the frame reader as if it came from a peer of a 4-rank
+/// group with 4 KiB messages, until it errs. The fuzz target's entry point.
+#[doc(hidden)]
+pub fn fuzz_frames(data: &[u8]) {
+    let mut r = data;
+    while let Ok(frame) = read_frame(&mut r, 4096, 4) {
+        match frame {
+            Frame::Data { header, data, .. } => {
+                assert!(header.len as usize <= 4096 && data.len() * 8 >= header.len as usize);
+                let _ = header.signature();
+            }
+            Frame::Fail { culprit, reason } => {
+                assert!(culprit < 4 && reason.len() <= 3 * MAX_REASON)
+            }
+            Frame::Ack { channel } => assert!(channel_ok(channel)),
+            Frame::Bye => {}
+        }
+    }
+}
+
 /// Read frames from `peer` until the connection ends.
 fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
+    let world_size = shared.writers.len() as u32;
     let ended = loop {
-        let mut prefix = [0u8; PREFIX_BYTES];
-        if let Err(e) = stream.read_exact(&mut prefix) {
-            break e;
-        }
-        let kind = u32::from_le_bytes(prefix[0..4].try_into().expect("4 bytes"));
-        let channel = u32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
-        let len = u64::from_le_bytes(prefix[8..16].try_into().expect("8 bytes"));
-        // Lengths come from the wire: check them before trusting them, so
-        // a garbled or hostile stream is an error, not a huge allocation.
-        let fits = match kind {
-            DATA => {
-                (HEADER_BYTES as u64..=(HEADER_BYTES + shared.max_payload) as u64).contains(&len)
-            }
-            FAIL => len <= MAX_REASON as u64,
-            _ => len == 0,
+        let frame = match read_frame(&mut stream, shared.max_payload, world_size) {
+            Ok(frame) => frame,
+            Err(e) => break e,
         };
-        if !fits {
-            break std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("protocol error: frame kind {kind} announces {len} bytes"),
-            );
-        }
-        let len = len as usize;
-        match kind {
-            DATA => {
-                let mut header = [0u8; HEADER_BYTES];
-                if let Err(e) = stream.read_exact(&mut header) {
-                    break e;
-                }
-                let payload = len - HEADER_BYTES;
-                let header = Header::decode(&header);
-                if header.len != payload as u64 {
-                    break std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!(
-                            "protocol error: a {payload}-byte payload whose header says {}",
-                            header.len
-                        ),
-                    );
-                }
-                let mut data = vec![0u64; payload.div_ceil(8)];
-                // SAFETY: viewing the u64 buffer's first `payload` bytes as
-                // bytes; it holds at least that many.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, payload)
-                };
-                if let Err(e) = stream.read_exact(bytes) {
-                    break e;
-                }
-                let mut inbox = shared.inbox();
-                inbox
-                    .queues
-                    .entry((peer, channel))
-                    .or_default()
-                    .push_back(Message { header, data });
-                shared.bump(inbox);
-            }
-            ACK => {
-                let mut inbox = shared.inbox();
-                *inbox.acked.entry((peer, channel)).or_default() += 1;
-                shared.bump(inbox);
-            }
-            FAIL => {
-                let mut reason = vec![0u8; len];
-                if let Err(e) = stream.read_exact(&mut reason) {
-                    break e;
-                }
-                // A fail frame's channel field names the rank that caused it.
-                let mut inbox = shared.inbox();
+        let mut inbox = shared.inbox();
+        match frame {
+            Frame::Data {
+                channel,
+                header,
+                data,
+            } => inbox
+                .queues
+                .entry((peer, channel))
+                .or_default()
+                .push_back(Message { header, data }),
+            Frame::Ack { channel } => *inbox.acked.entry((peer, channel)).or_default() += 1,
+            Frame::Fail { culprit, reason } => {
                 if inbox.failure.is_none() {
-                    inbox.failure = Some((channel, String::from_utf8_lossy(&reason).into_owned()));
+                    inbox.failure = Some((culprit, reason));
                 }
-                shared.bump(inbox);
             }
-            BYE => {
-                let mut inbox = shared.inbox();
-                inbox.departed[peer as usize] = true;
-                shared.bump(inbox);
-            }
-            other => {
-                break std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("protocol error: unknown frame kind {other}"),
-                );
-            }
+            Frame::Bye => inbox.departed[peer as usize] = true,
         }
+        shared.bump(inbox);
     };
     let mut inbox = shared.inbox();
     if !inbox.closing && !inbox.departed[peer as usize] && inbox.failure.is_none() {
@@ -508,7 +595,8 @@ impl Transport for TcpTransport {
 
 impl TcpTransport {
     fn departed_peer(&self, peer: Rank) -> bool {
-        self.shared.inbox().departed[peer as usize]
+        let inbox = self.shared.inbox();
+        inbox.departed.get(peer as usize).copied().unwrap_or(false)
     }
 }
 
@@ -586,6 +674,78 @@ mod tests {
                 e.contains("rank 1 failed") && e.contains("protocol error"),
                 "{e}"
             );
+        }
+    }
+
+    #[test]
+    fn a_fail_frame_blaming_a_rank_outside_the_group_is_a_protocol_error_of_the_sender() {
+        for culprit in [2, 99, u32::MAX] {
+            let (mut t, mut peer) = pair();
+            peer.write_all(&frame(FAIL, culprit, 4)).unwrap();
+            peer.write_all(b"boom").unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let e = loop {
+                if let Err(e) = t.check() {
+                    break e;
+                }
+                assert!(Instant::now() < deadline, "the bad frame went unnoticed");
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            match &e {
+                CommError::PeerFailed { rank, reason } => {
+                    assert_eq!(*rank, 1, "the sender is blamed, not rank {culprit}: {e}");
+                    assert!(reason.contains("protocol error"), "{e}");
+                }
+                other => panic!("{other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn frames_on_channels_past_the_wire_bound_are_protocol_errors() {
+        for bad in [
+            frame(ACK, MAX_WIRE_CHANNELS, 0),
+            frame(ACK, u32::MAX - 1, 0),
+        ] {
+            let (mut t, mut peer) = pair();
+            peer.write_all(&bad).unwrap();
+            let e = failure_of(&mut t);
+            assert!(e.contains("protocol error") && e.contains("channel"), "{e}");
+        }
+        // The point-to-point channel is one a peer may use.
+        let mut ack = frame(ACK, u32::MAX, 0).as_slice().to_vec();
+        ack.extend(frame(BYE, 0, 0));
+        let mut r = ack.as_slice();
+        assert!(matches!(
+            read_frame(&mut r, 64, 2),
+            Ok(Frame::Ack { channel: u32::MAX })
+        ));
+        assert!(matches!(read_frame(&mut r, 64, 2), Ok(Frame::Bye)));
+    }
+
+    #[test]
+    fn the_frame_reader_survives_truncated_and_garbled_streams() {
+        let header = Header::new(3, 8, "send").encode();
+        let mut good = frame(DATA, 0, (HEADER_BYTES + 8) as u64);
+        good.extend_from_slice(&header);
+        good.extend_from_slice(&[1u8; 8]);
+        for cut in 0..good.len() {
+            let mut r = &good[..cut];
+            assert!(read_frame(&mut r, 64, 2).is_err(), "cut at {cut}");
+        }
+        let mut r = good.as_slice();
+        assert!(matches!(read_frame(&mut r, 64, 2), Ok(Frame::Data { .. })));
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            let bytes: Vec<u8> = (0..64)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            fuzz_frames(&bytes);
         }
     }
 

@@ -60,6 +60,20 @@ pub struct Finished {
     pub at: Duration,
 }
 
+/// Every rank's end, for an assertion's message.
+pub fn show(finished: &[Finished]) -> String {
+    finished
+        .iter()
+        .map(|f| {
+            format!(
+                "--- rank {} exit {:?} at {:?}\n{}",
+                f.rank, f.code, f.at, f.output
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Running children.
 pub struct Ranks {
     pub children: Vec<Child>,
@@ -70,10 +84,25 @@ pub struct Ranks {
 
 /// Start `n` children running `test` with `scenario`.
 pub fn spawn(test: &str, scenario: &str, n: u32, transport: TransportKind) -> Ranks {
+    let ranks: Vec<u32> = (0..n).collect();
+    spawn_some(test, scenario, &ranks, n, transport, &[])
+}
+
+/// Start children for `ranks` only, of a group of `world` ranks, with
+/// extra environment variables.
+pub fn spawn_some(
+    test: &str,
+    scenario: &str,
+    ranks: &[u32],
+    world: u32,
+    transport: TransportKind,
+    env: &[(&str, &str)],
+) -> Ranks {
     let server = Server::start("127.0.0.1:0".parse().unwrap()).expect("host the store");
     let (tx, lines) = mpsc::channel();
-    let children = (0..n)
-        .map(|rank| {
+    let children = ranks
+        .iter()
+        .map(|&rank| {
             let mut child = Command::new(std::env::current_exe().unwrap())
                 .args([
                     test,
@@ -83,10 +112,11 @@ pub fn spawn(test: &str, scenario: &str, n: u32, transport: TransportKind) -> Ra
                     "--test-threads=1",
                 ])
                 .env("FERROCOLL_TEST_RANK", rank.to_string())
-                .env("FERROCOLL_TEST_WORLD", n.to_string())
+                .env("FERROCOLL_TEST_WORLD", world.to_string())
                 .env("FERROCOLL_TEST_TRANSPORT", transport.to_string())
                 .env("FERROCOLL_TEST_SCENARIO", scenario)
                 .env("FERROCOLL_TEST_STORE", server.addr().to_string())
+                .envs(env.iter().copied())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()

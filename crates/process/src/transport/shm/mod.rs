@@ -16,11 +16,11 @@
 //! peer becomes an error long before the timeout.
 
 mod doorbell;
-mod liveness;
+pub(crate) mod liveness;
 pub(crate) mod segment;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use ferrocoll_core::Rank;
@@ -31,14 +31,18 @@ use crate::wire::{HEADER_BYTES, Header};
 use segment::Segment;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"fcollshm");
-/// Control block: magic, pid, doorbell, state, failure reason.
+/// Control block: magic, pid, doorbell, state, announced call, failure reason.
 const CONTROL_BYTES: usize = 4096;
 const PID_AT: usize = 8;
 const DOORBELL_AT: usize = 64;
 const STATE_AT: usize = 128;
 const REASON_LEN_AT: usize = 132;
 const CULPRIT_AT: usize = 136;
-const REASON_AT: usize = 256;
+/// The announcement board: a sequence word, then a [`Header`] as words.
+const BOARD_SEQ_AT: usize = 256;
+const BOARD_AT: usize = 264;
+const BOARD_WORDS: usize = HEADER_BYTES / 8;
+const REASON_AT: usize = 512;
 const REASON_BYTES: usize = CONTROL_BYTES - REASON_AT;
 /// A link's counters, each on its own cache line.
 const LINK_CONTROL_BYTES: usize = 128;
@@ -80,6 +84,23 @@ impl Shape {
             + (self.world_size as usize).saturating_sub(1)
                 * self.channels as usize
                 * self.link_bytes()
+    }
+
+    /// [`segment_bytes`](Self::segment_bytes), or `None` when it does not
+    /// fit a `usize` (an absurd world size or slot size).
+    pub fn checked_segment_bytes(&self) -> Option<usize> {
+        let stride = self
+            .slot_bytes
+            .checked_next_multiple_of(64)?
+            .checked_add(HEADER_BYTES)?;
+        let link = stride
+            .checked_mul(self.slots as usize)?
+            .checked_add(LINK_CONTROL_BYTES)?;
+        (self.world_size as usize)
+            .saturating_sub(1)
+            .checked_mul(self.channels as usize)?
+            .checked_mul(link)?
+            .checked_add(CONTROL_BYTES)
     }
 
     /// Offset of the link from `from` on `channel` in `owner`'s segment.
@@ -149,6 +170,52 @@ impl Segments {
         }
     }
 
+    fn word64(&self, rank: Rank, at: usize) -> &AtomicU64 {
+        // SAFETY: `at` is an 8-aligned offset inside the control block of a
+        // live mapping, and that word is only ever accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.all[rank as usize].base().add(at) as *mut u64) }
+    }
+
+    /// Publish `header` on `rank`'s board (a seqlock: only `rank` writes it).
+    fn post(&self, rank: Rank, header: &Header) {
+        let seq = self.word64(rank, BOARD_SEQ_AT);
+        let odd = seq.load(Ordering::Relaxed) | 1;
+        seq.store(odd, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (i, word) in header.encode().chunks_exact(8).enumerate() {
+            let value = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+            self.word64(rank, BOARD_AT + 8 * i)
+                .store(value, Ordering::Relaxed);
+        }
+        seq.store(odd + 1, Ordering::Release);
+    }
+
+    /// What `rank`'s board holds: `None` before its first post, or while a
+    /// post keeps racing the read.
+    fn board(&self, rank: Rank) -> Option<Header> {
+        let seq = self.word64(rank, BOARD_SEQ_AT);
+        for _ in 0..64 {
+            let before = seq.load(Ordering::Acquire);
+            if before == 0 {
+                return None;
+            }
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut bytes = [0u8; HEADER_BYTES];
+            for i in 0..BOARD_WORDS {
+                let w = self.word64(rank, BOARD_AT + 8 * i).load(Ordering::Relaxed);
+                bytes[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+            }
+            fence(Ordering::Acquire);
+            if seq.load(Ordering::Relaxed) == before {
+                return Some(Header::decode(&bytes));
+            }
+        }
+        None
+    }
+
     /// `rank`'s failure: the rank that caused it, and why.
     fn failure(&self, rank: Rank) -> Option<(Rank, String)> {
         if self.word32(rank, STATE_AT).load(Ordering::Acquire) != FAILED {
@@ -178,6 +245,8 @@ pub(crate) struct ShmTransport {
     spin: bool,
     last_health: Instant,
     lost: Option<(Rank, String)>,
+    /// The call this rank's board holds.
+    posted: Option<u64>,
 }
 
 impl ShmTransport {
@@ -221,6 +290,7 @@ impl ShmTransport {
             pids,
             last_health: Instant::now(),
             lost: None,
+            posted: None,
         }
     }
 
@@ -428,6 +498,21 @@ impl Transport for ShmTransport {
 
     fn departed(&mut self, peer: Rank) -> bool {
         self.departed_peer(peer)
+    }
+
+    /// Post the call on this rank's own board (once), then ring `to`:
+    /// announcing writes nothing into any peer's memory.
+    fn announce(&mut self, to: Rank, header: &Header) -> Result<bool, CommError> {
+        if self.posted != Some(header.call) {
+            self.segments.post(self.rank, header);
+            self.posted = Some(header.call);
+        }
+        self.segments.ring(to);
+        Ok(true)
+    }
+
+    fn announcement(&mut self, from: Rank) -> Result<Option<Header>, CommError> {
+        Ok(self.segments.board(from))
     }
 }
 

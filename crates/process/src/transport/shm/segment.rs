@@ -39,9 +39,15 @@ impl Segment {
             .write(true)
             .create_new(true)
             .open(path)?;
-        file.set_len(len as u64)?;
-        reserve(&file, len)?;
-        Segment::map(file, path, len)
+        // A failure past this point must not leave the file behind.
+        let made = file
+            .set_len(len as u64)
+            .and_then(|()| reserve(&file, len))
+            .and_then(|()| Segment::map(file, path, len));
+        if made.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        made
     }
 
     /// Map an existing segment, which must hold at least `len` bytes.
@@ -105,6 +111,22 @@ impl Drop for Segment {
             libc::munmap(self.base as *mut libc::c_void, self.len.max(1));
         }
     }
+}
+
+/// Bytes free to unprivileged users in the filesystem holding `dir`.
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a buffer of the right type for
+    // the kernel to fill; read only when the call succeeds.
+    let stat = unsafe {
+        if libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return None;
+        }
+        stat.assume_init()
+    };
+    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }
 
 #[cfg(target_os = "linux")]
