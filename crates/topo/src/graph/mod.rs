@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use file::{FORMAT_NAME, FORMAT_VERSION};
 pub use link::LinkKind;
+pub(crate) use route::Router;
 pub use route::{PathClass, Route};
 
 use crate::error::TopologyError;

@@ -9,6 +9,7 @@
 //! devices without peer access is.
 
 use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 
 use super::{LinkId, LinkKind, NodeId, NodeKind, Topology};
@@ -84,12 +85,72 @@ impl Score {
     }
 }
 
-impl Topology {
+/// A topology with the links leaving each node indexed once, so routing
+/// every pair of n devices costs O(n² · E log V) rather than a scan of
+/// every link per node visited.
+pub(crate) struct Router<'t> {
+    topo: &'t Topology,
+    /// Links leaving each node, in link order.
+    out: Vec<Vec<LinkId>>,
+    /// Shortest-path trees already grown: the link each node is reached
+    /// by, per (source, NVLink only, bandwidth floor).
+    trees: HashMap<TreeKey, Vec<Option<LinkId>>>,
+}
+
+/// Which search a tree answers: source, NVLink only, and the bits of the
+/// bandwidth floor (`None`: widest-first).
+type TreeKey = (NodeId, bool, Option<u64>);
+
+/// A node waiting in the Dijkstra queue: the best score first, ties by
+/// lowest id (the order the linear scan it replaces picked in).
+struct Queued {
+    score: Score,
+    node: NodeId,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.score
+            .cmp(&other.score)
+            .then(other.node.cmp(&self.node))
+    }
+}
+
+impl<'t> Router<'t> {
+    /// Index `topo`'s links by the node they leave.
+    pub(crate) fn new(topo: &'t Topology) -> Router<'t> {
+        let mut out = vec![Vec::new(); topo.nodes.len()];
+        for (id, l) in topo.links.iter().enumerate() {
+            if let Some(list) = out.get_mut(l.from) {
+                list.push(id);
+            }
+        }
+        Router {
+            topo,
+            out,
+            trees: HashMap::new(),
+        }
+    }
+
     /// The hardware path between two devices, ignoring peer-to-peer
     /// settings: all-NVLink when there is one (CUDA and NCCL send peer
     /// traffic over NVLink whenever the GPUs are NVLink-connected, even a
     /// single link slower than their PCIe), else the widest.
-    fn best_path(&self, from: NodeId, to: NodeId) -> Option<Vec<LinkId>> {
+    pub(crate) fn best_path(&mut self, from: NodeId, to: NodeId) -> Option<Vec<LinkId>> {
         self.widest_path(from, to, true)
             .or_else(|| self.widest_path(from, to, false))
     }
@@ -99,56 +160,77 @@ impl Topology {
     /// fewest hops, then the least latency. Two passes, because a single
     /// Dijkstra on (width, hops) is not exact: a node settled through a
     /// wide detour can hide a shorter path that is just as wide at the end.
-    fn widest_path(&self, from: NodeId, to: NodeId, nvlink_only: bool) -> Option<Vec<LinkId>> {
+    fn widest_path(&mut self, from: NodeId, to: NodeId, nvlink_only: bool) -> Option<Vec<LinkId>> {
         let first = self.search(from, to, nvlink_only, None)?;
         let width = first
             .iter()
-            .map(|&l| self.links[l].bandwidth)
+            .map(|&l| self.topo.links[l].bandwidth)
             .fold(f64::INFINITY, f64::min);
         self.search(from, to, nvlink_only, Some(width))
     }
 
     /// One Dijkstra pass: widest-first when `min_bandwidth` is `None`,
     /// else fewest hops then least latency over links at least that wide.
+    /// The tree from `from` is grown to every node once and kept: nodes
+    /// settle in the same order whatever the target, so the path it gives
+    /// to `to` is the one a search stopped at `to` finds.
     fn search(
-        &self,
+        &mut self,
         from: NodeId,
         to: NodeId,
         nvlink_only: bool,
         min_bandwidth: Option<f64>,
     ) -> Option<Vec<LinkId>> {
-        let n = self.nodes.len();
+        let key = (from, nvlink_only, min_bandwidth.map(f64::to_bits));
+        if !self.trees.contains_key(&key) {
+            let tree = self.grow(from, nvlink_only, min_bandwidth);
+            self.trees.insert(key, tree);
+        }
+        let via = &self.trees[&key];
+        let mut links = Vec::new();
+        let mut at = to;
+        while at != from {
+            let id = via[at]?;
+            links.push(id);
+            at = self.topo.links[id].from;
+        }
+        links.reverse();
+        Some(links)
+    }
+
+    /// The link each node is reached by from `from` (see [`Self::search`]).
+    fn grow(
+        &self,
+        from: NodeId,
+        nvlink_only: bool,
+        min_bandwidth: Option<f64>,
+    ) -> Vec<Option<LinkId>> {
+        let n = self.topo.nodes.len();
         let mut best: Vec<Option<Score>> = vec![None; n];
         let mut via: Vec<Option<LinkId>> = vec![None; n];
         let mut done = vec![false; n];
-        best[from] = Some(Score {
+        let start = Score {
             bandwidth: f64::INFINITY,
             hops: 0,
             latency: 0.0,
-        });
-        loop {
-            // The unsettled node with the best score; ties by lowest id.
-            let mut pick: Option<NodeId> = None;
-            for v in 0..n {
-                if done[v] {
-                    continue;
-                }
-                if let Some(s) = best[v]
-                    && pick.is_none_or(|p| s.better_than(&best[p].unwrap()))
-                {
-                    pick = Some(v);
-                }
-            }
-            let u = pick?;
-            if u == to {
-                break;
+        };
+        best[from] = Some(start);
+        let mut queue = BinaryHeap::from([Queued {
+            score: start,
+            node: from,
+        }]);
+        // The unsettled node with the best score first; ties by lowest id.
+        while let Some(Queued { score, node: u }) = queue.pop() {
+            if done[u] || best[u].is_none_or(|b| b.cmp(&score) != Ordering::Equal) {
+                continue;
             }
             done[u] = true;
-            if u != from && self.nodes[u].kind.is_device() {
+            if u != from && self.topo.nodes[u].kind.is_device() {
                 continue;
             }
             let su = best[u].unwrap();
-            for (id, link) in self.links_from(u) {
+            for &id in &self.out[u] {
+                let link = &self.topo.links[id];
                 if nvlink_only && !link.kind.is_nvlink() {
                     continue;
                 }
@@ -167,27 +249,20 @@ impl Topology {
                 if !done[v] && best[v].is_none_or(|b| s.better_than(&b)) {
                     best[v] = Some(s);
                     via[v] = Some(id);
+                    queue.push(Queued { score: s, node: v });
                 }
             }
         }
-        let mut links = Vec::new();
-        let mut at = to;
-        while at != from {
-            let id = via[at]?;
-            links.push(id);
-            at = self.links[id].from;
-        }
-        links.reverse();
-        Some(links)
+        via
     }
 
     fn route_of(&self, links: Vec<LinkId>, staged_in: Option<NodeId>) -> Route {
         Route {
             bandwidth: links
                 .iter()
-                .map(|&l| self.links[l].bandwidth)
+                .map(|&l| self.topo.links[l].bandwidth)
                 .fold(f64::INFINITY, f64::min),
-            latency_us: links.iter().map(|&l| self.links[l].latency_us).sum(),
+            latency_us: links.iter().map(|&l| self.topo.links[l].latency_us).sum(),
             links,
             staged_in,
         }
@@ -195,21 +270,22 @@ impl Topology {
 
     /// How device `from` reaches device `to`: directly when peer-to-peer is
     /// possible, else staged through the best-placed CPU node's memory.
-    pub fn route(&self, from: NodeId, to: NodeId) -> Result<Route, TopologyError> {
+    pub(crate) fn route(&mut self, from: NodeId, to: NodeId) -> Result<Route, TopologyError> {
         let unreachable = || TopologyError::Unreachable {
-            from: self.nodes[from].name.clone(),
-            to: self.nodes[to].name.clone(),
+            from: self.topo.nodes[from].name.clone(),
+            to: self.topo.nodes[to].name.clone(),
         };
         if from == to {
             return Ok(self.route_of(Vec::new(), None));
         }
-        if self.p2p(from, to)
+        if self.topo.p2p(from, to)
             && let Some(links) = self.best_path(from, to)
         {
             return Ok(self.route_of(links, None));
         }
         let mut best: Option<Route> = None;
-        for cpu in (0..self.nodes.len()).filter(|&c| self.nodes[c].kind == NodeKind::Cpu) {
+        for cpu in (0..self.topo.nodes.len()).filter(|&c| self.topo.nodes[c].kind == NodeKind::Cpu)
+        {
             let (Some(mut up), Some(down)) = (
                 self.widest_path(from, cpu, false),
                 self.widest_path(cpu, to, false),
@@ -228,6 +304,14 @@ impl Topology {
         }
         best.ok_or_else(unreachable)
     }
+}
+
+impl Topology {
+    /// How device `from` reaches device `to`: directly when peer-to-peer is
+    /// possible, else staged through the best-placed CPU node's memory.
+    pub fn route(&self, from: NodeId, to: NodeId) -> Result<Route, TopologyError> {
+        Router::new(self).route(from, to)
+    }
 
     /// The `nvidia-smi topo -m` class of the hardware path between two
     /// devices (peer-to-peer settings do not change it).
@@ -235,12 +319,13 @@ impl Topology {
         if a == b {
             return Ok(PathClass::Same);
         }
-        let links = self
-            .best_path(a, b)
-            .ok_or_else(|| TopologyError::Unreachable {
-                from: self.nodes[a].name.clone(),
-                to: self.nodes[b].name.clone(),
-            })?;
+        let links =
+            Router::new(self)
+                .best_path(a, b)
+                .ok_or_else(|| TopologyError::Unreachable {
+                    from: self.nodes[a].name.clone(),
+                    to: self.nodes[b].name.clone(),
+                })?;
         let kinds: Vec<&LinkKind> = links.iter().map(|&l| &self.links[l].kind).collect();
         if kinds.iter().all(|k| k.is_nvlink()) {
             let narrowest = kinds

@@ -10,4 +10,4 @@
 
 mod ring;
 
-pub use ring::{EXHAUSTIVE_MAX_RANKS, MAX_RINGS, RingSet, rings, tree_order};
+pub use ring::{EXHAUSTIVE_MAX_RANKS, HEURISTIC_BUDGET, MAX_RINGS, RingSet, rings, tree_order};

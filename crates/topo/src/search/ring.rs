@@ -1,4 +1,20 @@
 //! The ring search.
+//!
+//! Each ring added to a set is the order whose busiest resource, with the
+//! rings already chosen, is least loaded. Up to [`EXHAUSTIVE_MAX_RANKS`]
+//! ranks every order is scored, (n−1)! candidates per ring. Above, the
+//! search is a heuristic of bounded work: a greedy tour (each next rank
+//! the one whose edge loads its resources least), the rank order and the reversed rank order as seeds, then local search (2-opt reversals
+//! and swaps of two ranks) while it improves, at
+//! most [`HEURISTIC_BUDGET`] candidates per ring; scoring a candidate is
+//! O(n) in the ranks (only the resources its edges cross are read), so a
+//! ring costs O(n² + budget · n) and a set at most [`MAX_RINGS`] times that.
+//!
+//! The heuristic ranks candidates by worst load, then by *crowding* (the
+//! sum of squared loads over capacity of what the ring crosses), then by
+//! latency. Worst load alone is flat: while a second conflict remains,
+//! removing one does not change it, and 2-opt would stall; crowding falls
+//! with every conflict removed.
 
 use ferrocoll_core::Rank;
 
@@ -12,6 +28,9 @@ use crate::sim::engine::Network;
 pub const EXHAUSTIVE_MAX_RANKS: usize = 9;
 /// Rings tried per set at most.
 pub const MAX_RINGS: usize = 4;
+/// Candidates the heuristic scores per ring at most, seeds included:
+/// about eight 2-opt sweeps at 128 ranks, a few milliseconds.
+pub const HEURISTIC_BUDGET: u64 = 65_536;
 
 /// Rings that run side by side, one channel each.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +41,8 @@ pub struct RingSet {
     /// share, GB/s: the capacity of the busiest resource over its load.
     /// Infinite when no edge crosses a modelled link (threads).
     pub bandwidth: f64,
+    /// Whole ring orders scored to find the set: the search's work.
+    pub candidates: u64,
 }
 
 /// Per-pair resource use and latency, from the simulator's own network model so
@@ -57,11 +78,16 @@ impl Costs {
         })
     }
 
-    fn add(&self, load: &mut [f64], order: &[Rank], sign: f64) {
+    /// The resources edge `a → b` crosses, with their weights.
+    fn edge(&self, a: Rank, b: Rank) -> &[(usize, f64)] {
+        &self.uses[a as usize * self.n + b as usize]
+    }
+
+    /// Adds the ring `order`'s traffic to `load`.
+    fn add(&self, load: &mut [f64], order: &[Rank]) {
         for i in 0..order.len() {
-            let (a, b) = (order[i] as usize, order[(i + 1) % order.len()] as usize);
-            for &(r, w) in &self.uses[a * self.n + b] {
-                load[r] += sign * w;
+            for &(r, w) in self.edge(order[i], order[(i + 1) % order.len()]) {
+                load[r] += w;
             }
         }
     }
@@ -83,61 +109,182 @@ impl Costs {
     }
 }
 
-/// The best ring to add to rings already carrying `load`: least worst
-/// load, then least latency, then the first found (so the result is
-/// deterministic).
-fn best_ring(costs: &Costs, load: &mut [f64]) -> Vec<Rank> {
-    let n = costs.n as Rank;
-    let score = |order: &[Rank], load: &mut [f64]| {
-        costs.add(load, order, 1.0);
-        let s = (costs.worst(load), costs.latency(order));
-        costs.add(load, order, -1.0);
-        s
-    };
-    let better = |a: (f64, f64), b: (f64, f64)| {
-        a.0 < b.0 * (1.0 - 1e-9) || (a.0 <= b.0 * (1.0 + 1e-9) && a.1 < b.1 - 1e-9)
-    };
-    let mut best: Vec<Rank> = (0..n).collect();
-    let mut best_score = score(&best, load);
-    if costs.n <= EXHAUSTIVE_MAX_RANKS {
-        let mut order: Vec<Rank> = (0..n).collect();
-        // Heap's algorithm over positions 1.., keeping rank 0 first.
-        let mut c = vec![0usize; costs.n];
-        let mut i = 1;
-        while i < costs.n.saturating_sub(1) {
-            if c[i] < i {
-                let (x, y) = if i % 2 == 0 {
-                    (1, i + 1)
-                } else {
-                    (c[i] + 1, i + 1)
-                };
-                order.swap(x, y);
-                let s = score(&order, load);
-                if better(s, best_score) {
-                    best_score = s;
-                    best = order.clone();
+/// How good a candidate ring is; lower is better in every field, compared
+/// in order.
+#[derive(Debug, Clone, Copy)]
+struct Score {
+    /// The worst load over capacity with the ring added.
+    worst: f64,
+    /// Σ (load / capacity)² over the resources the ring crosses (heuristic
+    /// only; 0 in the exhaustive search, which ranks by worst and latency
+    /// alone).
+    crowding: f64,
+    /// The ring's summed edge latency, µs.
+    latency: f64,
+}
+
+/// Relative margin within which two loads are equal.
+const LOAD_EPSILON: f64 = 1e-9;
+/// Absolute margin within which two latencies are equal, µs.
+const LATENCY_EPSILON: f64 = 1e-9;
+
+impl Score {
+    fn better_than(&self, other: &Score) -> bool {
+        let less = |a: f64, b: f64| a < b * (1.0 - LOAD_EPSILON);
+        let same = |a: f64, b: f64| a <= b * (1.0 + LOAD_EPSILON);
+        less(self.worst, other.worst)
+            || (same(self.worst, other.worst)
+                && (less(self.crowding, other.crowding)
+                    || (same(self.crowding, other.crowding)
+                        && self.latency < other.latency - LATENCY_EPSILON)))
+    }
+}
+
+/// Scores candidate rings against the load of the rings already chosen,
+/// reading only the resources a candidate crosses: adding a ring raises
+/// loads, so the worst of the rest is the worst before it.
+struct Scorer<'c> {
+    costs: &'c Costs,
+    load: &'c [f64],
+    /// The worst load over capacity before the candidate.
+    base_worst: f64,
+    /// The candidate's own load per resource (zero between calls).
+    extra: Vec<f64>,
+    touched: Vec<usize>,
+    /// Whether to compute crowding (the heuristic's guide).
+    crowding: bool,
+    /// Candidates scored.
+    candidates: u64,
+}
+
+impl<'c> Scorer<'c> {
+    fn new(costs: &'c Costs, load: &'c [f64], crowding: bool) -> Scorer<'c> {
+        Scorer {
+            costs,
+            load,
+            base_worst: costs.worst(load),
+            extra: vec![0.0; load.len()],
+            touched: Vec::new(),
+            crowding,
+            candidates: 0,
+        }
+    }
+
+    fn score(&mut self, order: &[Rank]) -> Score {
+        self.candidates += 1;
+        for i in 0..order.len() {
+            for &(r, w) in self.costs.edge(order[i], order[(i + 1) % order.len()]) {
+                if self.extra[r] == 0.0 {
+                    self.touched.push(r);
                 }
-                c[i] += 1;
-                i = 1;
-            } else {
-                c[i] = 0;
-                i += 1;
+                self.extra[r] += w;
             }
         }
+        let (mut worst, mut crowding) = (self.base_worst, 0.0);
+        for &r in &self.touched {
+            let ratio = (self.load[r] + self.extra[r]) / self.costs.capacity[r];
+            worst = worst.max(ratio);
+            if self.crowding {
+                crowding += ratio * ratio;
+            }
+            self.extra[r] = 0.0;
+        }
+        self.touched.clear();
+        Score {
+            worst,
+            crowding,
+            latency: self.costs.latency(order),
+        }
+    }
+}
+
+/// The best ring to add to rings already carrying `load`: least worst
+/// load, then least latency, then the first found (so the result is
+/// deterministic). Returns the ring and the candidates scored.
+fn best_ring(costs: &Costs, load: &[f64]) -> (Vec<Rank>, u64) {
+    if costs.n <= EXHAUSTIVE_MAX_RANKS {
+        let mut scorer = Scorer::new(costs, load, false);
+        (exhaustive(&mut scorer), scorer.candidates)
     } else {
-        // 2-opt from rank order: reverse any stretch that lowers the score.
-        let mut improved = true;
-        let mut rounds = 0;
-        while improved && rounds < 50 {
-            improved = false;
-            rounds += 1;
-            for i in 1..costs.n - 1 {
-                for j in i + 1..costs.n {
-                    let mut cand = best.clone();
-                    cand[i..=j].reverse();
-                    let s = score(&cand, load);
-                    if better(s, best_score) {
-                        best = cand;
+        let mut scorer = Scorer::new(costs, load, true);
+        (heuristic(&mut scorer), scorer.candidates)
+    }
+}
+
+/// Every order with rank 0 first (Heap's algorithm over positions 1..).
+fn exhaustive(scorer: &mut Scorer) -> Vec<Rank> {
+    let n = scorer.costs.n;
+    let mut order: Vec<Rank> = (0..n as Rank).collect();
+    let mut best = order.clone();
+    let mut best_score = scorer.score(&best);
+    let mut c = vec![0usize; n];
+    let mut i = 1;
+    while i < n.saturating_sub(1) {
+        if c[i] < i {
+            let (x, y) = if i % 2 == 0 {
+                (1, i + 1)
+            } else {
+                (c[i] + 1, i + 1)
+            };
+            order.swap(x, y);
+            let s = scorer.score(&order);
+            if s.better_than(&best_score) {
+                best_score = s;
+                best = order.clone();
+            }
+            c[i] += 1;
+            i = 1;
+        } else {
+            c[i] = 0;
+            i += 1;
+        }
+    }
+    best
+}
+
+/// The best of three seeds (the rank order, its reverse, the greedy tour),
+/// improved by local search within [`HEURISTIC_BUDGET`].
+fn heuristic(scorer: &mut Scorer) -> Vec<Rank> {
+    let n = scorer.costs.n as Rank;
+    let identity: Vec<Rank> = (0..n).collect();
+    let reversed: Vec<Rank> = std::iter::once(0).chain((1..n).rev()).collect();
+    let greedy = greedy(scorer.costs, scorer.load);
+    let mut best = identity;
+    let mut best_score = scorer.score(&best);
+    for seed in [reversed, greedy] {
+        let s = scorer.score(&seed);
+        if s.better_than(&best_score) {
+            (best, best_score) = (seed, s);
+        }
+    }
+    local_search(scorer, best, best_score)
+}
+
+/// Sweeps of 2-opt (reverse a stretch) and swaps (exchange two ranks; on
+/// directed links a swap keeps the other edges' direction, which a
+/// reversal does not), rank 0 staying first, until a sweep improves
+/// nothing or the budget is spent.
+fn local_search(scorer: &mut Scorer, mut best: Vec<Rank>, mut best_score: Score) -> Vec<Rank> {
+    let n = scorer.costs.n;
+    let mut cand = best.clone();
+    let mut improved = true;
+    while improved {
+        improved = false;
+        for i in 1..n - 1 {
+            for j in i + 1..n {
+                for reverse in [true, false] {
+                    if scorer.candidates >= HEURISTIC_BUDGET {
+                        return best;
+                    }
+                    cand.copy_from_slice(&best);
+                    if reverse {
+                        cand[i..=j].reverse();
+                    } else {
+                        cand.swap(i, j);
+                    }
+                    let s = scorer.score(&cand);
+                    if s.better_than(&best_score) {
+                        best.copy_from_slice(&cand);
                         best_score = s;
                         improved = true;
                     }
@@ -146,6 +293,55 @@ fn best_ring(costs: &Costs, load: &mut [f64]) -> Vec<Rank> {
         }
     }
     best
+}
+
+/// A tour from rank 0 that always steps to the unvisited rank whose edge
+/// leaves the resources it crosses least loaded (then the lowest
+/// latency, then the lowest rank): O(n²) edge looks.
+fn greedy(costs: &Costs, load: &[f64]) -> Vec<Rank> {
+    let n = costs.n;
+    let mut load = load.to_vec();
+    let mut visited = vec![false; n];
+    let mut order: Vec<Rank> = vec![0];
+    visited[0] = true;
+    while order.len() < n {
+        let at = *order.last().expect("starts with rank 0");
+        let next = (0..n as Rank)
+            .filter(|&v| !visited[v as usize])
+            .map(|v| (v, edge_peak(costs, &load, at, v)))
+            .fold(
+                None,
+                |best: Option<(Rank, (f64, f64))>, (v, key)| match best {
+                    Some((_, b)) if !lexically_less(key, b) => best,
+                    _ => Some((v, key)),
+                },
+            )
+            .map(|(v, _)| v)
+            .expect("an unvisited rank is left");
+        for &(r, w) in costs.edge(at, next) {
+            load[r] += w;
+        }
+        visited[next as usize] = true;
+        order.push(next);
+    }
+    order
+}
+
+/// The worst load over capacity edge `a → b` leaves on what it crosses,
+/// and its latency.
+fn edge_peak(costs: &Costs, load: &[f64], a: Rank, b: Rank) -> (f64, f64) {
+    let peak = costs
+        .edge(a, b)
+        .iter()
+        .map(|&(r, w)| (load[r] + w) / costs.capacity[r])
+        .fold(0.0, f64::max);
+    (peak, costs.latency[a as usize * costs.n + b as usize])
+}
+
+/// `(load, latency)` pairs compared with the search's margins.
+fn lexically_less(a: (f64, f64), b: (f64, f64)) -> bool {
+    a.0 < b.0 * (1.0 - LOAD_EPSILON)
+        || (a.0 <= b.0 * (1.0 + LOAD_EPSILON) && a.1 < b.1 - LATENCY_EPSILON)
 }
 
 /// The ring set for the devices `devices` (rank `r` on `devices[r]`):
@@ -161,6 +357,7 @@ pub fn rings(
     let mut load = vec![0.0; costs.capacity.len()];
     let mut orders: Vec<Vec<Rank>> = Vec::new();
     let mut bandwidth = 0.0;
+    let mut candidates = 0;
     // bytes/µs → GB/s, with one unit of data spread over the rings.
     let set_bandwidth = |load: &[f64], k: usize| {
         let worst = costs.worst(load);
@@ -171,8 +368,9 @@ pub fn rings(
         }
     };
     while orders.len() < max_rings.max(1) {
-        let ring = best_ring(&costs, &mut load);
-        costs.add(&mut load, &ring, 1.0);
+        let (ring, scored) = best_ring(&costs, &load);
+        candidates += scored;
+        costs.add(&mut load, &ring);
         let bw = set_bandwidth(&load, orders.len() + 1);
         let gains = bw > bandwidth * 1.01;
         if !orders.is_empty() && !gains {
@@ -184,7 +382,11 @@ pub fn rings(
             break;
         }
     }
-    Ok(RingSet { orders, bandwidth })
+    Ok(RingSet {
+        orders,
+        bandwidth,
+        candidates,
+    })
 }
 
 /// The order to lay trees over: the best single ring, whose neighbours are

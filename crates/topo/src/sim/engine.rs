@@ -20,7 +20,7 @@ use ferrocoll_core::schedule::Buffer;
 use super::cost::CostModel;
 use super::fairshare::{self, Uses};
 use crate::error::TopologyError;
-use crate::graph::{LinkKind, NodeId, NodeKind, Topology};
+use crate::graph::{LinkKind, NodeId, NodeKind, Router, Topology};
 
 /// A resource flows compete for.
 #[derive(Debug, Clone)]
@@ -53,6 +53,8 @@ pub(crate) struct Network<'a> {
     /// Resource index of each CPU node's core pool, if modelled.
     cores_res: Vec<Option<usize>>,
     routes: HashMap<(u32, u32), (Uses, f64)>,
+    /// The topology's links indexed by node, built once for every route.
+    router: Router<'a>,
     cost: &'a CostModel,
 }
 
@@ -110,6 +112,7 @@ impl<'a> Network<'a> {
             memory_res,
             cores_res,
             routes: HashMap::new(),
+            router: Router::new(topo),
             cost,
         }
     }
@@ -129,7 +132,7 @@ impl<'a> Network<'a> {
         if let Some(r) = self.routes.get(&(from, to)) {
             return Ok(r.clone());
         }
-        let route = self.topo.route(self.device(from), self.device(to))?;
+        let route = self.router.route(self.device(from), self.device(to))?;
         let shared = route
             .links
             .iter()

@@ -1,4 +1,6 @@
-//! What the topology crate's integration tests share.
+//! What the topology crate's integration tests (and the ring-search
+//! bench) share; each user takes only some of it.
+#![allow(dead_code)]
 
 use ferrocoll_topo::{LinkKind, Node, NodeKind, Topology};
 
@@ -18,4 +20,21 @@ pub fn mesh(n: u32) -> Topology {
         }
     }
     t
+}
+
+/// `nvidia-smi topo -m` text of `n` GPUs, every pair `NV18`.
+pub fn all_nvlink_smi(n: usize) -> Topology {
+    let mut text = String::new();
+    for i in 0..n {
+        text += &format!("\tGPU{i}");
+    }
+    text += "\tCPU Affinity\tNUMA Affinity\n";
+    for i in 0..n {
+        text += &format!("GPU{i}");
+        for j in 0..n {
+            text += if i == j { "\t X " } else { "\tNV18" };
+        }
+        text += "\t0-63\t0\n";
+    }
+    ferrocoll_topo::sources::smi::parse_smi(&text).unwrap()
 }
