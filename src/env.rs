@@ -1,24 +1,28 @@
-//! The one place ferrocoll reads environment variables.
+//! The environment: the `FERROCOLL_*` settings of
+//! [`ferrocoll_core::settings`] (the one configuration layer, which every
+//! config's `Default` and `from_env` apply) and the `env://` bootstrap.
 //!
 //! | variable | effect |
 //! |---|---|
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling` (or `auto`) |
-//! | `FERROCOLL_TIMEOUT_MS` | the CPU executor's wait timeout, in milliseconds |
-//! | `FERROCOLL_LOG` | log level of the CLI: `error`, `warn`, `info`, `debug` (one line per collective), `trace` |
+//! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds |
+//! | `FERROCOLL_LOG` | log level for [`crate::log::init`] and the CLI: `error`, `warn`, `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //! | `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` | the `env://` bootstrap of a multi-process group ([`bootstrap_from_env`]); `ferrocoll launch` sets them |
+//! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
+//! | `FERROCOLL_JOB_ID` | names the job's shared-memory segments, so `ferrocoll launch` can remove any a killed rank left behind |
 
 use std::time::Duration;
 
 use ferrocoll_core::cpu::CpuConfig;
-use ferrocoll_core::{Algorithm, ParseNameError};
+use ferrocoll_core::settings::SettingsError;
 use thiserror::Error;
 
 /// An environment variable with a value ferrocoll cannot use.
 #[derive(Debug, Error)]
 pub enum EnvError {
-    /// `FERROCOLL_ALGO` names no algorithm.
-    #[error("FERROCOLL_ALGO: {0}")]
-    Algorithm(#[from] ParseNameError),
+    /// A `FERROCOLL_*` setting (see [`ferrocoll_core::settings`]).
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
     /// A variable the `env://` bootstrap needs is not set.
     #[error(
         "{name} is not set (start the processes with `ferrocoll launch`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
@@ -50,27 +54,7 @@ pub enum EnvError {
 
 /// `base` with the `FERROCOLL_*` overrides applied.
 pub fn cpu_config_from_env(base: CpuConfig) -> Result<CpuConfig, EnvError> {
-    apply(base, |k| std::env::var(k).ok())
-}
-
-fn apply(
-    mut config: CpuConfig,
-    get: impl Fn(&str) -> Option<String>,
-) -> Result<CpuConfig, EnvError> {
-    if let Some(v) = get("FERROCOLL_ALGO") {
-        config.algorithm = match v.trim() {
-            "" | "auto" => None,
-            name => Some(name.parse::<Algorithm>()?),
-        };
-    }
-    if let Some(v) = get("FERROCOLL_TIMEOUT_MS") {
-        let ms = v.trim().parse::<u64>().map_err(|_| EnvError::Number {
-            name: "FERROCOLL_TIMEOUT_MS",
-            value: v.clone(),
-        })?;
-        config.timeout = Duration::from_millis(ms);
-    }
-    Ok(config)
+    Ok(base.with_env()?)
 }
 
 /// This process's place in a multi-process group, and the store its ranks
@@ -105,7 +89,8 @@ pub enum JoinError {
 }
 
 /// This process's rank of the group the `env://` variables describe (as
-/// `ferrocoll launch` sets them), connected over `config.transport`.
+/// `ferrocoll launch` sets them), connected over `config.transport`, with
+/// the `FERROCOLL_*` overrides applied on top of `config`.
 ///
 /// ```no_run
 /// use ferrocoll::comm::{Communicator, CommunicatorExt};
@@ -119,12 +104,13 @@ pub enum JoinError {
 pub fn process_communicator_from_env(
     config: &ferrocoll_process::ProcessConfig,
 ) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
+    let config = config.clone().with_env().map_err(EnvError::from)?;
     let b = bootstrap_from_env(config.timeout)?;
     Ok(ferrocoll_process::ProcessCommunicator::connect(
         b.store,
         b.rank,
         b.world_size,
-        config,
+        &config,
     )?)
 }
 
@@ -221,35 +207,5 @@ mod tests {
         ];
         let err = bootstrap(env(vars), t).unwrap_err();
         assert!(matches!(err, EnvError::Rendezvous(_)), "{err}");
-    }
-
-    #[test]
-    fn overrides_apply_and_bad_values_are_errors() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
-        let c = apply(
-            CpuConfig::default(),
-            env(&[("FERROCOLL_ALGO", "ring"), ("FERROCOLL_TIMEOUT_MS", "250")]),
-        )
-        .unwrap();
-        assert_eq!(c.algorithm, Some(Algorithm::Ring));
-        assert_eq!(c.timeout, Duration::from_millis(250));
-        let c = apply(CpuConfig::default(), env(&[("FERROCOLL_ALGO", "auto")])).unwrap();
-        assert_eq!(c.algorithm, None);
-        let e = apply(CpuConfig::default(), env(&[("FERROCOLL_ALGO", "rung")])).unwrap_err();
-        assert!(e.to_string().contains("FERROCOLL_ALGO"), "{e}");
-        assert!(
-            apply(
-                CpuConfig::default(),
-                env(&[("FERROCOLL_TIMEOUT_MS", "soon")])
-            )
-            .is_err()
-        );
     }
 }

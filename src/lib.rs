@@ -34,6 +34,7 @@ pub use ferrocoll_topo as topo;
 
 pub mod auto;
 pub mod env;
+pub mod log;
 
 /// Facts about this build, from `build.rs`.
 pub mod build_info {

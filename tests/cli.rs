@@ -37,6 +37,37 @@ fn a_hand_written_schedule_file_verifies() {
     assert!(stdout(&out).contains("1 ok, 0 failed"));
 }
 
+#[test]
+fn flags_a_schedule_file_does_not_match_are_refused_not_ignored() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/schedules/star_all_reduce_3.json"
+    );
+    for (flags, names) in [
+        (&["--ranks", "3", "--op", "all-gather"][..], "--op"),
+        (&["--ranks", "4"][..], "--ranks"),
+        (&["--root", "1"][..], "--root"),
+    ] {
+        let mut args = vec!["verify", "--algo", path];
+        args.extend_from_slice(flags);
+        let out = ferrocoll(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}: {}", stdout(&out));
+        assert!(err.contains(names) && err.contains("3 ranks"), "{err}");
+    }
+    // Flags that match the file are fine.
+    let out = ferrocoll(&[
+        "verify",
+        "--algo",
+        path,
+        "--ranks",
+        "3",
+        "--op",
+        "all-reduce",
+    ]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}
+
 /// The example star all-reduce, broken: rank 2 no longer sends its input
 /// to rank 0 but copies it locally instead.
 fn unproven_star() -> String {

@@ -127,18 +127,14 @@ fn bench_runs_every_collective_across_processes_over_shm_and_tcp() {
     }
 }
 
-/// Kill one of 4 bench processes mid-run: the other three must report the
-/// lost peer and exit non-zero on their own, well within the timeout, and
-/// the launcher must exit non-zero.
-fn kill_one_mid_bench(transport: &str) {
+/// `ferrocoll launch -n 4 <launch_flags> -- ferrocoll bench` on threads of
+/// `transport`, sizes `min..max` (`sizes` = min, max, iterations).
+fn launch_bench(launch_flags: &[&str], transport: &str, sizes: &[&str; 3]) -> Command {
     let bin = env!("CARGO_BIN_EXE_ferrocoll");
-    let mut launcher = Command::new(bin)
+    let mut c = Command::new(bin);
+    c.args(["launch", "-n", "4"])
+        .args(launch_flags)
         .args([
-            "launch",
-            "-n",
-            "4",
-            "--grace",
-            "20",
             "--",
             bin,
             "bench",
@@ -146,17 +142,18 @@ fn kill_one_mid_bench(transport: &str) {
             "cpu",
             "--transport",
             transport,
-            // One size, iterated far longer than the test lasts: the kill
-            // lands mid-bench whatever the machine's speed.
-            "-b",
-            "1M",
-            "-e",
-            "1M",
-            "-n",
-            "1000000",
-            "-w",
-            "1",
         ])
+        .args(["-b", sizes[0], "-e", sizes[1], "-n", sizes[2], "-w", "1"]);
+    c
+}
+
+/// Kill one of 4 bench processes mid-run: the other three must report the
+/// lost peer and exit non-zero on their own, well within the timeout, and
+/// the launcher must exit non-zero.
+fn kill_one_mid_bench(transport: &str) {
+    // One size, iterated far longer than the test lasts: the kill lands
+    // mid-bench whatever the machine's speed.
+    let mut launcher = launch_bench(&["--grace", "20"], transport, &["1M", "1M", "1000000"])
         .env("FERROCOLL_TIMEOUT_MS", "30000")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -241,7 +238,10 @@ fn kill_one_mid_bench(transport: &str) {
         .rev()
         .find(|l| l.starts_with("ferrocoll launch: rank"))
         .unwrap();
-    assert!(summary.contains("rank 2 failed (signal: 9"), "{summary}");
+    assert!(
+        summary.contains("rank 2 failed first (signal: 9"),
+        "{summary}"
+    );
     assert!(
         !summary.contains("killed"),
         "the survivors exited on their own: {summary}"
@@ -257,4 +257,144 @@ fn killing_one_of_four_bench_processes_fails_the_others_fast_over_shm() {
 #[test]
 fn killing_one_of_four_bench_processes_fails_the_others_fast_over_tcp() {
     kill_one_mid_bench("tcp");
+}
+
+/// The pids and job id `launch` prints on its first line.
+fn launch_banner(line: &str) -> (Vec<u32>, String) {
+    let pids = line
+        .split("pids ")
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|p| p.split('=').nth(1)?.parse().ok())
+        .collect();
+    let job = line
+        .split("job ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or("")
+        .to_owned();
+    (pids, job)
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+fn segments_of(job: &str) -> usize {
+    let prefix = format!("ferrocoll-{job}.");
+    std::fs::read_dir("/dev/shm").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .count()
+    })
+}
+
+/// Ctrl-C (and SIGTERM, SIGHUP) to the launcher at random moments — while
+/// the ranks start, form the group, or run — must stop every rank: no
+/// orphan, no leaked segment, no hang. The launcher's ranks lead their own
+/// process groups, so before the launcher forwarded signals they all kept
+/// running.
+#[test]
+fn signals_to_the_launcher_stop_every_rank_at_any_phase() {
+    let (mut orphans, mut leaks, mut hangs, mut trials) = (0, 0, 0, 0);
+    let delays_ms = [0u64, 15, 40, 80, 150, 400];
+    let signals = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+    for (i, &delay) in delays_ms.iter().enumerate() {
+        let signal = signals[i % signals.len()];
+        let mut child = launch_bench(&["--term-timeout", "3"], "shm", &["1K", "1M", "50"])
+            .env("FERROCOLL_TIMEOUT_MS", "20000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut banner = String::new();
+        err.read_line(&mut banner).unwrap();
+        let (pids, job) = launch_banner(&banner);
+        assert_eq!(pids.len(), 4, "{banner}");
+        std::thread::sleep(Duration::from_millis(delay));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let started = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if started.elapsed() > Duration::from_secs(15) {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        trials += 1;
+        match status {
+            None => hangs += 1,
+            Some(s) => assert!(!s.success(), "an interrupted launch must not succeed"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        orphans += pids.iter().filter(|&&p| alive(p)).count();
+        leaks += segments_of(&job);
+    }
+    println!(
+        "launcher signals: {trials} launches of 4 bench ranks interrupted at 0-400 ms \
+         (SIGINT, SIGTERM, SIGHUP): hangs {hangs}, orphans {orphans}, leaked segments {leaks}"
+    );
+    assert_eq!((hangs, orphans, leaks), (0, 0, 0));
+}
+
+/// The launcher killed outright (no handler runs) takes its ranks with it.
+#[test]
+fn a_killed_launcher_leaves_no_orphan() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["launch", "-n", "3", "--", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    let (pids, _) = launch_banner(&banner);
+    assert_eq!(pids.len(), 3, "{banner}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(pids.iter().all(|&p| !alive(p)), "orphans: {pids:?}");
+}
+
+/// A bad argument is refused before any rank starts (`--grace=-1` once
+/// started the ranks, then orphaned them).
+#[test]
+fn bad_launch_arguments_start_nothing() {
+    for args in [
+        &["launch", "-n", "2", "--grace=-1", "--", "sleep", "30"][..],
+        &[
+            "launch",
+            "-n",
+            "2",
+            "--term-timeout=nan",
+            "--",
+            "sleep",
+            "30",
+        ][..],
+        &["launch", "-n", "0", "--", "sleep", "30"][..],
+    ] {
+        let started = Instant::now();
+        let out = ferrocoll(args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("pids"), "ranks were started: {err}");
+    }
 }

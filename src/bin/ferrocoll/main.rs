@@ -4,7 +4,7 @@
 
 mod bench;
 mod estimate_cmd;
-mod launch_cmd;
+mod launch;
 mod plan_cmd;
 mod rendezvous_cmd;
 mod schedule_cmd;
@@ -53,7 +53,7 @@ enum Command {
     /// Gradient-sync time per training step and its share of the step.
     Estimate(estimate_cmd::EstimateArgs),
     /// Start N local processes of one group (env:// variables), rank-prefixed output, fail fast.
-    Launch(launch_cmd::LaunchArgs),
+    Launch(launch::LaunchArgs),
     /// Check the env:// bootstrap: every rank meets at rank 0's store (run under `launch`).
     Rendezvous(rendezvous_cmd::RendezvousArgs),
 }
@@ -61,10 +61,7 @@ enum Command {
 fn main() -> ExitCode {
     restore_sigpipe();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_max_level(ferrocoll::env::log_level())
-        .with_writer(std::io::stderr)
-        .init();
+    ferrocoll::log::init();
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => verify_cmd::run(&args),
@@ -73,7 +70,7 @@ fn main() -> ExitCode {
         Command::Topo(args) => topo::run(&args),
         Command::Sim(args) => sim_cmd::run(&args),
         Command::Estimate(args) => estimate_cmd::run(&args),
-        Command::Launch(args) => launch_cmd::run(&args),
+        Command::Launch(args) => launch::run(&args),
         Command::Rendezvous(args) => rendezvous_cmd::run(&args),
     };
     match result {

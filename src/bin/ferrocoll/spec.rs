@@ -149,8 +149,13 @@ pub(crate) fn parse_ops(s: &str) -> Result<Ops, String> {
 #[derive(Debug, Clone)]
 pub(crate) struct Ranks(pub(crate) Vec<u32>);
 
+/// Most world sizes one `--ranks` list may name: a range is expanded, so
+/// `1..4294967295` must be refused, not allocated.
+pub(crate) const MAX_LISTED_WORLD_SIZES: usize = 4096;
+
 /// World sizes: `8`, `1..64` or `1..=64` (both inclusive), or a
-/// comma-separated mix such as `1..8,16,32`.
+/// comma-separated mix such as `1..8,16,32`; at most
+/// [`MAX_LISTED_WORLD_SIZES`] of them.
 pub(crate) fn parse_ranks(s: &str) -> Result<Ranks, String> {
     let mut out = Vec::new();
     for part in s.split(',') {
@@ -164,6 +169,12 @@ pub(crate) fn parse_ranks(s: &str) -> Result<Ranks, String> {
             let (lo, hi) = (number(lo)?, number(hi.trim_start_matches('='))?);
             if lo > hi {
                 return Err(format!("empty range `{part}` in --ranks"));
+            }
+            let listed = (hi - lo) as usize + 1;
+            if out.len().saturating_add(listed) > MAX_LISTED_WORLD_SIZES {
+                return Err(format!(
+                    "--ranks `{s}` names more than {MAX_LISTED_WORLD_SIZES} world sizes"
+                ));
             }
             out.extend(lo..=hi);
         } else {
@@ -189,6 +200,9 @@ mod tests {
         assert!(parse_ranks("0..3").is_err());
         assert!(parse_ranks("5..3").is_err());
         assert!(parse_ranks("x").is_err());
+        let err = parse_ranks("1..4294967295").unwrap_err();
+        assert!(err.contains("more than 4096"), "{err}");
+        assert_eq!(parse_ranks("1..4096").unwrap().0.len(), 4096);
     }
 
     #[test]

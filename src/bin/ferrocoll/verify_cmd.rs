@@ -20,17 +20,20 @@ pub(crate) struct VerifyArgs {
     algo: AlgoSpec,
     /// Collective(s): `all-reduce`, `reduce-scatter`, `all-gather`,
     /// `broadcast`, `reduce`, `all-to-all`, `send-recv`, a list, or `all`.
-    #[arg(long, default_value = "all", value_parser = spec::parse_ops)]
-    op: spec::Ops,
+    /// Default `all`; a schedule file fixes its own, which these must match.
+    #[arg(long, value_parser = spec::parse_ops)]
+    op: Option<spec::Ops>,
     /// World sizes: `8`, `1..64` (inclusive), or a list such as `1..8,16,32`.
-    #[arg(long, default_value = "1..16", value_parser = spec::parse_ranks)]
-    ranks: spec::Ranks,
-    /// Root of broadcast and reduce (taken modulo the world size).
-    #[arg(long, default_value_t = 0)]
-    root: u32,
-    /// Channels for ring, tree and direct.
-    #[arg(long, default_value_t = 1)]
-    channels: u32,
+    /// Default `1..16`; a schedule file fixes its own, which these must match.
+    #[arg(long, value_parser = spec::parse_ranks)]
+    ranks: Option<spec::Ranks>,
+    /// Root of broadcast and reduce (taken modulo the world size); not
+    /// for a schedule file.
+    #[arg(long)]
+    root: Option<u32>,
+    /// Channels for ring, tree and direct; not for a schedule file.
+    #[arg(long)]
+    channels: Option<u32>,
     /// Slots per link of the buffering model.
     #[arg(long, default_value_t = ferrocoll::verify::DEFAULT_SLOTS_PER_LINK)]
     slots: u32,
@@ -40,6 +43,31 @@ pub(crate) struct VerifyArgs {
     /// Print only failures and the summary.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// A schedule file fixes its collective, root, world size and channels:
+/// flags that name others are an error, not silently ignored.
+fn file_flags_match(args: &VerifyArgs, schedule: &Schedule) -> Result<(), String> {
+    let what = format!(
+        "the schedule file is {} on {} ranks",
+        schedule.collective, schedule.world_size
+    );
+    if let Some(ops) = &args.op
+        && !ops.0.contains(&schedule.collective.kind())
+    {
+        return Err(format!("--op does not apply: {what} (drop --op)"));
+    }
+    if let Some(ranks) = &args.ranks
+        && !ranks.0.contains(&schedule.world_size)
+    {
+        return Err(format!("--ranks does not apply: {what} (drop --ranks)"));
+    }
+    if args.root.is_some() || args.channels.is_some() {
+        return Err(format!(
+            "--root and --channels do not apply: {what}, with its own root and channels"
+        ));
+    }
+    Ok(())
 }
 
 /// One verification job and its outcome.
@@ -62,6 +90,7 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<ExitCode, String> {
     let outcomes = match &args.algo {
         AlgoSpec::File(path) => {
             let schedule = Schedule::load(path).map_err(|e| e.to_string())?;
+            file_flags_match(args, &schedule)?;
             let label = format!("{} ({})", path.display(), schedule.name);
             vec![check(label, schedule, &options)]
         }
@@ -122,9 +151,15 @@ fn builtin_jobs(
 ) -> Result<Vec<Outcome>, String> {
     let mut jobs = Vec::new();
     for &algorithm in algorithms {
-        for &kind in &args.op.0 {
+        let ops = args.op.clone().map_or_else(|| spec::parse_ops("all"), Ok)?;
+        let ranks = args
+            .ranks
+            .clone()
+            .map_or_else(|| spec::parse_ranks("1..16"), Ok)?;
+        let (root, channels_flag) = (args.root.unwrap_or(0), args.channels.unwrap_or(1));
+        for &kind in &ops.0 {
             if let Err(reason) = algorithm.supports(kind) {
-                if algorithms.len() == 1 && args.op.0.len() == 1 {
+                if algorithms.len() == 1 && ops.0.len() == 1 {
                     return Err(format!("{algorithm} cannot run {kind}: {reason}"));
                 }
                 if !args.quiet {
@@ -135,10 +170,10 @@ fn builtin_jobs(
             let channels = if algorithm == Algorithm::HalvingDoubling {
                 1
             } else {
-                args.channels
+                channels_flag
             };
-            for &n in &args.ranks.0 {
-                jobs.push((algorithm, kind.with_root(args.root % n), n, channels));
+            for &n in &ranks.0 {
+                jobs.push((algorithm, kind.with_root(root % n), n, channels));
             }
         }
     }

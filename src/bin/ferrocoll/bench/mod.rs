@@ -9,6 +9,7 @@
 mod backend;
 mod cuda;
 mod device;
+mod limits;
 mod nccl;
 mod predict;
 mod process;
@@ -56,8 +57,9 @@ pub(crate) struct BenchArgs {
     /// Executor.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
-    /// Number of ranks (threads, or ranks on GPUs). With `--transport`
-    /// the group's size comes from `ferrocoll launch` instead.
+    /// Number of ranks (threads, or ranks on GPUs; at most 1024 as
+    /// threads of one process). With `--transport` the group's size comes
+    /// from `ferrocoll launch` instead.
     #[arg(long, default_value_t = 4)]
     ranks: u32,
     /// `cpu` only: ranks are processes started by `ferrocoll launch`,
@@ -136,8 +138,10 @@ pub(crate) struct BenchArgs {
 /// Run the benchmark: choose the backend, plan the sections, sweep them,
 /// report.
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
+    limits::check_ranks(args)?;
     let (target, args) = backend::Target::open(args)?;
     let setup = setup::Setup::new(&args, target.custom())?;
+    limits::check_memory(&args, &setup)?;
     let show = target.prints();
     if show {
         report::print_header(&args, &setup, &target);

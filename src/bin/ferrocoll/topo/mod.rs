@@ -142,8 +142,18 @@ fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
                 .collect();
             println!("#   ring {i}: {}", names.join(" -> "));
         }
+        if n > REPORT_MAX_SIMULATED {
+            println!(
+                "#\n# all-reduce of 1 GiB: not simulated above {REPORT_MAX_SIMULATED} ranks (minutes of simulation at this size); `ferrocoll sim --ranks {n}` runs it"
+            );
+            probe(args, &t, n)?;
+            return Ok(ExitCode::SUCCESS);
+        }
         println!("#\n# all-reduce of 1 GiB on {n} ranks, best variant of each algorithm:");
-        let all = selector
+        let reduced = report_selector(&t, n).transpose().map_err(e)?;
+        let all = reduced
+            .as_ref()
+            .unwrap_or(&selector)
             .evaluate(Collective::AllReduce, 1 << 30)
             .map_err(e)?;
         for a in Algorithm::ALL {
@@ -163,6 +173,33 @@ fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
             }
         }
     }
+    probe(args, &t, n)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Above this many ranks the report skips its 1 GiB simulation: it grows
+/// with the square of the ranks (direct) times the candidates.
+const REPORT_MAX_SIMULATED: u32 = 32;
+
+/// The report's selector above 8 ranks: one channel layout and one chunk
+/// size per algorithm instead of the full sweep, so the report stays
+/// within seconds (`None`: the full sweep of the default options).
+fn report_selector(
+    t: &ferrocoll::topo::Topology,
+    n: u32,
+) -> Option<Result<TopologySelector, ferrocoll::topo::TopologyError>> {
+    (n > 8).then(|| {
+        let options = SelectOptions {
+            channel_multipliers: vec![1],
+            chunk_sizes: vec![2 << 20],
+            ..SelectOptions::default()
+        };
+        TopologySelector::new(t.clone(), n, options)
+    })
+}
+
+/// `--probe`: measure the links of this machine.
+fn probe(args: &TopoArgs, t: &ferrocoll::topo::Topology, n: u32) -> Result<(), String> {
     if args.probe {
         let gpus = t
             .devices()
@@ -180,5 +217,5 @@ fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
         .map_err(|e| e.to_string())?;
         println!("\n{}", report.render());
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

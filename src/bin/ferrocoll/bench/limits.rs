@@ -1,0 +1,190 @@
+//! What a bench run may ask of this machine, checked before anything is
+//! allocated or started: the thread count of in-process ranks, and the
+//! memory the largest size needs on every rank held here.
+//!
+//! Sizes and rank counts come straight from the command line, so every
+//! product of them is checked arithmetic; a run that cannot fit is refused
+//! with what it needs and what there is, never a panic or an abort.
+
+use ferrocoll::Collective;
+
+use super::setup::Setup;
+use super::{Backend, BenchArgs};
+
+/// Most ranks one process runs as threads (`--backend cpu` without
+/// `--transport`, `cuda`, `nccl`). Each rank is an OS thread that polls its
+/// peers; past a thousand the run measures the scheduler rather than the
+/// collective, and a group of 100 000 would exhaust the process's threads.
+pub(crate) const MAX_THREAD_RANKS: u32 = 1024;
+
+/// Whether every rank of the run is a thread of this process.
+pub(crate) fn ranks_are_threads(args: &BenchArgs) -> bool {
+    args.transport.is_none() || args.backend != Backend::Cpu
+}
+
+/// Refuse a rank count this process cannot run as threads.
+pub(crate) fn check_ranks(args: &BenchArgs) -> Result<(), String> {
+    if ranks_are_threads(args) && args.ranks > MAX_THREAD_RANKS {
+        return Err(format!(
+            "--ranks {} is more than the {MAX_THREAD_RANKS} ranks one process runs as threads; \
+             use fewer ranks, or processes (`ferrocoll launch -n N -- ferrocoll bench --transport shm`)",
+            args.ranks
+        ));
+    }
+    Ok(())
+}
+
+/// Host bytes one rank holds at its peak for a call of `count` elements of
+/// `elem` bytes per block, following `run::one_size`: while timing, its
+/// input and the placed input and output; while checking, either the
+/// second placed pair beside the input and the output read back, or the
+/// inputs of all `n` ranks regenerated beside the reference and the
+/// untouched pattern. `None` when the arithmetic overflows.
+pub(crate) fn bytes_per_rank(
+    collective: Collective,
+    n: u32,
+    count: usize,
+    elem: usize,
+    check: bool,
+) -> Option<u64> {
+    let block = u64::try_from(count).ok()?.checked_mul(elem as u64)?;
+    let input = u64::from(collective.input_blocks(n)).checked_mul(block)?;
+    let output = u64::from(collective.output_blocks(n)).checked_mul(block)?;
+    let larger = input.max(output);
+    let timed = input.checked_mul(2)?.checked_add(larger)?;
+    if !check {
+        return Some(timed);
+    }
+    let placed_again = input.checked_add(larger)?.checked_mul(2)?;
+    let reference = input
+        .checked_add(larger)?
+        .checked_add(input.checked_mul(u64::from(n))?)?
+        .checked_add(input.max(block))?
+        .checked_add(output)?;
+    Some(timed.max(placed_again).max(reference))
+}
+
+/// The host memory the largest size needs, on the `here` ranks this
+/// process holds, against what the machine has available; an error names
+/// both. Machines that do not say (no `/proc/meminfo`) are not checked
+/// up front: the allocations themselves are fallible.
+pub(crate) fn check_memory(args: &BenchArgs, setup: &Setup) -> Result<(), String> {
+    let here = if ranks_are_threads(args) {
+        args.ranks
+    } else {
+        1
+    };
+    let need = memory_need(args, setup, here)?;
+    let Some(available) = available_memory() else {
+        return Ok(());
+    };
+    if need.total > available {
+        return Err(format!(
+            "bench needs {} for {here} rank(s) × {} per rank ({} of {} at -e {}{}), but {} is available; \
+             lower -e or --ranks{}",
+            gib(need.total),
+            gib(need.per_rank),
+            need.collective,
+            need.dtype,
+            args.max_bytes,
+            if args.check != 0 {
+                ", checking included"
+            } else {
+                ""
+            },
+            gib(available),
+            if args.check != 0 {
+                ", or pass -c 0"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
+}
+
+/// The most memory any section needs at the largest size.
+struct Need {
+    total: u64,
+    per_rank: u64,
+    collective: String,
+    dtype: &'static str,
+}
+
+fn memory_need(args: &BenchArgs, setup: &Setup, here: u32) -> Result<Need, String> {
+    let Some(&size) = setup.sizes.last() else {
+        return Ok(Need {
+            total: 0,
+            per_rank: 0,
+            collective: String::new(),
+            dtype: "",
+        });
+    };
+    let overflow = || {
+        format!(
+            "-e {} on {} ranks overflows the bench's buffer arithmetic",
+            args.max_bytes, args.ranks
+        )
+    };
+    let mut worst: Option<Need> = None;
+    for section in &setup.sections {
+        let collective = setup.collective(section, args);
+        let elem = section.dtype.size_bytes();
+        let blocks = collective.size_blocks(args.ranks) as usize;
+        let count = size / elem.checked_mul(blocks).ok_or_else(overflow)?.max(1);
+        let per_rank = bytes_per_rank(collective, args.ranks, count, elem, args.check != 0)
+            .ok_or_else(overflow)?;
+        let total = per_rank.checked_mul(u64::from(here)).ok_or_else(overflow)?;
+        if worst.as_ref().is_none_or(|w| total > w.total) {
+            worst = Some(Need {
+                total,
+                per_rank,
+                collective: collective.kind().name().to_owned(),
+                dtype: section.dtype.nccl_tests_name(),
+            });
+        }
+    }
+    worst.ok_or_else(|| "no section to run".to_owned())
+}
+
+/// `MemAvailable` of `/proc/meminfo`, bytes: what the kernel says can be
+/// allocated without swapping.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line
+        .trim_start_matches("MemAvailable:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// `12.5 GiB`.
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_arithmetic_is_checked() {
+        let ar = Collective::AllReduce;
+        // 1 element of 4 bytes, 4 ranks, no check: input, its copy, output.
+        assert_eq!(bytes_per_rank(ar, 4, 1, 4, false), Some(12));
+        // Checking peaks with input (4), read back (4), every rank's
+        // input (16), untouched (4) and the reference (4).
+        assert_eq!(bytes_per_rank(ar, 4, 1, 4, true), Some(32));
+        assert_eq!(bytes_per_rank(ar, 4, usize::MAX / 2, 4, false), None);
+        assert_eq!(bytes_per_rank(ar, u32::MAX, 1 << 40, 8, true), None);
+    }
+
+    #[test]
+    fn gib_prints_one_decimal() {
+        assert_eq!(gib(3 << 29), "1.5 GiB");
+    }
+}

@@ -1,0 +1,325 @@
+//! `ferrocoll launch -n N -- <command…>`: start N local processes of one
+//! group with the `env://` variables and a fresh job secret, prefix their
+//! output with their rank, and fail fast: when one exits with an error
+//! (or is killed), the others are killed — after `--grace` seconds in
+//! which they may report the loss themselves — and the launcher exits
+//! non-zero, naming the rank that failed first.
+//!
+//! Like torchrun, it never leaves an orphan: SIGINT, SIGTERM and SIGHUP
+//! are forwarded to every rank's process group, which gets
+//! `--term-timeout` seconds to exit before it is killed (a second signal
+//! kills at once); on Linux each rank also dies with the launcher if the
+//! launcher itself is killed. Segments that ranks killed during setup
+//! left in tmpfs are removed at the end.
+
+mod job;
+mod signals;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use job::Job;
+
+#[derive(Args, Debug)]
+pub(crate) struct LaunchArgs {
+    /// Processes to start.
+    #[arg(short = 'n', long = "nproc", default_value_t = 2)]
+    nproc: u32,
+    /// MASTER_PORT for the rendezvous; default: a free port.
+    #[arg(long)]
+    port: Option<u16>,
+    /// After a rank fails, give the others this many seconds to notice
+    /// and exit on their own (ferrocoll's communicators report a lost peer
+    /// within milliseconds) before killing them; 0 kills at once.
+    #[arg(long, default_value_t = 0.0)]
+    grace: f64,
+    /// After forwarding SIGINT, SIGTERM or SIGHUP to the ranks, wait this
+    /// many seconds for them to exit before killing them.
+    #[arg(long, default_value_t = 5.0)]
+    term_timeout: f64,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Kill a rank and everything in its process group.
+fn stop(child: &mut Child) {
+    #[cfg(unix)]
+    signals::send_group(child.id(), libc::SIGKILL);
+    let _ = child.kill();
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port for the rendezvous: {e}"))
+}
+
+/// Copy a child's stream to ours, one prefixed line at a time.
+fn forward(
+    stream: impl std::io::Read + Send + 'static,
+    rank: u32,
+    err: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if err {
+                eprintln!("[rank {rank}] {line}");
+            } else {
+                println!("[rank {rank}] {line}");
+            }
+        }
+    })
+}
+
+/// Seconds from a flag: finite and at least 0.
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    if !(value >= 0.0 && value.is_finite() && value < 1e9) {
+        return Err(format!("--{flag} must be a number of seconds, at least 0"));
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
+    // Every argument is checked before anything starts.
+    if args.nproc == 0 {
+        return Err("-n must be at least 1".into());
+    }
+    let grace = seconds("grace", args.grace)?;
+    let term_timeout = seconds("term-timeout", args.term_timeout)?;
+    if args.command.is_empty() {
+        return Err("no command given after `--`".into());
+    }
+    let port = match args.port {
+        Some(p) => p,
+        None => free_port()?,
+    };
+    signals::install()?;
+    let job = Job::new();
+    let (children, forwarders) = spawn_all(args, port, &job)?;
+    let pids: Vec<String> = children
+        .iter()
+        .map(|(r, c)| format!("{r}={}", c.id()))
+        .collect();
+    eprintln!(
+        "ferrocoll launch: {} ranks, rendezvous 127.0.0.1:{port}, job {}, pids {}",
+        args.nproc,
+        job.id,
+        pids.join(" ")
+    );
+    let end = supervise(children, grace, term_timeout);
+    for f in forwarders {
+        let _ = f.join();
+    }
+    let removed = job.remove_segments();
+    if removed > 0 {
+        eprintln!("ferrocoll launch: removed {removed} shared-memory segments ranks left behind");
+    }
+    Ok(end.report())
+}
+
+/// Start every rank with its env:// variables, its output forwarded with
+/// a rank prefix; on a failure to start one, stop the ones started.
+#[allow(clippy::type_complexity)]
+fn spawn_all(
+    args: &LaunchArgs,
+    port: u16,
+    job: &Job,
+) -> Result<(Vec<(u32, Child)>, Vec<std::thread::JoinHandle<()>>), String> {
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or("no command given after `--`")?;
+    let mut children: Vec<(u32, Child)> = Vec::new();
+    let mut forwarders = Vec::new();
+    for rank in 0..args.nproc {
+        let mut command = Command::new(program);
+        #[cfg(unix)]
+        {
+            // Each rank leads its own process group, so killing it also
+            // stops what it started (a shell's children hold our pipes).
+            use std::os::unix::process::CommandExt;
+            command.process_group(0);
+            die_with_launcher(&mut command);
+        }
+        let mut child = command
+            .args(rest)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", args.nproc.to_string())
+            .env("LOCAL_WORLD_SIZE", args.nproc.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env(ferrocoll::rendezvous::JobSecret::ENV, job.secret.expose())
+            .env("FERROCOLL_JOB_ID", &job.id)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                for (_, c) in &mut children {
+                    stop(c);
+                }
+                format!("starting `{program}`: {e}")
+            })?;
+        if let Some(out) = child.stdout.take() {
+            forwarders.push(forward(out, rank, false));
+        }
+        if let Some(err) = child.stderr.take() {
+            forwarders.push(forward(err, rank, true));
+        }
+        children.push((rank, child));
+    }
+    Ok((children, forwarders))
+}
+
+/// On Linux, the rank is killed if the launcher dies (even by SIGKILL,
+/// which no handler sees), so no rank outlives it.
+#[cfg(unix)]
+fn die_with_launcher(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: getpid before the fork; the closure runs in the child
+        // between fork and exec and calls only async-signal-safe functions.
+        let launcher = unsafe { libc::getpid() };
+        // SAFETY: as above.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The launcher may have died before the prctl took hold.
+                if libc::getppid() != launcher {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
+}
+
+#[cfg(not(unix))]
+fn die_with_launcher(_command: &mut Command) {}
+
+/// How the ranks ended.
+struct End {
+    /// The first rank to fail, and how.
+    failed: Option<(u32, String)>,
+    /// A signal the launcher received and forwarded.
+    signal: Option<i32>,
+    /// How the others ended after that.
+    after: Vec<String>,
+}
+
+impl End {
+    /// Say how the job ended; the exit code follows the shell's
+    /// convention (128 + signal) when the launcher was interrupted.
+    fn report(&self) -> ExitCode {
+        let rest = if self.after.is_empty() {
+            String::new()
+        } else {
+            format!("; then {}", self.after.join(", "))
+        };
+        if let Some(signal) = self.signal {
+            eprintln!(
+                "ferrocoll launch: interrupted by {}: forwarded to every rank{rest}",
+                signals::name(signal)
+            );
+            return ExitCode::from(128u8.saturating_add(signal.clamp(0, 127) as u8));
+        }
+        match &self.failed {
+            None => ExitCode::SUCCESS,
+            Some((rank, why)) => {
+                eprintln!("ferrocoll launch: rank {rank} failed first ({why}){rest}");
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+/// Wait for every rank. The first failure kills the rest after `grace`;
+/// a signal is forwarded to every rank, which are killed `term_timeout`
+/// later (at once on a second signal).
+fn supervise(children: Vec<(u32, Child)>, grace: Duration, term_timeout: Duration) -> End {
+    let mut end = End {
+        failed: None,
+        signal: None,
+        after: Vec::new(),
+    };
+    let mut kill_at: Option<Instant> = None;
+    let mut forwarded = 0u32;
+    let mut running: Vec<(u32, Child)> = children;
+    while !running.is_empty() {
+        if let Some((signal, count)) = signals::received()
+            && count > forwarded
+        {
+            forwarded = count;
+            end.signal = Some(signal);
+            for (_, child) in &running {
+                signals::send_group(child.id(), signal);
+            }
+            let at = if count > 1 {
+                Instant::now()
+            } else {
+                Instant::now() + term_timeout
+            };
+            kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+        }
+        running = reap(running, &mut end);
+        if end.failed.is_some() && kill_at.is_none() {
+            kill_at = Some(Instant::now() + grace);
+        }
+        if kill_at.is_some_and(|at| Instant::now() >= at) {
+            for (rank, child) in &mut running {
+                stop(child);
+                end.after.push(format!("rank {rank} killed"));
+            }
+            for (_, child) in &mut running {
+                let _ = child.wait();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    end
+}
+
+/// Collect the ranks that ended since the last look; keep the rest.
+fn reap(running: Vec<(u32, Child)>, end: &mut End) -> Vec<(u32, Child)> {
+    let mut still = Vec::new();
+    let mut ended = Vec::new();
+    for (rank, mut child) in running {
+        match child.try_wait() {
+            Ok(Some(status)) => ended.push((rank, status)),
+            Ok(None) => still.push((rank, child)),
+            Err(e) => {
+                end.failed.get_or_insert((rank, e.to_string()));
+            }
+        }
+    }
+    // Of ranks that ended since the last look, one killed by a signal
+    // is the likelier cause: its peers exit with errors right after.
+    #[cfg(unix)]
+    ended.sort_by_key(|(_, status)| {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal().is_none()
+    });
+    for (rank, status) in ended {
+        if end.failed.is_some() || end.signal.is_some() {
+            end.after.push(if status.success() {
+                format!("rank {rank} exited cleanly")
+            } else {
+                format!("rank {rank} {status}")
+            });
+        } else if !status.success() {
+            end.failed = Some((rank, status.to_string()));
+        }
+    }
+    still
+}
