@@ -232,7 +232,7 @@ fn bench_refuses_what_it_cannot_do() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--transport"));
     let out = ferrocoll(&["launch", "-n", "0", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("between 1 and 1024"));
 }
 
 #[test]

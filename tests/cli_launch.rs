@@ -352,8 +352,12 @@ fn signals_to_the_launcher_stop_every_rank_at_any_phase() {
 /// The launcher killed outright (no handler runs) takes its ranks with it.
 #[test]
 fn a_killed_launcher_leaves_no_orphan() {
+    // Each rank starts a child of its own: PR_SET_PDEATHSIG reaches the
+    // rank but not its child, which only the watchdog's killpg reaches.
+    let secret = unique_secret();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
-        .args(["launch", "-n", "3", "--", "sleep", "60"])
+        .args(["launch", "-n", "3", "--", "sh", "-c", "sleep 60 & wait"])
+        .env("FERROCOLL_JOB_SECRET", &secret)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -362,15 +366,83 @@ fn a_killed_launcher_leaves_no_orphan() {
     BufReader::new(child.stderr.take().unwrap())
         .read_line(&mut banner)
         .unwrap();
-    let (pids, _) = launch_banner(&banner);
-    assert_eq!(pids.len(), 3, "{banner}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Three shells and their three sleeps (and the launcher itself).
+    let launcher = child.id();
+    let ranks = || {
+        let mut p = processes_with(&secret);
+        p.retain(|&p| p != launcher);
+        p
+    };
+    while ranks().len() < 6 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(ranks().len(), 6, "{banner}");
     child.kill().unwrap();
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+    while !processes_with(&secret).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(pids.iter().all(|&p| !alive(p)), "orphans: {pids:?}");
+    assert_eq!(processes_with(&secret), Vec::<u32>::new(), "orphans");
+}
+
+/// A secret no other test's processes carry.
+fn unique_secret() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("cli-launch-{}-{nanos}", std::process::id())
+}
+
+/// Live processes whose environment holds the job secret `secret` (the
+/// launcher passes the caller's on to every rank and ranks' children).
+fn processes_with(secret: &str) -> Vec<u32> {
+    let needle = format!("FERROCOLL_JOB_SECRET={secret}");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| alive(pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// Ctrl-C while the launcher is still starting its ranks stops the
+/// starting and takes down the ones already running (it once went on
+/// starting every rank, deaf to signals).
+#[test]
+fn a_signal_while_ranks_start_stops_the_starting() {
+    let secret = unique_secret();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["launch", "-n", "1024", "--", "sleep", "60"])
+        .env("FERROCOLL_JOB_SECRET", &secret)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_with(&secret).len() < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the launcher did not stop");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(130), "{status}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(processes_with(&secret), Vec::<u32>::new(), "orphans");
 }
 
 /// A bad argument is refused before any rank starts (`--grace=-1` once
@@ -389,6 +461,8 @@ fn bad_launch_arguments_start_nothing() {
             "30",
         ][..],
         &["launch", "-n", "0", "--", "sleep", "30"][..],
+        // It once started all 100 000, deaf to signals while it did.
+        &["launch", "-n", "100000", "--", "sleep", "30"][..],
     ] {
         let started = Instant::now();
         let out = ferrocoll(args);

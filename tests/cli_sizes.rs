@@ -1,5 +1,6 @@
-//! `ferrocoll bench` with sizes and rank counts that cannot fit: a clear
-//! error and exit status 2, never a panic, an abort or a hang.
+//! `ferrocoll` with sizes, rank counts, settings and inputs that cannot
+//! work: a clear error and exit status 2, never a panic, an abort or a
+//! hang.
 
 use std::process::{Command, Output};
 
@@ -47,4 +48,44 @@ fn bench_with_more_ranks_than_threads_allows_is_refused() {
         &["bench", "--ranks", "1025", "-b", "4", "-e", "4"],
         "more than the 1024 ranks",
     );
+}
+
+#[test]
+fn bench_with_no_timed_iterations_is_refused() {
+    // It once printed times averaged over zero iterations.
+    refused(
+        &["bench", "-n", "0", "-b", "4K", "-e", "4K"],
+        "-n (--iters)",
+    );
+}
+
+#[test]
+fn a_zero_timeout_is_refused_not_a_raw_socket_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["bench", "-b", "4K", "-e", "4K", "-n", "1"])
+        .env("FERROCOLL_TIMEOUT_MS", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("FERROCOLL_TIMEOUT_MS"), "{err}");
+    // One error, not a warning from the defaults followed by it.
+    assert!(!err.contains("WARN"), "{err}");
+}
+
+/// Inputs that never end (`/dev/zero`) once grew memory without bound
+/// (gigabytes in seconds); every file reader stops at its cap.
+#[test]
+fn endless_input_files_are_refused_at_the_cap() {
+    if !std::path::Path::new("/dev/zero").exists() {
+        return;
+    }
+    for args in [
+        &["topo", "--smi", "/dev/zero"][..],
+        &["topo", "--file", "/dev/zero"][..],
+        &["topo", "--nccl-xml", "/dev/zero"][..],
+        &["sim", "--topo", "dgx-h100", "--plan", "/dev/zero"][..],
+    ] {
+        refused(args, "larger than");
+    }
 }

@@ -56,6 +56,7 @@ pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod flow;
+pub mod input;
 pub mod kernels;
 pub mod plan;
 pub mod replay;

@@ -26,8 +26,8 @@ pub enum SettingsError {
     /// `FERROCOLL_ALGO` names no algorithm.
     #[error("FERROCOLL_ALGO: {0}")]
     Algorithm(#[from] ParseNameError),
-    /// A number that does not parse.
-    #[error("{name}: `{value}` is not a whole number")]
+    /// A number that does not parse, or is 0 where a wait needs a length.
+    #[error("{name}: `{value}` is not a whole number of at least 1")]
     Number {
         /// The variable.
         name: &'static str,
@@ -62,12 +62,17 @@ impl EnvOverrides {
         };
         let timeout = match get("FERROCOLL_TIMEOUT_MS") {
             None => None,
-            Some(v) => Some(Duration::from_millis(v.trim().parse::<u64>().map_err(
-                |_| SettingsError::Number {
-                    name: "FERROCOLL_TIMEOUT_MS",
-                    value: v.clone(),
-                },
-            )?)),
+            // A zero timeout would fail every wait at once (and sockets
+            // refuse it outright): refused like any other bad value.
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+                _ => {
+                    return Err(SettingsError::Number {
+                        name: "FERROCOLL_TIMEOUT_MS",
+                        value: v.clone(),
+                    });
+                }
+            },
         };
         Ok(EnvOverrides { algorithm, timeout })
     }
@@ -122,8 +127,14 @@ mod tests {
         assert_eq!(auto.algorithm, Some(None));
         let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_ALGO", "rung")])).unwrap_err();
         assert!(e.to_string().contains("FERROCOLL_ALGO"), "{e}");
-        let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_TIMEOUT_MS", "soon")])).unwrap_err();
-        assert!(e.to_string().contains("FERROCOLL_TIMEOUT_MS"), "{e}");
+        for bad in [
+            &[("FERROCOLL_TIMEOUT_MS", "soon")],
+            &[("FERROCOLL_TIMEOUT_MS", "0")],
+            &[("FERROCOLL_TIMEOUT_MS", "-1")],
+        ] {
+            let e = EnvOverrides::from_lookup(env(bad)).unwrap_err();
+            assert!(e.to_string().contains("FERROCOLL_TIMEOUT_MS"), "{e}");
+        }
         assert_eq!(
             EnvOverrides::from_lookup(env(&[])).unwrap(),
             EnvOverrides::default()

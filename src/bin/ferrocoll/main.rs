@@ -54,6 +54,9 @@ enum Command {
     Estimate(estimate_cmd::EstimateArgs),
     /// Start N local processes of one group (env:// variables), rank-prefixed output, fail fast.
     Launch(launch::LaunchArgs),
+    /// The launcher's watchdog (started by `launch`).
+    #[command(hide = true)]
+    LaunchWatchdog(launch::watchdog::WatchdogArgs),
     /// Check the env:// bootstrap: every rank meets at rank 0's store (run under `launch`).
     Rendezvous(rendezvous_cmd::RendezvousArgs),
 }
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim_cmd::run(&args),
         Command::Estimate(args) => estimate_cmd::run(&args),
         Command::Launch(args) => launch::run(&args),
+        Command::LaunchWatchdog(args) => launch::watchdog::run(&args),
         Command::Rendezvous(args) => rendezvous_cmd::run(&args),
     };
     match result {

@@ -47,7 +47,7 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_parser = parse_size)]
     max_chunk_bytes: Option<usize>,
     /// Slots per link.
-    #[arg(long, default_value_t = CpuConfig::default().slots_per_link)]
+    #[arg(long, default_value_t = CpuConfig::builtin().slots_per_link)]
     slots: u32,
     /// Print the JSON form.
     #[arg(long)]
@@ -69,8 +69,8 @@ pub(crate) fn run(args: &PlanArgs) -> Result<ExitCode, String> {
         slots_per_link: args.slots,
         max_chunk_bytes: args
             .max_chunk_bytes
-            .unwrap_or(CpuConfig::default().max_chunk_bytes),
-        ..CpuConfig::default()
+            .unwrap_or(CpuConfig::builtin().max_chunk_bytes),
+        ..CpuConfig::builtin()
     };
     let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
     if args.max_chunk_bytes.is_some() {

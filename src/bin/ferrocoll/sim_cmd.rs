@@ -170,7 +170,7 @@ fn run_plan(
     path: &std::path::Path,
     topology: &ferrocoll::topo::Topology,
 ) -> Result<ExitCode, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = ferrocoll::input::read_text(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let plan = ferrocoll::ExecutionPlan::from_json(&text)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let p =

@@ -78,7 +78,7 @@ impl Schedule {
     /// Read and parse a schedule file.
     pub fn load(path: impl AsRef<Path>) -> Result<Schedule, ScheduleFileError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ScheduleFileError::Io {
+        let text = crate::input::read_text(path).map_err(|source| ScheduleFileError::Io {
             path: path.display().to_string(),
             source,
         })?;

@@ -138,7 +138,7 @@ impl Topology {
     /// Read a topology file.
     pub fn load(path: impl AsRef<Path>) -> Result<Topology, TopologyError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| TopologyError::Io {
+        let text = ferrocoll_core::input::read_text(path).map_err(|e| TopologyError::Io {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;

@@ -304,29 +304,21 @@ impl<'t> Router<'t> {
         }
         best.ok_or_else(unreachable)
     }
-}
-
-impl Topology {
-    /// How device `from` reaches device `to`: directly when peer-to-peer is
-    /// possible, else staged through the best-placed CPU node's memory.
-    pub fn route(&self, from: NodeId, to: NodeId) -> Result<Route, TopologyError> {
-        Router::new(self).route(from, to)
-    }
 
     /// The `nvidia-smi topo -m` class of the hardware path between two
     /// devices (peer-to-peer settings do not change it).
-    pub fn path_class(&self, a: NodeId, b: NodeId) -> Result<PathClass, TopologyError> {
+    pub(crate) fn path_class(&mut self, a: NodeId, b: NodeId) -> Result<PathClass, TopologyError> {
         if a == b {
             return Ok(PathClass::Same);
         }
-        let links =
-            Router::new(self)
-                .best_path(a, b)
-                .ok_or_else(|| TopologyError::Unreachable {
-                    from: self.nodes[a].name.clone(),
-                    to: self.nodes[b].name.clone(),
-                })?;
-        let kinds: Vec<&LinkKind> = links.iter().map(|&l| &self.links[l].kind).collect();
+        let topo = self.topo;
+        let links = self
+            .best_path(a, b)
+            .ok_or_else(|| TopologyError::Unreachable {
+                from: topo.nodes[a].name.clone(),
+                to: topo.nodes[b].name.clone(),
+            })?;
+        let kinds: Vec<&LinkKind> = links.iter().map(|&l| &topo.links[l].kind).collect();
         if kinds.iter().all(|k| k.is_nvlink()) {
             let narrowest = kinds
                 .iter()
@@ -347,7 +339,7 @@ impl Topology {
         let passed = |kind: NodeKind| {
             links[..links.len() - 1]
                 .iter()
-                .filter(|&&l| self.nodes[self.links[l].to].kind == kind)
+                .filter(|&&l| topo.nodes[topo.links[l].to].kind == kind)
                 .count()
         };
         let cpus = passed(NodeKind::Cpu);
@@ -363,5 +355,19 @@ impl Topology {
         } else {
             PathClass::Pix
         })
+    }
+}
+
+impl Topology {
+    /// How device `from` reaches device `to`: directly when peer-to-peer is
+    /// possible, else staged through the best-placed CPU node's memory.
+    pub fn route(&self, from: NodeId, to: NodeId) -> Result<Route, TopologyError> {
+        Router::new(self).route(from, to)
+    }
+
+    /// The `nvidia-smi topo -m` class of the hardware path between two
+    /// devices (peer-to-peer settings do not change it).
+    pub fn path_class(&self, a: NodeId, b: NodeId) -> Result<PathClass, TopologyError> {
+        Router::new(self).path_class(a, b)
     }
 }

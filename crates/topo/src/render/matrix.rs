@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::error::TopologyError;
-use crate::graph::Topology;
+use crate::graph::{Router, Topology};
 use crate::probe::Matrix;
 use crate::sim::CostModel;
 use crate::sim::engine::Network;
@@ -17,10 +17,12 @@ pub fn smi_matrix(topo: &Topology) -> Result<String, TopologyError> {
         let _ = write!(s, "{:<8}", topo.nodes[d].name);
     }
     s.push_str("NUMA Affinity\n");
+    // One router for every pair: its search trees are shared.
+    let mut router = Router::new(topo);
     for &a in &devices {
         let _ = write!(s, "{:<8}", topo.nodes[a].name);
         for &b in &devices {
-            let mut cell = topo.path_class(a, b)?.to_string();
+            let mut cell = router.path_class(a, b)?.to_string();
             if a != b && !topo.p2p(a, b) {
                 cell.push('*');
             }
@@ -70,10 +72,11 @@ pub fn latency_matrix(topo: &Topology) -> Result<Matrix, TopologyError> {
     let devices = topo.devices();
     let n = devices.len();
     let mut m = Matrix::new(n);
+    let mut router = Router::new(topo);
     for a in 0..n {
         for b in 0..n {
             if a != b {
-                m.set(a, b, topo.route(devices[a], devices[b])?.latency_us);
+                m.set(a, b, router.route(devices[a], devices[b])?.latency_us);
             }
         }
     }

@@ -36,6 +36,10 @@ impl Setup {
         if args.ranks == 0 {
             return Err("--ranks must be at least 1".to_owned());
         }
+        if args.iters == 0 {
+            // Zero timed iterations would print times of nothing.
+            return Err("-n (--iters) must be at least 1".to_owned());
+        }
         if args.root >= args.ranks {
             return Err(format!(
                 "--root {} is out of range for {} ranks",
@@ -45,7 +49,7 @@ impl Setup {
         if args.min_bytes > args.max_bytes || args.step_factor < 2 {
             return Err("need -b <= -e and -f >= 2".to_owned());
         }
-        let mut config = cpu_config(CpuConfig::default(), args.max_chunk_bytes)?;
+        let mut config = cpu_config(CpuConfig::builtin(), args.max_chunk_bytes)?;
         let kinds: Vec<CollectiveKind> = match &custom {
             Some(v) => vec![v.schedule().collective.kind()],
             None => args.op.0.clone(),

@@ -19,10 +19,23 @@ impl Job {
         Job { secret, id }
     }
 
+    /// The job `id` (the watchdog's view: it removes segments, nothing else).
+    pub fn with_id(id: String) -> Job {
+        Job {
+            secret: JobSecret::generate(),
+            id,
+        }
+    }
+
     /// Remove the segments of this job that are still named in tmpfs (a
     /// group unlinks its own once formed; only deaths during setup leave
     /// any). Returns how many were removed.
     pub fn remove_segments(&self) -> usize {
+        // Only ids this launcher makes: a hand-passed one must not widen
+        // the pattern (an empty id would match every job's segments).
+        if self.id.is_empty() || !self.id.chars().all(|c| c.is_ascii_hexdigit()) {
+            return 0;
+        }
         let prefix = format!("ferrocoll-{}.", self.id);
         let Ok(dir) = std::fs::read_dir("/dev/shm") else {
             return 0;

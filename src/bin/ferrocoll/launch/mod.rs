@@ -14,6 +14,7 @@
 
 mod job;
 mod signals;
+pub(crate) mod watchdog;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -22,6 +23,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use job::Job;
+use watchdog::Watchdog;
+
+/// The most ranks one launch starts: a local launcher for one host.
+const MAX_RANKS: u32 = 1024;
 
 #[derive(Args, Debug)]
 pub(crate) struct LaunchArgs {
@@ -64,8 +69,8 @@ fn forward(
     stream: impl std::io::Read + Send + 'static,
     rank: u32,
     err: bool,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
             if err {
                 eprintln!("[rank {rank}] {line}");
@@ -86,8 +91,10 @@ fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
 
 pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     // Every argument is checked before anything starts.
-    if args.nproc == 0 {
-        return Err("-n must be at least 1".into());
+    if args.nproc == 0 || args.nproc > MAX_RANKS {
+        return Err(format!(
+            "-n must be between 1 and {MAX_RANKS} (ranks on this host)"
+        ));
     }
     let grace = seconds("grace", args.grace)?;
     let term_timeout = seconds("term-timeout", args.term_timeout)?;
@@ -100,7 +107,18 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     };
     signals::install()?;
     let job = Job::new();
-    let (children, forwarders) = spawn_all(args, port, &job)?;
+    let mut watchdog = Watchdog::start(&job);
+    let started = spawn_all(args, port, &job, watchdog.as_mut());
+    let (children, forwarders) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            job.remove_segments();
+            if let Some(w) = watchdog {
+                w.done();
+            }
+            return Err(e);
+        }
+    };
     let pids: Vec<String> = children
         .iter()
         .map(|(r, c)| format!("{r}={}", c.id()))
@@ -111,11 +129,18 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         job.id,
         pids.join(" ")
     );
-    let end = supervise(children, grace, term_timeout);
+    let mut end = supervise(children, grace, term_timeout);
+    // A signal that stopped the starting before any rank ran.
+    if end.signal.is_none() {
+        end.signal = signals::received().map(|(signal, _)| signal);
+    }
     for f in forwarders {
         let _ = f.join();
     }
     let removed = job.remove_segments();
+    if let Some(w) = watchdog {
+        w.done();
+    }
     if removed > 0 {
         eprintln!("ferrocoll launch: removed {removed} shared-memory segments ranks left behind");
     }
@@ -123,12 +148,15 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
 }
 
 /// Start every rank with its env:// variables, its output forwarded with
-/// a rank prefix; on a failure to start one, stop the ones started.
+/// a rank prefix; on a failure to start one, stop the ones started. A
+/// signal stops the starting: the ranks started so far are handed on, and
+/// the supervisor forwards the signal to them.
 #[allow(clippy::type_complexity)]
 fn spawn_all(
     args: &LaunchArgs,
     port: u16,
     job: &Job,
+    mut watchdog: Option<&mut Watchdog>,
 ) -> Result<(Vec<(u32, Child)>, Vec<std::thread::JoinHandle<()>>), String> {
     let (program, rest) = args
         .command
@@ -137,6 +165,9 @@ fn spawn_all(
     let mut children: Vec<(u32, Child)> = Vec::new();
     let mut forwarders = Vec::new();
     for rank in 0..args.nproc {
+        if signals::received().is_some() {
+            break;
+        }
         let mut command = Command::new(program);
         #[cfg(unix)]
         {
@@ -165,13 +196,28 @@ fn spawn_all(
                 }
                 format!("starting `{program}`: {e}")
             })?;
-        if let Some(out) = child.stdout.take() {
-            forwarders.push(forward(out, rank, false));
+        if let Some(w) = watchdog.as_deref_mut() {
+            w.watch(child.id());
         }
-        if let Some(err) = child.stderr.take() {
-            forwarders.push(forward(err, rank, true));
-        }
+        let streams = [
+            child.stdout.take().map(|s| forward(s, rank, false)),
+            child.stderr.take().map(|s| forward(s, rank, true)),
+        ];
         children.push((rank, child));
+        for spawned in streams.into_iter().flatten() {
+            match spawned {
+                Ok(handle) => forwarders.push(handle),
+                Err(e) => {
+                    for (_, c) in &mut children {
+                        stop(c);
+                        let _ = c.wait();
+                    }
+                    return Err(format!(
+                        "cannot start a thread to forward rank {rank}'s output: {e}"
+                    ));
+                }
+            }
+        }
     }
     Ok((children, forwarders))
 }

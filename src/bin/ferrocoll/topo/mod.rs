@@ -81,8 +81,8 @@ enum Kind {
     Xml,
 }
 
-fn load_as(p: &PathBuf, kind: Kind) -> Result<Topology, String> {
-    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+fn load_as(p: &std::path::Path, kind: Kind) -> Result<Topology, String> {
+    let text = ferrocoll::input::read_text(p).map_err(|e| format!("{}: {e}", p.display()))?;
     let parsed = match kind {
         Kind::Smi => ferrocoll::topo::sources::smi::parse_smi(&text),
         Kind::Xml => ferrocoll::topo::sources::nccl_xml::parse_nccl_xml(&text),

@@ -25,7 +25,7 @@ pub(crate) fn load(spec: &str, host_ranks: u32) -> Result<Topology, String> {
             presets::NAMES.join(", ")
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{spec}: {e}"))?;
+    let text = ferrocoll::input::read_text(path).map_err(|e| format!("{spec}: {e}"))?;
     let parsed = match path.extension().and_then(|e| e.to_str()) {
         Some("json") => Topology::from_json(&text),
         Some("xml") => sources::nccl_xml::parse_nccl_xml(&text),

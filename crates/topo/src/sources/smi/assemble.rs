@@ -4,7 +4,7 @@
 use super::matrix::{Cell, Matrix, is_gpu_name, smi_error};
 use super::{SmiOptions, join_cpus};
 use crate::error::TopologyError;
-use crate::graph::{LinkKind, Node, NodeId, NodeKind, Topology};
+use crate::graph::{LinkKind, Node, NodeId, NodeKind, Router, Topology};
 
 /// Merge groups while some pair satisfies `join`, first pairs first.
 fn merge_while(groups: &mut Vec<Vec<usize>>, join: impl Fn(&[usize], &[usize]) -> bool) {
@@ -277,10 +277,11 @@ impl Below<'_> {
 /// The graph gives every pair the class the matrix printed.
 fn check_classes(m: &Matrix, t: &Topology, node_of: &[NodeId]) -> Result<(), TopologyError> {
     let n = m.names.len();
+    let mut router = Router::new(t);
     for i in 0..n {
         for j in i + 1..n {
             let cell = m.rows[i].cells[j];
-            let got = t.path_class(node_of[i], node_of[j])?;
+            let got = router.path_class(node_of[i], node_of[j])?;
             if got == cell.class() {
                 continue;
             }

@@ -1,0 +1,107 @@
+//! The launcher's watchdog: a small process of its own that outlives a
+//! launcher killed by SIGKILL (which no handler sees) and then kills every
+//! rank's whole process group and removes the job's segments.
+//!
+//! `PR_SET_PDEATHSIG` takes each rank's own process with the launcher, but
+//! not what the rank started (a shell's `sleep`, a training script's
+//! workers): those sit in the rank's process group, which only a `killpg`
+//! reaches. The launcher tells the watchdog each group as it starts it,
+//! over the watchdog's stdin, and says `done` when it ends normally; end
+//! of input without `done` means the launcher died.
+
+use std::io::{BufRead, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+use clap::Args;
+
+use super::job::Job;
+use super::signals;
+
+/// `ferrocoll launch-watchdog --job ID` (started by `launch`; not for users).
+#[derive(Args, Debug)]
+pub(crate) struct WatchdogArgs {
+    /// The job whose segments to remove.
+    #[arg(long)]
+    job: String,
+}
+
+/// The launcher's end of the watchdog.
+pub(crate) struct Watchdog {
+    child: Child,
+    to: ChildStdin,
+}
+
+impl Watchdog {
+    /// Start the watchdog of `job`; `None` (with a warning) where it cannot
+    /// start: the launcher then works as before, minus this guarantee.
+    pub fn start(job: &Job) -> Option<Watchdog> {
+        let exe = std::env::current_exe().ok()?;
+        let mut command = Command::new(exe);
+        command
+            .args(["launch-watchdog", "--job", &job.id])
+            // It needs nothing from the environment, the job secret least.
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            // Its own group: a terminal's Ctrl-C must not take it first.
+            command.process_group(0);
+        }
+        match command.spawn() {
+            Ok(mut child) => {
+                let to = child.stdin.take()?;
+                Some(Watchdog { child, to })
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "launch: no watchdog ({e}); a SIGKILLed launcher may leave rank children"
+                );
+                None
+            }
+        }
+    }
+
+    /// Tell it about a rank's process group.
+    pub fn watch(&mut self, group: u32) {
+        let _ = writeln!(self.to, "{group}");
+    }
+
+    /// The launcher ends normally: the watchdog leaves everything alone.
+    pub fn done(mut self) {
+        let _ = writeln!(self.to, "done");
+        drop(self.to);
+        let _ = self.child.wait();
+    }
+}
+
+/// The watchdog's side: read groups until `done` (exit quietly) or end of
+/// input (the launcher died: kill every group, remove the segments).
+pub(crate) fn run(args: &WatchdogArgs) -> Result<std::process::ExitCode, String> {
+    #[cfg(unix)]
+    // SAFETY: ignoring signals at the start of a single-threaded process.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+    }
+    let mut groups = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line == "done" {
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+        if let Ok(group) = line.trim().parse::<u32>() {
+            groups.push(group);
+        }
+    }
+    for group in groups {
+        #[cfg(unix)]
+        signals::send_group(group, libc::SIGKILL);
+        #[cfg(not(unix))]
+        let _ = group;
+    }
+    Job::with_id(args.job.clone()).remove_segments();
+    Ok(std::process::ExitCode::SUCCESS)
+}
