@@ -171,7 +171,16 @@ impl Watch {
             if let Some(v) = ready(store)? {
                 return Ok(v);
             }
-            self.check(store, during)?;
+            if let Err(exited) = self.check(store, during) {
+                // A peer may have passed this point and exited between our
+                // look at the store and at its process (a rank preempted
+                // that long on a busy host): what it left behind counts;
+                // its exit is then the first call's business.
+                return match ready(store)? {
+                    Some(v) => Ok(v),
+                    None => Err(exited),
+                };
+            }
             if Instant::now() >= deadline {
                 return Err(SetupError::Store(StoreError::Timeout {
                     key: key.to_owned(),
