@@ -6,8 +6,9 @@
 //! |---|---|
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling` (or `auto`) |
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds |
-//! | `FERROCOLL_LOG` | log level for [`crate::log::init`] and the CLI: `error`, `warn`, `info`, `debug` (one line per call: the algorithm and why), `trace` |
+//! | `FERROCOLL_LOG` | log level for `ferrocoll::log::init` (feature `log`) and the CLI: `error`, `warn`, `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //! | `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` | the `env://` bootstrap of a multi-process group ([`bootstrap_from_env`]); `ferrocoll launch` sets them |
+//! | `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`; `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK` | the same under Slurm's `srun` or OpenMPI's `mpirun` when `RANK` is unset (`MASTER_ADDR` and `MASTER_PORT` are still needed) |
 //! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
 //! | `FERROCOLL_JOB_ID` | names the job's shared-memory segments, so `ferrocoll launch` can remove any a killed rank left behind |
 
@@ -25,7 +26,7 @@ pub enum EnvError {
     Settings(#[from] SettingsError),
     /// A variable the `env://` bootstrap needs is not set.
     #[error(
-        "{name} is not set (start the processes with `ferrocoll launch`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
+        "{name} is not set (start the processes with `ferrocoll launch`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; under srun or mpirun set MASTER_ADDR and MASTER_PORT)"
     )]
     Missing {
         /// The variable.
@@ -114,6 +115,20 @@ pub fn process_communicator_from_env(
     )?)
 }
 
+/// The rank, world-size and local-rank variables of the launchers whose
+/// processes can bootstrap without more: torchrun's (which `ferrocoll
+/// launch` sets), Slurm's `srun` and OpenMPI's `mpirun`. The store's
+/// address still comes from `MASTER_ADDR` and `MASTER_PORT`.
+const LAUNCHERS: [(&str, &str, &str); 3] = [
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+    ),
+];
+
 fn bootstrap(
     get: impl Fn(&str) -> Option<String>,
     timeout: Duration,
@@ -124,13 +139,18 @@ fn bootstrap(
             .parse::<u32>()
             .map_err(|_| EnvError::Number { name, value: v })
     };
-    let rank = number("RANK", var("RANK")?)?;
-    let world_size = number("WORLD_SIZE", var("WORLD_SIZE")?)?;
+    // The first launcher convention whose rank variable is set.
+    let (rank_var, size_var, local_var) = LAUNCHERS
+        .into_iter()
+        .find(|(rank, _, _)| get(rank).is_some())
+        .unwrap_or(LAUNCHERS[0]);
+    let rank = number(rank_var, var(rank_var)?)?;
+    let world_size = number(size_var, var(size_var)?)?;
     if world_size == 0 || rank >= world_size {
         return Err(EnvError::RankOutOfRange { rank, world_size });
     }
-    let local_rank = match get("LOCAL_RANK") {
-        Some(v) => number("LOCAL_RANK", v)?,
+    let local_rank = match get(local_var) {
+        Some(v) => number(local_var, v)?,
         None => rank,
     };
     let addr = format!(
@@ -207,5 +227,66 @@ mod tests {
         ];
         let err = bootstrap(env(vars), t).unwrap_err();
         assert!(matches!(err, EnvError::Rendezvous(_)), "{err}");
+    }
+
+    #[test]
+    fn slurm_and_openmpi_launches_are_understood() {
+        let t = Duration::from_millis(200);
+        let env = |pairs: Vec<(&'static str, &'static str)>| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        // Out of range is checked before the store is reached, with the
+        // launcher's own numbers.
+        for (rank, size) in [
+            ("SLURM_PROCID", "SLURM_NTASKS"),
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ] {
+            let err = bootstrap(env(vec![(rank, "5"), (size, "4")]), t).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    EnvError::RankOutOfRange {
+                        rank: 5,
+                        world_size: 4
+                    }
+                ),
+                "{err}"
+            );
+            let err = bootstrap(env(vec![(rank, "1"), (size, "x")]), t).unwrap_err();
+            assert!(
+                matches!(err, EnvError::Number { name, .. } if name == size),
+                "{err}"
+            );
+            // Past the numbers, the store's address is what is missing.
+            let err = bootstrap(env(vec![(rank, "1"), (size, "4")]), t).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    EnvError::Missing {
+                        name: "MASTER_ADDR"
+                    }
+                ),
+                "{err}"
+            );
+        }
+        // torchrun's variables win when both are set.
+        let err = bootstrap(
+            env(vec![
+                ("RANK", "9"),
+                ("WORLD_SIZE", "2"),
+                ("SLURM_PROCID", "0"),
+            ]),
+            t,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, EnvError::RankOutOfRange { rank: 9, .. }),
+            "{err}"
+        );
     }
 }

@@ -445,6 +445,28 @@ fn a_signal_while_ranks_start_stops_the_starting() {
     assert_eq!(processes_with(&secret), Vec::<u32>::new(), "orphans");
 }
 
+/// `ferrocoll` as the launched command is the launcher's own executable,
+/// wherever cargo built it: the README's and CI's commands once named
+/// `target/release/ferrocoll` and broke under `CARGO_TARGET_DIR`.
+#[test]
+fn ferrocoll_as_the_command_runs_the_launchers_own_executable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["launch", "-n", "2", "--", "ferrocoll", "rendezvous"])
+        .env("PATH", "/usr/bin:/bin")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("all 2 ranks met"), "{text}");
+}
+
 /// A bad argument is refused before any rank starts (`--grace=-1` once
 /// started the ranks, then orphaned them).
 #[test]

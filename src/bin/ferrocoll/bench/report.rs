@@ -170,13 +170,22 @@ pub(crate) fn print_row(row: &Row, bw: Option<&MemoryBandwidth>, n: u32) {
         let _ = write!(line, "   {:.2}x ceiling", m.busbw / ceiling(bw, n));
     }
     if let (Some(p), Some(m)) = (row.predicted_us, row.out_of_place) {
-        let _ = write!(
-            line,
-            "   predicted {p:.2} us ({:+.0}%)",
-            100.0 * (p - m.time_us) / m.time_us
-        );
+        let _ = write!(line, "   {}", prediction(p, m.time_us));
     }
     println!("{line}");
+}
+
+/// The prediction beside a measured time, saying which way it errs:
+/// "(-80%)" once left readers guessing whether the model or the run was
+/// the slower one.
+fn prediction(predicted_us: f64, measured_us: f64) -> String {
+    let ratio = predicted_us / measured_us;
+    let way = if ratio < 1.0 {
+        format!("{:.0}% faster than measured", 100.0 * (1.0 - ratio))
+    } else {
+        format!("{:.0}% slower than measured", 100.0 * (ratio - 1.0))
+    };
+    format!("predicted {predicted_us:.2} us = {ratio:.2}x measured ({way})")
 }
 
 /// Print the footer; returns the number of wrong elements.
@@ -215,6 +224,17 @@ pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -
             ratio(largest.out_of_place),
             ratio(largest.in_place)
         );
+        let above = rows
+            .iter()
+            .filter(|r| r.collective == "all-reduce")
+            .flat_map(|r| [r.out_of_place, r.in_place])
+            .flatten()
+            .any(|m| m.busbw > ceiling(bw, n));
+        if above {
+            println!(
+                "# note: a ratio above 1 means the memory-bandwidth probe read low (it is timed on a shared, noisy host), or the data fit in cache; the probe's readings before and after the sweep bound it"
+            );
+        }
     }
     println!("#");
     wrong
@@ -387,5 +407,24 @@ fn human(bytes: f64) -> String {
         b if b >= 1 << 20 => format!("{}M", b >> 20),
         b if b >= 1 << 10 => format!("{}K", b >> 10),
         b => b.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prediction;
+
+    #[test]
+    fn a_prediction_says_which_way_it_errs() {
+        let fast = prediction(8.0, 10.0);
+        assert!(
+            fast.contains("0.80x measured") && fast.contains("20% faster"),
+            "{fast}"
+        );
+        let slow = prediction(15.0, 10.0);
+        assert!(
+            slow.contains("1.50x measured") && slow.contains("50% slower"),
+            "{slow}"
+        );
     }
 }

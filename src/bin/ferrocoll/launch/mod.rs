@@ -162,13 +162,14 @@ fn spawn_all(
         .command
         .split_first()
         .ok_or("no command given after `--`")?;
+    let program = own_program(program);
     let mut children: Vec<(u32, Child)> = Vec::new();
     let mut forwarders = Vec::new();
     for rank in 0..args.nproc {
         if signals::received().is_some() {
             break;
         }
-        let mut command = Command::new(program);
+        let mut command = Command::new(&program);
         #[cfg(unix)]
         {
             // Each rank leads its own process group, so killing it also
@@ -194,7 +195,7 @@ fn spawn_all(
                 for (_, c) in &mut children {
                     stop(c);
                 }
-                format!("starting `{program}`: {e}")
+                format!("starting `{}`: {e}", program.to_string_lossy())
             })?;
         if let Some(w) = watchdog.as_deref_mut() {
             w.watch(child.id());
@@ -220,6 +221,16 @@ fn spawn_all(
         }
     }
     Ok((children, forwarders))
+}
+
+/// `ferrocoll` as the command means this very executable, wherever cargo
+/// put it (`CARGO_TARGET_DIR`, a debug or release build) and whether or
+/// not one is on `PATH`; any other command is run as given.
+fn own_program(program: &str) -> std::ffi::OsString {
+    match std::env::current_exe() {
+        Ok(exe) if program == "ferrocoll" => exe.into_os_string(),
+        _ => program.into(),
+    }
 }
 
 /// On Linux, the rank is killed if the launcher dies (even by SIGKILL,
