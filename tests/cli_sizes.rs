@@ -89,3 +89,20 @@ fn endless_input_files_are_refused_at_the_cap() {
         refused(args, "larger than");
     }
 }
+
+#[test]
+fn the_simulator_and_topo_refuse_absurd_rank_counts() {
+    // A million host ranks once ran without end.
+    refused(
+        &["sim", "--topo", "host", "--ranks", "1000000"],
+        "--ranks must be between 1 and",
+    );
+    refused(
+        &["sim", "--topo", "host", "--ranks", "0"],
+        "--ranks must be between 1 and",
+    );
+    refused(
+        &["topo", "--preset", "host", "--ranks", "1000000"],
+        "--ranks must be between 1 and",
+    );
+}

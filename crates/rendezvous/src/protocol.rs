@@ -388,12 +388,28 @@ impl Table {
                 format!("add takes an 8-byte counter, not {} bytes", delta.len()).into_bytes(),
             );
         };
-        let now = self
+        // A counter is 8 bytes; anything else under the key is a value a
+        // counter must not silently replace, and a sum past i64 must not wrap.
+        let old = match self
             .map
             .get(&key)
-            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-            .map_or(0, i64::from_le_bytes)
-            .wrapping_add(delta);
+            .map(|v| <[u8; 8]>::try_from(v.as_slice()))
+        {
+            None => 0,
+            Some(Ok(counter)) => i64::from_le_bytes(counter),
+            Some(Err(_)) => {
+                return (
+                    REPLY_BAD_REQUEST,
+                    b"add on a key that holds a value, not a counter".to_vec(),
+                );
+            }
+        };
+        let Some(now) = old.checked_add(delta) else {
+            return (
+                REPLY_BAD_REQUEST,
+                format!("add of {delta} to {old} overflows the counter").into_bytes(),
+            );
+        };
         let bytes = now.to_le_bytes().to_vec();
         match self.put(key, bytes.clone(), limits) {
             Ok(()) => (REPLY_OK, bytes),
@@ -521,6 +537,34 @@ mod tests {
         assert_eq!(status, REPLY_FULL, "{}", String::from_utf8_lossy(&why));
         assert!(t.bytes() <= limits.max_total_bytes);
         assert!(t.reserve(limits.max_total_bytes, &limits).is_err());
+    }
+
+    #[test]
+    fn counters_neither_wrap_nor_replace_values() {
+        let limits = Limits::default();
+        let mut t = Table::default();
+        let req = |op, k: &str, v: &[u8]| Request {
+            op,
+            key: k.into(),
+            value: v.into(),
+        };
+        let add = |d: i64| d.to_le_bytes();
+        assert_eq!(
+            t.apply(req(Op::Add, "n", &add(i64::MAX)), &limits).0,
+            REPLY_OK
+        );
+        let (status, why) = t.apply(req(Op::Add, "n", &add(1)), &limits);
+        assert_eq!(
+            status,
+            REPLY_BAD_REQUEST,
+            "{}",
+            String::from_utf8_lossy(&why)
+        );
+        assert!(String::from_utf8_lossy(&why).contains("overflows"));
+        assert_eq!(t.apply(req(Op::Set, "v", &[7; 100]), &limits).0, REPLY_OK);
+        let (status, why) = t.apply(req(Op::Add, "v", &add(1)), &limits);
+        assert_eq!(status, REPLY_BAD_REQUEST);
+        assert!(String::from_utf8_lossy(&why).contains("not a counter"));
     }
 
     #[test]

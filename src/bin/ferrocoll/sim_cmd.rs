@@ -63,6 +63,14 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     if args.min_bytes > args.max_bytes || args.step_factor < 2 {
         return Err("need -b <= -e and -f >= 2".into());
     }
+    if let Some(n) = args.ranks
+        && !(1..=source::MAX_RANKS).contains(&n)
+    {
+        return Err(format!(
+            "--ranks must be between 1 and {}",
+            source::MAX_RANKS
+        ));
+    }
     let host_ranks = args.ranks.unwrap_or(source::DEFAULT_HOST_RANKS);
     let topology = source::load(&args.topo, host_ranks)?;
     let e = |e: ferrocoll::topo::TopologyError| e.to_string();

@@ -8,6 +8,10 @@ use ferrocoll::topo::{Topology, presets, sources};
 /// Default thread count of the `host` preset when no rank count is given.
 pub(crate) const DEFAULT_HOST_RANKS: u32 = 4;
 
+/// The most ranks a preset is built for: what the commands then route,
+/// simulate and print grows with n² and more (a million ran unbounded).
+pub(crate) const MAX_RANKS: u32 = 1024;
+
 /// `SPEC` is a preset name, `discover` (NVML), or a file: `.json` is our
 /// own format, `.xml` an NCCL topology dump, anything else `nvidia-smi
 /// topo -m` text.
@@ -16,6 +20,9 @@ pub(crate) fn load(spec: &str, host_ranks: u32) -> Result<Topology, String> {
         return sources::nvml::discover().map_err(|e| e.to_string());
     }
     if presets::NAMES.contains(&spec) {
+        if !(1..=MAX_RANKS).contains(&host_ranks) {
+            return Err(format!("--ranks must be between 1 and {MAX_RANKS}"));
+        }
         return presets::by_name(spec, host_ranks).map_err(|e| e.to_string());
     }
     let path = Path::new(spec);
