@@ -6,7 +6,7 @@
 # both come from the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q
+cargo build --release -q  # once, so the runs below start at once
 for ranks in 2 4; do
-  ./target/release/ferrocoll bench --ranks "$ranks" -b 4K -e 64M -f 4 -n 40 --membw --predict "$@"
+  cargo run --release -q -- bench --ranks "$ranks" -b 4K -e 64M -f 4 -n 40 --membw --predict "$@"
 done
