@@ -1,8 +1,9 @@
 //! Forming a shared-memory group without leaving anything behind.
 //!
-//! Every rank creates its own segment, maps every peer's, and unlinks its
-//! own once all ranks have mapped everything, so from then on no name is
-//! left in tmpfs whatever happens to the processes. Before that point a
+//! Every rank creates its own segment, maps every peer's, and once all
+//! ranks have mapped everything removes every name of the group (its own
+//! and, in case that peer died just then, its peers'), so from then on no
+//! name is left in tmpfs whatever happens to the processes. Before that point a
 //! rank that fails — or notices a peer process exit, within about 50 ms —
 //! removes every segment name of the group, its peers' included: the
 //! names carry a token unique to this group, and a dead rank cannot
@@ -96,7 +97,10 @@ fn form(
     }
     watch.barrier(store, "pg/mapped")?;
     // Every rank has mapped every segment: the names are no longer needed.
+    // Each rank removes them all, not just its own, so a rank killed
+    // right after the barrier leaves nothing behind while any survives.
     segment.unlink();
+    names.remove_all();
     all[rank as usize] = Some(segment);
     let all = all.into_iter().flatten().collect();
     Ok(Box::new(ShmTransport::new(rank, *shape, all, pids)))
