@@ -1,8 +1,63 @@
 //! # ferrocoll
 //!
-//! Collective communication for Rust: all-reduce and its siblings as
-//! **schedules that are data**, proven correct by a symbolic verifier
+//! Collective communication for Rust — all-reduce and its siblings —
+//! where every schedule is **data**, proven correct by a symbolic verifier
 //! before anything runs.
+//!
+//! ## First steps
+//!
+//! Ranks as threads of this process, [`cpu::run`]:
+//!
+//! ```
+//! use ferrocoll::cpu::{self, CpuConfig};
+//! use ferrocoll::prelude::*;
+//!
+//! // Four ranks; each averages its gradient with the others'.
+//! let results = cpu::run(4, &CpuConfig::default(), |comm| {
+//!     let mut grad = vec![comm.rank() as f32; 1024];
+//!     comm.all_reduce_in_place(&mut grad, ReduceOp::Avg)?;
+//!     Ok(grad[0])
+//! });
+//! assert!(results.into_iter().all(|r| r.unwrap() == 1.5));
+//! ```
+//!
+//! Ranks as processes, one per `ferrocoll launch -n N -- your-program`
+//! (or torchrun-, Slurm- or OpenMPI-style variables), through
+//! [`env::process_communicator_from_env`]:
+//!
+//! ```no_run
+//! use ferrocoll::prelude::*;
+//! use ferrocoll::process::ProcessConfig;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut comm = ferrocoll::env::process_communicator_from_env(&ProcessConfig::default())?;
+//! let mut grads = vec![1.0f32; 1 << 20];
+//! comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every rank must make the same calls; they are agreed before any data
+//! moves, so a mismatch, a dead rank or a timeout is a typed
+//! [`CommError`](comm::CommError) on every rank, never a hang. The
+//! examples, in order: `01_all_reduce` (minimal),
+//! `02_data_parallel_training` (an MLP trained data-parallel, checked
+//! against one rank), `03_write_your_own_schedule` (build, break and
+//! prove a schedule), `04_custom_vs_nccl` (on a GPU).
+//!
+//! ## Schedules as data
+//!
+//! Each algorithm generates a schedule that the verifier proves for a
+//! world size before it runs:
+//!
+//! ```
+//! use ferrocoll::{generate, verify, Algorithm, AlgorithmParams, Collective, VerifyOptions};
+//!
+//! let schedule = generate(Algorithm::Ring, Collective::AllReduce, 8, &AlgorithmParams::default())?;
+//! let verified = verify(schedule, &VerifyOptions::default())?;
+//! assert_eq!(verified.schedule().message_count(), 8 * 2 * 7);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## This crate
 //!
 //! This facade re-exports [`ferrocoll_core`], reads the environment
 //! ([`env`](mod@env), the only place that does) and ships the `ferrocoll`
@@ -13,15 +68,6 @@
 //! `ferrocoll::auto`), `gpu` (`ferrocoll::cuda`, `ferrocoll::nccl`). With
 //! `default-features = false` a library gets the core, the thread and
 //! process executors and the `env://` bootstrap only.
-//!
-//! ```
-//! use ferrocoll::{generate, verify, Algorithm, AlgorithmParams, Collective, VerifyOptions};
-//!
-//! let schedule = generate(Algorithm::Ring, Collective::AllReduce, 8, &AlgorithmParams::default())?;
-//! let verified = verify(schedule, &VerifyOptions::default())?;
-//! assert_eq!(verified.schedule().message_count(), 8 * 2 * 7);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
