@@ -10,7 +10,7 @@ use ferrocoll::cpu::{self, CpuConfig};
 
 /// Run as a child: a user's `main` with logging turned on.
 #[test]
-#[ignore = "the child half of `debug_logging_names_each_calls_algorithm`"]
+#[ignore = "the child half of `debug_logging_names_each_calls_algorithm`, which runs this binary again with `child_program --exact --ignored` and FERROCOLL_LOG set; alone it does nothing"]
 fn child_program() {
     if std::env::var_os("FERROCOLL_LOG_CHILD").is_none() {
         return;

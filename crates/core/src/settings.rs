@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling`, or `auto` (the default: the selector decides) |
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 60000) |
+//! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -43,6 +44,9 @@ pub struct EnvOverrides {
     pub algorithm: Option<Option<Algorithm>>,
     /// `FERROCOLL_TIMEOUT_MS`.
     pub timeout: Option<Duration>,
+    /// `FERROCOLL_JOB_ID`, when it is a non-empty run of ASCII letters and
+    /// digits (it becomes part of file names).
+    pub job_id: Option<String>,
 }
 
 impl EnvOverrides {
@@ -74,7 +78,13 @@ impl EnvOverrides {
                 }
             },
         };
-        Ok(EnvOverrides { algorithm, timeout })
+        let job_id = get("FERROCOLL_JOB_ID")
+            .filter(|j| !j.is_empty() && j.chars().all(|c| c.is_ascii_alphanumeric()));
+        Ok(EnvOverrides {
+            algorithm,
+            timeout,
+            job_id,
+        })
     }
 
     /// The overrides of this process's environment for a `Default` impl,
@@ -116,9 +126,15 @@ mod tests {
         let o = EnvOverrides::from_lookup(env(&[
             ("FERROCOLL_ALGO", "ring"),
             ("FERROCOLL_TIMEOUT_MS", "250"),
+            ("FERROCOLL_JOB_ID", "ab12"),
         ]))
         .unwrap();
         assert_eq!(o.algorithm, Some(Some(Algorithm::Ring)));
+        assert_eq!(o.job_id.as_deref(), Some("ab12"));
+        // A job id becomes part of a file name: anything but letters and
+        // digits is ignored, never a path.
+        let bad_id = EnvOverrides::from_lookup(env(&[("FERROCOLL_JOB_ID", "../x")])).unwrap();
+        assert_eq!(bad_id.job_id, None);
         assert_eq!(o.timeout, Some(Duration::from_millis(250)));
         let (mut a, mut t) = (None, Duration::from_secs(60));
         o.apply(&mut a, &mut t);

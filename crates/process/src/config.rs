@@ -70,6 +70,10 @@ pub struct ProcessConfig {
     /// A schedule of your own: every call whose collective (with its root)
     /// and world size match it runs this schedule.
     pub schedule: Option<Arc<Verified>>,
+    /// Names the group's shared-memory segments (`FERROCOLL_JOB_ID`, which
+    /// `ferrocoll launch` sets), so the launcher can remove what ranks
+    /// killed during setup left behind; `None`: names of this group alone.
+    pub job_id: Option<String>,
 }
 
 impl Default for ProcessConfig {
@@ -77,9 +81,7 @@ impl Default for ProcessConfig {
     /// (see [`ferrocoll_core::settings`]; a malformed variable is logged
     /// and ignored here — [`ProcessConfig::from_env`] reports it).
     fn default() -> Self {
-        let mut config = ProcessConfig::builtin();
-        EnvOverrides::read_or_warn().apply(&mut config.algorithm, &mut config.timeout);
-        config
+        ProcessConfig::builtin().with(EnvOverrides::read_or_warn())
     }
 }
 
@@ -99,6 +101,7 @@ impl ProcessConfig {
             slots_per_link: 4,
             max_channels: 4,
             schedule: None,
+            job_id: None,
         }
     }
 
@@ -109,9 +112,16 @@ impl ProcessConfig {
     }
 
     /// These settings with the `FERROCOLL_*` environment applied on top.
-    pub fn with_env(mut self) -> Result<Self, SettingsError> {
-        EnvOverrides::read()?.apply(&mut self.algorithm, &mut self.timeout);
-        Ok(self)
+    pub fn with_env(self) -> Result<Self, SettingsError> {
+        Ok(self.with(EnvOverrides::read()?))
+    }
+
+    fn with(mut self, env: EnvOverrides) -> Self {
+        env.apply(&mut self.algorithm, &mut self.timeout);
+        if env.job_id.is_some() {
+            self.job_id = env.job_id;
+        }
+        self
     }
 
     /// How every rank plans its calls: the same settings in every process,

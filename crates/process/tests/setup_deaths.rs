@@ -23,7 +23,8 @@ fn child() {
     let config = ProcessConfig {
         transport: env.transport,
         timeout: Duration::from_secs(60),
-        ..ProcessConfig::builtin()
+        // The environment's settings: the job id names the segments.
+        ..ProcessConfig::default()
     };
     match ProcessCommunicator::connect(store, env.rank, env.world_size, &config) {
         Ok(_) => println!("rank {} formed the group", env.rank),

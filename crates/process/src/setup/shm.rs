@@ -7,8 +7,8 @@
 //! rank that fails — or notices a peer process exit, within about 50 ms —
 //! removes every segment name of the group, its peers' included: the
 //! names carry a token unique to this group, and a dead rank cannot
-//! remove its own. When `FERROCOLL_JOB_ID` is set (`ferrocoll launch`
-//! sets it), the names start with it, so the launcher can remove what
+//! remove its own. When `ProcessConfig::job_id` is set (from
+//! `FERROCOLL_JOB_ID`, which `ferrocoll launch` sets), the names start with it, so the launcher can remove what
 //! ranks killed together left behind.
 
 use std::path::PathBuf;
@@ -33,7 +33,7 @@ pub(super) fn open(
 ) -> Result<Box<dyn Transport>, SetupError> {
     let shape = shape(world_size, config);
     if rank == 0 {
-        store.set("pg/token", new_token().as_bytes())?;
+        store.set("pg/token", new_token(config.job_id.as_deref()).as_bytes())?;
     }
     let token = String::from_utf8_lossy(&watch.wait(store, "pg/token")?).into_owned();
     let names = Names { token, world_size };
@@ -125,17 +125,14 @@ impl Names {
     }
 }
 
-/// A token no other group on this host uses: the launcher's job id if
-/// any, this process and the time.
-fn new_token() -> String {
+/// A token no other group on this host uses: the job id if any, this
+/// process and the time.
+fn new_token(job_id: Option<&str>) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let job = std::env::var("FERROCOLL_JOB_ID")
-        .ok()
-        .filter(|j| !j.is_empty() && j.chars().all(|c| c.is_ascii_alphanumeric()))
-        .map(|j| format!("{j}."))
-        .unwrap_or_default();
+    // The settings layer keeps only letters and digits: safe in a name.
+    let job = job_id.map(|j| format!("{j}.")).unwrap_or_default();
     format!("{job}{}-{nanos:x}", std::process::id())
 }
 

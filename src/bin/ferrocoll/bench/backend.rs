@@ -79,22 +79,19 @@ impl Target {
         args: &mut BenchArgs,
         transport: ferrocoll::process::TransportKind,
     ) -> Result<Target, String> {
-        // FERROCOLL_ALGO and FERROCOLL_TIMEOUT_MS apply as for threads
-        // (from the built-in settings: a bad value is one error, not a
-        // warning from `Default` and then the error).
-        let env =
-            ferrocoll::env::cpu_config_from_env(CpuConfig::builtin()).map_err(|e| e.to_string())?;
+        // The FERROCOLL_* settings (algorithm, timeout, job id) on the
+        // built-in ones: a bad value is one error, not a warning from
+        // `Default` and then the error.
+        let env = ProcessConfig::builtin()
+            .with_env()
+            .map_err(|e| e.to_string())?;
         let boot = ferrocoll::env::bootstrap_from_env(env.timeout).map_err(|e| e.to_string())?;
         args.ranks = boot.world_size;
         let config = ProcessConfig {
             transport,
-            timeout: env.timeout,
-            algorithm: env.algorithm,
-            max_message_bytes: args
-                .max_chunk_bytes
-                .unwrap_or(ProcessConfig::builtin().max_message_bytes),
+            max_message_bytes: args.max_chunk_bytes.unwrap_or(env.max_message_bytes),
             schedule: custom_schedule(&args.algo, args.ranks)?,
-            ..ProcessConfig::builtin()
+            ..env
         };
         let comm = ProcessCommunicator::connect(boot.store, boot.rank, boot.world_size, &config)
             .map_err(|e| e.to_string())?;
