@@ -35,13 +35,44 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Non-blocking: move a communicator onto its own progress thread with
+//! [`AsyncCommunicator`](comm::AsyncCommunicator); each call starts at once
+//! and returns a [`Work`](comm::Work) that owns its buffers until
+//! [`wait`](comm::Work::wait) gives them back, so the caller computes while
+//! data moves. [`GradientSync`](grad_sync::GradientSync) builds DDP-style
+//! bucketed gradient averaging on it, and
+//! [`split`](comm::Communicator::split) makes tensor × data parallel grids:
+//!
+//! ```
+//! use ferrocoll::comm::AsyncCommunicator;
+//! use ferrocoll::cpu::{self, CpuConfig};
+//! use ferrocoll::prelude::*;
+//!
+//! let comms = cpu::group(2, &CpuConfig::default()).unwrap();
+//! std::thread::scope(|s| {
+//!     for comm in comms {
+//!         s.spawn(move || {
+//!             let mut comm = AsyncCommunicator::new(comm)?;
+//!             let work = comm.all_reduce(vec![1.0f32; 4096], ReduceOp::Avg);
+//!             // ... backward of earlier layers runs here ...
+//!             let grads = work.wait()?;
+//!             assert_eq!(grads[0], 1.0);
+//!             Ok::<(), CommError>(())
+//!         });
+//!     }
+//! });
+//! ```
+//!
 //! Every rank must make the same calls; they are agreed before any data
 //! moves, so a mismatch, a dead rank or a timeout is a typed
 //! [`CommError`](comm::CommError) on every rank, never a hang. The
 //! examples, in order: `01_all_reduce` (minimal),
 //! `02_data_parallel_training` (an MLP trained data-parallel, checked
 //! against one rank), `03_write_your_own_schedule` (build, break and
-//! prove a schedule), `04_custom_vs_nccl` (on a GPU).
+//! prove a schedule), `04_custom_vs_nccl` (on a GPU),
+//! `05_overlap_gradient_sync` (gradient sync hidden behind backward).
+//! `docs/training.md` puts it together, with the `torch.distributed`
+//! equivalent of each call.
 //!
 //! ## Schedules as data
 //!

@@ -56,6 +56,7 @@ pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod flow;
+pub mod grad_sync;
 pub mod input;
 pub mod kernels;
 pub mod plan;
@@ -78,6 +79,7 @@ pub use verify::{Verified, VerifyError, VerifyOptions, verify};
 
 /// What a program that calls collectives needs in scope.
 pub mod prelude {
-    pub use crate::comm::{CommError, Communicator, CommunicatorExt};
+    pub use crate::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, Work};
+    pub use crate::grad_sync::GradientSync;
     pub use crate::types::{Collective, DataType, Element, Rank, Reduce, ReduceOp};
 }

@@ -651,4 +651,8 @@ impl Communicator for NcclCommunicator {
             Checked::Barrier => self.all_reduce_in_place(&mut [0i32], ReduceOp::Sum),
         }
     }
+
+    fn abort(&mut self) {
+        NcclCommunicator::abort(self)
+    }
 }

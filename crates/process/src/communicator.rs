@@ -4,7 +4,9 @@ use std::time::Instant;
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::algorithms::Algorithm;
-use ferrocoll_core::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut};
+use ferrocoll_core::comm::{
+    Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, split,
+};
 use ferrocoll_core::plan::{CallShape, Planned, Planner};
 use ferrocoll_rendezvous::Store;
 
@@ -40,8 +42,9 @@ pub struct ProcessCommunicator {
     /// A call of this communicator failed the group: later calls return
     /// the failure at once and announce nothing to the peers.
     poisoned: bool,
-    /// Rank 0 hosts the store; keep it for the life of the group.
-    _store: Store,
+    /// Rank 0 hosts the store; keep it for the life of the group (a split
+    /// meets its new group in a scope of it).
+    store: Store,
 }
 
 impl std::fmt::Debug for ProcessCommunicator {
@@ -101,7 +104,7 @@ impl ProcessCommunicator {
             planner: Planner::new(world_size, config.planner_settings()),
             agreement: Agreement::new(rank, world_size),
             poisoned: false,
-            _store: store,
+            store,
         })
     }
 
@@ -129,6 +132,39 @@ impl ProcessCommunicator {
     /// Abort the group now (see [`AbortHandle::abort`]).
     pub fn abort(&mut self) {
         self.transport.fail(self.rank, "aborted");
+    }
+
+    /// Split the group (see [`Communicator::split`]): the ranks that pass
+    /// the same `color` form a new process group of their own — its own
+    /// transport (shared-memory segments or TCP connections), met through
+    /// a scope of this group's store — ranked by `key` then by rank here;
+    /// `None` gets no communicator. The new group has this group's
+    /// settings and lives independently of this one.
+    pub fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<ProcessCommunicator>, CommError> {
+        let call = self.calls;
+        let Some(membership) = split::exchange(self, color, key)? else {
+            return Ok(None);
+        };
+        let size = membership.members.len() as u32;
+        let setup = |e: SetupError| CommError::backend("process split", e);
+        let store = self
+            .store
+            .scoped(&format!("split{call}.{}", membership.color))
+            .map_err(|e| setup(e.into()))?;
+        let comm = ProcessCommunicator::connect(store, membership.rank, size, &self.config)
+            .map_err(setup)?;
+        tracing::debug!(
+            rank = self.rank,
+            color = membership.color,
+            new_rank = membership.rank,
+            members = ?membership.members,
+            "split"
+        );
+        Ok(Some(comm))
     }
 
     /// Fail the group on an error this rank found, so no peer waits for it.
@@ -396,6 +432,18 @@ impl Communicator for ProcessCommunicator {
             Checked::Barrier => self.barrier(),
         };
         self.fail_on(result)
+    }
+
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        ProcessCommunicator::split(self, color, key).map(split::boxed)
+    }
+
+    fn abort(&mut self) {
+        ProcessCommunicator::abort(self)
     }
 }
 

@@ -22,6 +22,11 @@ pub struct Store {
     /// The address joined, for errors.
     addr: String,
     secret: Option<JobSecret>,
+    /// Where the connection went: rank 0's own server, or `addr` resolved.
+    target: SocketAddr,
+    /// Prefixed to every key, so groups formed later (a communicator's
+    /// split) reuse the server without meeting each other's keys.
+    namespace: String,
     /// Kept alive on rank 0 for the life of the store.
     _server: Option<Server>,
 }
@@ -84,32 +89,34 @@ impl Store {
             None
         };
         let target = server.as_ref().map_or(resolved, Server::addr);
-        let deadline = Instant::now() + timeout;
-        let conn = loop {
-            match attempt(&target, addr, secret, deadline) {
-                Ok(c) => break c,
-                Err(Attempt::Fail(e)) => return Err(e),
-                Err(Attempt::Retry(e)) if Instant::now() < deadline => {
-                    tracing::trace!("store: connecting to {addr}: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-                Err(Attempt::Retry(_)) => {
-                    return Err(StoreError::Unreachable {
-                        addr: addr.to_owned(),
-                        timeout,
-                    });
-                }
-            }
-        };
-        conn.set_read_timeout(Some(timeout)).map_err(io)?;
-        conn.set_write_timeout(Some(timeout)).map_err(io)?;
+        let conn = open(&target, addr, secret, timeout)?;
         Ok(Store {
             reader: BufReader::new(conn.try_clone().map_err(io)?),
             writer: BufWriter::new(conn),
             timeout,
             addr: addr.to_owned(),
             secret: secret.cloned(),
+            target,
+            namespace: String::new(),
             _server: server,
+        })
+    }
+
+    /// A second connection to the same store, with the same secret and
+    /// timeout, whose keys all live under `namespace` (appended to this
+    /// store's own): a group formed inside an existing one — a split —
+    /// meets there without touching the keys of the group that formed it.
+    pub fn scoped(&self, namespace: &str) -> Result<Store, StoreError> {
+        let conn = open(&self.target, &self.addr, self.secret.as_ref(), self.timeout)?;
+        Ok(Store {
+            reader: BufReader::new(conn.try_clone().map_err(io)?),
+            writer: BufWriter::new(conn),
+            timeout: self.timeout,
+            addr: self.addr.clone(),
+            secret: self.secret.clone(),
+            target: self.target,
+            namespace: format!("{}{namespace}/", self.namespace),
+            _server: None,
         })
     }
 
@@ -146,6 +153,13 @@ impl Store {
     }
 
     fn request(&mut self, op: u8, key: &str, value: &[u8]) -> Result<(bool, Vec<u8>), StoreError> {
+        let scoped;
+        let key = if self.namespace.is_empty() {
+            key
+        } else {
+            scoped = format!("{}{key}", self.namespace);
+            &scoped
+        };
         check_len("key", key.len(), MAX_KEY_BYTES)?;
         check_len("value", value.len(), MAX_VALUE_BYTES)?;
         self.send(op, key, value).map_err(|e| self.lost(e))?;
@@ -257,6 +271,35 @@ fn too_large(what: &'static str, len: usize, reply: &[u8]) -> StoreError {
     StoreError::TooLarge { what, len, max }
 }
 
+/// Connect and authenticate, retrying what is worth retrying until `timeout`.
+fn open(
+    target: &SocketAddr,
+    addr: &str,
+    secret: Option<&JobSecret>,
+    timeout: Duration,
+) -> Result<TcpStream, StoreError> {
+    let deadline = Instant::now() + timeout;
+    let conn = loop {
+        match attempt(target, addr, secret, deadline) {
+            Ok(c) => break c,
+            Err(Attempt::Fail(e)) => return Err(e),
+            Err(Attempt::Retry(e)) if Instant::now() < deadline => {
+                tracing::trace!("store: connecting to {addr}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(Attempt::Retry(_)) => {
+                return Err(StoreError::Unreachable {
+                    addr: addr.to_owned(),
+                    timeout,
+                });
+            }
+        }
+    };
+    conn.set_read_timeout(Some(timeout)).map_err(io)?;
+    conn.set_write_timeout(Some(timeout)).map_err(io)?;
+    Ok(conn)
+}
+
 /// Connect once and authenticate.
 fn attempt(
     target: &SocketAddr,
@@ -347,6 +390,29 @@ mod tests {
         assert_eq!(zero.add("n", 5).unwrap(), 5);
         assert_eq!(zero.add("n", -2).unwrap(), 3);
         assert_eq!(zero.get("missing").unwrap(), None);
+    }
+
+    #[test]
+    fn scoped_stores_share_the_server_but_not_the_keys() {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let t = Duration::from_secs(10);
+        let secret = JobSecret::new("scope test".into()).unwrap();
+        let mut zero = Store::join_with(&addr, 0, t, Some(&secret)).unwrap();
+        let mut one = Store::join_with(&addr, 1, t, Some(&secret)).unwrap();
+        let mut a = zero.scoped("split0.1").unwrap();
+        let mut b = one.scoped("split0.1").unwrap();
+        let mut nested = a.scoped("split3.0").unwrap();
+        a.set("pg/config/0", b"a").unwrap();
+        assert_eq!(b.wait("pg/config/0").unwrap(), b"a");
+        assert_eq!(zero.get("pg/config/0").unwrap(), None);
+        assert_eq!(nested.get("pg/config/0").unwrap(), None);
+        nested.set("k", b"n").unwrap();
+        assert_eq!(one.get("split0.1/split3.0/k").unwrap().unwrap(), b"n");
+        assert_eq!(b.secret().map(JobSecret::expose), Some(secret.expose()));
+        assert_eq!(b.add("count", 2).unwrap(), 2);
+        assert_eq!(a.add("count", 1).unwrap(), 3);
+        assert_eq!(zero.add("count", 0).unwrap(), 0);
     }
 
     #[test]

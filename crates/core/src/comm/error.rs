@@ -17,8 +17,9 @@ pub type BackendError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// Why a collective call failed.
 ///
 /// After any error other than [`CommError::BufferSize`],
-/// [`CommError::RankOutOfRange`], [`CommError::SelfPeer`] and
-/// [`CommError::DtypeMismatch`] (which are caught before anything moves)
+/// [`CommError::RankOutOfRange`], [`CommError::SelfPeer`],
+/// [`CommError::DtypeMismatch`], [`CommError::Disagreement`] and
+/// [`CommError::Unsupported`] (which are caught before anything moves)
 /// the group is poisoned: every rank's pending and later calls fail too,
 /// so no rank waits forever for one that gave up.
 #[derive(Debug, Clone, Error)]
@@ -122,6 +123,27 @@ pub enum CommError {
     /// A group of no ranks was asked for.
     #[error("a group needs at least one rank (world size 0)")]
     EmptyGroup,
+    /// Ranks described a gather, scatter or uneven (`-v`) collective
+    /// differently. Every rank sees every description before any data
+    /// moves, so each returns this error and the group stays usable.
+    #[error("rank {rank} called {mine}, but rank {other} called {theirs}")]
+    Disagreement {
+        /// This rank.
+        rank: Rank,
+        /// The first rank whose call differs.
+        other: Rank,
+        /// This rank's call.
+        mine: String,
+        /// The other rank's call.
+        theirs: String,
+    },
+    /// The backend cannot do this (for example split a communicator it
+    /// has no way to re-form).
+    #[error("{what}")]
+    Unsupported {
+        /// What, and what to use instead.
+        what: String,
+    },
     /// An out-of-place call's input and output overlap (raw-pointer calls
     /// only; safe slices cannot alias).
     #[error(
@@ -160,6 +182,8 @@ impl CommError {
                 | CommError::RankOutOfRange { .. }
                 | CommError::SelfPeer { .. }
                 | CommError::DtypeMismatch { .. }
+                | CommError::Disagreement { .. }
+                | CommError::Unsupported { .. }
         )
     }
 }

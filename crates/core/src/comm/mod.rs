@@ -29,11 +29,19 @@
 
 mod call;
 mod error;
+mod nonblocking;
+mod p2p;
+pub mod split;
+mod vector;
+mod work;
 
 pub use call::{Call, Checked, HostSlice, HostSliceMut, Operation};
 pub use error::{
     BackendError, CommError, block_count, check_disjoint, check_peer, check_rank, check_root,
 };
+pub use nonblocking::{AsyncCommunicator, P2pBuffers};
+pub use p2p::{P2pOp, send_recv_batch};
+pub use work::{Failed, Work};
 
 use crate::types::{Collective, Rank, Reduce, ReduceOp};
 
@@ -60,6 +68,30 @@ pub trait Communicator {
     fn barrier(&mut self) -> Result<(), CommError> {
         self.execute(Call::barrier())
     }
+
+    /// Split the group, as `MPI_Comm_split` and `ncclCommSplit` do: every
+    /// rank calls this; ranks that pass the same `color` form a new group,
+    /// ranked by `key` and then by their rank here, and each gets its
+    /// communicator; a rank that passes `None` takes part and gets none.
+    /// The new group is independent of this one: both can be used at once
+    /// (from different threads, or through [`AsyncCommunicator`]s).
+    /// Backends that cannot re-form a group return
+    /// [`CommError::Unsupported`].
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        let _ = (color, key);
+        Err(CommError::Unsupported {
+            what: "this backend cannot split its communicator".into(),
+        })
+    }
+
+    /// Fail the group now: this rank's pending call and every peer's
+    /// return an error instead of waiting. Backends without a way to do
+    /// that do nothing.
+    fn abort(&mut self) {}
 }
 
 /// The typed collectives, each a provided method over
@@ -219,6 +251,58 @@ pub trait CommunicatorExt: Communicator {
     fn recv<T: Reduce>(&mut self, buffer: &mut [T], peer: Rank) -> Result<(), CommError> {
         self.execute(Call::recv(buffer.into(), peer))
     }
+
+    /// Sends and receives as one call that cannot deadlock, whatever the
+    /// pattern (see [`send_recv_batch`]).
+    fn send_recv_batch(&mut self, ops: Vec<P2pOp<'_>>) -> Result<(), CommError> {
+        send_recv_batch(self, ops)
+    }
+
+    /// `root`'s `output` (`n` blocks of `input.len()`) gets rank `k`'s
+    /// `input` in block `k`; other ranks' `output` is not touched (pass `&mut []`).
+    fn gather<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        root: Rank,
+    ) -> Result<(), CommError> {
+        vector::gather(self, input, output, root)
+    }
+
+    /// Rank `k`'s `output` gets block `k` of `root`'s `input` (`n` blocks
+    /// of `output.len()`); other ranks' `input` is ignored (pass `&[]`).
+    fn scatter<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        root: Rank,
+    ) -> Result<(), CommError> {
+        vector::scatter(self, input, output, root)
+    }
+
+    /// All-gather of uneven blocks: rank `k` contributes `counts[k]`
+    /// elements and every `output` (their sum) holds all blocks in rank order.
+    fn all_gather_v<T: Reduce>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+    ) -> Result<(), CommError> {
+        vector::all_gather_v(self, input, output, counts)
+    }
+
+    /// All-to-all of uneven blocks: `send_counts[k]` elements of `input`
+    /// (blocks in rank order) go to rank `k`; `recv_counts[k]` elements of
+    /// `output` come from rank `k`.
+    fn all_to_all_v<T: Reduce>(
+        &mut self,
+        input: &[T],
+        send_counts: &[usize],
+        output: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        vector::all_to_all_v(self, input, send_counts, output, recv_counts)
+    }
 }
 
 impl<C: Communicator + ?Sized> CommunicatorExt for C {}
@@ -235,6 +319,18 @@ impl<C: Communicator + ?Sized> Communicator for &mut C {
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
         (**self).execute(call)
     }
+
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        (**self).split(color, key)
+    }
+
+    fn abort(&mut self) {
+        (**self).abort()
+    }
 }
 
 impl<C: Communicator + ?Sized> Communicator for Box<C> {
@@ -248,6 +344,18 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
         (**self).execute(call)
+    }
+
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        (**self).split(color, key)
+    }
+
+    fn abort(&mut self) {
+        (**self).abort()
     }
 }
 

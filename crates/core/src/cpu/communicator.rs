@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::CpuConfig;
 use super::executor::{Task, execute};
 use super::group::{Agreement, Group, Msg};
-use crate::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut};
+use crate::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, split};
 use crate::plan::{CallShape, LinkLoad, Planner};
 use crate::types::Rank;
 
@@ -139,6 +139,40 @@ impl CpuCommunicator {
     /// Abort the group now (see [`AbortHandle::abort`]).
     pub fn abort(&mut self) {
         self.abort_handle().abort();
+    }
+
+    /// Split the group (see [`Communicator::split`]): the ranks that pass
+    /// the same `color` get a communicator of a new group of their own,
+    /// ranked by `key` then by rank here; `None` gets no communicator. The
+    /// new group has this group's settings.
+    pub fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<CpuCommunicator>, CommError> {
+        let call = self.calls;
+        let Some(membership) = split::exchange(self, color, key)? else {
+            return Ok(None);
+        };
+        let size = membership.members.len() as u32;
+        let config = self.config.clone();
+        let group = self.group.split_group(call, membership.color, size, || {
+            let planner = Planner::new(size, config.planner_settings());
+            Group::new(size, config.link_slots() as usize, planner)
+        });
+        tracing::debug!(
+            rank = self.rank,
+            color = membership.color,
+            new_rank = membership.rank,
+            members = ?membership.members,
+            "split"
+        );
+        Ok(Some(CpuCommunicator {
+            group,
+            config,
+            rank: membership.rank,
+            calls: 0,
+        }))
     }
 
     /// What every link of the group has carried since the group was made:
@@ -389,5 +423,17 @@ impl Communicator for CpuCommunicator {
             Checked::Recv { buffer, peer } => self.recv(buffer, peer),
             Checked::Barrier => self.barrier(),
         }
+    }
+
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        CpuCommunicator::split(self, color, key).map(split::boxed)
+    }
+
+    fn abort(&mut self) {
+        CpuCommunicator::abort(self)
     }
 }

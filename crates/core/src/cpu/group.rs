@@ -147,6 +147,9 @@ pub(crate) enum Agreement {
     Waiting(Vec<Rank>),
 }
 
+/// A split's call number and a color of it.
+type SplitKey = (u64, u32);
+
 pub(crate) struct Group {
     pub n: u32,
     pub slots: usize,
@@ -167,6 +170,9 @@ pub(crate) struct Group {
     /// once, after failing the group, so no peer is still inside its
     /// buffers when it returns.
     movement: RwLock<()>,
+    /// Groups a split is forming, by the split's call number and color,
+    /// with how many of their members have yet to take them.
+    splits: Mutex<HashMap<SplitKey, (Arc<Group>, u32)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -196,7 +202,30 @@ impl Group {
             planner: Mutex::new(planner),
             departed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             movement: RwLock::new(()),
+            splits: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The group of color `color` formed by split call `call`: the first
+    /// member to ask makes it with `make`, the others share it, and the
+    /// last one to take it clears the entry.
+    pub fn split_group(
+        &self,
+        call: u64,
+        color: u32,
+        members: u32,
+        make: impl FnOnce() -> Group,
+    ) -> Arc<Group> {
+        let mut splits = lock(&self.splits);
+        let entry = splits
+            .entry((call, color))
+            .or_insert_with(|| (Arc::new(make()), members));
+        let group = entry.0.clone();
+        entry.1 -= 1;
+        if entry.1 == 0 {
+            splits.remove(&(call, color));
+        }
+        group
     }
 
     /// The plan of a call, shared by every rank.

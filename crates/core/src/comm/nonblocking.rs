@@ -1,0 +1,343 @@
+//! [`AsyncCommunicator`]: any communicator driven by a progress thread of
+//! its own, so a call starts now, returns a [`Work`], and communicates
+//! while the caller computes.
+//!
+//! Invariants:
+//! - **Issue order is execution order.** One queue, one thread: calls run
+//!   one after another in the order they were started, which is what keeps
+//!   every rank's sequence of calls the same. Blocking calls made through
+//!   the [`Communicator`] impl queue behind the started ones.
+//! - **Buffers are owned while in flight.** A start call takes its buffers
+//!   by value and [`Work::wait`] gives them back, so no other code can
+//!   touch them meanwhile and dropping a handle cannot free them early.
+//! - **A failed group fails everything after it.** Once a call fails with
+//!   an error that breaks the group, every call still queued, and every
+//!   later one, fails with that error without running.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use super::call::Call;
+use super::error::CommError;
+use super::p2p::{P2pOp, send_recv_batch};
+use super::work::{Outcome, Work};
+use super::{Communicator, CommunicatorExt};
+use crate::types::{Collective, Rank, Reduce, ReduceOp};
+
+/// A queued call: runs on the progress thread with the communicator and
+/// the group's failure so far.
+type Job<C> = Box<dyn FnOnce(&mut C, &mut Option<CommError>) + Send>;
+
+/// A batch's buffers, each with its peer: the sends, then the receives.
+pub type P2pBuffers<I, B> = (Vec<(I, Rank)>, Vec<(B, Rank)>);
+
+/// A communicator whose calls run on a progress thread of their own: the
+/// non-blocking face of any backend (threads, processes, or a
+/// `Box<dyn Communicator + Send>` chosen at run time).
+///
+/// ```
+/// use ferrocoll_core::comm::AsyncCommunicator;
+/// use ferrocoll_core::cpu::{self, CpuConfig};
+/// use ferrocoll_core::ReduceOp;
+///
+/// let comms = cpu::group(2, &CpuConfig::default()).unwrap();
+/// let sums = std::thread::scope(|s| {
+///     let ranks: Vec<_> = comms
+///         .into_iter()
+///         .map(|comm| s.spawn(move || {
+///             let mut comm = AsyncCommunicator::new(comm)?;
+///             let work = comm.all_reduce(vec![1.0f32; 1024], ReduceOp::Sum);
+///             // ... compute here while the all-reduce runs ...
+///             let grads = work.wait()?;
+///             Ok::<f32, ferrocoll_core::comm::CommError>(grads[0])
+///         }))
+///         .collect();
+///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+/// });
+/// assert!(sums.iter().all(|s| *s.as_ref().unwrap() == 2.0));
+/// ```
+pub struct AsyncCommunicator<C: Communicator + Send + 'static> {
+    rank: Rank,
+    world_size: u32,
+    jobs: Option<mpsc::Sender<Job<C>>>,
+    worker: Option<JoinHandle<C>>,
+}
+
+impl<C: Communicator + Send + 'static> std::fmt::Debug for AsyncCommunicator<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCommunicator")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .finish()
+    }
+}
+
+impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
+    /// Move `comm` onto a new progress thread
+    /// ([`CommError::Capacity`] if the system refuses the thread).
+    pub fn new(comm: C) -> Result<Self, CommError> {
+        let (rank, world_size) = (comm.rank(), comm.world_size());
+        let (jobs, queue) = mpsc::channel::<Job<C>>();
+        let worker = std::thread::Builder::new()
+            .name(format!("ferrocoll-progress-{rank}"))
+            .spawn(move || progress(comm, queue))
+            .map_err(|e| CommError::Capacity {
+                what: format!("cannot start rank {rank}'s progress thread: {e}"),
+            })?;
+        Ok(AsyncCommunicator {
+            rank,
+            world_size,
+            jobs: Some(jobs),
+            worker: Some(worker),
+        })
+    }
+
+    /// Wait for every started call, stop the progress thread and return
+    /// the communicator.
+    pub fn into_inner(mut self) -> C {
+        self.jobs = None;
+        let worker = self.worker.take().expect("joined only here and in drop");
+        worker
+            .join()
+            .expect("the progress thread catches every panic of a call")
+    }
+
+    /// Start `f` on the progress thread with `buffers`, after every call
+    /// started before it: the general form behind the typed starts, for
+    /// any call of [`CommunicatorExt`] (gather, scatter, the `-v`
+    /// collectives, ...). A panic in `f` fails this call and the calls
+    /// after it; the buffers still come back.
+    pub fn start<B, F>(&mut self, buffers: B, f: F) -> Work<B>
+    where
+        B: Send + 'static,
+        F: FnOnce(&mut C, &mut B) -> Result<(), CommError> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job<C> = Box::new(move |comm, failed| {
+            let mut buffers = buffers;
+            let result = match failed {
+                Some(e) => Err(e.clone()),
+                None => catch_unwind(AssertUnwindSafe(|| f(comm, &mut buffers))).unwrap_or_else(
+                    |panic| {
+                        // Peers may be inside the same call: tell them now
+                        // rather than let them wait out their timeout.
+                        comm.abort();
+                        Err(panicked(comm.rank(), panic))
+                    },
+                ),
+            };
+            if let Err(e) = &result
+                && !e.is_argument_error()
+            {
+                failed.get_or_insert_with(|| e.clone());
+            }
+            // The caller may have dropped its handle: nothing to tell.
+            let _ = tx.send(Outcome { buffers, result });
+        });
+        let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
+        match sent {
+            Some(Ok(())) => Work::pending(rx),
+            _ => Work::lost(CommError::Capacity {
+                what: "the communicator's progress thread has stopped".into(),
+            }),
+        }
+    }
+
+    /// Start an in-place all-reduce of `buffer`.
+    pub fn all_reduce<T, B>(&mut self, buffer: B, op: ReduceOp) -> Work<B>
+    where
+        T: Reduce,
+        B: AsMut<[T]> + Send + 'static,
+    {
+        self.start(buffer, move |c, b| c.all_reduce_in_place(b.as_mut(), op))
+    }
+
+    /// Start an out-of-place all-reduce of `input` into `output`.
+    pub fn all_reduce_into<T, I, O>(&mut self, input: I, output: O, op: ReduceOp) -> Work<(I, O)>
+    where
+        T: Reduce,
+        I: AsRef<[T]> + Send + 'static,
+        O: AsMut<[T]> + Send + 'static,
+    {
+        self.start((input, output), move |c, (i, o)| {
+            c.all_reduce(i.as_ref(), o.as_mut(), op)
+        })
+    }
+
+    /// Start an in-place broadcast of `root`'s `buffer`.
+    pub fn broadcast<T, B>(&mut self, buffer: B, root: Rank) -> Work<B>
+    where
+        T: Reduce,
+        B: AsMut<[T]> + Send + 'static,
+    {
+        self.start(buffer, move |c, b| c.broadcast_in_place(b.as_mut(), root))
+    }
+
+    /// Start an all-gather of every rank's `input` into `output` (`n` blocks).
+    pub fn all_gather_into<T, I, O>(&mut self, input: I, output: O) -> Work<(I, O)>
+    where
+        T: Reduce,
+        I: AsRef<[T]> + Send + 'static,
+        O: AsMut<[T]> + Send + 'static,
+    {
+        self.start((input, output), |c, (i, o)| {
+            c.all_gather(i.as_ref(), o.as_mut())
+        })
+    }
+
+    /// Start a reduce-scatter of `input` (`n` blocks) into `output`.
+    pub fn reduce_scatter_into<T, I, O>(
+        &mut self,
+        input: I,
+        output: O,
+        op: ReduceOp,
+    ) -> Work<(I, O)>
+    where
+        T: Reduce,
+        I: AsRef<[T]> + Send + 'static,
+        O: AsMut<[T]> + Send + 'static,
+    {
+        self.start((input, output), move |c, (i, o)| {
+            c.reduce_scatter(i.as_ref(), o.as_mut(), op)
+        })
+    }
+
+    /// Start an all-to-all of `input` into `output` (`n` blocks each).
+    pub fn all_to_all_into<T, I, O>(&mut self, input: I, output: O) -> Work<(I, O)>
+    where
+        T: Reduce,
+        I: AsRef<[T]> + Send + 'static,
+        O: AsMut<[T]> + Send + 'static,
+    {
+        self.start((input, output), |c, (i, o)| {
+            c.execute(Call::collective(
+                Collective::AllToAll,
+                ReduceOp::Sum,
+                Some(i.as_ref().into()),
+                o.as_mut().into(),
+            ))
+        })
+    }
+
+    /// Start sending `data` to `peer`. Calls run in issue order, so a send
+    /// and a receive that must overlap (an exchange) go together in
+    /// [`batch_isend_irecv`](Self::batch_isend_irecv), as with NCCL groups.
+    pub fn isend<T, I>(&mut self, data: I, peer: Rank) -> Work<I>
+    where
+        T: Reduce,
+        I: AsRef<[T]> + Send + 'static,
+    {
+        self.start(data, move |c, d| c.send(d.as_ref(), peer))
+    }
+
+    /// Start receiving `buffer.len()` elements from `peer`.
+    pub fn irecv<T, B>(&mut self, buffer: B, peer: Rank) -> Work<B>
+    where
+        T: Reduce,
+        B: AsMut<[T]> + Send + 'static,
+    {
+        self.start(buffer, move |c, b| c.recv(b.as_mut(), peer))
+    }
+
+    /// Start a batch of sends and receives that run as one call, in an
+    /// order that cannot deadlock whatever the pattern (see
+    /// [`send_recv_batch`]): torch's `batch_isend_irecv`.
+    pub fn batch_isend_irecv<T, I, B>(
+        &mut self,
+        sends: Vec<(I, Rank)>,
+        recvs: Vec<(B, Rank)>,
+    ) -> Work<P2pBuffers<I, B>>
+    where
+        T: Reduce,
+        I: AsRef<[T]> + Send + 'static,
+        B: AsMut<[T]> + Send + 'static,
+    {
+        self.start((sends, recvs), |c, (sends, recvs)| {
+            let mut ops: Vec<P2pOp<'_>> = sends
+                .iter()
+                .map(|(d, peer)| P2pOp::send(d.as_ref(), *peer))
+                .collect();
+            ops.extend(
+                recvs
+                    .iter_mut()
+                    .map(|(b, peer)| P2pOp::recv(b.as_mut(), *peer)),
+            );
+            send_recv_batch(c, ops)
+        })
+    }
+
+    /// Start a barrier.
+    pub fn ibarrier(&mut self) -> Work<()> {
+        self.start((), |c, _| c.barrier())
+    }
+}
+
+impl<C: Communicator + Send + 'static> Drop for AsyncCommunicator<C> {
+    fn drop(&mut self) {
+        // Closing the queue lets the thread finish what was started (every
+        // wait is bounded by the backend's timeout) and end.
+        self.jobs = None;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl<C: Communicator + Send + 'static> Communicator for AsyncCommunicator<C> {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// Run `call` after every started call, and return when it is done.
+    fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
+        // SAFETY: the borrow is extended only for the progress thread's
+        // use of it, and this function returns only after that use is over:
+        // `wait` returns once the job has run and sent its outcome, or once
+        // the job was dropped without running (a closed queue), either way
+        // never touching the buffers again.
+        let call: Call<'static> = unsafe { std::mem::transmute::<Call<'_>, Call<'static>>(call) };
+        let work = self.start(Some(call), |c, call| {
+            let call = call.take().expect("each job runs once");
+            c.execute(call)
+        });
+        work.wait().map(drop).map_err(|f| f.error)
+    }
+
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        let work = self.start(None, move |c, out| {
+            *out = c.split(color, key)?;
+            Ok(())
+        });
+        work.wait().map_err(|f| f.error)
+    }
+}
+
+/// The progress thread: run each job in turn until the queue closes.
+fn progress<C: Communicator>(mut comm: C, queue: mpsc::Receiver<Job<C>>) -> C {
+    let mut failed = None;
+    for job in queue {
+        job(&mut comm, &mut failed);
+    }
+    comm
+}
+
+fn panicked(rank: Rank, panic: Box<dyn std::any::Any + Send>) -> CommError {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    CommError::PeerFailed {
+        rank,
+        reason: format!("a call started on the progress thread panicked: {what}"),
+    }
+}

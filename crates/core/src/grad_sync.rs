@@ -1,0 +1,229 @@
+//! [`GradientSync`]: data-parallel gradient averaging that overlaps the
+//! backward pass, the way PyTorch DDP's reducer does.
+//!
+//! Parameters are given once, in forward order. They are packed into
+//! buckets in *reverse* order, because backward produces the last layer's
+//! gradients first: the first bucket fills first and its all-reduce starts
+//! while earlier layers are still computing. [`mark_ready`](GradientSync::mark_ready)
+//! copies one parameter's gradient into its bucket and starts the bucket's
+//! all-reduce ([`ReduceOp::Avg`]) on the progress thread the moment its
+//! last parameter arrives; [`finish`](GradientSync::finish) waits for them
+//! all. Buckets are started in the same order on every rank, whatever
+//! order the gradients arrive in within a bucket, so ranks always agree.
+
+use thiserror::Error;
+
+use crate::comm::{AsyncCommunicator, CommError, Communicator, Work};
+use crate::types::{Reduce, ReduceOp};
+
+/// Why a step of gradient sync failed.
+#[derive(Debug, Clone, Error)]
+pub enum SyncError {
+    /// The collective failed (see [`CommError`]).
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// No parameter has this index.
+    #[error("parameter {param} does not exist ({params} parameters)")]
+    UnknownParam {
+        /// The index given.
+        param: usize,
+        /// How many there are.
+        params: usize,
+    },
+    /// A gradient's length is not its parameter's.
+    #[error("gradient of parameter {param} has {got} elements; the parameter has {expected}")]
+    Length {
+        /// The parameter.
+        param: usize,
+        /// The gradient's length.
+        got: usize,
+        /// The parameter's.
+        expected: usize,
+    },
+    /// A gradient was marked ready twice in one step.
+    #[error("parameter {param} was already marked ready in this step")]
+    AlreadyReady {
+        /// The parameter.
+        param: usize,
+    },
+    /// `finish` came before these parameters were marked ready; the
+    /// buckets that had started were waited for, the others never ran.
+    #[error("finish() before parameters {missing:?} were marked ready")]
+    NotReady {
+        /// The parameters never marked.
+        missing: Vec<usize>,
+    },
+}
+
+/// One bucket: its parameters, its flat buffer (owned by the running
+/// all-reduce while one is in flight) and how many gradients it still needs.
+struct Bucket<T> {
+    params: Vec<usize>,
+    /// Elements of all its parameters.
+    len: usize,
+    buffer: Option<Vec<T>>,
+    work: Option<Work<Vec<T>>>,
+    waiting: usize,
+}
+
+/// Averages gradients across a data-parallel group, bucket by bucket,
+/// while backward runs. See the module docs.
+pub struct GradientSync<T: Reduce, C: Communicator + Send + 'static> {
+    comm: AsyncCommunicator<C>,
+    /// Per parameter: its bucket, offset in it and length.
+    place: Vec<(usize, usize, usize)>,
+    buckets: Vec<Bucket<T>>,
+    ready: Vec<bool>,
+    /// The next bucket to start: buckets start in order on every rank.
+    next: usize,
+}
+
+impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
+    /// Sync parameters of these lengths (forward order) in buckets of
+    /// about `bucket_bytes` (a parameter larger than that gets a bucket of
+    /// its own), over `comm`.
+    pub fn new(comm: AsyncCommunicator<C>, param_lens: &[usize], bucket_bytes: usize) -> Self {
+        let per_bucket = (bucket_bytes / std::mem::size_of::<T>()).max(1);
+        let mut place = vec![(0, 0, 0); param_lens.len()];
+        let mut buckets: Vec<Bucket<T>> = Vec::new();
+        let mut fill = usize::MAX;
+        for (param, &len) in param_lens.iter().enumerate().rev() {
+            if fill.saturating_add(len) > per_bucket && fill > 0 {
+                buckets.push(Bucket {
+                    params: Vec::new(),
+                    len: 0,
+                    buffer: None,
+                    work: None,
+                    waiting: 0,
+                });
+                fill = 0;
+            }
+            let b = buckets.len() - 1;
+            place[param] = (b, fill, len);
+            buckets[b].params.push(param);
+            buckets[b].waiting += 1;
+            fill += len;
+        }
+        for b in &mut buckets {
+            b.len = b.params.iter().map(|&p| place[p].2).sum();
+            b.buffer = Some(vec![T::default(); b.len]);
+        }
+        GradientSync {
+            comm,
+            place,
+            ready: vec![false; param_lens.len()],
+            buckets,
+            next: 0,
+        }
+    }
+
+    /// The buckets, each as the parameters it holds (in the order their
+    /// gradients are expected).
+    pub fn buckets(&self) -> Vec<Vec<usize>> {
+        self.buckets.iter().map(|b| b.params.clone()).collect()
+    }
+
+    /// Parameter `param`'s gradient is final: copy it into its bucket and
+    /// start every bucket that is now complete, in bucket order.
+    pub fn mark_ready(&mut self, param: usize, grad: &[T]) -> Result<(), SyncError> {
+        let view = self.gradient_mut(param)?;
+        if grad.len() != view.len() {
+            return Err(SyncError::Length {
+                param,
+                got: grad.len(),
+                expected: view.len(),
+            });
+        }
+        view.copy_from_slice(grad);
+        self.mark_ready_in_place(param)
+    }
+
+    /// Where parameter `param`'s gradient lives in its bucket: backward can
+    /// write it there directly (PyTorch's `gradient_as_bucket_view`) and
+    /// then call [`mark_ready_in_place`](Self::mark_ready_in_place), saving
+    /// the copy. Refused once the parameter is marked ready in this step.
+    pub fn gradient_mut(&mut self, param: usize) -> Result<&mut [T], SyncError> {
+        let params = self.place.len();
+        let &(bucket, offset, len) = self
+            .place
+            .get(param)
+            .ok_or(SyncError::UnknownParam { param, params })?;
+        if self.ready[param] {
+            return Err(SyncError::AlreadyReady { param });
+        }
+        let b = &mut self.buckets[bucket];
+        // A bucket lacks its buffer only after a call that lost it failed.
+        let buffer = b.buffer.get_or_insert_with(|| vec![T::default(); b.len]);
+        Ok(&mut buffer[offset..offset + len])
+    }
+
+    /// Parameter `param`'s gradient, written through
+    /// [`gradient_mut`](Self::gradient_mut), is final: start every bucket
+    /// that is now complete, in bucket order.
+    pub fn mark_ready_in_place(&mut self, param: usize) -> Result<(), SyncError> {
+        let params = self.place.len();
+        let &(bucket, _, _) = self
+            .place
+            .get(param)
+            .ok_or(SyncError::UnknownParam { param, params })?;
+        if std::mem::replace(&mut self.ready[param], true) {
+            return Err(SyncError::AlreadyReady { param });
+        }
+        self.buckets[bucket].waiting -= 1;
+        self.start_ready_buckets();
+        Ok(())
+    }
+
+    fn start_ready_buckets(&mut self) {
+        while let Some(b) = self.buckets.get_mut(self.next)
+            && b.waiting == 0
+        {
+            let buffer = b.buffer.take().unwrap_or_else(|| vec![T::default(); b.len]);
+            b.work = Some(self.comm.all_reduce(buffer, ReduceOp::Avg));
+            self.next += 1;
+        }
+    }
+
+    /// Wait for every bucket's all-reduce; afterwards
+    /// [`gradient`](Self::gradient) reads the averages. The next step
+    /// starts with no gradient ready.
+    pub fn finish(&mut self) -> Result<(), SyncError> {
+        let mut first_error = None;
+        for b in &mut self.buckets {
+            if let Some(work) = b.work.take() {
+                match work.wait() {
+                    Ok(buffer) => b.buffer = Some(buffer),
+                    Err(failed) => {
+                        b.buffer = failed.buffers;
+                        first_error.get_or_insert(SyncError::Comm(failed.error));
+                    }
+                }
+            }
+            b.waiting = b.params.len();
+        }
+        let missing: Vec<usize> = (0..self.ready.len()).filter(|&p| !self.ready[p]).collect();
+        self.ready.iter_mut().for_each(|r| *r = false);
+        self.next = 0;
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if !missing.is_empty() {
+            return Err(SyncError::NotReady { missing });
+        }
+        Ok(())
+    }
+
+    /// Parameter `param`'s averaged gradient, after [`finish`](Self::finish)
+    /// (`None` for an unknown parameter or a bucket whose buffer a failed
+    /// call kept).
+    pub fn gradient(&self, param: usize) -> Option<&[T]> {
+        let &(bucket, offset, len) = self.place.get(param)?;
+        let buffer = self.buckets[bucket].buffer.as_ref()?;
+        Some(&buffer[offset..offset + len])
+    }
+
+    /// The communicator, for other calls (they queue behind the buckets).
+    pub fn communicator(&mut self) -> &mut AsyncCommunicator<C> {
+        &mut self.comm
+    }
+}
