@@ -90,7 +90,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let lens = vec![PARAMS_PER_LAYER; LAYERS];
-    let mut sync = GradientSync::<f32, _>::new(AsyncCommunicator::new(comm)?, &lens, BUCKET_BYTES);
+    let mut sync = GradientSync::<f32, _>::new(AsyncCommunicator::new(comm)?, &lens, BUCKET_BYTES)?;
     // What backward writes for a layer: its gradient, straight into the
     // bucket (`gradient_mut`), as a real backward would into its buffer.
     let fill = |grad: &mut [f32], layer: usize| grad.fill((rank as usize + layer) as f32);

@@ -13,7 +13,7 @@
 
 use thiserror::Error;
 
-use crate::comm::{AsyncCommunicator, CommError, Communicator, Work};
+use crate::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, Work, fnv1a};
 use crate::types::{Reduce, ReduceOp};
 
 /// Why a step of gradient sync failed.
@@ -46,13 +46,52 @@ pub enum SyncError {
         /// The parameter.
         param: usize,
     },
-    /// `finish` came before these parameters were marked ready; the
-    /// buckets that had started were waited for, the others never ran.
+    /// `finish` came before these parameters were marked ready; their
+    /// buckets still ran (so every rank made the same calls), and this
+    /// step's averages are not valid.
     #[error("finish() before parameters {missing:?} were marked ready")]
     NotReady {
         /// The parameters never marked.
         missing: Vec<usize>,
     },
+    /// Another rank called `finish` before marking all its gradients: this
+    /// step's averages are not valid on any rank.
+    #[error(
+        "another rank finished the step with {most_missing} gradients not marked ready; this step's averages are not valid"
+    )]
+    PeerNotReady {
+        /// The most gradients any rank left unmarked.
+        most_missing: u64,
+    },
+}
+
+/// Compare the bucket layout across ranks: a rank that buckets its
+/// parameters differently would average unrelated gradients.
+fn agree_layout<C: Communicator + Send + 'static>(
+    comm: &mut AsyncCommunicator<C>,
+    param_lens: &[usize],
+    bucket_bytes: usize,
+) -> Result<(), CommError> {
+    let mut layout = param_lens.to_vec();
+    layout.push(bucket_bytes);
+    let mine = [fnv1a(&layout), param_lens.len() as u64];
+    let mut all = vec![0u64; 2 * comm.world_size() as usize];
+    comm.all_gather(&mine, &mut all)?;
+    let describe = |w: &[u64]| {
+        format!(
+            "gradient sync of {} parameters (layout {:#018x})",
+            w[1], w[0]
+        )
+    };
+    match all.chunks_exact(2).position(|w| w != mine) {
+        None => Ok(()),
+        Some(other) => Err(CommError::Disagreement {
+            rank: comm.rank(),
+            other: other as u32,
+            mine: describe(&mine),
+            theirs: describe(&all[2 * other..2 * other + 2]),
+        }),
+    }
 }
 
 /// One bucket: its parameters, its flat buffer (owned by the running
@@ -81,8 +120,15 @@ pub struct GradientSync<T: Reduce, C: Communicator + Send + 'static> {
 impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// Sync parameters of these lengths (forward order) in buckets of
     /// about `bucket_bytes` (a parameter larger than that gets a bucket of
-    /// its own), over `comm`.
-    pub fn new(comm: AsyncCommunicator<C>, param_lens: &[usize], bucket_bytes: usize) -> Self {
+    /// its own), over `comm`. Every rank must pass the same lengths and
+    /// bucket size: they are compared across ranks here (one all-gather),
+    /// and a difference is [`CommError::Disagreement`] on every rank.
+    pub fn new(
+        mut comm: AsyncCommunicator<C>,
+        param_lens: &[usize],
+        bucket_bytes: usize,
+    ) -> Result<Self, SyncError> {
+        agree_layout(&mut comm, param_lens, bucket_bytes)?;
         let per_bucket = (bucket_bytes / std::mem::size_of::<T>()).max(1);
         let mut place = vec![(0, 0, 0); param_lens.len()];
         let mut buckets: Vec<Bucket<T>> = Vec::new();
@@ -108,13 +154,13 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
             b.len = b.params.iter().map(|&p| place[p].2).sum();
             b.buffer = Some(vec![T::default(); b.len]);
         }
-        GradientSync {
+        Ok(GradientSync {
             comm,
             place,
             ready: vec![false; param_lens.len()],
             buckets,
             next: 0,
-        }
+        })
     }
 
     /// The buckets, each as the parameters it holds (in the order their
@@ -187,7 +233,22 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// Wait for every bucket's all-reduce; afterwards
     /// [`gradient`](Self::gradient) reads the averages. The next step
     /// starts with no gradient ready.
+    ///
+    /// A bucket whose gradients were not all marked still runs (with
+    /// whatever its buffer holds), so every rank makes the same calls in
+    /// every step even when one rank forgot a parameter; the step then
+    /// fails with [`SyncError::NotReady`] on that rank.
     pub fn finish(&mut self) -> Result<(), SyncError> {
+        for b in &mut self.buckets[self.next..] {
+            b.waiting = 0;
+        }
+        self.start_ready_buckets();
+        // Queued behind the buckets: how many gradients the rank that
+        // missed the most did not mark, so every rank learns of it.
+        let missing: Vec<usize> = (0..self.ready.len()).filter(|&p| !self.ready[p]).collect();
+        let verdict = self
+            .comm
+            .all_reduce(vec![missing.len() as u64], ReduceOp::Max);
         let mut first_error = None;
         for b in &mut self.buckets {
             if let Some(work) = b.work.take() {
@@ -201,14 +262,20 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
             }
             b.waiting = b.params.len();
         }
-        let missing: Vec<usize> = (0..self.ready.len()).filter(|&p| !self.ready[p]).collect();
         self.ready.iter_mut().for_each(|r| *r = false);
         self.next = 0;
+        let most_missing = match verdict.wait() {
+            Ok(v) => v[0],
+            Err(failed) => return Err(first_error.unwrap_or(SyncError::Comm(failed.error))),
+        };
         if let Some(e) = first_error {
             return Err(e);
         }
         if !missing.is_empty() {
             return Err(SyncError::NotReady { missing });
+        }
+        if most_missing > 0 {
+            return Err(SyncError::PeerNotReady { most_missing });
         }
         Ok(())
     }

@@ -99,6 +99,57 @@ fn a_failed_group_fails_every_outstanding_work_and_returns_the_buffers() {
 }
 
 #[test]
+fn a_call_that_panics_on_one_rank_fails_the_peer_at_once() {
+    let started = std::time::Instant::now();
+    let results = run_async(2, |mut comm| {
+        let work = if comm.rank() == 0 {
+            comm.start(vec![0u8; 3], |_, _| panic!("rank 0 panics"))
+        } else {
+            comm.all_reduce(vec![1u8; 3], ReduceOp::Sum)
+        };
+        Ok(work.wait().unwrap_err().error.to_string())
+    });
+    for r in results {
+        assert!(r.unwrap().contains("panic"));
+    }
+    // Noticed, not timed out (the timeout is 20 s).
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn abort_from_the_caller_fails_pending_work_without_queueing_behind_it() {
+    let started = std::time::Instant::now();
+    let results = run_async(2, |mut comm| {
+        if comm.rank() == 1 {
+            // Never calls: rank 0's all-reduce can only end by the abort.
+            std::thread::sleep(Duration::from_millis(300));
+            return Ok(String::new());
+        }
+        let mut pending = comm.all_reduce(vec![1.0f32; 8], ReduceOp::Sum);
+        assert!(!pending.wait_timeout(Duration::from_millis(100)));
+        comm.abort();
+        let failed = pending.wait().unwrap_err();
+        assert_eq!(failed.buffers, Some(vec![1.0; 8]));
+        let after = comm
+            .all_reduce(vec![1.0f32; 8], ReduceOp::Sum)
+            .wait()
+            .unwrap_err();
+        Ok(format!("{} / {}", failed.error, after.error))
+    });
+    let msg = results.into_iter().next().unwrap().unwrap();
+    assert!(msg.contains("aborted"), "{msg}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn a_panicking_call_fails_the_calls_after_it_and_keeps_the_buffers() {
     let results = run_async(2, |mut comm| {
         let boom = comm.start(vec![7u8; 3], |_, _| panic!("boom"));
@@ -277,6 +328,57 @@ fn disagreeing_uneven_calls_fail_on_every_rank_and_leave_the_group_usable() {
 }
 
 #[test]
+fn bad_arguments_on_one_rank_fail_the_call_on_every_rank() {
+    let results = cpu::run(3, &config(), |comm| {
+        let r = comm.rank();
+        // Rank 0, the root, passes an output one block short.
+        let mut out = vec![0i32; if r == 0 { 4 } else { 0 }];
+        let gather = comm.gather(&[1i32, 2], &mut out, 0).unwrap_err();
+        // Rank 2 passes too few counts.
+        let counts: Vec<usize> = if r == 2 { vec![1, 1] } else { vec![1, 1, 1] };
+        let mut all = vec![0u8; 3];
+        let agv = comm
+            .all_gather_v(&[r as u8], &mut all, &counts)
+            .unwrap_err();
+        // Rank 1 names a root that does not exist.
+        let root = if r == 1 { 7 } else { 0 };
+        let mut back = [0i32; 2];
+        let scatter = comm.scatter(&[0i32; 6], &mut back, root).unwrap_err();
+        // Rank 0's input is longer than its send counts say.
+        let input = vec![0i64; if r == 0 { 4 } else { 3 }];
+        let mut output = vec![0i64; 3];
+        let a2a = comm
+            .all_to_all_v(&input, &[1, 1, 1], &mut output, &[1, 1, 1])
+            .unwrap_err();
+        let mut x = [1i32];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        Ok((r, [gather, agv, scatter, a2a], x[0]))
+    });
+    for res in results {
+        let (r, errors, x) = res.unwrap();
+        let culprits = [0, 2, 1, 0];
+        for (e, culprit) in errors.iter().zip(culprits) {
+            if r == culprit {
+                assert!(
+                    matches!(
+                        e,
+                        CommError::BufferSize { .. } | CommError::RankOutOfRange { .. }
+                    ),
+                    "{e}"
+                );
+            } else {
+                assert!(
+                    matches!(e, CommError::Disagreement { other, .. } if *other == culprit),
+                    "{e}"
+                );
+                assert!(e.to_string().contains("invalid arguments"), "{e}");
+            }
+        }
+        assert_eq!(x, 3);
+    }
+}
+
+#[test]
 fn batched_exchanges_in_both_directions_cannot_deadlock() {
     for n in 1..=5u32 {
         let results = run_async(n, |mut comm| {
@@ -375,7 +477,10 @@ fn gradient_sync_averages_every_bucket_whatever_order_gradients_arrive_in() {
     let results = run_async(3, |comm| {
         let r = comm.rank() as usize;
         // 100 f32 per bucket: [1, 64, 17] [0, 300]... in reverse order.
-        let mut sync = GradientSync::<f32, _>::new(comm, &lens, 400);
+        let mut sync =
+            GradientSync::<f32, _>::new(comm, &lens, 400).map_err(|e| CommError::Unsupported {
+                what: e.to_string(),
+            })?;
         let buckets = sync.buckets();
         assert_eq!(
             buckets.first().unwrap()[0],
@@ -419,5 +524,56 @@ fn gradient_sync_averages_every_bucket_whatever_order_gradients_arrive_in() {
     });
     for r in results {
         assert!(r.unwrap() >= 3);
+    }
+}
+
+#[test]
+fn gradient_sync_keeps_ranks_in_step_when_one_misses_a_gradient() {
+    use ferrocoll_core::grad_sync::{GradientSync, SyncError};
+    let lens = [0usize, 0, 10, 3];
+    let results = run_async(2, |comm| {
+        let r = comm.rank();
+        let mut sync = GradientSync::<f64, _>::new(comm, &lens, 16).unwrap();
+        // Rank 1 forgets parameter 2 in the first step.
+        for p in (0..lens.len()).rev() {
+            if !(r == 1 && p == 2) {
+                sync.mark_ready(p, &vec![1.0; lens[p]]).unwrap();
+            }
+        }
+        let first = sync.finish().unwrap_err();
+        // The next step is a clean one on both ranks.
+        for p in (0..lens.len()).rev() {
+            sync.mark_ready(p, &vec![f64::from(r); lens[p]]).unwrap();
+        }
+        sync.finish().unwrap();
+        assert_eq!(sync.gradient(2).unwrap(), &[0.5; 10][..]);
+        Ok(first)
+    });
+    let errors: Vec<SyncError> = results.into_iter().map(Result::unwrap).collect();
+    assert!(
+        matches!(errors[0], SyncError::PeerNotReady { most_missing: 1 }),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        matches!(&errors[1], SyncError::NotReady { missing } if missing == &[2]),
+        "{}",
+        errors[1]
+    );
+}
+
+#[test]
+fn gradient_sync_refuses_layouts_that_differ_across_ranks() {
+    use ferrocoll_core::grad_sync::{GradientSync, SyncError};
+    let results = run_async(2, |comm| {
+        let lens: &[usize] = if comm.rank() == 0 { &[1, 3] } else { &[3, 1] };
+        Ok(GradientSync::<f32, _>::new(comm, lens, 1024).err())
+    });
+    for r in results {
+        let e = r.unwrap().expect("layouts differ");
+        assert!(
+            matches!(e, SyncError::Comm(CommError::Disagreement { .. })),
+            "{e}"
+        );
     }
 }

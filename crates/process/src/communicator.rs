@@ -442,8 +442,11 @@ impl Communicator for ProcessCommunicator {
         ProcessCommunicator::split(self, color, key).map(split::boxed)
     }
 
-    fn abort(&mut self) {
-        ProcessCommunicator::abort(self)
+    fn aborter(&self) -> Option<ferrocoll_core::comm::Aborter> {
+        // Peers never touch this process's memory: failing the transport
+        // is all an abort needs.
+        let abort = self.transport.aborter();
+        Some(std::sync::Arc::new(move |why: &str| abort(why)))
     }
 }
 

@@ -105,7 +105,11 @@ fn grid(comm: ferrocoll_process::ProcessCommunicator, cols: u32) -> Result<(), C
 
     // DDP-style sync on the columns (the data-parallel axis).
     let lens = [1000usize, 3, 40_000, 7];
-    let mut sync = GradientSync::<f32, _>::new(cols_comm, &lens, 4096);
+    let mut sync = GradientSync::<f32, _>::new(cols_comm, &lens, 4096).map_err(|e| {
+        CommError::Unsupported {
+            what: e.to_string(),
+        }
+    })?;
     for (p, &len) in lens.iter().enumerate().rev() {
         sync.mark_ready(p, &vec![r as f32; len])
             .map_err(|e| CommError::Unsupported {

@@ -41,6 +41,7 @@ pub use error::{
 };
 pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};
+pub(crate) use vector::fnv1a;
 pub use work::{Failed, Work};
 
 use crate::types::{Collective, Rank, Reduce, ReduceOp};
@@ -89,10 +90,27 @@ pub trait Communicator {
     }
 
     /// Fail the group now: this rank's pending call and every peer's
-    /// return an error instead of waiting. Backends without a way to do
-    /// that do nothing.
-    fn abort(&mut self) {}
+    /// return an error instead of waiting. By default through
+    /// [`aborter`](Self::aborter); backends without a way to abort do
+    /// nothing.
+    fn abort(&mut self) {
+        if let Some(abort) = self.aborter() {
+            abort("aborted");
+        }
+    }
+
+    /// A function that aborts this rank's group from any thread, even
+    /// while a call is blocked (what [`AsyncCommunicator::abort`] uses);
+    /// it returns once no peer can still be reading or writing this
+    /// rank's buffers. `None` where the backend has none.
+    fn aborter(&self) -> Option<Aborter> {
+        None
+    }
 }
+
+/// Aborts a group from any thread (see [`Communicator::aborter`]); the
+/// argument is the reason peers report.
+pub type Aborter = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 /// The typed collectives, each a provided method over
 /// [`Communicator::execute`], for every communicator — concrete ones,
@@ -331,6 +349,10 @@ impl<C: Communicator + ?Sized> Communicator for &mut C {
     fn abort(&mut self) {
         (**self).abort()
     }
+
+    fn aborter(&self) -> Option<Aborter> {
+        (**self).aborter()
+    }
 }
 
 impl<C: Communicator + ?Sized> Communicator for Box<C> {
@@ -356,6 +378,10 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
 
     fn abort(&mut self) {
         (**self).abort()
+    }
+
+    fn aborter(&self) -> Option<Aborter> {
+        (**self).aborter()
     }
 }
 

@@ -22,7 +22,7 @@ use super::call::Call;
 use super::error::CommError;
 use super::p2p::{P2pOp, send_recv_batch};
 use super::work::{Outcome, Work};
-use super::{Communicator, CommunicatorExt};
+use super::{Aborter, Communicator, CommunicatorExt};
 use crate::types::{Collective, Rank, Reduce, ReduceOp};
 
 /// A queued call: runs on the progress thread with the communicator and
@@ -60,6 +60,8 @@ pub type P2pBuffers<I, B> = (Vec<(I, Rank)>, Vec<(B, Rank)>);
 pub struct AsyncCommunicator<C: Communicator + Send + 'static> {
     rank: Rank,
     world_size: u32,
+    /// The backend's abort, callable while its thread is blocked.
+    aborter: Option<Aborter>,
     jobs: Option<mpsc::Sender<Job<C>>>,
     worker: Option<JoinHandle<C>>,
 }
@@ -78,6 +80,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     /// ([`CommError::Capacity`] if the system refuses the thread).
     pub fn new(comm: C) -> Result<Self, CommError> {
         let (rank, world_size) = (comm.rank(), comm.world_size());
+        let aborter = comm.aborter();
         let (jobs, queue) = mpsc::channel::<Job<C>>();
         let worker = std::thread::Builder::new()
             .name(format!("ferrocoll-progress-{rank}"))
@@ -88,6 +91,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         Ok(AsyncCommunicator {
             rank,
             world_size,
+            aborter,
             jobs: Some(jobs),
             worker: Some(worker),
         })
@@ -118,14 +122,8 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
             let mut buffers = buffers;
             let result = match failed {
                 Some(e) => Err(e.clone()),
-                None => catch_unwind(AssertUnwindSafe(|| f(comm, &mut buffers))).unwrap_or_else(
-                    |panic| {
-                        // Peers may be inside the same call: tell them now
-                        // rather than let them wait out their timeout.
-                        comm.abort();
-                        Err(panicked(comm.rank(), panic))
-                    },
-                ),
+                None => catch_unwind(AssertUnwindSafe(|| f(comm, &mut buffers)))
+                    .unwrap_or_else(|panic| Err(abort_on_panic(comm, panic))),
             };
             if let Err(e) = &result
                 && !e.is_argument_error()
@@ -275,8 +273,14 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
 
 impl<C: Communicator + Send + 'static> Drop for AsyncCommunicator<C> {
     fn drop(&mut self) {
+        // Unwinding: the program will not wait for its calls, so neither
+        // should its peers.
+        if std::thread::panicking() {
+            self.abort();
+        }
         // Closing the queue lets the thread finish what was started (every
-        // wait is bounded by the backend's timeout) and end.
+        // wait is bounded by the backend's timeout, and fails at once after
+        // an abort) and end.
         self.jobs = None;
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();
@@ -319,6 +323,24 @@ impl<C: Communicator + Send + 'static> Communicator for AsyncCommunicator<C> {
         });
         work.wait().map_err(|f| f.error)
     }
+
+    /// Abort the group at once, without queueing behind the started calls:
+    /// they fail, and so do the peers' (see [`Communicator::aborter`]).
+    /// A backend without an aborter is aborted from the progress thread,
+    /// after the calls already started.
+    fn abort(&mut self) {
+        match &self.aborter {
+            Some(abort) => abort("aborted"),
+            None => drop(self.start((), |c, _| {
+                c.abort();
+                Ok(())
+            })),
+        }
+    }
+
+    fn aborter(&self) -> Option<Aborter> {
+        self.aborter.clone()
+    }
 }
 
 /// The progress thread: run each job in turn until the queue closes.
@@ -330,14 +352,29 @@ fn progress<C: Communicator>(mut comm: C, queue: mpsc::Receiver<Job<C>>) -> C {
     comm
 }
 
-fn panicked(rank: Rank, panic: Box<dyn std::any::Any + Send>) -> CommError {
+/// A call panicked: peers may be inside the same call, so abort the group
+/// now (naming the panic) rather than let them wait out their timeout.
+fn abort_on_panic<C: Communicator>(
+    comm: &mut C,
+    panic: Box<dyn std::any::Any + Send>,
+) -> CommError {
+    let reason = panicked(panic);
+    match comm.aborter() {
+        Some(abort) => abort(&reason),
+        None => comm.abort(),
+    }
+    CommError::PeerFailed {
+        rank: comm.rank(),
+        reason,
+    }
+}
+
+/// Why a call failed, from its panic's payload.
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> String {
     let what = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_owned());
-    CommError::PeerFailed {
-        rank,
-        reason: format!("a call started on the progress thread panicked: {what}"),
-    }
+    format!("a call started on the progress thread panicked: {what}")
 }

@@ -37,6 +37,9 @@ impl Kind {
     }
 }
 
+/// Set in a description's kind by a rank whose arguments failed its checks.
+const INVALID: u64 = 1 << 63;
+
 /// A call's description, the same on every rank that agrees with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Description {
@@ -60,6 +63,12 @@ impl Description {
         }
     }
 
+    /// The same description, marked as a call whose arguments failed.
+    fn invalid(mut self) -> Self {
+        self.kind |= INVALID;
+        self
+    }
+
     fn words(&self) -> [u64; 5] {
         [self.kind, self.dtype, self.root, self.count, self.digest]
     }
@@ -78,6 +87,12 @@ impl Description {
         let dtype = DataType::ALL
             .get(self.dtype as usize)
             .map_or("?".to_owned(), |d| d.to_string());
+        if self.kind & INVALID != 0 {
+            return format!(
+                "{} with invalid arguments",
+                Kind::name(self.kind & !INVALID)
+            );
+        }
         let mut s = format!("{} of {dtype}", Kind::name(self.kind));
         match self.kind {
             1 | 2 => s += &format!(", root {}, {} elements per rank", self.root, self.count),
@@ -93,11 +108,20 @@ impl Description {
     }
 }
 
-/// Publish `mine` and compare it with every rank's description.
-fn agree<C: Communicator + ?Sized>(comm: &mut C, mine: Description) -> Result<(), CommError> {
+/// Publish `mine` — marked invalid when this rank's own arguments failed
+/// their checks (`local`) — and compare it with every rank's description:
+/// every rank takes part even with bad arguments, so all of them fail the
+/// same call rather than some waiting for the rest.
+fn agree<C: Communicator + ?Sized>(
+    comm: &mut C,
+    mine: Description,
+    local: Result<(), CommError>,
+) -> Result<(), CommError> {
     let n = comm.world_size() as usize;
+    let published = if local.is_ok() { mine } else { mine.invalid() };
     let mut all = vec![0u64; 5 * n];
-    comm.all_gather(&mine.words(), &mut all)?;
+    comm.all_gather(&published.words(), &mut all)?;
+    local?;
     for (other, words) in all.chunks_exact(5).enumerate() {
         let theirs = Description::from_words(words);
         if theirs != mine {
@@ -112,7 +136,8 @@ fn agree<C: Communicator + ?Sized>(comm: &mut C, mine: Description) -> Result<()
     Ok(())
 }
 
-fn fnv1a(counts: &[usize]) -> u64 {
+/// FNV-1a of a list of lengths: what ranks compare to agree on one.
+pub(crate) fn fnv1a(counts: &[usize]) -> u64 {
     counts.iter().fold(0xcbf2_9ce4_8422_2325, |h, &c| {
         (c as u64)
             .to_le_bytes()
@@ -159,11 +184,12 @@ where
     T: Reduce,
 {
     let (rank, n) = (comm.rank(), comm.world_size());
-    check_rank(root, n)?;
-    if rank == root {
-        expect_len(what, root_len, block.saturating_mul(n as usize))?;
-    }
-    agree(comm, Description::new(kind, T::DATA_TYPE, root, block, 0))?;
+    let local = check_rank(root, n).and_then(|()| match rank == root {
+        true => expect_len(what, root_len, block.saturating_mul(n as usize)),
+        false => Ok(()),
+    });
+    let mine = Description::new(kind, T::DATA_TYPE, root, block, 0);
+    agree(comm, mine, local)?;
     Ok(block > 0)
 }
 
@@ -244,12 +270,19 @@ where
     T: Reduce,
 {
     let (rank, n) = (comm.rank() as usize, comm.world_size() as usize);
-    expect_len("all-gather-v counts", counts.len(), n)?;
-    expect_len("all-gather-v input", input.len(), counts[rank])?;
-    let ends = offsets(counts)?;
-    expect_len("all-gather-v output", output.len(), ends[n])?;
-    let mine = Description::new(Kind::AllGatherV, T::DATA_TYPE, 0, ends[n], fnv1a(counts));
-    agree(comm, mine)?;
+    let total = offsets(counts).map(|ends| ends[ends.len() - 1]);
+    let local = expect_len("all-gather-v counts", counts.len(), n)
+        .and_then(|()| expect_len("all-gather-v input", input.len(), counts[rank]))
+        .and_then(|()| expect_len("all-gather-v output", output.len(), total.clone()?));
+    let digest = fnv1a(counts);
+    let mine = Description::new(
+        Kind::AllGatherV,
+        T::DATA_TYPE,
+        0,
+        *total.as_ref().unwrap_or(&0),
+        digest,
+    );
+    agree(comm, mine, local)?;
     let mut ops = Vec::with_capacity(2 * n);
     let mut rest = output;
     for (k, &count) in counts.iter().enumerate() {
@@ -283,16 +316,23 @@ where
     T: Reduce,
 {
     let (rank, n) = (comm.rank() as usize, comm.world_size() as usize);
-    expect_len("all-to-all-v send counts", send_counts.len(), n)?;
-    expect_len("all-to-all-v receive counts", recv_counts.len(), n)?;
-    let send_ends = offsets(send_counts)?;
-    let recv_ends = offsets(recv_counts)?;
-    expect_len("all-to-all-v input", input.len(), send_ends[n])?;
-    expect_len("all-to-all-v output", output.len(), recv_ends[n])?;
+    let checked = || {
+        expect_len("all-to-all-v send counts", send_counts.len(), n)?;
+        expect_len("all-to-all-v receive counts", recv_counts.len(), n)?;
+        let send_ends = offsets(send_counts)?;
+        let recv_ends = offsets(recv_counts)?;
+        expect_len("all-to-all-v input", input.len(), send_ends[n])?;
+        expect_len("all-to-all-v output", output.len(), recv_ends[n])?;
+        Ok(send_ends)
+    };
+    let send_ends = checked();
+    let mine = Description::new(Kind::AllToAllV, T::DATA_TYPE, 0, 0, 0);
     agree(
         comm,
-        Description::new(Kind::AllToAllV, T::DATA_TYPE, 0, 0, 0),
+        mine,
+        send_ends.as_ref().map(drop).map_err(Clone::clone),
     )?;
+    let send_ends = send_ends?;
     check_counts(comm, send_counts, recv_counts)?;
     let mut ops = Vec::with_capacity(2 * n);
     let mut rest = output;
@@ -375,10 +415,7 @@ mod tests {
     #[test]
     fn descriptions_name_what_differs() {
         let d = Description::new(Kind::Gather, DataType::F32, 2, 7, 0);
-        assert_eq!(
-            d.describe(),
-            "gather of f32, root 2, 7 elements per rank"
-        );
+        assert_eq!(d.describe(), "gather of f32, root 2, 7 elements per rank");
         assert_ne!(fnv1a(&[1, 2]), fnv1a(&[2, 1]));
         assert!(offsets(&[usize::MAX, 1]).is_err());
         assert_eq!(offsets(&[2, 0, 3]).unwrap(), vec![0, 2, 2, 5]);

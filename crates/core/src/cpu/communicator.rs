@@ -122,8 +122,10 @@ impl AbortHandle {
     /// Fail the group: every pending and later call of every rank returns
     /// [`CommError::PeerFailed`] naming this rank ("aborted"), within one
     /// wake-up — nobody waits out the timeout. The group stays poisoned.
+    /// Returns once no peer is still reading or writing this rank's
+    /// buffers (so they may be freed).
     pub fn abort(&self) {
-        self.group.fail(self.rank, &"aborted");
+        self.group.quiesce(self.rank, &"aborted");
     }
 }
 
@@ -433,7 +435,8 @@ impl Communicator for CpuCommunicator {
         CpuCommunicator::split(self, color, key).map(split::boxed)
     }
 
-    fn abort(&mut self) {
-        CpuCommunicator::abort(self)
+    fn aborter(&self) -> Option<crate::comm::Aborter> {
+        let (group, rank) = (self.group.clone(), self.rank);
+        Some(Arc::new(move |why: &str| group.quiesce(rank, &why)))
     }
 }
