@@ -1,9 +1,13 @@
 //! The CPU reduction kernels: two 1 Mi-element sources into one
-//! destination, per element type and op (throughput in bytes touched).
+//! destination, per element type and op (throughput in bytes touched),
+//! with the calibrated variant; then every variant this CPU can run (each
+//! vector width, non-temporal and cached stores) on the fused f32 sum into
+//! two destinations and on an f32 and an i8 sum, so the calibration's
+//! choice can be checked against a longer measurement.
 //! Run with `cargo bench --bench reduce`.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ferrocoll::kernels::reduce_slices;
+use ferrocoll::kernels::{KernelChoice, reduce_slices};
 use ferrocoll::{DataType, Reduce, ReduceOp};
 use half::{bf16, f16};
 
@@ -39,5 +43,71 @@ fn kernels(c: &mut Criterion) {
     one(c, DataType::U64, 1u64);
 }
 
-criterion_group!(benches, kernels);
+/// Each variant on the shapes the executor runs: a fused two-source sum
+/// streamed to two destinations (direct all-reduce out of place, N = 2),
+/// and plain two-source reductions.
+fn variants(c: &mut Criterion) {
+    // 64 MiB per array: past most last-level caches, like a large call.
+    const BIG: usize = 16 << 20;
+    let a = vec![1.0f32; BIG];
+    let b = vec![2.0f32; BIG];
+    let mut d0 = vec![0.0f32; BIG];
+    let mut d1 = vec![0.0f32; BIG];
+    let mut group = c.benchmark_group("fused_sum_f32_2x2");
+    group.throughput(Throughput::Bytes((4 * BIG * 4) as u64));
+    group.sample_size(10);
+    for choice in KernelChoice::available() {
+        group.bench_function(BenchmarkId::from_parameter(choice), |bench| {
+            bench.iter(|| {
+                // SAFETY: four distinct arrays of BIG elements.
+                unsafe {
+                    f32::reduce_stream_with(
+                        choice,
+                        ReduceOp::Sum,
+                        &[a.as_ptr(), b.as_ptr()],
+                        &[d0.as_mut_ptr(), d1.as_mut_ptr()],
+                        BIG,
+                    )
+                }
+            });
+        });
+    }
+    group.finish();
+    let x = vec![1i8; LEN];
+    let mut y = vec![0i8; LEN];
+    for (name, bytes) in [("reduce_sum_f32", 4usize), ("reduce_sum_i8", 1)] {
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Bytes((3 * LEN * bytes) as u64));
+        group.sample_size(20);
+        for choice in KernelChoice::available() {
+            group.bench_function(BenchmarkId::from_parameter(choice), |bench| {
+                bench.iter(|| {
+                    // SAFETY: distinct arrays of at least LEN elements.
+                    unsafe {
+                        if bytes == 4 {
+                            f32::reduce_with(
+                                choice,
+                                ReduceOp::Sum,
+                                &[a.as_ptr(), b.as_ptr()],
+                                d0.as_mut_ptr(),
+                                LEN,
+                            )
+                        } else {
+                            i8::reduce_with(
+                                choice,
+                                ReduceOp::Sum,
+                                &[x.as_ptr(), x.as_ptr()],
+                                y.as_mut_ptr(),
+                                LEN,
+                            )
+                        }
+                    }
+                });
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, kernels, variants);
 criterion_main!(benches);

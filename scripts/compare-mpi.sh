@@ -4,9 +4,9 @@
 # Runs OpenMPI's MPI_Allreduce (scripts/mpi-allreduce.c) on RANKS processes
 # (default 4) over shared memory, printing an nccl-tests-style table.
 # BENCH_ARGS default to "-b 4K -e 64M -f 4 -n 20 -w 5".
-# If FERROCOLL_BIN points at a ferrocoll binary, the same sweep is then run
-# with ferrocoll's multi-process shm transport and its in-process executor,
-# so one run gives three tables to compare.
+# The same sweep is then run with ferrocoll's multi-process shm transport
+# and its in-process executor, so one run gives three tables to compare:
+# through `cargo run --release`, or the binary FERROCOLL_BIN names.
 #
 # OpenMPI is a comparison tool only, never a project dependency: nothing is
 # installed unless --install is given (Debian: openmpi-bin libopenmpi-dev).
@@ -32,8 +32,8 @@ if [[ $install == 1 ]]; then
 fi
 command -v mpicc >/dev/null || { echo "mpicc not found; rerun with --install" >&2; exit 1; }
 
-mkdir -p target
-mpicc -O2 -Wall -Wextra -o target/mpi-allreduce scripts/mpi-allreduce.c
+mpi_bin="${TMPDIR:-/tmp}/ferrocoll-mpi-allreduce"
+mpicc -O2 -Wall -Wextra -o "$mpi_bin" scripts/mpi-allreduce.c
 
 echo "== MPI: $(mpirun --version | head -n 1), $ranks ranks: ${args[*]}"
 # pml ob1 is forced because Debian's build prefers UCX, which would bypass
@@ -41,12 +41,18 @@ echo "== MPI: $(mpirun --version | head -n 1), $ranks ranks: ${args[*]}"
 # --allow-run-as-root is harmless for normal users and needed in containers.
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
   --mca pml ob1 --mca btl self,vader \
-  target/mpi-allreduce "${args[@]}"
+  "$mpi_bin" "${args[@]}"
 
+# Wherever cargo puts the binary (CARGO_TARGET_DIR included); `launch`
+# runs its own executable for a `ferrocoll` command.
 if [[ -n ${FERROCOLL_BIN:-} ]]; then
-  echo "== ferrocoll, $ranks processes over shm: ${args[*]}"
-  "$FERROCOLL_BIN" launch -n "$ranks" -- "$FERROCOLL_BIN" bench --backend cpu \
-    --transport shm --op all-reduce "${args[@]}"
-  echo "== ferrocoll, $ranks ranks in one process: ${args[*]}"
-  "$FERROCOLL_BIN" bench --backend cpu --ranks "$ranks" --op all-reduce "${args[@]}"
+  ferrocoll=("$FERROCOLL_BIN")
+else
+  cargo build --release -q
+  ferrocoll=(cargo run --release -q --)
 fi
+echo "== ferrocoll, $ranks processes over shm: ${args[*]}"
+"${ferrocoll[@]}" launch -n "$ranks" -- ferrocoll bench --backend cpu \
+  --transport shm --op all-reduce "${args[@]}"
+echo "== ferrocoll, $ranks ranks in one process: ${args[*]}"
+"${ferrocoll[@]}" bench --backend cpu --ranks "$ranks" --op all-reduce "${args[@]}"

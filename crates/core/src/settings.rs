@@ -8,6 +8,7 @@
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling`, or `auto` (the default: the selector decides) |
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 60000) |
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
+//! | `FERROCOLL_KERNELS` | force the host kernel variant instead of calibrating: a width (`baseline`, `avx2`, `avx512`) and stores (`nt`, `cached`), e.g. `avx2,cached`; one this CPU cannot run is ignored with a warning |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -47,6 +48,12 @@ pub struct EnvOverrides {
     /// `FERROCOLL_JOB_ID`, when it is a non-empty run of ASCII letters and
     /// digits (it becomes part of file names).
     pub job_id: Option<String>,
+}
+
+/// `FERROCOLL_KERNELS`, unparsed (the kernels module parses it and
+/// checks it against the CPU).
+pub fn kernels_override() -> Option<String> {
+    std::env::var("FERROCOLL_KERNELS").ok()
 }
 
 impl EnvOverrides {

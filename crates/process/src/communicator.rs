@@ -92,6 +92,10 @@ impl ProcessCommunicator {
         config: &ProcessConfig,
     ) -> Result<Self, SetupError> {
         let transport = connect(&mut store, rank, world_size, config)?;
+        // Measure the host's kernels now, not inside the first call; after
+        // the group formed, so a rank that dies meanwhile is a lost peer
+        // (seen at once), not a store key that never appears.
+        ferrocoll_core::kernels::calibration();
         crate::panic_note::install();
         Ok(ProcessCommunicator {
             transport,
@@ -208,6 +212,7 @@ impl ProcessCommunicator {
             rank = self.rank,
             call = number,
             transport = %self.config.transport,
+            kernels = %ferrocoll_core::kernels::chosen(),
             "{}",
             planned.describe()
         );

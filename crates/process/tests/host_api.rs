@@ -86,6 +86,19 @@ fn grid(comm: ferrocoll_process::ProcessCommunicator, cols: u32) -> Result<(), C
         .wait()?;
     assert_eq!(got[0].0, vec![prev; 5]);
     assert_eq!(got[1].0, vec![next; 2]);
+    // isend / irecv between neighbours, in an order that needs no batch.
+    let partner = rank ^ 1;
+    if partner < n {
+        let got = if rank % 2 == 0 {
+            parent.isend(vec![rank as i32 + 7; 9], partner).wait()?;
+            parent.irecv(vec![0i32; 9], partner).wait()?
+        } else {
+            let got = parent.irecv(vec![0i32; 9], partner).wait()?;
+            parent.isend(vec![rank as i32 + 7; 9], partner).wait()?;
+            got
+        };
+        assert_eq!(got, vec![partner as i32 + 7; 9]);
+    }
     let root = if rank == 1 { 1 } else { 0 };
     let e = parent
         .start((), move |c, _| {

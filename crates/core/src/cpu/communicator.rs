@@ -29,6 +29,8 @@ pub fn group(n: u32, config: &CpuConfig) -> Result<Vec<CpuCommunicator>, CommErr
     if n == 0 {
         return Err(CommError::EmptyGroup);
     }
+    // Measure the host's kernels now, not inside the first call.
+    crate::kernels::calibration();
     let planner = Planner::new(n, config.planner_settings());
     let group = Arc::new(Group::new(n, config.link_slots() as usize, planner));
     let config = Arc::new(config.clone());
@@ -215,7 +217,13 @@ impl CpuCommunicator {
         let planned = self.group.plan(shape)?;
         let plan = &planned.plan;
         self.agree(number, &plan.signature())?;
-        tracing::debug!(rank = self.rank, call = number, "{}", planned.describe());
+        tracing::debug!(
+            rank = self.rank,
+            call = number,
+            kernels = %crate::kernels::chosen(),
+            "{}",
+            planned.describe()
+        );
         // In place the plan names only the output, so both bases are its.
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);

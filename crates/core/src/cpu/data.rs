@@ -3,7 +3,7 @@
 //! long stretches, and the final division of `Avg`.
 
 use super::group::Extents;
-use crate::kernels;
+use crate::kernels::{self, KernelChoice, Stores};
 use crate::types::{Reduce, ReduceOp};
 
 /// Elements reduced into the first destination before it is copied to the
@@ -21,13 +21,14 @@ const STREAM_MIN_BYTES: usize = 256 << 10;
 /// stream it to every destination.
 pub(crate) fn combine<T: Reduce>(op: ReduceOp, srcs: &[Extents], dsts: &[Extents]) {
     let size = std::mem::size_of::<T>();
+    let choice = kernels::chosen();
     let lists: Vec<&Extents> = srcs.iter().chain(dsts).collect();
     let mut streamed = false;
     walk(&lists, |addrs, bytes| {
         let (src_addrs, dst_addrs) = addrs.split_at(srcs.len());
         let stream = bytes >= STREAM_MIN_BYTES;
         streamed |= stream;
-        if stream && fused::<T>(op, src_addrs, dst_addrs, bytes) {
+        if stream && fused::<T>(choice, op, src_addrs, dst_addrs, bytes) {
             return;
         }
         let mut done = 0;
@@ -37,7 +38,7 @@ pub(crate) fn combine<T: Reduce>(op: ReduceOp, srcs: &[Extents], dsts: &[Extents
             let mut src: Vec<*const T> =
                 src_addrs.iter().map(|&a| (a + done) as *const T).collect();
             if stream {
-                stream_block::<T>(op, &src, dst_addrs, done, n);
+                stream_block::<T>(choice, op, &src, dst_addrs, done, n);
             } else {
                 let first = (dst_addrs[0] + done) as *mut T;
                 // In place, the destination is one of the sources; the
@@ -72,7 +73,13 @@ pub(crate) fn combine<T: Reduce>(op: ReduceOp, srcs: &[Extents], dsts: &[Extents
 /// Try the element type's fused reduce-and-stream kernel for a whole
 /// stretch; false when it has none or a destination is also a source
 /// (in place, where ordinary stores into just-read lines are cheaper).
-fn fused<T: Reduce>(op: ReduceOp, src_addrs: &[usize], dst_addrs: &[usize], bytes: usize) -> bool {
+fn fused<T: Reduce>(
+    choice: KernelChoice,
+    op: ReduceOp,
+    src_addrs: &[usize],
+    dst_addrs: &[usize],
+    bytes: usize,
+) -> bool {
     if dst_addrs.iter().any(|d| src_addrs.contains(d)) {
         return false;
     }
@@ -81,7 +88,7 @@ fn fused<T: Reduce>(op: ReduceOp, src_addrs: &[usize], dst_addrs: &[usize], byte
     // SAFETY: every address covers `bytes` bytes (verified slices or sized
     // slots); destinations are distinct from each other and, as checked
     // above, from every source.
-    unsafe { T::reduce_stream(op, &srcs, &dsts, bytes / std::mem::size_of::<T>()) }
+    unsafe { T::reduce_stream_with(choice, op, &srcs, &dsts, bytes / std::mem::size_of::<T>()) }
 }
 
 /// Bytes reduced at a time on the streaming path: small enough that the
@@ -92,6 +99,7 @@ const STREAM_BLOCK_BYTES: usize = 1024;
 /// Reduce `n` bytes of `src` and stream the result to every destination
 /// (offset by `done`), one small block at a time.
 fn stream_block<T: Reduce>(
+    choice: KernelChoice,
     op: ReduceOp,
     src: &[*const T],
     dst_addrs: &[usize],
@@ -112,7 +120,7 @@ fn stream_block<T: Reduce>(
             // SAFETY: the staging block holds STREAM_BLOCK_BYTES ≥ m bytes,
             // is aligned for every element type (u64 alignment) and
             // overlaps no source.
-            unsafe { T::reduce(op, &ptrs, staging_ptr, len) };
+            unsafe { T::reduce_with(choice, op, &ptrs, staging_ptr, len) };
             staging_ptr as *const u8
         };
         for &d in dst_addrs {
@@ -124,11 +132,12 @@ fn stream_block<T: Reduce>(
             // into this core's cache: an ordinary store costs no extra
             // read there, and is cheaper than bypassing the cache.
             let just_read = ptrs.iter().any(|&p| std::ptr::eq(p as *const u8, d));
+            let cached = just_read || choice.stores() == Stores::Cached;
             // SAFETY: destinations are in bounds (verified) and overlap
             // neither the staging block nor each other; a destination that
             // is also a source was read into staging already.
             unsafe {
-                if just_read {
+                if cached {
                     std::ptr::copy_nonoverlapping(from, d, m);
                 } else {
                     kernels::stream_copy(from, d, m);

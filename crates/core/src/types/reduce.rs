@@ -2,6 +2,7 @@
 //! [`ReduceOp`]. The host implementations live in [`crate::kernels`].
 
 use super::{Element, ReduceOp};
+use crate::kernels::{KernelChoice, chosen};
 
 /// An element type that can be reduced: the bound of every collective
 /// that combines values, on every backend.
@@ -13,13 +14,29 @@ pub trait Reduce: Element {
     /// writes; `dst` overlaps no source except, exactly, `srcs[0]` (the
     /// kernel reads the first two sources of an element before writing it,
     /// then folds the rest into `dst`). `srcs` is not empty.
-    unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize);
+    unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::reduce_with(chosen(), op, srcs, dst, len) }
+    }
+
+    /// [`reduce`](Self::reduce) with a given kernel variant (tests and
+    /// benches force each one; calls use the calibrated [`chosen`]).
+    ///
+    /// # Safety
+    /// As [`reduce`](Self::reduce).
+    unsafe fn reduce_with(
+        choice: KernelChoice,
+        op: ReduceOp,
+        srcs: &[*const Self],
+        dst: *mut Self,
+        len: usize,
+    );
 
     /// `self / n`, the final step of `Avg` (integers truncate toward zero).
     fn divide(self, n: u32) -> Self;
 
-    /// Reduce `srcs` and store the result into every destination with
-    /// non-temporal stores in one pass, when this type and op have a fused
+    /// Reduce `srcs` and store the result into every destination in one
+    /// pass (non-temporal or cached stores, as calibrated), when this type and op have a fused
     /// kernel; returns false (having done nothing) otherwise, and the
     /// caller falls back to reduce-then-copy.
     ///
@@ -27,6 +44,22 @@ pub trait Reduce: Element {
     /// Every source is valid for `len` reads and every destination for
     /// `len` writes; destinations overlap no source and no other destination.
     unsafe fn reduce_stream(
+        op: ReduceOp,
+        srcs: &[*const Self],
+        dsts: &[*mut Self],
+        len: usize,
+    ) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::reduce_stream_with(chosen(), op, srcs, dsts, len) }
+    }
+
+    /// [`reduce_stream`](Self::reduce_stream) with a given kernel variant;
+    /// its stores (non-temporal or cached) are the variant's.
+    ///
+    /// # Safety
+    /// As [`reduce_stream`](Self::reduce_stream).
+    unsafe fn reduce_stream_with(
+        _choice: KernelChoice,
         _op: ReduceOp,
         _srcs: &[*const Self],
         _dsts: &[*mut Self],

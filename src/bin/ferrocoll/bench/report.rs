@@ -65,6 +65,9 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
         (AlgoSpec::Auto, Some(forced)) => format!("{forced} (FERROCOLL_ALGO)"),
         (spec, _) => spec.to_string(),
     };
+    if matches!(args.backend, super::Backend::Cpu) {
+        println!("# host kernels: {}", ferrocoll::kernels::calibration());
+    }
     if let Some(p) = target.process_config() {
         println!(
             "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",

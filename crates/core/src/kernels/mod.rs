@@ -9,84 +9,16 @@
 //! the same memory as one of the sources (exactly the same range, element
 //! for element — partial overlaps are staged by the caller).
 
+mod choice;
+mod lines;
+
+pub use choice::{Calibration, KernelChoice, Stores, Width, calibration, chosen};
+
 use crate::types::{Reduce, ReduceOp};
 
 /// Elements processed per block: small enough to stay in L1 while several
 /// sources are folded into the destination.
 const BLOCK: usize = 2048;
-
-/// Fused sum-and-stream for one SSE2 lane type: loads, adds and streams a
-/// 16-byte vector per step, writing every destination from registers.
-#[cfg(target_arch = "x86_64")]
-macro_rules! sum_stream {
-    ($name:ident, $t:ty, $lanes:expr, $v:ty, $load:ident, $add:ident, $stream:ident) => {
-        /// # Safety
-        /// As [`Reduce::reduce_stream`].
-        unsafe fn $name(srcs: &[*const $t], dsts: &[*mut $t], len: usize) -> bool {
-            use std::arch::x86_64::*;
-            let Some(&first) = dsts.first() else {
-                return true;
-            };
-            let head = first.align_offset(16);
-            // Streams need every destination aligned at the same element.
-            if head > len || dsts.iter().any(|d| d.align_offset(16) != head) {
-                return false;
-            }
-            let scalar = |i: usize| {
-                // SAFETY: `i < len`; bounds from the caller.
-                unsafe {
-                    let mut acc = srcs[0].add(i).read();
-                    for s in &srcs[1..] {
-                        acc += s.add(i).read();
-                    }
-                    for d in dsts {
-                        d.add(i).write(acc);
-                    }
-                }
-            };
-            (0..head).for_each(scalar);
-            let body_end = head + (len - head) / $lanes * $lanes;
-            let mut i = head;
-            while i < body_end {
-                // SAFETY: `i + lanes <= len`; destinations are 16-byte
-                // aligned at `i` (checked above); loads are unaligned-safe.
-                unsafe {
-                    let mut v: $v = $load(srcs[0].add(i));
-                    for s in &srcs[1..] {
-                        v = $add(v, $load(s.add(i)));
-                    }
-                    for d in dsts {
-                        $stream(d.add(i), v);
-                    }
-                }
-                i += $lanes;
-            }
-            (body_end..len).for_each(scalar);
-            true
-        }
-    };
-}
-
-#[cfg(target_arch = "x86_64")]
-sum_stream!(
-    sum_stream_f32,
-    f32,
-    4,
-    std::arch::x86_64::__m128,
-    _mm_loadu_ps,
-    _mm_add_ps,
-    _mm_stream_ps
-);
-#[cfg(target_arch = "x86_64")]
-sum_stream!(
-    sum_stream_f64,
-    f64,
-    2,
-    std::arch::x86_64::__m128d,
-    _mm_loadu_pd,
-    _mm_add_pd,
-    _mm_stream_pd
-);
 
 /// Fold `srcs` into `dst` block by block with `f`.
 ///
@@ -122,17 +54,62 @@ unsafe fn fold<T: Copy>(srcs: &[*const T], dst: *mut T, len: usize, f: impl Fn(T
     }
 }
 
+/// [`fold`] compiled for `width`: the same loops, vectorized as wide as
+/// the CPU allows.
+///
+/// # Safety
+/// As [`Reduce::reduce`]; `width` comes from a [`KernelChoice`], so the CPU
+/// has it.
+#[inline(always)]
+unsafe fn fold_as<T: Copy>(
+    width: Width,
+    srcs: &[*const T],
+    dst: *mut T,
+    len: usize,
+    f: impl Fn(T, T) -> T,
+) {
+    // SAFETY: forwarded; the target features were detected.
+    unsafe {
+        match width {
+            #[cfg(target_arch = "x86_64")]
+            Width::Avx2 => fold_avx2(srcs, dst, len, f),
+            #[cfg(target_arch = "x86_64")]
+            Width::Avx512 => fold_avx512(srcs, dst, len, f),
+            _ => fold(srcs, dst, len, f),
+        }
+    }
+}
+
+/// # Safety
+/// As [`fold_as`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fold_avx2<T: Copy>(srcs: &[*const T], dst: *mut T, len: usize, f: impl Fn(T, T) -> T) {
+    // SAFETY: forwarded.
+    unsafe { fold(srcs, dst, len, f) }
+}
+
+/// # Safety
+/// As [`fold_as`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn fold_avx512<T: Copy>(srcs: &[*const T], dst: *mut T, len: usize, f: impl Fn(T, T) -> T) {
+    // SAFETY: forwarded.
+    unsafe { fold(srcs, dst, len, f) }
+}
+
 macro_rules! integer_reduce {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
-            unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+            unsafe fn reduce_with(choice: KernelChoice, op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+                let w = choice.width();
                 // SAFETY: forwarded from the caller.
                 unsafe {
                     match op {
-                        ReduceOp::Sum | ReduceOp::Avg => fold(srcs, dst, len, <$t>::wrapping_add),
-                        ReduceOp::Prod => fold(srcs, dst, len, <$t>::wrapping_mul),
-                        ReduceOp::Min => fold(srcs, dst, len, |a: $t, b: $t| a.min(b)),
-                        ReduceOp::Max => fold(srcs, dst, len, |a: $t, b: $t| a.max(b)),
+                        ReduceOp::Sum | ReduceOp::Avg => fold_as(w, srcs, dst, len, <$t>::wrapping_add),
+                        ReduceOp::Prod => fold_as(w, srcs, dst, len, <$t>::wrapping_mul),
+                        ReduceOp::Min => fold_as(w, srcs, dst, len, |a: $t, b: $t| a.min(b)),
+                        ReduceOp::Max => fold_as(w, srcs, dst, len, |a: $t, b: $t| a.max(b)),
                     }
                 }
             }
@@ -173,14 +150,15 @@ fn nan_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
 macro_rules! float_reduce {
     ($($t:ty => $fused:ident),*) => {$(
         impl Reduce for $t {
-            unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+            unsafe fn reduce_with(choice: KernelChoice, op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+                let w = choice.width();
                 // SAFETY: forwarded from the caller.
                 unsafe {
                     match op {
-                        ReduceOp::Sum | ReduceOp::Avg => fold(srcs, dst, len, |a: $t, b: $t| a + b),
-                        ReduceOp::Prod => fold(srcs, dst, len, |a: $t, b: $t| a * b),
-                        ReduceOp::Min => fold(srcs, dst, len, nan_min::<$t>),
-                        ReduceOp::Max => fold(srcs, dst, len, nan_max::<$t>),
+                        ReduceOp::Sum | ReduceOp::Avg => fold_as(w, srcs, dst, len, |a: $t, b: $t| a + b),
+                        ReduceOp::Prod => fold_as(w, srcs, dst, len, |a: $t, b: $t| a * b),
+                        ReduceOp::Min => fold_as(w, srcs, dst, len, nan_min::<$t>),
+                        ReduceOp::Max => fold_as(w, srcs, dst, len, nan_max::<$t>),
                     }
                 }
             }
@@ -189,25 +167,20 @@ macro_rules! float_reduce {
                 self / n as $t
             }
 
-            unsafe fn reduce_stream(op: ReduceOp, srcs: &[*const Self], dsts: &[*mut Self], len: usize) -> bool {
-                #[cfg(target_arch = "x86_64")]
-                if matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-                    // SAFETY: forwarded from the caller.
-                    return unsafe { $fused(srcs, dsts, len) };
-                }
-                let _ = (op, srcs, dsts, len);
-                false
+            unsafe fn reduce_stream_with(choice: KernelChoice, op: ReduceOp, srcs: &[*const Self], dsts: &[*mut Self], len: usize) -> bool {
+                // SAFETY: forwarded from the caller.
+                matches!(op, ReduceOp::Sum | ReduceOp::Avg) && unsafe { lines::$fused(choice, srcs, dsts, len) }
             }
         }
     )*};
 }
 
-float_reduce!(f32 => sum_stream_f32, f64 => sum_stream_f64);
+float_reduce!(f32 => sum_f32, f64 => sum_f64);
 
 macro_rules! half_reduce {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
-            unsafe fn reduce(op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
+            unsafe fn reduce_with(_choice: KernelChoice, op: ReduceOp, srcs: &[*const Self], dst: *mut Self, len: usize) {
                 let f: fn(f32, f32) -> f32 = match op {
                     ReduceOp::Sum | ReduceOp::Avg => |a, b| a + b,
                     ReduceOp::Prod => |a, b| a * b,
@@ -341,32 +314,10 @@ mod tests {
         assert!(out.iter().enumerate().all(|(i, &x)| x == 3.0 * i as f64));
     }
 
+    /// Alignments and tails of the fused sums: `lines.rs`'s tests, for
+    /// every variant. Here: only sums are fused.
     #[test]
-    fn fused_streaming_sum_handles_odd_alignment_and_tails() {
-        for offset in 0..4 {
-            let len = 1001;
-            let a: Vec<f32> = (0..len + 4).map(|i| i as f32).collect();
-            let b: Vec<f32> = (0..len + 4).map(|i| 0.5 * i as f32).collect();
-            let mut d0 = vec![0f32; len + 4];
-            let mut d1 = vec![0f32; len + 4];
-            let srcs = [a[offset..].as_ptr(), b[offset..].as_ptr()];
-            let dsts = [d0[offset..].as_mut_ptr(), d1[offset..].as_mut_ptr()];
-            // SAFETY: every pointer has at least `len` elements; the
-            // destinations are distinct vectors.
-            let done = unsafe { f32::reduce_stream(ReduceOp::Sum, &srcs, &dsts, len) };
-            if !done {
-                continue; // no fused kernel on this target
-            }
-            stream_fence();
-            for i in 0..len {
-                let want = 1.5 * (i + offset) as f32;
-                assert_eq!(
-                    (d0[offset + i], d1[offset + i]),
-                    (want, want),
-                    "offset {offset} i {i}"
-                );
-            }
-        }
+    fn only_sums_take_the_fused_path() {
         let a = [1.0f64; 7];
         let mut d = [0.0f64; 7];
         // SAFETY: as above.

@@ -1,0 +1,301 @@
+//! Which kernel variant this host runs: the vector width (by CPU feature
+//! detection) and the kind of store for long outputs (non-temporal or
+//! cached), chosen by measuring once per process.
+//!
+//! A [`KernelChoice`] can only be made for what this CPU supports
+//! ([`KernelChoice::available`]), which is what makes calling the
+//! `#[target_feature]` kernels behind it sound.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The vector width the kernels are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Width {
+    /// What the compile target guarantees (SSE2 on x86-64, NEON on
+    /// aarch64), autovectorized.
+    Baseline,
+    /// 256-bit AVX2 (x86-64).
+    Avx2,
+    /// 512-bit AVX-512 F/BW/VL (x86-64).
+    Avx512,
+}
+
+/// How results reach a destination that is written once and not read
+/// again by this core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stores {
+    /// Non-temporal (streaming) stores: whole lines straight to memory,
+    /// skipping the read-for-ownership of each destination line.
+    NonTemporal,
+    /// Ordinary stores through the cache.
+    Cached,
+}
+
+/// One kernel variant this CPU can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelChoice {
+    width: Width,
+    stores: Stores,
+}
+
+impl std::fmt::Display for KernelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let width = match self.width {
+            Width::Baseline => "baseline",
+            Width::Avx2 => "avx2",
+            Width::Avx512 => "avx512",
+        };
+        let stores = match self.stores {
+            Stores::NonTemporal => "non-temporal",
+            Stores::Cached => "cached",
+        };
+        write!(f, "{width} + {stores} stores")
+    }
+}
+
+impl KernelChoice {
+    /// The vector width.
+    pub fn width(&self) -> Width {
+        self.width
+    }
+
+    /// The stores for long outputs.
+    pub fn stores(&self) -> Stores {
+        self.stores
+    }
+
+    /// Every variant this CPU can run, narrowest first.
+    pub fn available() -> Vec<KernelChoice> {
+        let mut widths = vec![Width::Baseline];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                widths.push(Width::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+            {
+                widths.push(Width::Avx512);
+            }
+        }
+        let stores: &[Stores] = if cfg!(target_arch = "x86_64") {
+            &[Stores::NonTemporal, Stores::Cached]
+        } else {
+            &[Stores::Cached]
+        };
+        widths
+            .into_iter()
+            .flat_map(|width| {
+                stores
+                    .iter()
+                    .map(move |&stores| KernelChoice { width, stores })
+            })
+            .collect()
+    }
+
+    /// Variants named in `KernelChoice::available` but not runnable here,
+    /// for reports: the widths this CPU lacks.
+    pub fn unavailable() -> Vec<Width> {
+        let have: Vec<Width> = KernelChoice::available().iter().map(|c| c.width).collect();
+        [Width::Avx2, Width::Avx512]
+            .into_iter()
+            .filter(|w| !have.contains(w))
+            .collect()
+    }
+}
+
+/// What the calibration measured and chose.
+#[derive(Debug, Clone)]
+pub struct Calibration {
+    /// The variant every call uses.
+    pub choice: KernelChoice,
+    /// Each candidate's rate in GB/s (bytes read and written by a fused
+    /// two-source, two-destination f32 sum), best of a few runs.
+    pub rates: Vec<(KernelChoice, f64)>,
+    /// How long calibrating took.
+    pub took: Duration,
+}
+
+impl std::fmt::Display for Calibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.rates.is_empty() && self.took.is_zero() {
+            return write!(f, "{} (forced by FERROCOLL_KERNELS)", self.choice);
+        }
+        write!(f, "{} (calibrated in {:.0?}:", self.choice, self.took)?;
+        for (c, rate) in &self.rates {
+            write!(f, " {c} {rate:.1} GB/s;")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// The variant this process uses, measured on first use and cached.
+pub fn chosen() -> KernelChoice {
+    calibration().choice
+}
+
+/// The calibration, run on first use (a few tens of milliseconds), unless
+/// `FERROCOLL_KERNELS` forces a variant this CPU can run.
+pub fn calibration() -> &'static Calibration {
+    static CALIBRATION: OnceLock<Calibration> = OnceLock::new();
+    CALIBRATION.get_or_init(|| {
+        let forced = crate::settings::kernels_override().and_then(|v| match parse(&v) {
+            Some(c) => Some(c),
+            None => {
+                tracing::warn!(
+                    "FERROCOLL_KERNELS=`{v}` is not a variant this CPU can run; calibrating"
+                );
+                None
+            }
+        });
+        let c = match forced {
+            Some(choice) => Calibration {
+                choice,
+                rates: Vec::new(),
+                took: Duration::ZERO,
+            },
+            None => calibrate(),
+        };
+        tracing::debug!("host kernels: {c}");
+        c
+    })
+}
+
+/// A variant named like `avx2,cached`, if this CPU can run it.
+fn parse(spec: &str) -> Option<KernelChoice> {
+    let (mut width, mut stores) = (None, None);
+    for part in spec.split([',', '+', ' ']).filter(|p| !p.is_empty()) {
+        match part.trim().to_ascii_lowercase().as_str() {
+            "baseline" => width = Some(Width::Baseline),
+            "avx2" => width = Some(Width::Avx2),
+            "avx512" => width = Some(Width::Avx512),
+            "nt" | "non-temporal" => stores = Some(Stores::NonTemporal),
+            "cached" => stores = Some(Stores::Cached),
+            _ => return None,
+        }
+    }
+    let wanted = KernelChoice {
+        width: width?,
+        stores: stores?,
+    };
+    KernelChoice::available()
+        .contains(&wanted)
+        .then_some(wanted)
+}
+
+/// Elements of each calibration array: 4 MiB of f32, large enough that
+/// every store leaves L2, small enough to finish in milliseconds.
+const CALIBRATION_LEN: usize = 1 << 20;
+
+/// A narrower width within this fraction of the best rate wins: wide
+/// vectors can slow the rest of the program down (frequency licences).
+const NARROWER_WITHIN: f64 = 0.03;
+
+fn calibrate() -> Calibration {
+    let started = Instant::now();
+    let candidates = KernelChoice::available();
+    if candidates.len() == 1 {
+        return Calibration {
+            choice: candidates[0],
+            rates: Vec::new(),
+            took: started.elapsed(),
+        };
+    }
+    let a: Vec<f32> = (0..CALIBRATION_LEN).map(|i| i as f32).collect();
+    let b = vec![0.5f32; CALIBRATION_LEN];
+    let mut d0 = vec![0f32; CALIBRATION_LEN];
+    let mut d1 = vec![0f32; CALIBRATION_LEN];
+    let bytes = (4 * CALIBRATION_LEN * 4) as f64;
+    let mut rates = Vec::new();
+    for &choice in &candidates {
+        let mut best = f64::MAX;
+        for _ in 0..4 {
+            let t = Instant::now();
+            // SAFETY: four distinct arrays of CALIBRATION_LEN elements;
+            // `choice` is available on this CPU.
+            unsafe {
+                super::lines::sum_f32(
+                    choice,
+                    &[a.as_ptr(), b.as_ptr()],
+                    &[d0.as_mut_ptr(), d1.as_mut_ptr()],
+                    CALIBRATION_LEN,
+                );
+            }
+            super::stream_fence();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        rates.push((choice, bytes / best / 1e9));
+    }
+    std::hint::black_box((&d0, &d1));
+    Calibration {
+        choice: pick(&rates),
+        rates,
+        took: started.elapsed(),
+    }
+}
+
+/// The fastest variant, or a narrower one within [`NARROWER_WITHIN`] of it.
+fn pick(rates: &[(KernelChoice, f64)]) -> KernelChoice {
+    let best = rates.iter().map(|r| r.1).fold(0.0, f64::max);
+    rates
+        .iter()
+        .find(|r| r.1 >= best * (1.0 - NARROWER_WITHIN))
+        .map_or(rates[0].0, |r| r.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_runnable_variants_are_offered_and_one_is_chosen() {
+        let all = KernelChoice::available();
+        assert!(all.iter().any(|c| c.width() == Width::Baseline));
+        assert!(all.contains(&chosen()));
+        for w in KernelChoice::unavailable() {
+            assert!(all.iter().all(|c| c.width() != w));
+        }
+        let shown = calibration().to_string();
+        assert!(shown.contains("stores"), "{shown}");
+    }
+
+    #[test]
+    fn forced_variants_parse_only_when_runnable() {
+        assert_eq!(
+            parse("baseline,cached"),
+            Some(KernelChoice {
+                width: Width::Baseline,
+                stores: Stores::Cached
+            })
+        );
+        assert!(parse("avx2").is_none(), "stores are required");
+        assert!(parse("avx3,nt").is_none());
+        assert!(parse("").is_none());
+        for w in KernelChoice::unavailable() {
+            let name = if w == Width::Avx2 {
+                "avx2,nt"
+            } else {
+                "avx512,nt"
+            };
+            assert!(parse(name).is_none(), "{name} offered on a CPU without it");
+        }
+    }
+
+    #[test]
+    fn a_narrower_width_wins_a_near_tie() {
+        let all = KernelChoice::available();
+        let rates: Vec<_> = all
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (c, 10.0 + 0.01 * i as f64))
+            .collect();
+        assert_eq!(pick(&rates), all[0]);
+        let mut rates = rates;
+        if let Some(last) = rates.last_mut() {
+            last.1 = 20.0;
+        }
+        assert_eq!(pick(&rates), *all.last().unwrap());
+    }
+}
