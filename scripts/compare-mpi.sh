@@ -5,8 +5,12 @@
 # (default 4) over shared memory, printing an nccl-tests-style table.
 # BENCH_ARGS default to "-b 4K -e 64M -f 4 -n 20 -w 5".
 # The same sweep is then run with ferrocoll's multi-process shm transport
-# and its in-process executor, so one run gives three tables to compare:
-# through `cargo run --release`, or the binary FERROCOLL_BIN names.
+# and its in-process executor (with --membw, for the strict ceiling), so
+# one run gives three tables, then a summary of ratios per size: our busbw
+# over MPI's (in and out of place, threads and processes), MPI's time over
+# ours (>= 1: we are no slower), and the threads' busbw over the ceiling
+# BW·(N−1)/N². ferrocoll runs through `cargo run --release`, or the binary
+# FERROCOLL_BIN names.
 #
 # OpenMPI is a comparison tool only, never a project dependency: nothing is
 # installed unless --install is given (Debian: openmpi-bin libopenmpi-dev).
@@ -39,9 +43,11 @@ echo "== MPI: $(mpirun --version | head -n 1), $ranks ranks: ${args[*]}"
 # pml ob1 is forced because Debian's build prefers UCX, which would bypass
 # the btl list; "self,vader" then keeps all traffic in shared memory.
 # --allow-run-as-root is harmless for normal users and needed in containers.
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
   --mca pml ob1 --mca btl self,vader \
-  "$mpi_bin" "${args[@]}"
+  "$mpi_bin" "${args[@]}" | tee "$out/mpi"
 
 # Wherever cargo puts the binary (CARGO_TARGET_DIR included); `launch`
 # runs its own executable for a `ferrocoll` command.
@@ -53,6 +59,28 @@ else
 fi
 echo "== ferrocoll, $ranks processes over shm: ${args[*]}"
 "${ferrocoll[@]}" launch -n "$ranks" -- ferrocoll bench --backend cpu \
-  --transport shm --op all-reduce "${args[@]}"
+  --transport shm --op all-reduce "${args[@]}" | sed 's/^\[rank 0\] //' | tee "$out/shm"
 echo "== ferrocoll, $ranks ranks in one process: ${args[*]}"
-"${ferrocoll[@]}" bench --backend cpu --ranks "$ranks" --op all-reduce "${args[@]}"
+"${ferrocoll[@]}" bench --backend cpu --ranks "$ranks" --op all-reduce --membw "${args[@]}" | tee "$out/threads"
+
+cores=$(nproc)
+note=""; [[ $ranks -gt $cores ]] && note=" (oversubscribed: $ranks ranks on $cores cores)"
+echo "== summary, $ranks ranks$note: ratios from this run"
+ceiling=$(awk '/in-process ceiling/ {print $(NF-1)}' "$out/threads")
+awk -v ceiling="${ceiling:-0}" '
+  FNR == 1 { file++ }
+  /^ *[0-9]/ {
+    if (file == 1) { mt[$1] = $5; mo[$1] = $7; mi[$1] = $12; sizes[++n] = $1 }
+    if (file == 2) { so[$1] = $8; si[$1] = $12 }
+    if (file == 3) { tt[$1] = $6; to[$1] = $8; ti[$1] = $12 }
+  }
+  function r(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
+  END {
+    printf "# %10s  %9s %9s  %9s %9s  %9s  %9s\n", "size", "thr/MPI", "thr/MPI", "shm/MPI", "shm/MPI", "MPItime/", "thr/ceil"
+    printf "# %10s  %9s %9s  %9s %9s  %9s  %9s\n", "(B)", "oop", "in-place", "oop", "in-place", "ours oop", "oop"
+    for (k = 1; k <= n; k++) {
+      s = sizes[k]
+      printf "  %10s  %9s %9s  %9s %9s  %9s  %9s\n", s, r(to[s], mo[s]), r(ti[s], mi[s]), r(so[s], mo[s]), r(si[s], mi[s]), r(mt[s], tt[s]), r(to[s], ceiling)
+    }
+    printf "# ceiling BW(N-1)/N^2 = %s GB/s from the same run'"'"'s --membw probe\n", ceiling
+  }' "$out/mpi" "$out/shm" "$out/threads"

@@ -113,6 +113,10 @@ struct Bell {
 /// dominates small collectives.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
+/// How long a spinning waiter goes before it also yields between spins: a
+/// peer on another core answers sooner than this.
+const YIELD_AFTER: std::time::Duration = std::time::Duration::from_micros(5);
+
 #[derive(Debug, Clone)]
 struct Failure {
     rank: Rank,
@@ -287,7 +291,8 @@ impl Group {
         timeout: std::time::Duration,
     ) -> Result<(), CommError> {
         let bell = &self.bells[rank as usize];
-        let until = Instant::now() + SPIN;
+        let started = Instant::now();
+        let until = started + SPIN;
         let mut spins = 0u32;
         while bell.ticks.load(Ordering::Acquire) == seen {
             if self.spin {
@@ -298,8 +303,19 @@ impl Group {
                 std::thread::yield_now();
             }
             spins += 1;
-            if spins % 64 == 0 && Instant::now() >= until {
-                break;
+            if spins % 64 == 0 {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                // A wait this long may mean the OS put the peer we wait for
+                // on this core (it does, for a while, after other threads
+                // ran): give it the core now and then, or every such wait
+                // costs the whole spin. With the peer elsewhere this
+                // returns at once.
+                if self.spin && now - started >= YIELD_AFTER {
+                    std::thread::yield_now();
+                }
             }
         }
         let mut generation = lock(&bell.generation);

@@ -176,6 +176,12 @@ pub(crate) fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>, Comm
     Ok(v)
 }
 
+/// Untimed calls of the first size before any row: what ran just before
+/// (the `--membw` probe, the selector's host measurement, starting the
+/// ranks) can leave two ranks sharing a core for tens of milliseconds,
+/// and the first rows alone would pay for it.
+const SETTLE_CALLS: u32 = 200;
+
 fn typed<T: KitElement, B: Backend>(
     args: &BenchArgs,
     backend: &B,
@@ -191,7 +197,17 @@ fn typed<T: KitElement, B: Backend>(
     };
     let rows: Mutex<Vec<Row>> = Mutex::new(Vec::new());
     let wrong: Mutex<Vec<[u64; 2]>> = Mutex::new(vec![[0, 0]; sizes.len()]);
+    let settle = BenchArgs {
+        iters: SETTLE_CALLS,
+        warmup: 0,
+        check: 0,
+        ..args.clone()
+    };
     let results = backend.run(&|comm: &mut B::Rank| {
+        if let Some(&first) = sizes.first() {
+            let count = first / (std::mem::size_of::<T>() * collective.size_blocks(n) as usize);
+            one_size::<T, B::Rank>(comm, &settle, section, collective, count, false, 0)?;
+        }
         for (i, &size) in sizes.iter().enumerate() {
             let blocks = collective.size_blocks(n) as usize;
             let count = size / (std::mem::size_of::<T>() * blocks);
