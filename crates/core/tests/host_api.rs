@@ -577,3 +577,48 @@ fn gradient_sync_refuses_layouts_that_differ_across_ranks() {
         );
     }
 }
+
+/// `cpu::run` pins each rank to a CPU of its own when there are enough,
+/// and leaves the threads alone when told not to or when there are not.
+#[cfg(target_os = "linux")]
+#[test]
+fn run_pins_ranks_to_distinct_cpus_when_there_are_enough() {
+    fn my_cpus() -> usize {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .unwrap();
+        line.split(':')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .split(',')
+            .map(|r| {
+                let mut ends = r.split('-').map(|x| x.trim().parse::<usize>().unwrap());
+                let a = ends.next().unwrap();
+                ends.next().map_or(1, |b| b - a + 1)
+            })
+            .sum()
+    }
+    let available = my_cpus();
+    let pinned = cpu::run(available as u32, &config(), |_| Ok(my_cpus()));
+    assert!(
+        pinned.into_iter().all(|c| c.unwrap() == 1),
+        "each rank on one CPU"
+    );
+    let free = cpu::run(
+        2,
+        &CpuConfig {
+            pin_ranks: false,
+            ..config()
+        },
+        |_| Ok(my_cpus()),
+    );
+    assert!(free.into_iter().all(|c| c.unwrap() == available));
+    let too_many = cpu::run(available as u32 + 1, &config(), |_| Ok(my_cpus()));
+    assert!(
+        too_many.into_iter().all(|c| c.unwrap() == available),
+        "not enough CPUs: no pinning"
+    );
+}

@@ -58,12 +58,23 @@ where
         Ok(comms) => comms,
         Err(e) => return vec![Err(e)],
     };
+    let allowed = if config.pin_ranks {
+        super::pin::allowed_cpus()
+    } else {
+        None
+    };
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|mut comm| {
                 let (group, rank) = (comm.group.clone(), comm.rank);
+                let cpu = super::pin::cpu_for(allowed.as_deref(), rank, n);
                 let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
+                    if let Some(cpu) = cpu
+                        && !super::pin::pin_to(cpu)
+                    {
+                        tracing::debug!(rank, cpu, "could not pin the rank's thread");
+                    }
                     let (group, rank) = (comm.group.clone(), comm.rank);
                     match catch_unwind(AssertUnwindSafe(|| f(&mut comm))) {
                         Ok(Ok(value)) => Ok(value),
