@@ -201,6 +201,16 @@ fn bench_prints_the_nccl_tests_table_and_writes_every_report() {
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 4 * 3, "4 algorithms × 3 sizes");
     assert_eq!(rows[0]["out_of_place"]["wrong"], 0);
+    // Every row carries the spread of its single calls.
+    for row in rows {
+        for mode in ["out_of_place", "in_place"] {
+            let m = &row[mode];
+            let t = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{mode}.{k}: {row}"));
+            assert!(t("time_us_min") <= t("time_us_median"), "{row}");
+            assert!(t("time_us_median") <= t("time_us_max"), "{row}");
+            assert!(t("time_us_min") > 0.0, "{row}");
+        }
+    }
     assert!(
         std::fs::read_to_string(&csv)
             .unwrap()

@@ -16,7 +16,14 @@ use ferrocoll::topo::probe::membw::MemoryBandwidth;
 /// One mode's numbers for one size.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct Measure {
+    /// The mean over the timed loop (the table's `time`).
     pub time_us: f64,
+    /// Rank 0's fastest single call of the loop.
+    pub time_us_min: f64,
+    /// Rank 0's median single call.
+    pub time_us_median: f64,
+    /// Rank 0's slowest single call.
+    pub time_us_max: f64,
     pub algbw: f64,
     pub busbw: f64,
     pub wrong: u64,

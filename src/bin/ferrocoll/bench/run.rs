@@ -176,6 +176,32 @@ pub(crate) fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>, Comm
     Ok(v)
 }
 
+/// One row's timing on this rank, in seconds: the mean over the timed
+/// loop (what the table prints, as nccl-tests does: the loop's wall time,
+/// closing barrier included, over the iterations) and the spread of the
+/// single calls.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    mean: f64,
+    min: f64,
+    median: f64,
+    max: f64,
+}
+
+impl Timing {
+    fn new(total: f64, mut each: Vec<f64>) -> Self {
+        let mean = total / each.len().max(1) as f64;
+        each.sort_by(f64::total_cmp);
+        let at = |i: usize| each.get(i).copied().unwrap_or(mean);
+        Timing {
+            mean,
+            min: at(0),
+            median: at(each.len() / 2),
+            max: each.last().copied().unwrap_or(mean),
+        }
+    }
+}
+
 /// Untimed calls of the first size before any row: what ran just before
 /// (the `--membw` probe, the selector's host measurement, starting the
 /// ranks) can leave two ranks sharing a core for tens of milliseconds,
@@ -234,7 +260,8 @@ fn typed<T: KitElement, B: Backend>(
                 let factor = collective.bus_bandwidth_factor(n);
                 let w = wrong.lock().unwrap()[i];
                 let measure = |m: usize| {
-                    measures[m].map(|secs: f64| {
+                    measures[m].map(|t: Timing| {
+                        let secs = t.mean;
                         let algbw = if secs > 0.0 {
                             bytes as f64 / secs / 1e9
                         } else {
@@ -242,6 +269,9 @@ fn typed<T: KitElement, B: Backend>(
                         };
                         Measure {
                             time_us: secs * 1e6,
+                            time_us_min: t.min * 1e6,
+                            time_us_median: t.median * 1e6,
+                            time_us_max: t.max * 1e6,
                             algbw,
                             busbw: algbw * factor,
                             wrong: w[m],
@@ -294,7 +324,7 @@ fn one_size<T: KitElement, C: BenchRank>(
     count: usize,
     in_place: bool,
     seed: u64,
-) -> Result<(f64, u64), CommError> {
+) -> Result<(Timing, u64), CommError> {
     let n = comm.world_size();
     let rank = comm.rank();
     let in_len = collective.input_blocks(n) as usize * count;
@@ -319,14 +349,17 @@ fn one_size<T: KitElement, C: BenchRank>(
         comm.collective(&mut placed, collective, op, in_place, count)?;
     }
     comm.barrier()?;
+    let mut each = Vec::with_capacity(args.iters as usize);
     let started = Instant::now();
     for _ in 0..args.iters {
+        let t = Instant::now();
         comm.collective(&mut placed, collective, op, in_place, count)?;
+        each.push(t.elapsed().as_secs_f64());
     }
     comm.barrier()?;
-    let secs = started.elapsed().as_secs_f64() / f64::from(args.iters.max(1));
+    let timing = Timing::new(started.elapsed().as_secs_f64(), each);
     if args.check == 0 {
-        return Ok((secs, 0));
+        return Ok((timing, 0));
     }
     drop(placed);
     let mut placed = comm.place(&mine, fresh(&mine)?)?;
@@ -334,7 +367,7 @@ fn one_size<T: KitElement, C: BenchRank>(
     let out = comm.output(&placed)?;
     drop(placed);
     Ok((
-        secs,
+        timing,
         count_wrong(collective, op, n, rank, count, seed, in_place, &mine, &out)?,
     ))
 }
