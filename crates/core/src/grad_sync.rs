@@ -13,7 +13,8 @@
 
 use thiserror::Error;
 
-use crate::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, Work, fnv1a};
+use crate::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, Work};
+use crate::plan::stable_hash;
 use crate::types::{Reduce, ReduceOp};
 
 /// Why a step of gradient sync failed.
@@ -74,7 +75,7 @@ fn agree_layout<C: Communicator + Send + 'static>(
 ) -> Result<(), CommError> {
     let mut layout = param_lens.to_vec();
     layout.push(bucket_bytes);
-    let mine = [fnv1a(&layout), param_lens.len() as u64];
+    let mine = [stable_hash(&layout), param_lens.len() as u64];
     let mut all = vec![0u64; 2 * comm.world_size() as usize];
     comm.all_gather(&mine, &mut all)?;
     let describe = |w: &[u64]| {

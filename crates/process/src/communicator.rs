@@ -161,13 +161,6 @@ impl ProcessCommunicator {
             .map_err(|e| setup(e.into()))?;
         let comm = ProcessCommunicator::connect(store, membership.rank, size, &self.config)
             .map_err(setup)?;
-        tracing::debug!(
-            rank = self.rank,
-            color = membership.color,
-            new_rank = membership.rank,
-            members = ?membership.members,
-            "split"
-        );
         Ok(Some(comm))
     }
 

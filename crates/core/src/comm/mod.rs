@@ -41,7 +41,6 @@ pub use error::{
 };
 pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};
-pub(crate) use vector::fnv1a;
 pub use work::{Failed, Work};
 
 use crate::types::{Collective, Rank, Reduce, ReduceOp};
@@ -106,6 +105,15 @@ pub trait Communicator {
     fn aborter(&self) -> Option<Aborter> {
         None
     }
+}
+
+/// The text of a panic's payload (`panic!` with a literal or a format).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
 /// Aborts a group from any thread (see [`Communicator::aborter`]); the

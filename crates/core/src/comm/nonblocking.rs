@@ -371,10 +371,8 @@ fn abort_on_panic<C: Communicator>(
 
 /// Why a call failed, from its panic's payload.
 fn panicked(panic: Box<dyn std::any::Any + Send>) -> String {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_owned());
-    format!("a call started on the progress thread panicked: {what}")
+    format!(
+        "a call started on the progress thread panicked: {}",
+        super::panic_message(&*panic)
+    )
 }

@@ -38,7 +38,17 @@ pub fn exchange<C: Communicator + ?Sized>(
         .chunks_exact(2)
         .map(|c| ((c[0] != 0).then(|| (c[0] - 1) as u32), c[1] as u32))
         .collect();
-    Ok(membership(&choices, comm.rank()))
+    let mine = membership(&choices, comm.rank());
+    if let Some(m) = &mine {
+        tracing::debug!(
+            rank = comm.rank(),
+            color = m.color,
+            new_rank = m.rank,
+            members = ?m.members,
+            "split"
+        );
+    }
+    Ok(mine)
 }
 
 /// A backend's own split result as the trait returns it.

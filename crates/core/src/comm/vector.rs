@@ -14,6 +14,7 @@ use super::call::{HostSlice, HostSliceMut};
 use super::error::{CommError, check_rank};
 use super::p2p::{P2pOp, send_recv_batch};
 use super::{Communicator, CommunicatorExt};
+use crate::plan::stable_hash;
 use crate::types::{DataType, Rank, Reduce, ReduceOp};
 
 /// Which call a description is of.
@@ -47,7 +48,7 @@ struct Description {
     dtype: u64,
     root: u64,
     count: u64,
-    /// FNV-1a of a count list (all-gather-v), else 0.
+    /// The stable hash of a count list (all-gather-v), else 0.
     digest: u64,
 }
 
@@ -134,16 +135,6 @@ fn agree<C: Communicator + ?Sized>(
         }
     }
     Ok(())
-}
-
-/// FNV-1a of a list of lengths: what ranks compare to agree on one.
-pub(crate) fn fnv1a(counts: &[usize]) -> u64 {
-    counts.iter().fold(0xcbf2_9ce4_8422_2325, |h, &c| {
-        (c as u64)
-            .to_le_bytes()
-            .iter()
-            .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
-    })
 }
 
 fn expect_len(what: &'static str, got: usize, needed: usize) -> Result<(), CommError> {
@@ -274,7 +265,7 @@ where
     let local = expect_len("all-gather-v counts", counts.len(), n)
         .and_then(|()| expect_len("all-gather-v input", input.len(), counts[rank]))
         .and_then(|()| expect_len("all-gather-v output", output.len(), total.clone()?));
-    let digest = fnv1a(counts);
+    let digest = stable_hash(&counts);
     let mine = Description::new(
         Kind::AllGatherV,
         T::DATA_TYPE,
@@ -409,14 +400,15 @@ fn check_counts<C: Communicator + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::{Description, Kind, fnv1a, offsets};
+    use super::{Description, Kind, offsets};
+    use crate::plan::stable_hash;
     use crate::types::DataType;
 
     #[test]
     fn descriptions_name_what_differs() {
         let d = Description::new(Kind::Gather, DataType::F32, 2, 7, 0);
         assert_eq!(d.describe(), "gather of f32, root 2, 7 elements per rank");
-        assert_ne!(fnv1a(&[1, 2]), fnv1a(&[2, 1]));
+        assert_ne!(stable_hash(&[1, 2]), stable_hash(&[2, 1]));
         assert!(offsets(&[usize::MAX, 1]).is_err());
         assert_eq!(offsets(&[2, 0, 3]).unwrap(), vec![0, 2, 2, 5]);
     }

@@ -83,11 +83,7 @@ where
                             Err(e)
                         }
                         Err(panic) => {
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "unknown panic".to_owned());
+                            let what = crate::comm::panic_message(&*panic);
                             let e = CommError::PeerFailed {
                                 rank,
                                 reason: format!("panicked: {what}"),
@@ -175,13 +171,6 @@ impl CpuCommunicator {
             let planner = Planner::new(size, config.planner_settings());
             Group::new(size, config.link_slots() as usize, planner)
         });
-        tracing::debug!(
-            rank = self.rank,
-            color = membership.color,
-            new_rank = membership.rank,
-            members = ?membership.members,
-            "split"
-        );
         Ok(Some(CpuCommunicator {
             group,
             config,

@@ -61,6 +61,8 @@ mod compile;
 pub mod dag;
 mod facts;
 mod hash;
+
+pub(crate) use hash::stable_hash;
 mod layout;
 mod planner;
 mod render;
