@@ -21,8 +21,11 @@ fn child_program() {
     );
     assert!(!ferrocoll::log::init(), "a second init changes nothing");
     let results = cpu::run(2, &CpuConfig::builtin(), |comm| {
-        let mut x = vec![1.0f32; 1 << 10];
-        comm.all_reduce_in_place(&mut x, ReduceOp::Sum)
+        // 4 KiB takes the one-shot protocol, 1 MiB a schedule.
+        let mut small = vec![1.0f32; 1 << 10];
+        comm.all_reduce_in_place(&mut small, ReduceOp::Sum)?;
+        let mut large = vec![1.0f32; 1 << 18];
+        comm.all_reduce_in_place(&mut large, ReduceOp::Sum)
     });
     assert!(results.iter().all(Result::is_ok));
 }
@@ -41,4 +44,5 @@ fn debug_logging_names_each_calls_algorithm() {
         err.contains("algorithm=") && err.contains("all-reduce"),
         "{err}"
     );
+    assert!(err.contains("protocol=one-shot"), "{err}");
 }

@@ -9,6 +9,7 @@
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 60000) |
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernel variant instead of calibrating: a width (`baseline`, `avx2`, `avx512`) and stores (`nt`, `cached`), e.g. `avx2,cached`; one this CPU cannot run is ignored with a warning |
+//! | `FERROCOLL_ONE_SHOT_BYTES` | threads: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -36,7 +37,21 @@ pub enum SettingsError {
         /// Its value.
         value: String,
     },
+    /// A number that does not parse or lies past the largest allowed.
+    #[error("{name}: `{value}` is not a whole number from 0 to {max}")]
+    Range {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// The largest allowed.
+        max: usize,
+    },
 }
+
+/// The largest `FERROCOLL_ONE_SHOT_BYTES` accepted: each rank stages
+/// twice this much.
+pub const MAX_ONE_SHOT_BYTES: usize = 16 << 20;
 
 /// What the environment overrides; `None` leaves a setting alone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,6 +63,8 @@ pub struct EnvOverrides {
     /// `FERROCOLL_JOB_ID`, when it is a non-empty run of ASCII letters and
     /// digits (it becomes part of file names).
     pub job_id: Option<String>,
+    /// `FERROCOLL_ONE_SHOT_BYTES`.
+    pub one_shot_bytes: Option<usize>,
 }
 
 /// `FERROCOLL_KERNELS`, unparsed (the kernels module parses it and
@@ -87,10 +104,25 @@ impl EnvOverrides {
         };
         let job_id = get("FERROCOLL_JOB_ID")
             .filter(|j| !j.is_empty() && j.chars().all(|c| c.is_ascii_alphanumeric()));
+        let one_shot_bytes = match get("FERROCOLL_ONE_SHOT_BYTES") {
+            None => None,
+            // Staging is allocated at this size per rank: bounded.
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(b) if b <= MAX_ONE_SHOT_BYTES => Some(b),
+                _ => {
+                    return Err(SettingsError::Range {
+                        name: "FERROCOLL_ONE_SHOT_BYTES",
+                        value: v.clone(),
+                        max: MAX_ONE_SHOT_BYTES,
+                    });
+                }
+            },
+        };
         Ok(EnvOverrides {
             algorithm,
             timeout,
             job_id,
+            one_shot_bytes,
         })
     }
 
@@ -162,5 +194,15 @@ mod tests {
             EnvOverrides::from_lookup(env(&[])).unwrap(),
             EnvOverrides::default()
         );
+        let off = EnvOverrides::from_lookup(env(&[("FERROCOLL_ONE_SHOT_BYTES", "0")])).unwrap();
+        assert_eq!(off.one_shot_bytes, Some(0));
+        for bad in [
+            &[("FERROCOLL_ONE_SHOT_BYTES", "lots")],
+            &[("FERROCOLL_ONE_SHOT_BYTES", "-5")],
+            &[("FERROCOLL_ONE_SHOT_BYTES", "1000000000000")],
+        ] {
+            let e = EnvOverrides::from_lookup(env(bad)).unwrap_err();
+            assert!(matches!(e, SettingsError::Range { .. }), "{bad:?}: {e}");
+        }
     }
 }

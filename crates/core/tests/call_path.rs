@@ -151,29 +151,33 @@ fn the_traffic_counters_see_every_message() {
     assert!(p2p.iter().all(|l| l.messages == 1 && l.bytes == 10));
 }
 
+/// In place on one rank, out of place on the other: a mismatch on both,
+/// for a planned call (`plan=` in the description) and a one-shot one.
 #[test]
 fn ranks_that_disagree_on_in_place_are_a_mismatch_not_a_hang() {
-    let config = CpuConfig {
-        timeout: std::time::Duration::from_secs(20),
-        ..CpuConfig::default()
-    };
-    let started = std::time::Instant::now();
-    let results = cpu::run(2, &config, |comm| {
-        let mut buf = vec![1.0f32; 1000];
-        if comm.rank() == 0 {
-            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-        } else {
-            let input = buf.clone();
-            comm.all_reduce(&input, &mut buf, ReduceOp::Sum)
-        }
-    });
-    assert!(started.elapsed() < std::time::Duration::from_secs(10));
-    assert!(results.iter().all(Result::is_err), "{results:?}");
-    assert!(
-        results.iter().any(
-            |r| matches!(r, Err(CommError::Mismatch { got, expected, .. })
-            if got.contains("in_place") && expected.contains("plan="))
-        ),
-        "{results:?}"
-    );
+    for (count, marker) in [(100_000, "plan="), (1000, "protocol=one-shot")] {
+        let config = CpuConfig {
+            timeout: std::time::Duration::from_secs(20),
+            ..CpuConfig::default()
+        };
+        let started = std::time::Instant::now();
+        let results = cpu::run(2, &config, |comm| {
+            let mut buf = vec![1.0f32; count];
+            if comm.rank() == 0 {
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            } else {
+                let input = buf.clone();
+                comm.all_reduce(&input, &mut buf, ReduceOp::Sum)
+            }
+        });
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+        assert!(
+            results.iter().all(
+                |r| matches!(r, Err(CommError::Mismatch { got, expected, .. })
+                if got.contains("in_place") && expected.contains(marker))
+            ),
+            "{results:?}"
+        );
+    }
 }

@@ -87,6 +87,7 @@ impl CudaConfig {
             ),
             schedule: self.schedule.clone(),
             rule: device_rule,
+            one_shot_bytes: 0,
         }
     }
 }

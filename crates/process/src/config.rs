@@ -136,6 +136,7 @@ impl ProcessConfig {
             slots_per_link: self.link_slots(),
             schedule: self.schedule.clone(),
             rule: host_rule,
+            one_shot_bytes: 0,
         }
     }
 

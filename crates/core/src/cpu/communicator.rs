@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use super::CpuConfig;
 use super::executor::{Task, execute};
-use super::group::{Agreement, Group, Msg};
+use super::group::{Group, Msg};
 use crate::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, split};
-use crate::plan::{CallShape, LinkLoad, Planner};
+use crate::plan::{CallShape, LinkLoad, OneShot, Planner};
 use crate::types::Rank;
 
 /// Channel id reserved for point-to-point send/recv (schedules never reach it).
@@ -17,10 +17,18 @@ const P2P_CHANNEL: u32 = u32::MAX;
 
 /// One rank of a CPU group. Create a group with [`group`] or [`run`].
 pub struct CpuCommunicator {
-    group: Arc<Group>,
-    config: Arc<CpuConfig>,
-    rank: Rank,
+    pub(super) group: Arc<Group>,
+    pub(super) config: Arc<CpuConfig>,
+    pub(super) rank: Rank,
     calls: u64,
+    /// The last one-shot call's shape and this rank's part of it.
+    pub(super) one_shot: Option<(CallShape, Arc<OneShot>)>,
+}
+
+/// The signature a barrier announces.
+fn barrier_signature() -> u64 {
+    static SIGNATURE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SIGNATURE.get_or_init(|| crate::plan::stable_hash(&"barrier"))
 }
 
 /// `n` communicators sharing one group, one per thread you start
@@ -40,6 +48,7 @@ pub fn group(n: u32, config: &CpuConfig) -> Result<Vec<CpuCommunicator>, CommErr
             config: config.clone(),
             rank,
             calls: 0,
+            one_shot: None,
         })
         .collect())
 }
@@ -176,6 +185,7 @@ impl CpuCommunicator {
             config,
             rank: membership.rank,
             calls: 0,
+            one_shot: None,
         }))
     }
 
@@ -198,7 +208,11 @@ impl CpuCommunicator {
         let number = self.calls;
         self.group.check_before(number)?;
         self.calls += 1;
-        let result = self.run_collective(number, shape, input, output);
+        let result = if self.group.one_shot.applies(shape, self.group.n) {
+            self.run_one_shot(number, shape, input, output)
+        } else {
+            self.run_collective(number, shape, input, output)
+        };
         if let Err(e) = &result
             && !matches!(e, CommError::PeerFailed { .. })
         {
@@ -216,7 +230,7 @@ impl CpuCommunicator {
     ) -> Result<(), CommError> {
         let planned = self.group.plan(shape)?;
         let plan = &planned.plan;
-        self.agree(number, &plan.signature())?;
+        self.agree(number, planned.signature, None, &|| plan.signature())?;
         tracing::debug!(
             rank = self.rank,
             call = number,
@@ -246,46 +260,6 @@ impl CpuCommunicator {
             "done"
         );
         Ok(())
-    }
-
-    /// Register call `number` as `what` and wait until every rank has
-    /// made the same call: no data moves before the whole group agrees.
-    fn agree(&self, number: u64, what: &str) -> Result<(), CommError> {
-        self.group.register_call(number, self.rank, what)?;
-        let deadline = Instant::now() + self.config.timeout;
-        let never_arrived = || match self.group.agreement(number, self.rank) {
-            Ok(Agreement::Waiting(missing)) => {
-                format!("ranks {missing:?} to make call #{number} ({what}); they never arrived")
-            }
-            _ => format!("every rank to make call #{number} ({what})"),
-        };
-        loop {
-            let seen = self.group.generation(self.rank);
-            let missing = match self.group.agreement(number, self.rank)? {
-                Agreement::Agreed => return Ok(()),
-                Agreement::Waiting(missing) => missing,
-            };
-            if let Err(failed) = self.group.check() {
-                // The failure may be a peer's report of this very call's
-                // mismatch (registered before it failed the group).
-                self.group.agreement(number, self.rank)?;
-                return Err(failed);
-            }
-            self.group.departed_among(&missing, number, what)?;
-            let waited = self.group.wait(
-                self.rank,
-                seen,
-                deadline,
-                never_arrived,
-                self.config.timeout,
-            );
-            if let Err(e) = waited {
-                // A peer that found the mismatch may have failed the group
-                // first: report the mismatch itself on this rank too.
-                self.group.agreement(number, self.rank)?;
-                return Err(e);
-            }
-        }
     }
 
     fn wait_for(&self, what: &str, mut done: impl FnMut(&Group) -> bool) -> Result<(), CommError> {
@@ -395,7 +369,7 @@ impl CpuCommunicator {
         let number = self.calls;
         self.group.check_before(number)?;
         self.calls += 1;
-        let result = self.agree(number, "barrier");
+        let result = self.agree(number, barrier_signature(), None, &|| "barrier".to_owned());
         if let Err(e) = &result
             && !matches!(e, CommError::PeerFailed { .. })
         {

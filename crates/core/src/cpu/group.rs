@@ -4,13 +4,14 @@
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
+use super::board::Board;
 use crate::comm::CommError;
 use crate::flow::Link;
-use crate::plan::{CallShape, LinkLoad, Planned, Planner};
+use crate::plan::{CallShape, LinkLoad, OneShotRule, Planned, Planner};
 use crate::types::{DataType, Rank};
 
 /// Byte ranges of some rank's memory: (address, length).
@@ -102,9 +103,13 @@ impl LinkState {
 }
 
 struct Bell {
-    generation: Mutex<u64>,
-    /// A copy of `generation` for waiters that spin before they sleep.
+    /// Rings so far. Waiters spin on it, then sleep.
     ticks: AtomicU64,
+    /// Waiters asleep (or about to be) on `changed`: a ring takes the lock
+    /// and wakes them only when there are some, so the common ring — the
+    /// peer is spinning — is one atomic add, not a system call.
+    sleepers: AtomicU32,
+    lock: Mutex<()>,
     changed: Condvar,
 }
 
@@ -164,6 +169,12 @@ pub(crate) struct Group {
     failed: AtomicBool,
     failure: Mutex<Option<Failure>>,
     board: Mutex<CallBoard>,
+    /// Where every call is announced first (lock-free), and one-shot
+    /// calls publish their inputs; the call board above only hears of a
+    /// call whose announcements disagree, to name the difference.
+    pub posts: Board,
+    /// Which calls take the one-shot protocol.
+    pub one_shot: OneShotRule,
     /// The group's one planner: the first rank to need a plan builds it,
     /// the others wait for that (finite) computation rather than repeat it.
     planner: Mutex<Planner>,
@@ -188,14 +199,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Group {
     pub fn new(n: u32, slots: usize, planner: Planner) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let one_shot = planner.settings().one_shot_rule(n);
         Group {
+            posts: Board::new(n, one_shot.staging_bytes(n)),
+            one_shot,
             n,
             slots,
             spin: n as usize <= cores,
             bells: (0..n)
                 .map(|_| Bell {
-                    generation: Mutex::new(0),
                     ticks: AtomicU64::new(0),
+                    sleepers: AtomicU32::new(0),
+                    lock: Mutex::new(()),
                     changed: Condvar::new(),
                 })
                 .collect(),
@@ -273,12 +288,14 @@ impl Group {
 
     pub fn ring(&self, rank: Rank) {
         let bell = &self.bells[rank as usize];
-        {
-            let mut g = lock(&bell.generation);
-            *g += 1;
-            bell.ticks.store(*g, Ordering::Release);
+        // SeqCst pairs with the waiter's: either it sees this tick before
+        // it sleeps, or this sees it counted as a sleeper and wakes it
+        // (under the lock, which it holds from its last look until asleep).
+        bell.ticks.fetch_add(1, Ordering::SeqCst);
+        if bell.sleepers.load(Ordering::SeqCst) != 0 {
+            drop(lock(&bell.lock));
+            bell.changed.notify_all();
         }
-        bell.changed.notify_all();
     }
 
     /// Sleep until `rank`'s bell rings past `seen`, the group fails, or `deadline`.
@@ -318,27 +335,35 @@ impl Group {
                 }
             }
         }
-        let mut generation = lock(&bell.generation);
-        while *generation == seen {
-            self.check()?;
+        let mut guard = lock(&bell.lock);
+        bell.sleepers.fetch_add(1, Ordering::SeqCst);
+        let result = loop {
+            if bell.ticks.load(Ordering::SeqCst) != seen {
+                break Ok(());
+            }
+            if let Err(e) = self.check() {
+                break Err(e);
+            }
             let now = Instant::now();
             if now >= deadline {
-                drop(generation);
-                let err = CommError::Timeout {
+                break Err(CommError::Timeout {
                     rank,
                     timeout,
                     what: what(),
-                };
-                self.fail(rank, &err);
-                return Err(err);
+                });
             }
-            generation = bell
+            guard = bell
                 .changed
-                .wait_timeout(generation, deadline - now)
+                .wait_timeout(guard, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        };
+        bell.sleepers.fetch_sub(1, Ordering::SeqCst);
+        drop(guard);
+        if let Err(e @ CommError::Timeout { .. }) = &result {
+            self.fail(rank, e);
         }
-        Ok(())
+        result
     }
 
     /// Mark the group failed (first failure wins) and wake every rank.
@@ -447,12 +472,21 @@ impl Group {
         Ok(Agreement::Waiting(missing))
     }
 
-    /// `Err` when one of `missing` (ranks that have not made call `call`)
+    /// `Err` when one of `missing` (ranks that had not made call `call`)
     /// left the group: its communicator was dropped, so it never will.
-    pub fn departed_among(&self, missing: &[Rank], call: u64, what: &str) -> Result<(), CommError> {
+    /// `still_missing` asks again after the departure was seen: a rank
+    /// may have made the call, finished it and left since `missing` was
+    /// taken, and then it did not leave *before* the call.
+    pub fn departed_among(
+        &self,
+        missing: &[Rank],
+        call: u64,
+        what: &str,
+        still_missing: impl Fn(Rank) -> bool,
+    ) -> Result<(), CommError> {
         match missing
             .iter()
-            .find(|&&r| self.departed[r as usize].load(Ordering::SeqCst))
+            .find(|&&r| self.departed[r as usize].load(Ordering::SeqCst) && still_missing(r))
         {
             Some(&gone) => Err(CommError::PeerFailed {
                 rank: gone,
@@ -464,20 +498,34 @@ impl Group {
         }
     }
 
+    /// Whether `rank` has registered call `call` on the call board (or
+    /// every rank had and the entry is gone).
+    pub fn registered(&self, call: u64, rank: Rank) -> bool {
+        let board = lock(&self.board);
+        board.agreed > call
+            || board
+                .calls
+                .get(&call)
+                .is_some_and(|e| e.arrived[rank as usize])
+    }
+
     /// [`check`](Self::check) for a rank about to make call `call`, except
     /// that a failure caused by that very call's mismatch lets the rank go
     /// on to register, so it reports the mismatch like every other rank.
     pub fn check_before(&self, call: u64) -> Result<(), CommError> {
         let failed = self.check();
-        if failed.is_err()
-            && lock(&self.board)
-                .calls
-                .get(&call)
-                .is_some_and(|e| e.conflict.is_some())
-        {
+        if failed.is_err() && self.has_conflict(call) {
             return Ok(());
         }
         failed
+    }
+
+    /// Whether some rank described call `call` differently on the board.
+    pub fn has_conflict(&self, call: u64) -> bool {
+        lock(&self.board)
+            .calls
+            .get(&call)
+            .is_some_and(|e| e.conflict.is_some())
     }
 
     /// `rank`'s communicator is gone: wake everyone waiting for it.

@@ -22,10 +22,13 @@
 //! later calls return [`CommError::PeerFailed`](crate::comm::CommError::PeerFailed)
 //! instead of hanging.
 
+mod agree;
+mod board;
 mod communicator;
 mod data;
 mod executor;
 mod group;
+mod oneshot;
 mod pin;
 
 pub use communicator::{AbortHandle, CpuCommunicator, group, run};
@@ -70,6 +73,12 @@ pub struct CpuConfig {
     /// Communicators from [`group`] run on your threads and are never
     /// pinned.
     pub pin_ranks: bool,
+    /// Calls whose world size × input bytes is at most this take the
+    /// one-shot protocol (see [`crate::plan::OneShot`]): each rank
+    /// publishes its input once and builds its output from its peers' in
+    /// one pass, one synchronization per call. 0 turns it off; a forced
+    /// `algorithm` or a matching `schedule` also does, for their calls.
+    pub one_shot_bytes: usize,
     /// A schedule of your own: every call whose collective (with its root)
     /// and world size match it runs this schedule; other calls use
     /// `algorithm` or `auto`.
@@ -81,9 +90,7 @@ impl Default for CpuConfig {
     /// (see [`crate::settings`]; a malformed variable is logged and
     /// ignored here — [`CpuConfig::from_env`] reports it).
     fn default() -> Self {
-        let mut config = CpuConfig::builtin();
-        EnvOverrides::read_or_warn().apply(&mut config.algorithm, &mut config.timeout);
-        config
+        CpuConfig::builtin().with_overrides(&EnvOverrides::read_or_warn())
     }
 }
 
@@ -98,6 +105,7 @@ impl CpuConfig {
             max_chunk_bytes: crate::plan::HOST_CHUNK_BYTES,
             slots_per_link: 4,
             pin_ranks: true,
+            one_shot_bytes: crate::plan::ONE_SHOT_BYTES,
             schedule: None,
         }
     }
@@ -109,9 +117,16 @@ impl CpuConfig {
     }
 
     /// These settings with the `FERROCOLL_*` environment applied on top.
-    pub fn with_env(mut self) -> Result<Self, SettingsError> {
-        EnvOverrides::read()?.apply(&mut self.algorithm, &mut self.timeout);
-        Ok(self)
+    pub fn with_env(self) -> Result<Self, SettingsError> {
+        Ok(self.with_overrides(&EnvOverrides::read()?))
+    }
+
+    fn with_overrides(mut self, env: &EnvOverrides) -> Self {
+        env.apply(&mut self.algorithm, &mut self.timeout);
+        if let Some(bytes) = env.one_shot_bytes {
+            self.one_shot_bytes = bytes;
+        }
+        self
     }
 
     /// How the group plans its calls.
@@ -125,6 +140,7 @@ impl CpuConfig {
             slots_per_link: self.link_slots(),
             schedule: self.schedule.clone(),
             rule: host_rule,
+            one_shot_bytes: self.one_shot_bytes,
         }
     }
 

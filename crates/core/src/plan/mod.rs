@@ -64,6 +64,7 @@ mod hash;
 
 pub(crate) use hash::stable_hash;
 mod layout;
+mod oneshot;
 mod planner;
 mod render;
 mod stretch;
@@ -71,6 +72,7 @@ mod walk;
 
 pub use check::PlanError;
 pub use compile::{CallShape, Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, compile};
+pub use oneshot::{Gather, ONE_SHOT_BYTES, OneShot, OneShotRule, describe as one_shot_describe};
 pub use planner::{Planned, Planner, PlannerSettings, link_slots};
 pub use render::human_bytes;
 pub use stretch::Stretch;

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{CallShape, Chunking, Compiler, ExecutionPlan, PlanError};
+use super::{CallShape, Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
 use crate::comm::CommError;
 use crate::select::{Rule, SharedSelector, select};
@@ -34,6 +34,26 @@ pub struct PlannerSettings {
     pub schedule: Option<Arc<Verified>>,
     /// The executor's fixed rule.
     pub rule: Rule,
+    /// World size × published bytes up to which calls take the one-shot
+    /// protocol (0: never). Only executors that implement it set it.
+    pub one_shot_bytes: usize,
+}
+
+impl PlannerSettings {
+    /// Which calls take the one-shot protocol: none when an algorithm is
+    /// forced, never those a configured schedule runs.
+    pub fn one_shot_rule(&self, world_size: u32) -> OneShotRule {
+        if self.algorithm.is_some() {
+            return OneShotRule::never();
+        }
+        let custom = self
+            .schedule
+            .as_ref()
+            .map(|v| v.schedule())
+            .filter(|s| s.world_size == world_size)
+            .map(|s| s.collective);
+        OneShotRule::new(self.one_shot_bytes, custom)
+    }
 }
 
 /// A call's plan and why its schedule was chosen.
@@ -43,6 +63,9 @@ pub struct Planned {
     pub plan: Arc<ExecutionPlan>,
     /// Why this schedule (for the debug log line).
     pub why: Arc<str>,
+    /// The hash of the plan's [`signature`](ExecutionPlan::signature):
+    /// what ranks compare to agree on the call.
+    pub signature: u64,
 }
 
 impl Planned {
@@ -225,6 +248,7 @@ impl Planner {
                 other => CommError::Plan(other),
             })?;
         Ok(Planned {
+            signature: super::stable_hash(&plan.signature()),
             plan: Arc::new(plan),
             why: why.into(),
         })

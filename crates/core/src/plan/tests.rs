@@ -408,6 +408,7 @@ fn the_planner_caches_per_call_and_honours_the_settings() {
         slots_per_link: 2,
         schedule: None,
         rule: host_rule,
+        one_shot_bytes: 0,
     };
     let mut p = Planner::new(4, settings.clone());
     let s = shape(Collective::AllReduce, 100, false);

@@ -1,0 +1,121 @@
+//! A one-shot call on threads: publish the input with the announcement,
+//! then build this rank's output from the inputs its peers published on
+//! the board (see
+//! [`crate::plan::OneShot`] for what, [`super::board`] for why the reads
+//! are safe without a lock).
+
+use std::sync::Arc;
+
+use super::CpuCommunicator;
+use super::board::Board;
+use super::data::divide;
+use crate::comm::{CommError, HostSlice, HostSliceMut};
+use crate::plan::{CallShape, OneShot, one_shot_describe};
+use crate::schedule::Buffer;
+use crate::types::{Rank, Reduce, ReduceOp};
+
+impl CpuCommunicator {
+    /// A call small enough for the one-shot protocol: the input travels
+    /// with the announcement, and the output is built in one pass.
+    pub(super) fn run_one_shot(
+        &mut self,
+        number: u64,
+        shape: &CallShape,
+        input: Option<HostSlice<'_>>,
+        mut output: HostSliceMut<'_>,
+    ) -> Result<(), CommError> {
+        let n = self.group.n;
+        let shot = match &self.one_shot {
+            Some((cached, shot)) if cached == shape => shot.clone(),
+            _ => {
+                let shot = Arc::new(OneShot::new(shape, n, self.rank));
+                self.one_shot = Some((*shape, shot.clone()));
+                shot
+            }
+        };
+        let output_base = output.as_mut_ptr() as usize;
+        let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
+        let base = match shot.input_buffer {
+            Buffer::Input => input_base,
+            _ => output_base,
+        };
+        let published = (
+            (base + shot.input_offset as usize) as *const u8,
+            shot.input_bytes as usize,
+        );
+        self.agree(number, shot.signature, Some(published), &|| {
+            one_shot_describe(shape)
+        })?;
+        tracing::debug!(
+            rank = self.rank,
+            call = number,
+            kernels = %crate::kernels::chosen(),
+            "{} {} B {}: protocol=one-shot ({n} ranks x {} B published <= {} B budget)",
+            shape.collective,
+            shape.size_bytes(n),
+            shape.dtype,
+            shot.input_bytes,
+            self.group.one_shot.budget(),
+        );
+        crate::with_element_type!(shape.dtype, T => {
+            // SAFETY: every rank announced this call in one-shot form (the
+            // agreement passed) and this rank announces nothing more until
+            // it returns; `output` is the caller's, exclusively borrowed,
+            // and the staging is the group's own memory.
+            unsafe {
+                gather::<T>(&self.group.posts, number, &shot, output_base, shape.op, n)
+            };
+        });
+        Ok(())
+    }
+}
+
+/// Build rank's output at `output` for call `call`, every peer having
+/// announced it with `shot`'s signature.
+///
+/// # Safety
+/// Every rank announced call `call` with this one-shot signature and this
+/// rank has not announced its next call; `output` is this rank's output
+/// buffer, valid for writes of every gather and not aliasing any staging.
+pub(crate) unsafe fn gather<T: Reduce>(
+    posts: &Board,
+    call: u64,
+    shot: &OneShot,
+    output: usize,
+    op: ReduceOp,
+    world: u32,
+) {
+    let size = std::mem::size_of::<T>();
+    let mut srcs: Vec<*const T> = Vec::with_capacity(world as usize);
+    for g in &shot.gathers {
+        srcs.clear();
+        for &(peer, offset) in &g.sources {
+            // SAFETY: the peer announced this call in one-shot form, so its
+            // staging holds its whole input, which `offset` lies in.
+            let base = unsafe { posts.staged(peer, call) };
+            srcs.push(base.wrapping_add(offset as usize).cast());
+        }
+        let dst = (output + g.output_offset as usize) as *mut T;
+        let len = g.bytes as usize / size;
+        // SAFETY: sources lie in staged inputs (element-aligned: staging is
+        // `u64`-aligned and offsets are whole elements), the destination in
+        // the caller's output; the two never overlap.
+        unsafe {
+            match srcs.as_slice() {
+                [one] => std::ptr::copy_nonoverlapping(*one, dst, len),
+                many => T::reduce(op, many, dst, len),
+            }
+        }
+    }
+    if let Some((offset, bytes)) = shot.divide {
+        // SAFETY: the divided bytes are the output of a gather above.
+        unsafe { divide::<T>(&vec![(output + offset as usize, bytes as usize)], world) };
+    }
+}
+
+/// The ranks that have not announced call `call` yet.
+pub(crate) fn missing(posts: &Board, call: u64, world: u32) -> Vec<Rank> {
+    (0..world)
+        .filter(|&r| posts.announced(r, call).is_none())
+        .collect()
+}
