@@ -43,6 +43,44 @@ fn launched_ranks_meet_at_rank_zeros_store() {
     assert_eq!(text.matches("all 4 ranks met").count(), 4, "{text}");
 }
 
+/// Every rank runs the host kernel variant the launcher measured once;
+/// a variant the caller forces is passed through untouched.
+#[test]
+fn ranks_share_one_kernel_choice() {
+    let out = ferrocoll(&[
+        "launch",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo \"k=$FERROCOLL_KERNELS\"",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let specs: Vec<&str> = text.lines().filter_map(|l| l.split("k=").nth(1)).collect();
+    assert_eq!(specs.len(), 3, "{text}");
+    assert!(
+        specs.iter().all(|s| *s == specs[0] && s.contains(',')),
+        "{text}"
+    );
+    let forced = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo \"k=$FERROCOLL_KERNELS\"",
+        ])
+        .env("FERROCOLL_KERNELS", "baseline,cached")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&forced.stdout);
+    assert_eq!(text.matches("k=baseline,cached").count(), 2, "{text}");
+}
+
 #[test]
 fn a_failing_or_killed_rank_stops_the_rest_fast() {
     for script in [

@@ -55,6 +55,20 @@ impl std::fmt::Display for KernelChoice {
 }
 
 impl KernelChoice {
+    /// The `FERROCOLL_KERNELS` value that forces this variant (`avx2,nt`).
+    pub fn spec(&self) -> String {
+        let width = match self.width {
+            Width::Baseline => "baseline",
+            Width::Avx2 => "avx2",
+            Width::Avx512 => "avx512",
+        };
+        let stores = match self.stores {
+            Stores::NonTemporal => "nt",
+            Stores::Cached => "cached",
+        };
+        format!("{width},{stores}")
+    }
+
     /// The vector width.
     pub fn width(&self) -> Width {
         self.width
@@ -271,6 +285,9 @@ mod tests {
             })
         );
         assert!(parse("avx2").is_none(), "stores are required");
+        for c in KernelChoice::available() {
+            assert_eq!(parse(&c.spec()), Some(c), "{c} round-trips");
+        }
         assert!(parse("avx3,nt").is_none());
         assert!(parse("").is_none());
         for w in KernelChoice::unavailable() {

@@ -163,6 +163,7 @@ fn spawn_all(
         .split_first()
         .ok_or("no command given after `--`")?;
     let program = own_program(program);
+    let kernels = shared_kernel_choice();
     let mut children: Vec<(u32, Child)> = Vec::new();
     let mut forwarders = Vec::new();
     for rank in 0..args.nproc {
@@ -177,6 +178,9 @@ fn spawn_all(
             use std::os::unix::process::CommandExt;
             command.process_group(0);
             die_with_launcher(&mut command);
+        }
+        if let Some(spec) = &kernels {
+            command.env("FERROCOLL_KERNELS", spec);
         }
         let mut child = command
             .args(rest)
@@ -221,6 +225,17 @@ fn spawn_all(
         }
     }
     Ok((children, forwarders))
+}
+
+/// The host kernel variant every rank should run, measured once here so
+/// that all ranks of the job run the same one (each rank calibrating on
+/// its own can pick differently when two variants are within noise);
+/// `None` when the caller forces one with `FERROCOLL_KERNELS` already.
+fn shared_kernel_choice() -> Option<String> {
+    if std::env::var_os("FERROCOLL_KERNELS").is_some() {
+        return None;
+    }
+    Some(ferrocoll::kernels::chosen().spec())
 }
 
 /// `ferrocoll` as the command means this very executable, wherever cargo
