@@ -235,3 +235,56 @@ fn a_rank_that_leaves_fails_its_peers_at_once() {
         );
     }
 }
+
+/// After a peer left, a rank whose call failed for it and that calls
+/// again gets the same error at once — it never runs a call ahead of a
+/// peer still inside the previous one (whose staging it would rewrite).
+#[test]
+fn calls_after_a_peer_left_keep_failing_and_never_run_ahead() {
+    let comms = cpu::group(3, &config(64 << 10)).unwrap();
+    let results: Vec<Result<Vec<f32>, CommError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                s.spawn(move || {
+                    let mut x = vec![comm.rank() as f32; 64];
+                    comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+                    if comm.rank() == 2 {
+                        return Ok(x); // leaves: drops its communicator
+                    }
+                    let mut errors = Vec::new();
+                    for _ in 0..3 {
+                        let mut y = vec![1.0f32; 64];
+                        errors.push(comm.all_reduce_in_place(&mut y, ReduceOp::Sum));
+                    }
+                    for e in errors {
+                        assert!(
+                            matches!(e, Err(CommError::PeerFailed { rank: 2, .. })),
+                            "{e:?}"
+                        );
+                    }
+                    Ok(x)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        assert!(r.unwrap().iter().all(|&v| v == 3.0));
+    }
+}
+
+/// A budget past what the settings accept is capped, not allocated.
+#[test]
+fn an_absurd_budget_is_capped() {
+    let results = cpu::run(2, &config(usize::MAX), |comm| {
+        let mut x = vec![1u8; 1 << 10];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        let mut big = vec![1u8; 12 << 20];
+        comm.all_reduce_in_place(&mut big, ReduceOp::Sum)?;
+        Ok(x[0] + big[0])
+    });
+    for r in results {
+        assert_eq!(r.unwrap(), 4);
+    }
+}

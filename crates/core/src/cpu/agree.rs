@@ -22,15 +22,42 @@ impl CpuCommunicator {
         what: &dyn Fn() -> String,
     ) -> Result<(), CommError> {
         let (n, me) = (self.group.n, self.rank);
+        // After an error that left the group usable (a peer that left),
+        // this rank may be a call ahead of a peer still reading its
+        // previous staging half: wait until every peer has announced the
+        // previous call, which it does only after finishing the one
+        // before — the board's invariant. On the normal path the
+        // previous agreement already saw that, and this is one scan.
+        if let Some(previous) = number.checked_sub(1) {
+            let earlier = || {
+                format!(
+                    "the end of call #{previous}, before call #{number} ({})",
+                    what()
+                )
+            };
+            self.await_posts(previous, None, &earlier)?;
+        }
         // SAFETY: only this rank's thread announces for it, call numbers
-        // are consecutive, and the previous call's agreement passed (or
-        // the group failed, and then `check_before` let nothing through
-        // but a call whose mismatch is on the board); `input` points into
-        // the caller's buffer, within the one-shot budget.
+        // are consecutive, and every peer has announced the previous call
+        // (just checked), so none still reads the half this call writes;
+        // `input` points into the caller's buffer, within the one-shot
+        // budget.
         unsafe { self.group.posts.announce(me, number, signature, input) };
         for r in (0..n).filter(|&r| r != me) {
             self.group.ring(r);
         }
+        self.await_posts(number, Some(signature), what)
+    }
+
+    /// Wait until every rank has announced call `number` — with
+    /// `signature`, when given (a different one is a mismatch).
+    fn await_posts(
+        &self,
+        number: u64,
+        signature: Option<u64>,
+        what: &dyn Fn() -> String,
+    ) -> Result<(), CommError> {
+        let (n, me) = (self.group.n, self.rank);
         let deadline = Instant::now() + self.config.timeout;
         loop {
             let seen = self.group.generation(me);
@@ -38,7 +65,7 @@ impl CpuCommunicator {
             for r in 0..n {
                 if let Some(s) = self.group.posts.announced(r, number) {
                     arrived += 1;
-                    differs |= s != signature;
+                    differs |= signature.is_some_and(|mine| s != mine);
                 }
             }
             if differs {
@@ -93,8 +120,16 @@ impl CpuCommunicator {
             let seen = self.group.generation(self.rank);
             let missing = match self.group.agreement(number, self.rank)? {
                 // Different signatures, same description: only a hash
-                // collision could get here.
-                Agreement::Agreed => return Ok(()),
+                // collision gets here; the calls may still differ.
+                Agreement::Agreed => {
+                    return Err(CommError::Mismatch {
+                        call: number,
+                        rank: self.rank,
+                        other: self.rank,
+                        expected: what.to_owned(),
+                        got: "a call with the same description but another signature".to_owned(),
+                    });
+                }
                 Agreement::Waiting(missing) => missing,
             };
             if let Err(failed) = self.group.check() {

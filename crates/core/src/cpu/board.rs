@@ -67,9 +67,9 @@ impl Board {
     ///
     /// # Safety
     /// Only `rank`'s own thread announces for `rank`, with consecutive
-    /// call numbers, each after the previous call's agreement passed (or
-    /// the group failed); `input` is valid for reads of its length, which
-    /// is at most the board's staging bytes.
+    /// call numbers, each after every rank has announced the previous
+    /// call; `input` is valid for reads of its length, which is at most
+    /// the board's staging bytes.
     pub unsafe fn announce(
         &self,
         rank: Rank,
@@ -104,6 +104,11 @@ impl Board {
         let post = &self.posts[peer as usize];
         (post.seq.load(Ordering::Acquire) > call)
             .then(|| post.signature[(call % 2) as usize].load(Ordering::Relaxed))
+    }
+
+    /// How many calls `rank` has announced.
+    pub fn progress(&self, rank: Rank) -> u64 {
+        self.posts[rank as usize].seq.load(Ordering::Acquire)
     }
 
     /// Where `peer`'s one-shot input of call `call` starts.

@@ -78,6 +78,8 @@ pub struct CpuConfig {
     /// publishes its input once and builds its output from its peers' in
     /// one pass, one synchronization per call. 0 turns it off; a forced
     /// `algorithm` or a matching `schedule` also does, for their calls.
+    /// Values above [`crate::settings::MAX_ONE_SHOT_BYTES`] count as that
+    /// (each rank stages twice the budget over the world size).
     pub one_shot_bytes: usize,
     /// A schedule of your own: every call whose collective (with its root)
     /// and world size match it runs this schedule; other calls use

@@ -113,9 +113,13 @@ pub(crate) unsafe fn gather<T: Reduce>(
     }
 }
 
-/// The ranks that have not announced call `call` yet.
+/// The ranks that have not announced call `call` yet, those that stopped
+/// earliest first (a rank that left is then blamed before the ones that
+/// stopped because of it).
 pub(crate) fn missing(posts: &Board, call: u64, world: u32) -> Vec<Rank> {
-    (0..world)
+    let mut missing: Vec<Rank> = (0..world)
         .filter(|&r| posts.announced(r, call).is_none())
-        .collect()
+        .collect();
+    missing.sort_by_key(|&r| posts.progress(r));
+    missing
 }

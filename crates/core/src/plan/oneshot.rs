@@ -167,10 +167,15 @@ impl OneShot {
                 .map(|g| (g.output_offset, g.bytes)),
             _ => None,
         };
+        // Only the root's input is read in a broadcast.
+        let input_bytes = match shape.collective {
+            Collective::Broadcast { root } if root != rank => 0,
+            _ => published_bytes(shape, world) as u64,
+        };
         OneShot {
             input_buffer,
             input_offset,
-            input_bytes: published_bytes(shape, world) as u64,
+            input_bytes,
             gathers,
             divide,
             signature: signature(shape, world),

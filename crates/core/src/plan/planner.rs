@@ -52,7 +52,10 @@ impl PlannerSettings {
             .map(|v| v.schedule())
             .filter(|s| s.world_size == world_size)
             .map(|s| s.collective);
-        OneShotRule::new(self.one_shot_bytes, custom)
+        // Staging is allocated at the budget: never more than the
+        // settings layer accepts.
+        let budget = self.one_shot_bytes.min(crate::settings::MAX_ONE_SHOT_BYTES);
+        OneShotRule::new(budget, custom)
     }
 }
 
