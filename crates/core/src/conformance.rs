@@ -177,7 +177,8 @@ pub fn case_inputs<T: KitElement>(case: &Case) -> Vec<Vec<T>> {
         .collect()
 }
 
-fn poisoned_output<T: KitElement>(case: &Case) -> Vec<T> {
+/// Rank outputs filled with the poison value, sized for `case`.
+pub fn poisoned_output<T: KitElement>(case: &Case) -> Vec<T> {
     vec![T::poison(); case.collective.output_blocks(case.world_size) as usize * case.count]
 }
 

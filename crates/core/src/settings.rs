@@ -10,6 +10,7 @@
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernel variant instead of calibrating: a width (`baseline`, `avx2`, `avx512`) and stores (`nt`, `cached`), e.g. `avx2,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same variant |
 //! | `FERROCOLL_ONE_SHOT_BYTES` | threads: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |
+//! | `FERROCOLL_PEER_READS` | processes over shared memory: `1` lets ranks read each other's private buffers with cross-memory attach where the host allows it, instead of copying messages through the slots (default `0`: slower than the slots on the hosts measured) |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -32,6 +33,14 @@ pub enum SettingsError {
     /// A number that does not parse, or is 0 where a wait needs a length.
     #[error("{name}: `{value}` is not a whole number of at least 1")]
     Number {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// A switch that is not one of 1/0, true/false, on/off.
+    #[error("{name}: `{value}` is not 1, 0, true, false, on or off")]
+    Switch {
         /// The variable.
         name: &'static str,
         /// Its value.
@@ -65,6 +74,8 @@ pub struct EnvOverrides {
     pub job_id: Option<String>,
     /// `FERROCOLL_ONE_SHOT_BYTES`.
     pub one_shot_bytes: Option<usize>,
+    /// `FERROCOLL_PEER_READS`.
+    pub peer_reads: Option<bool>,
 }
 
 /// `FERROCOLL_KERNELS`, unparsed (the kernels module parses it and
@@ -118,11 +129,25 @@ impl EnvOverrides {
                 }
             },
         };
+        let peer_reads = match get("FERROCOLL_PEER_READS") {
+            None => None,
+            Some(v) => match v.trim() {
+                "1" | "true" | "on" => Some(true),
+                "0" | "false" | "off" => Some(false),
+                _ => {
+                    return Err(SettingsError::Switch {
+                        name: "FERROCOLL_PEER_READS",
+                        value: v.clone(),
+                    });
+                }
+            },
+        };
         Ok(EnvOverrides {
             algorithm,
             timeout,
             job_id,
             one_shot_bytes,
+            peer_reads,
         })
     }
 
@@ -194,6 +219,10 @@ mod tests {
             EnvOverrides::from_lookup(env(&[])).unwrap(),
             EnvOverrides::default()
         );
+        let reads = EnvOverrides::from_lookup(env(&[("FERROCOLL_PEER_READS", "off")])).unwrap();
+        assert_eq!(reads.peer_reads, Some(false));
+        let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_PEER_READS", "maybe")])).unwrap_err();
+        assert!(matches!(e, SettingsError::Switch { .. }), "{e}");
         let off = EnvOverrides::from_lookup(env(&[("FERROCOLL_ONE_SHOT_BYTES", "0")])).unwrap();
         assert_eq!(off.one_shot_bytes, Some(0));
         for bad in [

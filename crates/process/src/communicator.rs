@@ -1,5 +1,6 @@
 //! `ProcessCommunicator`: one rank of a group whose ranks are processes.
 
+use crate::transport::shm::heap::SharedBuffer;
 use std::time::Instant;
 
 use ferrocoll_core::Rank;
@@ -42,6 +43,8 @@ pub struct ProcessCommunicator {
     /// A call of this communicator failed the group: later calls return
     /// the failure at once and announce nothing to the peers.
     poisoned: bool,
+    /// Messages this rank sent by reference (zero copy) so far.
+    by_reference: u64,
     /// Rank 0 hosts the store; keep it for the life of the group (a split
     /// meets its new group in a scope of it).
     store: Store,
@@ -108,6 +111,7 @@ impl ProcessCommunicator {
             planner: Planner::new(world_size, config.planner_settings()),
             agreement: Agreement::new(rank, world_size),
             poisoned: false,
+            by_reference: 0,
             store,
         })
     }
@@ -119,6 +123,30 @@ impl ProcessCommunicator {
     pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
         self.config.algorithm = algorithm;
         self.planner.set_algorithm(algorithm);
+    }
+
+    /// A zeroed buffer of `len` elements in this rank's shared heap
+    /// (`ProcessConfig::shared_heap_bytes`, shared memory only). Use it
+    /// like a `Vec` — as the input or output of any call, or owned by an
+    /// `AsyncCommunicator` call — and values the plan leaves in it go to
+    /// peers by reference: they read them in place instead of through a
+    /// slot copy. `Capacity` when the heap has no room; `Unsupported`
+    /// without a heap.
+    pub fn shared_buffer<T: ferrocoll_core::types::Element>(
+        &self,
+        len: usize,
+    ) -> Result<SharedBuffer<T>, CommError> {
+        let heaps = self.transport.heaps().ok_or_else(|| CommError::Unsupported {
+            what: "shared buffers need the shared-memory transport with ProcessConfig::shared_heap_bytes > 0".to_owned(),
+        })?;
+        SharedBuffer::new(heaps.own.clone(), len)
+    }
+
+    /// Messages this rank has sent by reference — a value in its shared
+    /// heap, or read by a peer with cross-memory attach — rather than
+    /// copied through a slot: how to see that zero copy is in effect.
+    pub fn messages_by_reference(&self) -> u64 {
+        self.by_reference
     }
 
     /// The transport in use.
@@ -228,7 +256,7 @@ impl ProcessCommunicator {
                 signature: &signature,
                 timeout: self.config.timeout,
             };
-            execute::<T>(self.transport.as_mut(), &task)?;
+            self.by_reference += execute::<T>(self.transport.as_mut(), &task)?;
         });
         tracing::trace!(
             rank = self.rank,

@@ -74,6 +74,19 @@ pub struct ProcessConfig {
     /// `ferrocoll launch` sets), so the launcher can remove what ranks
     /// killed during setup left behind; `None`: names of this group alone.
     pub job_id: Option<String>,
+    /// Shared memory: let ranks read each other's private buffers
+    /// directly (cross-memory attach) where the host allows it, instead of
+    /// copying every message through a slot (see the crate's `zero_copy`
+    /// docs; a group whose probe fails on any rank copies). Off by
+    /// default: on the hosts measured the kernel's copy was slower than
+    /// the slots (docs/benchmarks.md); `FERROCOLL_PEER_READS=1` turns it
+    /// on. Buffers from the shared heap need none of this.
+    pub peer_reads: bool,
+    /// Shared memory: bytes of each rank's shared heap, from which
+    /// `ProcessCommunicator::shared_buffer` hands out buffers that peers
+    /// read in place (zero copy; allocated and backed at setup, in the
+    /// same tmpfs as the segments). 0: none.
+    pub shared_heap_bytes: usize,
 }
 
 impl Default for ProcessConfig {
@@ -102,6 +115,10 @@ impl ProcessConfig {
             max_channels: 4,
             schedule: None,
             job_id: None,
+            // Measured slower than the slot copies on the hosts tried
+            // (docs/benchmarks.md): opt in.
+            peer_reads: false,
+            shared_heap_bytes: 0,
         }
     }
 
@@ -120,6 +137,9 @@ impl ProcessConfig {
         env.apply(&mut self.algorithm, &mut self.timeout);
         if env.job_id.is_some() {
             self.job_id = env.job_id;
+        }
+        if let Some(on) = env.peer_reads {
+            self.peer_reads = on;
         }
         self
     }

@@ -8,15 +8,32 @@
 //! straight out of the incoming messages, so each byte is written once per
 //! hop. Every message carries the call's header; the first one that
 //! disagrees with this rank's call is a [`CommError::Mismatch`].
+//!
+//! Where the group may read each other's memory ([`crate::zero_copy`]), a
+//! value the plan keeps stable in the sender's buffers ([`Source`]) goes
+//! by reference instead: the message names where it lies, the receiver
+//! reads it from there (into its output, or a block at a time into a
+//! cached buffer it reduces from), and the sender returns only once every
+//! such message was consumed.
 
 use std::time::{Duration, Instant};
 
 use ferrocoll_core::comm::CommError;
-use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Walk};
+use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Source, Walk};
 use ferrocoll_core::{Rank, Reduce, ReduceOp};
 
+use crate::transport::shm::heap::Heaps;
 use crate::transport::{Incoming, Transport};
 use crate::wire::Header;
+use crate::zero_copy::{self, PeerReader, Pieces};
+
+/// Reductions at least this long stream their stores (as the in-process
+/// executor does).
+const STREAM_MIN_BYTES: usize = 256 << 10;
+
+/// Bytes of bounce buffers a by-reference step reduces through at a time,
+/// shared by its incoming references: small enough to stay in L2.
+const BOUNCE_BYTES: usize = 512 << 10;
 
 /// One rank's task in one call.
 pub(crate) struct Task<'a> {
@@ -58,16 +75,19 @@ impl Task<'_> {
     }
 }
 
-/// Run the rank's part of the plan, then divide for `Avg`.
-pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<(), CommError> {
+/// Run the rank's part of the plan, then divide for `Avg`; returns how
+/// many messages went by reference.
+pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u64, CommError> {
     let mut walk = Walk::new(task.rank_plan());
     let mut deadline = Instant::now() + task.timeout;
+    // Links this rank sent a value by reference on: drained before return.
+    let mut lent: Vec<(Rank, u32)> = Vec::new();
     loop {
         let seen = t.ticket();
         let mut progressed = false;
         for channel in 0..walk.channels() {
             while let Some((_, ins)) = walk.ready(channel) {
-                if !try_fire::<T>(t, task, channel as u32, ins)? {
+                if !try_fire::<T>(t, task, channel as u32, ins, &mut lent)? {
                     break;
                 }
                 progressed = true;
@@ -93,6 +113,8 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<(
         }
         t.wait(seen, deadline);
     }
+    let by_reference = lent.len() as u64;
+    drain(t, task, &mut lent)?;
     if let Some(region) = &task.rank_plan().divide {
         for (_, address, n) in task.spans::<T>(region) {
             // SAFETY: the region lies in this rank's output (plan
@@ -103,7 +125,43 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<(
             }
         }
     }
-    Ok(())
+    Ok(by_reference)
+}
+
+/// Wait until every message this rank sent by reference was consumed: its
+/// buffers may change once it returns.
+fn drain(t: &mut dyn Transport, task: &Task, lent: &mut Vec<(Rank, u32)>) -> Result<(), CommError> {
+    lent.sort_unstable();
+    lent.dedup();
+    let deadline = Instant::now() + task.timeout;
+    loop {
+        let seen = t.ticket();
+        lent.retain(|&(peer, channel)| t.unconsumed(peer, channel) > 0);
+        let Some(&(peer, _)) = lent.first() else {
+            return Ok(());
+        };
+        t.check()?;
+        if t.departed(peer) {
+            return Err(CommError::PeerFailed {
+                rank: peer,
+                reason: format!(
+                    "left the group (its communicator was dropped) before reading call #{}'s data ({})",
+                    task.number, task.signature
+                ),
+            });
+        }
+        if Instant::now() >= deadline {
+            return Err(CommError::Timeout {
+                rank: task.rank,
+                timeout: task.timeout,
+                what: format!(
+                    "rank {peer} to read this rank's data of call #{}",
+                    task.number
+                ),
+            });
+        }
+        t.wait(seen, deadline);
+    }
 }
 
 /// A peer's message for this very call that describes it differently.
@@ -163,6 +221,7 @@ fn try_fire<T: Reduce>(
     task: &Task,
     channel: u32,
     ins: &Instruction,
+    lent: &mut Vec<(Rank, u32)>,
 ) -> Result<bool, CommError> {
     let mut incoming: Vec<Incoming> = Vec::with_capacity(ins.recv.len());
     for m in &ins.recv {
@@ -172,6 +231,9 @@ fn try_fire<T: Reduce>(
         }
     }
     let bytes = ins.bytes as usize;
+    let reader = t.peer_reader();
+    let heaps = t.heaps();
+    let mut references: Vec<Option<Ref>> = Vec::with_capacity(incoming.len());
     for (msg, m) in incoming.iter().zip(&ins.recv) {
         let header = t.peek_header(m.peer, channel).expect("peeked above");
         check_header(&header, m.peer, task)?;
@@ -189,19 +251,62 @@ fn try_fire<T: Reduce>(
                 got: format!("{} ({bytes} bytes expected)", task.signature),
             });
         }
+        references.push(if header.by_reference() {
+            let pieces = reference(t, msg, m.peer, bytes)?;
+            Some(resolve(
+                &header,
+                pieces,
+                m.peer,
+                reader.is_some(),
+                heaps.as_deref(),
+            )?)
+        } else {
+            None
+        });
     }
+    let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
+    let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
+    let lending = lend::<T>(
+        ins,
+        bytes,
+        read.as_deref(),
+        write.as_deref(),
+        reader.is_some(),
+        heaps.as_deref(),
+    );
+    let room = lending
+        .as_ref()
+        .map_or(bytes, |(_, p)| zero_copy::reference_bytes(p.len()));
     let mut outgoing: Vec<*mut T> = Vec::with_capacity(ins.send.len());
     for m in &ins.send {
-        match t.reserve(m.peer, channel, bytes)? {
+        match t.reserve(m.peer, channel, room)? {
             Some(room) => outgoing.push(room as *mut T),
             None => return Ok(false),
         }
     }
-    let sources: Vec<*const T> = incoming.iter().map(|m| m.payload as *const T).collect();
-    let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
-    let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
+    let rooms: &[*mut T] = if lending.is_some() { &[] } else { &outgoing };
     let len = bytes / std::mem::size_of::<T>();
-    if len > 0 {
+    if references.iter().any(Option::is_some) {
+        let peers: Vec<Rank> = ins.recv.iter().map(|m| m.peer).collect();
+        let step = Step {
+            op: task.plan.op,
+            incoming: &incoming,
+            references: &references,
+            peers: &peers,
+            read: read.as_deref(),
+            write: write.as_deref(),
+            rooms,
+            len,
+        };
+        // SAFETY: as for `compute` below; references were checked to
+        // describe exactly `bytes` and are read through the kernel.
+        unsafe { fire_by_reference(reader.as_deref(), &step)? };
+        // A sender that failed may have handed its buffers back to its
+        // caller before this read: its failure, not what was read, counts.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        t.check()?;
+    } else if len > 0 {
+        let sources: Vec<*const T> = incoming.iter().map(|m| m.payload as *const T).collect();
         // SAFETY: incoming payloads hold `len` elements (checked above) and
         // stay put until released below; reserved rooms hold `len` elements
         // and are this rank's alone until committed; local spans lie in
@@ -213,12 +318,24 @@ fn try_fire<T: Reduce>(
                 &sources,
                 read.as_deref(),
                 write.as_deref(),
-                &outgoing,
+                rooms,
                 len,
             )
         };
     }
-    let header = Header::new(task.number, bytes, task.signature);
+    let mut header = Header::new(task.number, bytes, task.signature);
+    if let Some((in_heap, pieces)) = &lending {
+        header = if *in_heap {
+            header.referring_to_heap()
+        } else {
+            header.referring()
+        };
+        for (&room, m) in outgoing.iter().zip(&ins.send) {
+            // SAFETY: the room was reserved for exactly this reference.
+            unsafe { zero_copy::write_reference(room.cast(), pieces) };
+            lent.push((m.peer, channel));
+        }
+    }
     for m in &ins.send {
         t.commit(m.peer, channel, &header)?;
     }
@@ -226,6 +343,227 @@ fn try_fire<T: Reduce>(
         t.release(m.peer, channel)?;
     }
     Ok(true)
+}
+
+/// The pieces of a message sent by reference, checked: only a group
+/// that reads peers' memory sends them, and they must name the message's
+/// length exactly.
+fn reference(
+    t: &mut dyn Transport,
+    msg: &Incoming,
+    peer: Rank,
+    bytes: usize,
+) -> Result<Pieces, CommError> {
+    let protocol = |e: String| protocol_error(peer, e);
+    let room = t.max_message().unwrap_or(0).max(64);
+    // SAFETY: the payload sits in a slot of `room` bytes, 8-aligned.
+    unsafe { zero_copy::read_reference(msg.payload, room, bytes) }.map_err(protocol)
+}
+
+fn protocol_error(peer: Rank, e: String) -> CommError {
+    CommError::PeerFailed {
+        rank: peer,
+        reason: format!("protocol error: {e}"),
+    }
+}
+
+/// Where a referenced value can be read from.
+enum Ref {
+    /// Pieces of the sender's shared heap, mapped here: plain loads.
+    Mapped(Pieces),
+    /// Addresses in the sender's process: cross-memory attach.
+    Remote(Pieces),
+}
+
+/// A checked reference as something this rank can read: heap offsets
+/// inside the sender's heap, or addresses when the group reads peers'
+/// memory.
+fn resolve(
+    header: &Header,
+    pieces: Pieces,
+    peer: Rank,
+    reading: bool,
+    heaps: Option<&Heaps>,
+) -> Result<Ref, CommError> {
+    if header.in_heap() {
+        let heaps = heaps.ok_or_else(|| {
+            protocol_error(
+                peer,
+                "a shared-heap reference in a group without heaps".into(),
+            )
+        })?;
+        let mapped = heaps
+            .translate(peer, &pieces)
+            .map_err(|e| protocol_error(peer, e))?;
+        return Ok(Ref::Mapped(mapped));
+    }
+    if !reading {
+        return Err(protocol_error(
+            peer,
+            "a message by reference in a group that copies".into(),
+        ));
+    }
+    Ok(Ref::Remote(pieces))
+}
+
+/// How this step sends its value, when not as a copy: `(true, offsets)`
+/// when the value lies in this rank's shared heap, `(false, addresses)`
+/// when the group reads peers' memory — and only where the plan keeps the
+/// value stable until every receiver has read it.
+fn lend<T>(
+    ins: &Instruction,
+    bytes: usize,
+    read: Option<&[Span]>,
+    write: Option<&[Span]>,
+    reading: bool,
+    heaps: Option<&Heaps>,
+) -> Option<(bool, Pieces)> {
+    if bytes == 0 || ins.send.is_empty() {
+        return None;
+    }
+    let pieces = match ins.source {
+        Source::Write => as_pieces::<T>(write?),
+        Source::Read => as_pieces::<T>(read?),
+        Source::Slot => return None,
+    };
+    if let Some(offsets) = heaps.and_then(|h| h.own.offsets(&pieces)) {
+        return Some((true, offsets));
+    }
+    reading.then_some((false, pieces))
+}
+
+/// Local spans as (address, bytes) pieces.
+fn as_pieces<T>(spans: &[Span]) -> Pieces {
+    let size = std::mem::size_of::<T>();
+    spans.iter().map(|&(_, a, n)| (a, n * size)).collect()
+}
+
+/// One step whose incoming messages include references.
+struct Step<'a, T> {
+    op: ReduceOp,
+    incoming: &'a [Incoming],
+    references: &'a [Option<Ref>],
+    peers: &'a [Rank],
+    read: Option<&'a [Span]>,
+    write: Option<&'a [Span]>,
+    rooms: &'a [*mut T],
+    len: usize,
+}
+
+/// Run a step with values read by reference: one reference with nothing
+/// else to do is copied straight into the output; references into
+/// mapped heaps, each one piece, are reduced from where they lie; the rest
+/// a block at a time through bounce buffers that stay in cache, each block
+/// computed as [`compute`] would (whole, when read and write overlap in a
+/// way blocks could break).
+///
+/// # Safety
+/// As [`compute`]: spans, rooms and slot payloads are valid for the
+/// step's length; mapped references were checked to lie in the sender's
+/// heap.
+unsafe fn fire_by_reference<T: Reduce>(
+    reader: Option<&PeerReader>,
+    s: &Step<'_, T>,
+) -> Result<(), CommError> {
+    let size = std::mem::size_of::<T>();
+    let fetch = |i: usize, r: &Ref, from: usize, len: usize, to: &[(usize, usize)]| match r {
+        Ref::Remote(p) => reader
+            .expect("remote references are resolved only with a reader")
+            .read(s.peers[i], &zero_copy::range(p, from, len), to),
+        Ref::Mapped(p) => {
+            for (src, dst, n) in zero_copy::pair_up(&zero_copy::range(p, from, len), to) {
+                // SAFETY: `src` lies in a peer's mapped heap (checked),
+                // `dst` in this rank's output or bounce buffer.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
+            }
+            Ok(())
+        }
+    };
+    if let ([Some(r)], None, Some(write), []) = (s.references, s.read, s.write, s.rooms) {
+        return fetch(0, r, 0, s.len * size, &as_pieces::<T>(write));
+    }
+    let in_place: Option<Vec<*const T>> = s
+        .references
+        .iter()
+        .zip(s.incoming)
+        .map(|(r, msg)| match r {
+            None => Some(msg.payload as *const T),
+            Some(Ref::Mapped(p)) if p.len() == 1 => Some(p[0].0 as *const T),
+            Some(_) => None,
+        })
+        .collect();
+    if let Some(sources) = in_place {
+        // SAFETY: every source covers `len` elements (a slot payload, or a
+        // checked heap range of exactly the message's bytes).
+        unsafe { compute(s.op, &sources, s.read, s.write, s.rooms, s.len) };
+        return Ok(());
+    }
+    let lent = s.references.iter().filter(|r| r.is_some()).count().max(1);
+    let blockwise = match (s.read, s.write) {
+        (Some(r), Some(w)) => r == w || !overlap::<T>(r, w),
+        _ => true,
+    };
+    let block = if blockwise {
+        (BOUNCE_BYTES / lent / size).max(64)
+    } else {
+        s.len.max(1)
+    };
+    let mut bounces: Vec<Vec<u64>> = s
+        .references
+        .iter()
+        .map(|r| match r {
+            Some(_) => vec![0u64; (block.min(s.len) * size).div_ceil(8)],
+            None => Vec::new(),
+        })
+        .collect();
+    let mut start = 0;
+    while start < s.len {
+        let n = block.min(s.len - start);
+        let mut sources: Vec<*const T> = Vec::with_capacity(s.references.len());
+        for (i, r) in s.references.iter().enumerate() {
+            match r {
+                Some(r) => {
+                    let bounce = bounces[i].as_mut_ptr() as usize;
+                    fetch(i, r, start * size, n * size, &[(bounce, n * size)])?;
+                    sources.push(bounce as *const T);
+                }
+                // SAFETY: the payload holds `len` elements.
+                None => sources.push(unsafe { (s.incoming[i].payload as *const T).add(start) }),
+            }
+        }
+        let read = s.read.map(|r| sub_spans::<T>(r, start, n));
+        let write = s.write.map(|w| sub_spans::<T>(w, start, n));
+        // SAFETY: rooms hold `len` elements.
+        let rooms: Vec<*mut T> = s.rooms.iter().map(|p| unsafe { p.add(start) }).collect();
+        // SAFETY: every pointer covers this block (the caller's contract,
+        // cut to the block).
+        unsafe { compute(s.op, &sources, read.as_deref(), write.as_deref(), &rooms, n) };
+        start += n;
+    }
+    Ok(())
+}
+
+/// The spans of elements `[start, start + n)` of a value, re-based so the
+/// block starts at offset 0.
+fn sub_spans<T>(spans: &[Span], start: usize, n: usize) -> Vec<Span> {
+    let size = std::mem::size_of::<T>();
+    spans
+        .iter()
+        .filter_map(|&(offset, address, elems)| {
+            let (lo, hi) = (offset.max(start), (offset + elems).min(start + n));
+            (lo < hi).then(|| (lo - start, address + (lo - offset) * size, hi - lo))
+        })
+        .collect()
+}
+
+/// Whether any read span shares bytes with any write span.
+fn overlap<T>(read: &[Span], write: &[Span]) -> bool {
+    let size = std::mem::size_of::<T>();
+    read.iter().any(|&(_, r, rn)| {
+        write
+            .iter()
+            .any(|&(_, w, wn)| r < w + wn * size && w < r + rn * size)
+    })
 }
 
 /// The step's value — the reduction of the messages and the local read —
@@ -275,7 +613,19 @@ unsafe fn compute<T: Reduce>(
                     put(op, &srcs, address as *mut T, n);
                 }
             }
-            // Read and write differ: stage, since they may overlap.
+            // Read and write apart (out of place): reduce straight into the
+            // write, piece by piece where the two regions' pieces meet.
+            Some(read) if !overlap::<T>(read, write) => {
+                let size = std::mem::size_of::<T>();
+                for &(offset, address, n) in write {
+                    for (at, from, m) in sub_spans::<T>(read, offset, n) {
+                        let mut srcs = vec![from as *const T];
+                        srcs.extend(messages.iter().map(|p| p.add(offset + at)));
+                        put(op, &srcs, (address + at * size) as *mut T, m);
+                    }
+                }
+            }
+            // Read and write overlap without coinciding: stage.
             Some(read) => {
                 let mut value: Vec<T> = Vec::with_capacity(len);
                 combine(op, messages, Some(read), value.as_mut_ptr(), len);
@@ -309,13 +659,18 @@ unsafe fn combine<T: Reduce>(
     }
 }
 
-/// Reduce `srcs` into `dst`, or copy a single source.
+/// Reduce `srcs` into `dst`, or copy a single source. Long reductions
+/// take the fused streaming kernel where the type and op have one (the
+/// calibrated stores: no read-for-ownership of a destination that will not
+/// be read again soon).
 unsafe fn put<T: Reduce>(op: ReduceOp, srcs: &[*const T], dst: *mut T, n: usize) {
     // SAFETY: forwarded; `dst` overlaps no source here.
     unsafe {
         match srcs {
             [] => {}
             [one] => std::ptr::copy_nonoverlapping(*one, dst, n),
+            _ if n * std::mem::size_of::<T>() >= STREAM_MIN_BYTES
+                && T::reduce_stream(op, srcs, &[dst], n) => {}
             _ => T::reduce(op, srcs, dst, n),
         }
     }

@@ -49,10 +49,12 @@ mod panic_note;
 mod setup;
 mod transport;
 mod wire;
+mod zero_copy;
 
 pub use communicator::{AbortHandle, ProcessCommunicator};
 pub use config::{ProcessConfig, TransportKind};
 pub use setup::SetupError;
+pub use transport::shm::heap::SharedBuffer;
 
 /// Entry points for the fuzz targets (`fuzz/`): the TCP transport's frame
 /// reader and its connection handshake. Not a stable API.

@@ -9,7 +9,14 @@ pub(crate) const HEADER_BYTES: usize = 128;
 /// Room for the call's description; longer ones are cut (they still
 /// compare equal only when the cut parts are equal, which the count,
 /// type and op at the front make decisive).
-const SIGNATURE_BYTES: usize = HEADER_BYTES - 8 - 8 - 2;
+const SIGNATURE_BYTES: usize = HEADER_BYTES - 8 - 8 - 2 - 1;
+
+/// Flag: the payload is not the value but where it lies in the sender's
+/// memory, for the receiver to read itself ([`Header::by_reference`]).
+const BY_REFERENCE: u8 = 1;
+/// Flag, with [`BY_REFERENCE`]: the pieces are offsets into the sender's
+/// shared heap, not addresses.
+const IN_HEAP: u8 = 2;
 
 /// A message's header.
 #[derive(Clone, PartialEq, Eq)]
@@ -20,6 +27,7 @@ pub(crate) struct Header {
     /// Payload bytes that follow.
     pub len: u64,
     signature_len: u16,
+    flags: u8,
     signature: [u8; SIGNATURE_BYTES],
 }
 
@@ -28,6 +36,7 @@ impl std::fmt::Debug for Header {
         f.debug_struct("Header")
             .field("call", &self.call)
             .field("len", &self.len)
+            .field("by_reference", &self.by_reference())
             .field("signature", &self.signature())
             .finish()
     }
@@ -45,8 +54,33 @@ impl Header {
             call,
             len: len as u64,
             signature_len: n as u16,
+            flags: 0,
             signature: bytes,
         }
+    }
+
+    /// This header for a message whose payload is a
+    /// [`crate::zero_copy::Reference`] to the value's `len` bytes in the
+    /// sender's memory instead of the bytes themselves.
+    pub fn referring(mut self) -> Self {
+        self.flags |= BY_REFERENCE;
+        self
+    }
+
+    /// [`referring`](Self::referring) to pieces of the sender's shared heap.
+    pub fn referring_to_heap(mut self) -> Self {
+        self.flags |= BY_REFERENCE | IN_HEAP;
+        self
+    }
+
+    /// Whether a reference names offsets into the sender's shared heap.
+    pub fn in_heap(&self) -> bool {
+        self.flags & IN_HEAP != 0
+    }
+
+    /// Whether the payload refers to the value instead of holding it.
+    pub fn by_reference(&self) -> bool {
+        self.flags & BY_REFERENCE != 0
     }
 
     /// What the sender called, as it described it.
@@ -66,18 +100,20 @@ impl Header {
         out[0..8].copy_from_slice(&self.call.to_le_bytes());
         out[8..16].copy_from_slice(&self.len.to_le_bytes());
         out[16..18].copy_from_slice(&self.signature_len.to_le_bytes());
-        out[18..].copy_from_slice(&self.signature);
+        out[18] = self.flags;
+        out[19..].copy_from_slice(&self.signature);
         out
     }
 
     pub fn decode(bytes: &[u8; HEADER_BYTES]) -> Self {
         let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let mut signature = [0u8; SIGNATURE_BYTES];
-        signature.copy_from_slice(&bytes[18..]);
+        signature.copy_from_slice(&bytes[19..]);
         Header {
             call: word(0),
             len: word(8),
             signature_len: u16::from_le_bytes([bytes[16], bytes[17]]),
+            flags: bytes[18],
             signature,
         }
     }
@@ -99,5 +135,8 @@ mod tests {
         let cut = Header::new(1, 0, &long);
         assert!(cut.signature().len() <= SIGNATURE_BYTES);
         assert!(cut.same_call(1, &long));
+        let r = Header::new(3, 1 << 20, "x").referring();
+        assert!(r.by_reference() && !h.by_reference());
+        assert_eq!(Header::decode(&r.encode()), r);
     }
 }

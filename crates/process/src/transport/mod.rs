@@ -87,6 +87,20 @@ pub(crate) trait Transport: Send {
     /// Whether `peer` has left the group cleanly.
     fn departed(&mut self, peer: Rank) -> bool;
 
+    /// A reader of peers' memory when the whole group may read each
+    /// other's (shared memory after a successful probe): then values may
+    /// travel by reference (see [`crate::zero_copy`]).
+    fn peer_reader(&self) -> Option<std::sync::Arc<crate::zero_copy::PeerReader>> {
+        None
+    }
+
+    /// The group's shared heaps (shared memory with
+    /// `ProcessConfig::shared_heap_bytes` set): values in a buffer of the
+    /// sender's heap travel as offsets.
+    fn heaps(&self) -> Option<std::sync::Arc<shm::heap::Heaps>> {
+        None
+    }
+
     /// Tell `to` that this rank entered the call `header` describes (its
     /// number and signature, no payload); `Ok(false)` while there is no
     /// room yet. Announcing the same call again is harmless.

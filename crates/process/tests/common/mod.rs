@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ferrocoll_core::conformance::Case;
+use ferrocoll_core::{Collective, DataType, ReduceOp};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, TransportKind};
 use ferrocoll_rendezvous::{Server, Store};
 
@@ -217,4 +219,67 @@ pub fn assert_all_ok(finished: &[Finished]) {
         }
         panic!("a rank failed");
     }
+}
+
+const DTYPES: [DataType; 10] = [
+    DataType::F32,
+    DataType::I32,
+    DataType::Bf16,
+    DataType::U8,
+    DataType::F64,
+    DataType::I8,
+    DataType::F16,
+    DataType::U32,
+    DataType::I64,
+    DataType::U64,
+];
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Max,
+    ReduceOp::Avg,
+    ReduceOp::Prod,
+    ReduceOp::Min,
+];
+
+/// The conformance kit's reduced matrix for `n` processes, the same in
+/// every process: every collective × algorithm, awkward lengths, in place
+/// and out of place, dtypes and ops in turn, then point to point.
+pub fn kit_cases(n: u32) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for (algorithm, kind) in ferrocoll_core::algorithms::applicable() {
+        let collective = kind.with_root(n - 1);
+        for count in [0, 1, 7, 1000, 20_011] {
+            for in_place in [false, true] {
+                if in_place && collective.in_place_alias(0).is_none() {
+                    continue;
+                }
+                i += 1;
+                cases.push(Case {
+                    collective,
+                    algorithm: Some(algorithm),
+                    world_size: n,
+                    count,
+                    dtype: DTYPES[i % DTYPES.len()],
+                    op: OPS[(i / DTYPES.len()) % OPS.len()],
+                    in_place,
+                    seed: i as u64,
+                });
+            }
+        }
+    }
+    // Point to point, which no algorithm generates.
+    for (k, count) in [0usize, 5, 70_001].into_iter().enumerate() {
+        cases.push(Case {
+            collective: Collective::SendRecv,
+            algorithm: None,
+            world_size: n,
+            count,
+            dtype: DTYPES[k],
+            op: ReduceOp::Sum,
+            in_place: false,
+            seed: 1000 + k as u64,
+        });
+    }
+    cases
 }

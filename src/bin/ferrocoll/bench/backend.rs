@@ -91,6 +91,7 @@ impl Target {
             transport,
             max_message_bytes: args.max_chunk_bytes.unwrap_or(env.max_message_bytes),
             schedule: custom_schedule(&args.algo, args.ranks)?,
+            shared_heap_bytes: shared_heap_bytes(args, transport),
             ..env
         };
         let comm = ProcessCommunicator::connect(boot.store, boot.rank, boot.world_size, &config)
@@ -205,4 +206,22 @@ impl Target {
         }
         Ok(Some(theirs))
     }
+}
+
+/// The largest shared heap the bench asks for, per rank.
+const MAX_BENCH_HEAP: usize = 1 << 30;
+
+/// Room for one size's input and output (the bench holds one size's
+/// buffers at a time), when the transport has a shared heap and the run
+/// wants one.
+fn shared_heap_bytes(args: &BenchArgs, transport: ferrocoll::process::TransportKind) -> usize {
+    if args.no_shared_heap || transport != ferrocoll::process::TransportKind::Shm {
+        return 0;
+    }
+    let want = args
+        .max_bytes
+        .saturating_mul(2)
+        .saturating_add(1 << 20)
+        .next_multiple_of(4096);
+    if want > MAX_BENCH_HEAP { 0 } else { want }
 }

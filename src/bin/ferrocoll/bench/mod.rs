@@ -66,6 +66,11 @@ pub(crate) struct BenchArgs {
     /// exchanging over `shm` (one host) or `tcp`; rank 0 prints the table.
     #[arg(long)]
     transport: Option<ferrocoll::process::TransportKind>,
+    /// `--transport shm`: keep each rank's buffers private, so every
+    /// message is copied through a slot, instead of placing them in the
+    /// group's shared heap where peers read them in place.
+    #[arg(long)]
+    no_shared_heap: bool,
     /// `cuda` only: the device of each rank, e.g. `0,0,1,1`; shorter lists
     /// repeat. Default: ranks go round the visible devices.
     #[arg(long)]

@@ -80,6 +80,12 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
             "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
             args.ranks, p.transport, p.max_message_bytes, p.slots_per_link, p.timeout,
         );
+        if p.shared_heap_bytes > 0 {
+            println!(
+                "# buffers in the shared heap ({} B per rank): peers read values in place (--no-shared-heap: copy through slots)",
+                p.shared_heap_bytes
+            );
+        }
         return;
     }
     println!(

@@ -120,7 +120,6 @@ macro_rules! host_bench_rank {
         }
     };
 }
-pub(crate) use host_bench_rank;
 
 host_bench_rank!(CpuCommunicator);
 

@@ -16,6 +16,7 @@
 //! peer becomes an error long before the timeout.
 
 mod doorbell;
+pub(crate) mod heap;
 pub(crate) mod liveness;
 pub(crate) mod segment;
 
@@ -28,6 +29,8 @@ use ferrocoll_core::comm::CommError;
 
 use super::{Incoming, Transport};
 use crate::wire::{HEADER_BYTES, Header};
+use crate::zero_copy::{self, PeerReader};
+use heap::{Heap, Heaps};
 use segment::Segment;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"fcollshm");
@@ -38,6 +41,9 @@ const DOORBELL_AT: usize = 64;
 const STATE_AT: usize = 128;
 const REASON_LEN_AT: usize = 132;
 const CULPRIT_AT: usize = 136;
+/// Where this process's probe word lies in its own memory (see
+/// [`crate::zero_copy`]).
+const PROBE_AT: usize = 144;
 /// The announcement board: a sequence word, then a [`Header`] as words.
 const BOARD_SEQ_AT: usize = 256;
 const BOARD_AT: usize = 264;
@@ -66,6 +72,8 @@ pub(crate) struct Shape {
     pub channels: u32,
     pub slots: u32,
     pub slot_bytes: usize,
+    /// The shared heap at the end of each segment.
+    pub heap_bytes: usize,
 }
 
 impl Shape {
@@ -77,13 +85,19 @@ impl Shape {
         LINK_CONTROL_BYTES + self.slots as usize * self.slot_stride()
     }
 
-    /// Bytes of one rank's segment: its control block and one link per
-    /// (other rank, channel).
-    pub fn segment_bytes(&self) -> usize {
-        CONTROL_BYTES
+    /// Where the shared heap starts in a segment: after the control block
+    /// and one link per (other rank, channel), on a page of its own.
+    fn heap_at(&self) -> usize {
+        (CONTROL_BYTES
             + (self.world_size as usize).saturating_sub(1)
                 * self.channels as usize
-                * self.link_bytes()
+                * self.link_bytes())
+        .next_multiple_of(4096)
+    }
+
+    /// Bytes of one rank's segment: links, then the shared heap.
+    pub fn segment_bytes(&self) -> usize {
+        self.heap_at() + self.heap_bytes
     }
 
     /// [`segment_bytes`](Self::segment_bytes), or `None` when it does not
@@ -100,7 +114,9 @@ impl Shape {
             .saturating_sub(1)
             .checked_mul(self.channels as usize)?
             .checked_mul(link)?
-            .checked_add(CONTROL_BYTES)
+            .checked_add(CONTROL_BYTES)?
+            .checked_next_multiple_of(4096)?
+            .checked_add(self.heap_bytes)
     }
 
     /// Offset of the link from `from` on `channel` in `owner`'s segment.
@@ -247,6 +263,10 @@ pub(crate) struct ShmTransport {
     lost: Option<(Rank, String)>,
     /// The call this rank's board holds.
     posted: Option<u64>,
+    /// Reads peers' memory, when the whole group may.
+    reader: Option<Arc<PeerReader>>,
+    /// The group's shared heaps, when it has them.
+    heaps: Option<Arc<Heaps>>,
 }
 
 impl ShmTransport {
@@ -257,6 +277,7 @@ impl ShmTransport {
         unsafe {
             (segment.base() as *mut u64).write(MAGIC);
             (segment.base().add(PID_AT) as *mut u32).write(std::process::id());
+            (segment.base().add(PROBE_AT) as *mut u64).write(zero_copy::probe_address() as u64);
         }
         Ok(segment)
     }
@@ -283,15 +304,48 @@ impl ShmTransport {
     /// The transport over every rank's mapped segment (`all[rank]` is ours).
     pub fn new(rank: Rank, shape: Shape, all: Vec<Segment>, pids: Vec<u32>) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let segments = Arc::new(Segments { shape, all });
+        let heaps = (shape.heap_bytes > 0).then(|| {
+            let at = |r: usize| segments.all[r].base() as usize + shape.heap_at();
+            Arc::new(Heaps {
+                own: Arc::new(Heap::new(
+                    segments.clone(),
+                    at(rank as usize),
+                    shape.heap_bytes,
+                )),
+                mapped: (0..segments.all.len())
+                    .map(|r| (at(r), shape.heap_bytes))
+                    .collect(),
+            })
+        });
         ShmTransport {
             rank,
             spin: shape.world_size as usize <= cores,
-            segments: Arc::new(Segments { shape, all }),
+            heaps,
+            segments,
             pids,
             last_health: Instant::now(),
             lost: None,
             posted: None,
+            reader: None,
         }
+    }
+
+    /// Whether this rank may read every peer's memory: each peer's probe
+    /// word, at the address its segment names, reads back right.
+    pub fn probe_peer_reads(&self) -> bool {
+        (0..self.segments.shape.world_size)
+            .filter(|&p| p != self.rank)
+            .all(|p| {
+                let address = self.segments.word64(p, PROBE_AT).load(Ordering::Relaxed) as usize;
+                zero_copy::can_read(self.pids[p as usize], address)
+            })
+    }
+
+    /// Send values by reference from now on (every rank of the group
+    /// found it may read every other).
+    pub fn enable_peer_reads(&mut self) {
+        self.reader = Some(Arc::new(PeerReader::new(self.pids.clone())));
     }
 
     fn health(&mut self) {
@@ -498,6 +552,14 @@ impl Transport for ShmTransport {
 
     fn departed(&mut self, peer: Rank) -> bool {
         self.departed_peer(peer)
+    }
+
+    fn peer_reader(&self) -> Option<Arc<PeerReader>> {
+        self.reader.clone()
+    }
+
+    fn heaps(&self) -> Option<Arc<Heaps>> {
+        self.heaps.clone()
     }
 
     /// Post the call on this rank's own board (once), then ring `to`:

@@ -1,0 +1,153 @@
+//! Zero copy across processes: the conformance kit's matrix over shared
+//! memory with every buffer in the group's shared heap (values travel as
+//! heap offsets and peers read them in place), and again with private
+//! buffers read by cross-memory attach — each rank a real process,
+//! checking its own output against the serial reference. Also: the heap
+//! hands out and takes back buffers, refuses what does not fit, and a
+//! group without a heap says so.
+
+mod common;
+
+use std::time::Duration;
+
+use ferrocoll_core::comm::{Call, CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::conformance::{
+    Case, KitElement, case_inputs, check_output, check_rank, in_place_buffer, poisoned_output,
+};
+use ferrocoll_core::{Collective, ReduceOp};
+use ferrocoll_process::{ProcessCommunicator, ProcessConfig, TransportKind};
+
+/// Run `case` on this rank with its buffers in the shared heap.
+fn check_rank_in_heap(comm: &mut ProcessCommunicator, case: &Case) -> Result<(), String> {
+    ferrocoll_core::with_element_type!(case.dtype, T => check_in_heap::<T>(comm, case))
+}
+
+fn check_in_heap<T: KitElement>(comm: &mut ProcessCommunicator, case: &Case) -> Result<(), String> {
+    let r = comm.rank();
+    let inputs = case_inputs::<T>(case);
+    let fail = |e: CommError| format!("{case:?}: rank {r}: {e}");
+    let shared = |comm: &ProcessCommunicator, from: &[T]| {
+        let mut b = comm.shared_buffer::<T>(from.len()).map_err(fail)?;
+        b.copy_from_slice(from);
+        Ok::<_, String>(b)
+    };
+    let (c, count) = (case.collective, case.count);
+    let out: Vec<T> = if case.in_place {
+        let placed = in_place_buffer(c, r, count, &inputs[r as usize], poisoned_output(case));
+        let mut buf = shared(comm, &placed)?;
+        comm.execute(Call::collective(c, case.op, None, (&mut buf[..]).into()))
+            .map_err(fail)?;
+        if c == Collective::ReduceScatter {
+            buf[r as usize * count..(r as usize + 1) * count].to_vec()
+        } else {
+            buf.to_vec()
+        }
+    } else {
+        let input = shared(comm, &inputs[r as usize])?;
+        let mut output = shared(comm, &poisoned_output::<T>(case))?;
+        let call = Call::collective(
+            c,
+            case.op,
+            Some((&input[..]).into()),
+            (&mut output[..]).into(),
+        );
+        comm.execute(call).map_err(fail)?;
+        output.to_vec()
+    };
+    check_output(case, r, &inputs, &out)
+}
+
+#[test]
+#[ignore = "one rank of the multi-process tests in this file: they start copies of this binary running it with FERROCOLL_TEST_RANK set; alone it does nothing"]
+fn child() {
+    let Some(env) = common::child_env() else {
+        return;
+    };
+    if env.scenario == "no-heap" {
+        let mut comm = common::connect(&env, ProcessConfig::default());
+        let e = comm.shared_buffer::<f32>(10).unwrap_err();
+        assert!(matches!(e, CommError::Unsupported { .. }), "{e}");
+        let mut x = vec![1.0f32; 100_000];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(
+            comm.messages_by_reference(),
+            0,
+            "private buffers are copied"
+        );
+        println!("rank {} passed", env.rank);
+        return;
+    }
+    let config = ProcessConfig {
+        timeout: Duration::from_secs(30),
+        // Small messages: short buffers still cross many segments.
+        max_message_bytes: 4096,
+        shared_heap_bytes: 8 << 20,
+        peer_reads: env.scenario == "peer-reads",
+        ..ProcessConfig::default()
+    };
+    let mut comm = common::connect(&env, config);
+    let mut ran = 0;
+    for case in common::kit_cases(env.world_size) {
+        comm.set_algorithm(case.algorithm);
+        let checked = if env.scenario == "heap" && case.collective != Collective::SendRecv {
+            check_rank_in_heap(&mut comm, &case)
+        } else {
+            check_rank(&mut comm, &case)
+        };
+        if let Err(e) = checked {
+            panic!("{e}");
+        }
+        ran += 1;
+    }
+    heap_bookkeeping(&mut comm);
+    // Most of those values could go by reference, and did: the paths
+    // under test were taken.
+    assert!(
+        comm.messages_by_reference() > 100,
+        "{} messages by reference",
+        comm.messages_by_reference()
+    );
+    println!("rank {} passed {ran} cases", env.rank);
+}
+
+/// Buffers come back to the heap; what does not fit is `Capacity`; a
+/// heap buffer owned by a call works like any other.
+fn heap_bookkeeping(comm: &mut ProcessCommunicator) {
+    for _ in 0..3 {
+        let big = comm
+            .shared_buffer::<u8>(6 << 20)
+            .expect("freed buffers come back");
+        assert!(big.iter().all(|&b| b == 0), "handed out zeroed");
+    }
+    let e = comm.shared_buffer::<f64>(2 << 20).unwrap_err();
+    assert!(matches!(e, CommError::Capacity { .. }), "{e}");
+    let mut x = comm.shared_buffer::<i64>(1000).unwrap();
+    x.fill(i64::from(comm.rank()) + 1);
+    comm.all_reduce_in_place(&mut x[..], ReduceOp::Sum).unwrap();
+    let n = i64::from(comm.world_size());
+    assert!(x.iter().all(|&v| v == n * (n + 1) / 2));
+}
+
+fn run(scenario: &str, n: u32) {
+    let ranks = common::spawn("child", scenario, n, TransportKind::Shm);
+    let finished = ranks.finish(Duration::from_secs(240), Vec::new());
+    common::assert_all_ok(&finished);
+    for f in &finished {
+        assert!(f.output.contains("passed"), "{}", f.output);
+    }
+}
+
+#[test]
+fn every_collective_passes_the_kit_with_buffers_in_the_shared_heap() {
+    run("heap", 4);
+}
+
+#[test]
+fn every_collective_passes_the_kit_reading_peers_by_cross_memory_attach() {
+    run("peer-reads", 3);
+}
+
+#[test]
+fn a_group_without_a_heap_says_so() {
+    run("no-heap", 2);
+}
