@@ -252,20 +252,24 @@ fn try_fire<T: Reduce>(
             });
         }
         references.push(if header.by_reference() {
+            if reader.is_none() && heaps.is_none() {
+                return Err(protocol_error(
+                    m.peer,
+                    "a message by reference in a group that copies".into(),
+                ));
+            }
             let pieces = reference(t, msg, m.peer, bytes)?;
-            Some(resolve(
-                &header,
-                pieces,
-                m.peer,
-                reader.is_some(),
-                heaps.as_deref(),
-            )?)
+            let element = std::mem::size_of::<T>();
+            let shown = (reader.is_some(), heaps.as_deref(), element);
+            Some(resolve(&header, pieces, m.peer, shown)?)
         } else {
             None
         });
     }
     let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
     let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
+    // A reference must fit a slot (a value of many pieces may not).
+    let slot = t.max_message().unwrap_or(0);
     let lending = lend::<T>(
         ins,
         bytes,
@@ -273,7 +277,8 @@ fn try_fire<T: Reduce>(
         write.as_deref(),
         reader.is_some(),
         heaps.as_deref(),
-    );
+    )
+    .filter(|(_, p)| zero_copy::reference_bytes(p.len()) <= slot);
     let room = lending
         .as_ref()
         .map_or(bytes, |(_, p)| zero_copy::reference_bytes(p.len()));
@@ -323,6 +328,8 @@ fn try_fire<T: Reduce>(
             )
         };
     }
+    // Streaming stores must land before the counters that publish them.
+    ferrocoll_core::kernels::stream_fence();
     let mut header = Header::new(task.number, bytes, task.signature);
     if let Some((in_heap, pieces)) = &lending {
         header = if *in_heap {
@@ -355,7 +362,12 @@ fn reference(
     bytes: usize,
 ) -> Result<Pieces, CommError> {
     let protocol = |e: String| protocol_error(peer, e);
-    let room = t.max_message().unwrap_or(0).max(64);
+    // Only shared memory lends, and its slots hold at least 64 bytes.
+    let Some(room) = t.max_message().filter(|&r| r >= 64) else {
+        return Err(protocol(
+            "a message by reference over a transport without slots".into(),
+        ));
+    };
     // SAFETY: the payload sits in a slot of `room` bytes, 8-aligned.
     unsafe { zero_copy::read_reference(msg.payload, room, bytes) }.map_err(protocol)
 }
@@ -382,9 +394,18 @@ fn resolve(
     header: &Header,
     pieces: Pieces,
     peer: Rank,
-    reading: bool,
-    heaps: Option<&Heaps>,
+    (reading, heaps, element): (bool, Option<&Heaps>, usize),
 ) -> Result<Ref, CommError> {
+    // Kernels read whole, aligned elements; an honest sender's pieces are.
+    if let Some(&(at, n)) = pieces
+        .iter()
+        .find(|&&(at, n)| at % element != 0 || n % element != 0)
+    {
+        return Err(protocol_error(
+            peer,
+            format!("a reference to [{at:#x}, +{n}) is not whole {element}-byte elements"),
+        ));
+    }
     if header.in_heap() {
         let heaps = heaps.ok_or_else(|| {
             protocol_error(
@@ -682,5 +703,61 @@ unsafe fn scatter<T>(value: *const T, write: &[Span]) {
         // SAFETY: forwarded; the value is a message room or a staging
         // vector, never the destination.
         unsafe { std::ptr::copy_nonoverlapping(value.add(offset), address as *mut T, n) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_a_rank_cannot_honour_are_protocol_errors() {
+        let header = Header::new(1, 64, "x");
+        let refused = |h: &Header, pieces: Pieces, reading: bool| {
+            matches!(
+                resolve(h, pieces, 3, (reading, None, 4)),
+                Err(CommError::PeerFailed { rank: 3, .. })
+            )
+        };
+        // Heap offsets in a group without heaps; addresses where nobody
+        // reads peers; pieces that are not whole, aligned elements.
+        assert!(refused(
+            &header.clone().referring_to_heap(),
+            vec![(0, 64)],
+            true
+        ));
+        assert!(refused(
+            &header.clone().referring(),
+            vec![(0x1000, 64)],
+            false
+        ));
+        assert!(refused(
+            &header.clone().referring(),
+            vec![(0x1002, 64)],
+            true
+        ));
+        assert!(refused(
+            &header.clone().referring(),
+            vec![(0x1000, 62)],
+            true
+        ));
+        assert!(matches!(
+            resolve(&header.referring(), vec![(0x1000, 64)], 3, (true, None, 4)),
+            Ok(Ref::Remote(_))
+        ));
+    }
+
+    #[test]
+    fn blocks_of_spans_are_rebased_and_overlap_is_seen() {
+        // Two pieces: elements 0..4 at 0x100, 4..10 at 0x900 (4-byte elements).
+        let spans = [(0, 0x100, 4), (4, 0x900, 6)];
+        assert_eq!(
+            sub_spans::<u32>(&spans, 2, 4),
+            [(0, 0x108, 2), (2, 0x900, 2)]
+        );
+        assert_eq!(sub_spans::<u32>(&spans, 8, 5), [(0, 0x910, 2)]);
+        assert!(sub_spans::<u32>(&spans, 10, 3).is_empty());
+        assert!(overlap::<u32>(&[(0, 0x100, 4)], &[(0, 0x10c, 4)]));
+        assert!(!overlap::<u32>(&[(0, 0x100, 4)], &[(0, 0x110, 4)]));
     }
 }

@@ -76,7 +76,8 @@ pub(crate) unsafe fn read_reference(
     len: usize,
 ) -> Result<Pieces, String> {
     let words = payload.cast::<u64>();
-    // SAFETY: the first word lies in the room (rooms hold at least 64 bytes).
+    // SAFETY: the first word lies in the room (callers pass shared-memory
+    // slots, at least 64 bytes).
     let count = unsafe { words.read() } as usize;
     if count > room.saturating_sub(8) / 16 {
         return Err(format!(
@@ -106,14 +107,14 @@ pub(crate) unsafe fn read_reference(
 
 /// Bytes `[from, from + len)` of the value that `pieces` hold, as pieces.
 pub(crate) fn range(pieces: &[(usize, usize)], from: usize, len: usize) -> Pieces {
-    let (end, mut at) = (from + len, 0);
+    let (end, mut at) = (from.saturating_add(len), 0usize);
     let mut out = Vec::new();
     for &(address, bytes) in pieces {
-        let (lo, hi) = (at.max(from), (at + bytes).min(end));
+        let (lo, hi) = (at.max(from), at.saturating_add(bytes).min(end));
         if lo < hi {
-            out.push((address + (lo - at), hi - lo));
+            out.push((address.wrapping_add(lo - at), hi - lo));
         }
-        at += bytes;
+        at = at.saturating_add(bytes);
         if at >= end {
             break;
         }
@@ -166,12 +167,12 @@ pub(crate) fn pair_up(
             out.push((ra, la, n));
         }
         a = if rn > n {
-            Some((ra + n, rn - n))
+            Some((ra.wrapping_add(n), rn - n))
         } else {
             r.next()
         };
         b = if ln > n {
-            Some((la + n, ln - n))
+            Some((la.wrapping_add(n), ln - n))
         } else {
             l.next()
         };

@@ -32,6 +32,28 @@ fn all_reduce_loop(
     Ok(())
 }
 
+/// [`all_reduce_loop`] on buffers in the shared heap, checking each result.
+fn heap_loop(
+    comm: &mut ferrocoll_process::ProcessCommunicator,
+    rank: u32,
+) -> Result<(), CommError> {
+    let mut input = comm.shared_buffer::<f32>(64 << 10)?;
+    input.fill(1.0);
+    let mut output = comm.shared_buffer::<f32>(64 << 10)?;
+    let n = comm.world_size() as f32;
+    for i in 0.. {
+        comm.all_reduce(&input, &mut output, ReduceOp::Sum)?;
+        assert!(
+            output.iter().all(|&v| v == n),
+            "a wrong sum at iteration {i}"
+        );
+        if i == 20 {
+            println!("rank {rank} reached iteration 20");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 #[ignore = "one rank of the multi-process tests in this file: they start copies of this binary running it with FERROCOLL_TEST_RANK set; alone it does nothing"]
 fn child() {
@@ -42,6 +64,7 @@ fn child() {
         &env,
         ProcessConfig {
             timeout: TIMEOUT,
+            shared_heap_bytes: 4 << 20,
             ..ProcessConfig::default()
         },
     );
@@ -49,6 +72,9 @@ fn child() {
     let result = match env.scenario.as_str() {
         // Runs until the parent kills rank 2.
         "killed" => all_reduce_loop(&mut comm, rank, 64 << 10, usize::MAX),
+        // The same with buffers in the shared heap: peers read the killed
+        // rank's values in place until it dies.
+        "killed-heap" => heap_loop(&mut comm, rank),
         "panics" if rank == 1 => {
             all_reduce_loop(&mut comm, rank, 1000, 30).unwrap();
             panic!("rank 1 panics on purpose");
@@ -112,7 +138,11 @@ fn run(scenario: &str, transport: TransportKind) -> Vec<common::Finished> {
 }
 
 fn killed_mid_run(transport: TransportKind) {
-    let mut ranks = common::spawn("child", "killed", 4, transport);
+    killed_mid(transport, "killed");
+}
+
+fn killed_mid(transport: TransportKind, scenario: &str) {
+    let mut ranks = common::spawn("child", scenario, 4, transport);
     let mut log = Vec::new();
     assert!(
         ranks.wait_for_line("reached iteration 20", Duration::from_secs(30), &mut log),
@@ -145,6 +175,11 @@ fn killed_mid_run(transport: TransportKind) {
 #[test]
 fn a_killed_rank_is_an_error_on_every_survivor_over_shm() {
     killed_mid_run(TransportKind::Shm);
+}
+
+#[test]
+fn a_killed_rank_whose_heap_peers_read_is_an_error_on_every_survivor() {
+    killed_mid(TransportKind::Shm, "killed-heap");
 }
 
 #[test]

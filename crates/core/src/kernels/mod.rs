@@ -254,8 +254,10 @@ pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
     }
 }
 
-/// Order earlier [`stream_copy`] stores before later ordinary ones.
-pub(crate) fn stream_fence() {
+/// Order earlier non-temporal stores (from the streaming copies or
+/// [`Reduce::reduce_stream`]) before later ordinary ones: call it before
+/// publishing what they wrote to another thread or process.
+pub fn stream_fence() {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `sfence` has no preconditions.
     unsafe {

@@ -180,6 +180,9 @@ impl Segments {
             self.word32(rank, CULPRIT_AT)
                 .store(culprit, Ordering::Relaxed);
             state.store(FAILED, Ordering::Release);
+            // Peers that read this rank's heap check this flag after the
+            // read: order it before anything the caller writes next.
+            fence(Ordering::SeqCst);
         }
         for r in 0..self.shape.world_size {
             self.ring(r);
@@ -304,6 +307,19 @@ impl ShmTransport {
     /// The transport over every rank's mapped segment (`all[rank]` is ours).
     pub fn new(rank: Rank, shape: Shape, all: Vec<Segment>, pids: Vec<u32>) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        // A peer's heap is read here, never written: keep it so even if
+        // this process misbehaves.
+        for (r, segment) in all.iter().enumerate() {
+            if r != rank as usize
+                && let Err(e) = segment.protect_read_only(shape.heap_at(), shape.heap_bytes)
+            {
+                tracing::debug!(
+                    rank,
+                    peer = r,
+                    "could not make a peer's heap read-only: {e}"
+                );
+            }
+        }
         let segments = Arc::new(Segments { shape, all });
         let heaps = (shape.heap_bytes > 0).then(|| {
             let at = |r: usize| segments.all[r].base() as usize + shape.heap_at();
