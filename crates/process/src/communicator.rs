@@ -28,23 +28,25 @@ use crate::wire::Header;
 /// returns [`CommError::PeerFailed`]. Inputs of out-of-place calls are
 /// never written.
 pub struct ProcessCommunicator {
-    transport: Box<dyn Transport>,
-    config: ProcessConfig,
-    rank: Rank,
-    n: u32,
-    calls: u64,
+    pub(crate) transport: Box<dyn Transport>,
+    pub(crate) config: ProcessConfig,
+    pub(crate) rank: Rank,
+    pub(crate) n: u32,
+    pub(crate) calls: u64,
     /// Point-to-point sends so far, per peer, to number their messages.
     p2p_sent: Vec<u64>,
     p2p_received: Vec<u64>,
     /// Selects and compiles every call's plan, the same in every process.
-    planner: Planner,
+    pub(crate) planner: Planner,
     /// Every call is agreed by all ranks before its data moves.
-    agreement: Agreement,
+    pub(crate) agreement: Agreement,
     /// A call of this communicator failed the group: later calls return
     /// the failure at once and announce nothing to the peers.
     poisoned: bool,
     /// Messages this rank sent by reference (zero copy) so far.
     by_reference: u64,
+    /// Calls that took the one-shot protocol so far.
+    pub(crate) one_shot_calls: u64,
     /// Rank 0 hosts the store; keep it for the life of the group (a split
     /// meets its new group in a scope of it).
     store: Store,
@@ -112,6 +114,7 @@ impl ProcessCommunicator {
             agreement: Agreement::new(rank, world_size),
             poisoned: false,
             by_reference: 0,
+            one_shot_calls: 0,
             store,
         })
     }
@@ -147,6 +150,12 @@ impl ProcessCommunicator {
     /// copied through a slot: how to see that zero copy is in effect.
     pub fn messages_by_reference(&self) -> u64 {
         self.by_reference
+    }
+
+    /// Calls that took the one-shot protocol (small calls over shared
+    /// memory) rather than a schedule.
+    pub fn one_shot_calls(&self) -> u64 {
+        self.one_shot_calls
     }
 
     /// The transport in use.
@@ -440,6 +449,11 @@ impl Communicator for ProcessCommunicator {
         // the announcements: a rank that arrives after a peer failed the
         // group over this very call's mismatch reports the mismatch.
         let result = match checked {
+            Checked::Collective {
+                shape,
+                input,
+                output,
+            } if self.one_shot(&shape) => self.run_one_shot(&shape, input, output),
             Checked::Collective {
                 shape,
                 input,

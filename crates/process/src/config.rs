@@ -87,6 +87,12 @@ pub struct ProcessConfig {
     /// read in place (zero copy; allocated and backed at setup, in the
     /// same tmpfs as the segments). 0: none.
     pub shared_heap_bytes: usize,
+    /// Shared memory: calls whose world size × input bytes is at most
+    /// this take the one-shot protocol (`ferrocoll_core::plan::OneShot`):
+    /// each rank publishes its input in its segment as it announces the
+    /// call, and builds its output from its peers' in one pass. 0 turns it
+    /// off (`FERROCOLL_ONE_SHOT_BYTES`); a forced algorithm does too.
+    pub one_shot_bytes: usize,
 }
 
 impl Default for ProcessConfig {
@@ -119,6 +125,7 @@ impl ProcessConfig {
             // (docs/benchmarks.md): opt in.
             peer_reads: false,
             shared_heap_bytes: 0,
+            one_shot_bytes: ferrocoll_core::plan::ONE_SHOT_BYTES,
         }
     }
 
@@ -141,6 +148,9 @@ impl ProcessConfig {
         if let Some(on) = env.peer_reads {
             self.peer_reads = on;
         }
+        if let Some(bytes) = env.one_shot_bytes {
+            self.one_shot_bytes = bytes;
+        }
         self
     }
 
@@ -156,8 +166,17 @@ impl ProcessConfig {
             slots_per_link: self.link_slots(),
             schedule: self.schedule.clone(),
             rule: host_rule,
-            one_shot_bytes: 0,
+            // Only shared memory has the staging the protocol publishes in.
+            one_shot_bytes: match self.transport {
+                TransportKind::Shm => self.one_shot_bytes,
+                TransportKind::Tcp => 0,
+            },
         }
+    }
+
+    /// Which calls take the one-shot protocol on `world_size` ranks.
+    pub(crate) fn one_shot_rule(&self, world_size: u32) -> ferrocoll_core::plan::OneShotRule {
+        self.planner_settings().one_shot_rule(world_size)
     }
 
     /// Slots each link gets (see [`ferrocoll_core::plan::link_slots`]).

@@ -45,6 +45,7 @@ mod agree;
 mod communicator;
 mod config;
 mod exec;
+mod one_shot;
 mod panic_note;
 mod setup;
 mod transport;

@@ -63,6 +63,31 @@ fn child() {
     let Some(env) = common::child_env() else {
         return;
     };
+    if env.scenario == "one-shot" {
+        let mut comm = common::connect(
+            &env,
+            ProcessConfig {
+                timeout: Duration::from_secs(30),
+                ..ProcessConfig::default()
+            },
+        );
+        let mut ran = 0;
+        for case in common::kit_cases(env.world_size) {
+            // The executor's own choice: small calls go one-shot.
+            comm.set_algorithm(None);
+            if let Err(e) = check_rank(&mut comm, &case) {
+                panic!("{e}");
+            }
+            ran += 1;
+        }
+        assert!(
+            comm.one_shot_calls() > 20,
+            "{} one-shot calls",
+            comm.one_shot_calls()
+        );
+        println!("rank {} passed {ran} cases", env.rank);
+        return;
+    }
     if env.scenario == "no-heap" {
         let mut comm = common::connect(&env, ProcessConfig::default());
         let e = comm.shared_buffer::<f32>(10).unwrap_err();
@@ -145,6 +170,11 @@ fn every_collective_passes_the_kit_with_buffers_in_the_shared_heap() {
 #[test]
 fn every_collective_passes_the_kit_reading_peers_by_cross_memory_attach() {
     run("peer-reads", 3);
+}
+
+#[test]
+fn small_calls_take_the_one_shot_protocol_across_processes() {
+    run("one-shot", 4);
 }
 
 #[test]

@@ -53,6 +53,10 @@ fn shape(world_size: u32, config: &ProcessConfig) -> Shape {
         channels: config.max_channels.max(1) + 1,
         slots: config.link_slots(),
         slot_bytes: config.max_message_bytes.max(64),
+        staging_bytes: config
+            .one_shot_rule(world_size)
+            .staging_bytes(world_size)
+            .next_multiple_of(64),
         heap_bytes: config.shared_heap_bytes,
     }
 }

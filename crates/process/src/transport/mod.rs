@@ -101,6 +101,15 @@ pub(crate) trait Transport: Send {
         None
     }
 
+    /// Half `call % 2` of `rank`'s one-shot staging, as mapped in this
+    /// process, and its size: shared memory only. A rank writes its own
+    /// half before it announces a call and peers read it after the
+    /// agreement; a half is rewritten two calls later, after every peer
+    /// announced the call in between (so finished reading).
+    fn staging(&self, _rank: Rank, _call: u64) -> Option<(*mut u8, usize)> {
+        None
+    }
+
     /// Tell `to` that this rank entered the call `header` describes (its
     /// number and signature, no payload); `Ok(false)` while there is no
     /// room yet. Announcing the same call again is harmless.

@@ -223,6 +223,7 @@ mod tests {
                 channels: 1,
                 slots: 2,
                 slot_bytes: 64,
+                staging_bytes: 0,
                 heap_bytes: 0,
             },
             all: Vec::new(),

@@ -72,6 +72,8 @@ pub(crate) struct Shape {
     pub channels: u32,
     pub slots: u32,
     pub slot_bytes: usize,
+    /// Each half of a rank's one-shot staging (0: no one-shot calls).
+    pub staging_bytes: usize,
     /// The shared heap at the end of each segment.
     pub heap_bytes: usize,
 }
@@ -87,12 +89,18 @@ impl Shape {
 
     /// Where the shared heap starts in a segment: after the control block
     /// and one link per (other rank, channel), on a page of its own.
-    fn heap_at(&self) -> usize {
-        (CONTROL_BYTES
+    /// Where the two halves of the one-shot staging start: after the
+    /// control block and one link per (other rank, channel).
+    fn staging_at(&self) -> usize {
+        CONTROL_BYTES
             + (self.world_size as usize).saturating_sub(1)
                 * self.channels as usize
-                * self.link_bytes())
-        .next_multiple_of(4096)
+                * self.link_bytes()
+    }
+
+    /// Where the shared heap starts, on a page of its own.
+    fn heap_at(&self) -> usize {
+        (self.staging_at() + 2 * self.staging_bytes).next_multiple_of(4096)
     }
 
     /// Bytes of one rank's segment: links, then the shared heap.
@@ -115,6 +123,7 @@ impl Shape {
             .checked_mul(self.channels as usize)?
             .checked_mul(link)?
             .checked_add(CONTROL_BYTES)?
+            .checked_add(self.staging_bytes.checked_mul(2)?)?
             .checked_next_multiple_of(4096)?
             .checked_add(self.heap_bytes)
     }
@@ -576,6 +585,19 @@ impl Transport for ShmTransport {
 
     fn heaps(&self) -> Option<Arc<Heaps>> {
         self.heaps.clone()
+    }
+
+    fn staging(&self, rank: Rank, call: u64) -> Option<(*mut u8, usize)> {
+        let s = &self.segments.shape;
+        if s.staging_bytes == 0 {
+            return None;
+        }
+        let at = s.staging_at() + (call % 2) as usize * s.staging_bytes;
+        // SAFETY: the staging lies inside every segment by the shape.
+        Some((
+            unsafe { self.segments.all[rank as usize].base().add(at) },
+            s.staging_bytes,
+        ))
     }
 
     /// Post the call on this rank's own board (once), then ring `to`:

@@ -1,0 +1,146 @@
+//! Small calls over shared memory in one step: the one-shot protocol of
+//! `ferrocoll_core::plan::OneShot`, as the threads run it. A rank copies
+//! its input into its staging half (in its own segment) and announces the
+//! call; once every rank has announced it, each builds its output from
+//! the staged inputs it maps — one announcement and one pass, instead of
+//! a message, a doorbell and a wake-up per step.
+//!
+//! Staging half `c % 2` is written again only in call `c + 2`, which a
+//! rank starts after passing the agreement of call `c + 1`, which every
+//! peer announces only after finishing call `c`; a rank whose call fails
+//! is poisoned and never writes its staging again.
+
+use std::time::Instant;
+
+use ferrocoll_core::comm::{CommError, HostSlice, HostSliceMut};
+use ferrocoll_core::plan::{CallShape, OneShot, one_shot_describe};
+use ferrocoll_core::schedule::Buffer;
+use ferrocoll_core::{Rank, Reduce};
+
+use crate::ProcessCommunicator;
+use crate::transport::Transport;
+
+impl ProcessCommunicator {
+    /// Whether `shape` takes the one-shot protocol: small enough for the
+    /// rule, and the transport has the staging (the same answer on every
+    /// rank, whose settings are the same).
+    pub(crate) fn one_shot(&self, shape: &CallShape) -> bool {
+        let n = self.n;
+        let rule = self.planner.settings().one_shot_rule(n);
+        rule.applies(shape, n)
+            && self
+                .transport
+                .staging(self.rank, 0)
+                .is_some_and(|(_, room)| room >= rule.staging_bytes(n))
+    }
+
+    pub(crate) fn run_one_shot(
+        &mut self,
+        shape: &CallShape,
+        input: Option<HostSlice<'_>>,
+        mut output: HostSliceMut<'_>,
+    ) -> Result<(), CommError> {
+        // No health check first: the agreement does it, and explains a
+        // failure that is a peer's report of this very call's mismatch.
+        let number = self.calls;
+        self.calls += 1;
+        let (n, rank) = (self.n, self.rank);
+        let shot = OneShot::new(shape, n, rank);
+        let output_base = output.as_mut_ptr() as usize;
+        let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
+        let from = match shot.input_buffer {
+            Buffer::Input => input_base,
+            _ => output_base,
+        } + shot.input_offset as usize;
+        let (mine, room) = self
+            .transport
+            .staging(rank, number)
+            .expect("checked by one_shot");
+        let bytes = shot.input_bytes as usize;
+        assert!(bytes <= room, "the rule sized the staging");
+        // SAFETY: `from` is the caller's input (`bytes` long, checked by
+        // `Call::check`); this half of our staging is ours to write (module
+        // docs) and holds `room >= bytes`.
+        unsafe { std::ptr::copy_nonoverlapping(from as *const u8, mine, bytes) };
+        let signature = one_shot_describe(shape);
+        let started = Instant::now();
+        self.agreement.agree(
+            self.transport.as_mut(),
+            number,
+            &signature,
+            self.config.timeout,
+        )?;
+        tracing::debug!(
+            rank,
+            call = number,
+            transport = %self.config.transport,
+            "{} {} B {}: protocol=one-shot ({n} ranks x {bytes} B published)",
+            shape.collective,
+            shape.size_bytes(n),
+            shape.dtype,
+        );
+        ferrocoll_core::with_element_type!(shape.dtype, T => {
+            // SAFETY: every rank announced this one-shot call, so each
+            // peer's half holds its input until it announces call
+            // `number + 2`, which waits for our next announcement.
+            unsafe { gather::<T>(self.transport.as_ref(), number, &shot, output_base, shape.op, n) };
+        });
+        self.one_shot_calls += 1;
+        tracing::trace!(
+            rank,
+            call = number,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "done"
+        );
+        Ok(())
+    }
+}
+
+/// Build the output at `output` from the staged inputs of call `call`.
+///
+/// # Safety
+/// Every rank has announced call `call` in one-shot form; `output` is
+/// this rank's output buffer, holding every gather.
+unsafe fn gather<T: Reduce>(
+    t: &dyn Transport,
+    call: u64,
+    shot: &OneShot,
+    output: usize,
+    op: ferrocoll_core::ReduceOp,
+    world: u32,
+) {
+    let size = std::mem::size_of::<T>();
+    let staged = |peer: Rank| t.staging(peer, call).expect("every rank has staging").0;
+    let mut srcs: Vec<*const T> = Vec::with_capacity(world as usize);
+    for g in &shot.gathers {
+        srcs.clear();
+        srcs.extend(
+            g.sources
+                .iter()
+                .map(|&(peer, offset)| staged(peer).wrapping_add(offset as usize) as *const T),
+        );
+        let dst = (output + g.output_offset as usize) as *mut T;
+        let len = g.bytes as usize / size;
+        // SAFETY: sources lie in staged inputs (64-aligned halves, whole
+        // elements in), the destination in the caller's output; they never
+        // overlap.
+        unsafe {
+            match srcs.as_slice() {
+                [one] => std::ptr::copy_nonoverlapping(*one, dst, len),
+                many => T::reduce(op, many, dst, len),
+            }
+        }
+    }
+    if let Some((offset, bytes)) = shot.divide {
+        // SAFETY: the divided bytes are the output of a gather above.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(
+                (output + offset as usize) as *mut T,
+                bytes as usize / size,
+            )
+        };
+        for x in out {
+            *x = x.divide(world);
+        }
+    }
+}
