@@ -495,7 +495,7 @@ unsafe fn fire_by_reference<T: Reduce>(
             for (src, dst, n) in zero_copy::pair_up(&zero_copy::range(p, from, len), to) {
                 // SAFETY: `src` lies in a peer's mapped heap (checked),
                 // `dst` in this rank's output or bounce buffer.
-                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
+                unsafe { copy_long(src as *const u8, dst as *mut u8, n) };
             }
             Ok(())
         }
@@ -689,10 +689,27 @@ unsafe fn put<T: Reduce>(op: ReduceOp, srcs: &[*const T], dst: *mut T, n: usize)
     unsafe {
         match srcs {
             [] => {}
-            [one] => std::ptr::copy_nonoverlapping(*one, dst, n),
+            [one] => copy_long(one.cast(), dst.cast(), n * std::mem::size_of::<T>()),
             _ if n * std::mem::size_of::<T>() >= STREAM_MIN_BYTES
                 && T::reduce_stream(op, srcs, &[dst], n) => {}
             _ => T::reduce(op, srcs, dst, n),
+        }
+    }
+}
+
+/// Copy `bytes`; long copies stream past the cache when the calibration
+/// chose non-temporal stores (no read-for-ownership of each line).
+///
+/// # Safety
+/// As `copy_nonoverlapping`.
+unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize) {
+    use ferrocoll_core::kernels::{Stores, chosen, stream_copy};
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if bytes >= STREAM_MIN_BYTES && chosen().stores() == Stores::NonTemporal {
+            stream_copy(src, dst, bytes);
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst, bytes);
         }
     }
 }
@@ -702,7 +719,13 @@ unsafe fn scatter<T>(value: *const T, write: &[Span]) {
     for &(offset, address, n) in write {
         // SAFETY: forwarded; the value is a message room or a staging
         // vector, never the destination.
-        unsafe { std::ptr::copy_nonoverlapping(value.add(offset), address as *mut T, n) };
+        unsafe {
+            copy_long(
+                value.add(offset).cast(),
+                address as *mut u8,
+                n * std::mem::size_of::<T>(),
+            )
+        };
     }
 }
 

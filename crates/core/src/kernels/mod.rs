@@ -226,7 +226,7 @@ pub fn reduce_slices<T: Reduce>(op: ReduceOp, srcs: &[&[T]], dst: &mut [T]) {
 /// # Safety
 /// `src` is valid for `bytes` reads, `dst` for `bytes` writes, and they do
 /// not overlap.
-pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
+pub unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
