@@ -9,7 +9,7 @@
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 60000) |
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernel variant instead of calibrating: a width (`baseline`, `avx2`, `avx512`) and stores (`nt`, `cached`), e.g. `avx2,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same variant |
-//! | `FERROCOLL_ONE_SHOT_BYTES` | threads: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |
+//! | `FERROCOLL_ONE_SHOT_BYTES` | threads and processes over shared memory: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |
 //! | `FERROCOLL_PEER_READS` | processes over shared memory: `1` lets ranks read each other's private buffers with cross-memory attach where the host allows it, instead of copying messages through the slots (default `0`: slower than the slots on the hosts measured) |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!

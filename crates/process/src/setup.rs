@@ -112,7 +112,7 @@ pub enum SetupError {
 /// The settings every rank must share, as text to compare.
 fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} algorithm={:?} selector={} schedule={:?}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={}",
         config.transport,
         config.max_message_bytes,
         config.slots_per_link,
@@ -121,6 +121,10 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
         config.algorithm,
         config.selector.is_some(),
         config.schedule.as_ref().map(|v| &v.schedule().name),
+        // The staging and the heap are laid out from these: ranks that
+        // differ would read each other's segments at other offsets.
+        config.one_shot_rule(world_size).budget(),
+        config.shared_heap_bytes,
     )
 }
 

@@ -72,6 +72,34 @@ fn ranks_with_different_settings_are_refused_with_both_settings_named() {
     assert!(results[0].is_some());
 }
 
+/// The one-shot budget and the shared heap lay out the segments: ranks
+/// that differ (by a few bytes that round to the same segment size, too)
+/// are refused at setup, never left reading each other at other offsets.
+#[test]
+fn ranks_with_different_one_shot_or_heap_settings_are_refused() {
+    for (a, b, shown) in [
+        ((65536, 0), (65600, 0), "one_shot=65600"),
+        ((65536, 1 << 20), (65536, 2 << 20), "shared_heap=2097152"),
+    ] {
+        let results = threads(
+            2,
+            |r| {
+                let (one_shot_bytes, shared_heap_bytes) = if r == 1 { b } else { a };
+                ProcessConfig {
+                    one_shot_bytes,
+                    shared_heap_bytes,
+                    timeout: Duration::from_secs(2),
+                    ..ProcessConfig::builtin()
+                }
+            },
+            |comm| comm.err().map(|e| e.to_string()),
+        );
+        let rank1 = results[1].as_deref().expect("rank 1 must refuse");
+        assert!(rank1.contains(shown), "{rank1}");
+        assert!(results[0].is_some());
+    }
+}
+
 #[test]
 fn a_bad_rank_or_an_empty_world_is_refused_before_anything_is_created() {
     let server = Server::start("127.0.0.1:0".parse().unwrap()).unwrap();

@@ -87,8 +87,6 @@ impl Shape {
         LINK_CONTROL_BYTES + self.slots as usize * self.slot_stride()
     }
 
-    /// Where the shared heap starts in a segment: after the control block
-    /// and one link per (other rank, channel), on a page of its own.
     /// Where the two halves of the one-shot staging start: after the
     /// control block and one link per (other rank, channel).
     fn staging_at(&self) -> usize {

@@ -50,11 +50,12 @@ impl Segment {
         made
     }
 
-    /// Map an existing segment, which must hold at least `len` bytes.
+    /// Map an existing segment, which must hold exactly `len` bytes (every
+    /// rank lays its segment out from the same settings).
     pub fn open(path: &Path, len: usize) -> std::io::Result<Segment> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let actual = file.metadata()?.len();
-        if actual < len as u64 {
+        if actual != len as u64 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
