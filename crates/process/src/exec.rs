@@ -22,6 +22,7 @@ use ferrocoll_core::comm::CommError;
 use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Source, Walk};
 use ferrocoll_core::{Rank, Reduce, ReduceOp};
 
+use crate::direct::{self, Bases};
 use crate::transport::shm::heap::Heaps;
 use crate::transport::{Incoming, Transport};
 use crate::wire::Header;
@@ -80,14 +81,23 @@ impl Task<'_> {
 pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u64, CommError> {
     let mut walk = Walk::new(task.rank_plan());
     let mut deadline = Instant::now() + task.timeout;
-    // Links this rank sent a value by reference on: drained before return.
-    let mut lent: Vec<(Rank, u32)> = Vec::new();
+    let heaps = t.heaps();
+    let mut call = CallState {
+        lent: Vec::new(),
+        written: 0,
+        bases: heaps.as_ref().map(|_| Bases::new(t, task.rank_plan())),
+    };
     loop {
         let seen = t.ticket();
         let mut progressed = false;
         for channel in 0..walk.channels() {
-            while let Some((_, ins)) = walk.ready(channel) {
-                if !try_fire::<T>(t, task, channel as u32, ins, &mut lent)? {
+            while let Some((at, ins)) = walk.next(channel) {
+                if let (Some(heaps), Some(bases)) = (&heaps, &call.bases) {
+                    let pieces = |r: &Region| as_pieces::<T>(&task.spans::<T>(r));
+                    direct::post_ahead(t, heaps, task.rank_plan(), bases, channel, at, pieces);
+                }
+                if !walk.waits_met(ins) || !try_fire::<T>(t, task, channel as u32, ins, &mut call)?
+                {
                     break;
                 }
                 progressed = true;
@@ -113,8 +123,8 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u
         }
         t.wait(seen, deadline);
     }
-    let by_reference = lent.len() as u64;
-    drain(t, task, &mut lent)?;
+    let by_reference = call.lent.len() as u64 + call.written;
+    drain(t, task, &mut call.lent)?;
     if let Some(region) = &task.rank_plan().divide {
         for (_, address, n) in task.spans::<T>(region) {
             // SAFETY: the region lies in this rank's output (plan
@@ -126,6 +136,16 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u
         }
     }
     Ok(by_reference)
+}
+
+/// What one call keeps across its instructions.
+struct CallState {
+    /// Links this rank sent a value by reference on: drained before return.
+    lent: Vec<(Rank, u32)>,
+    /// Values this rank wrote straight into a peer's posted destination.
+    written: u64,
+    /// Link numbering of incoming messages, where posts are possible.
+    bases: Option<Bases>,
 }
 
 /// Wait until every message this rank sent by reference was consumed: its
@@ -221,7 +241,7 @@ fn try_fire<T: Reduce>(
     task: &Task,
     channel: u32,
     ins: &Instruction,
-    lent: &mut Vec<(Rank, u32)>,
+    call: &mut CallState,
 ) -> Result<bool, CommError> {
     let mut incoming: Vec<Incoming> = Vec::with_capacity(ins.recv.len());
     for m in &ins.recv {
@@ -233,39 +253,15 @@ fn try_fire<T: Reduce>(
     let bytes = ins.bytes as usize;
     let reader = t.peer_reader();
     let heaps = t.heaps();
-    let mut references: Vec<Option<Ref>> = Vec::with_capacity(incoming.len());
-    for (msg, m) in incoming.iter().zip(&ins.recv) {
-        let header = t.peek_header(m.peer, channel).expect("peeked above");
-        check_header(&header, m.peer, task)?;
-        if msg.call != task.number || msg.len != bytes {
-            return Err(CommError::Mismatch {
-                call: task.number,
-                rank: task.rank,
-                other: m.peer,
-                expected: format!(
-                    "{} (call #{}, {} bytes in this message)",
-                    header.signature(),
-                    msg.call,
-                    msg.len
-                ),
-                got: format!("{} ({bytes} bytes expected)", task.signature),
-            });
-        }
-        references.push(if header.by_reference() {
-            if reader.is_none() && heaps.is_none() {
-                return Err(protocol_error(
-                    m.peer,
-                    "a message by reference in a group that copies".into(),
-                ));
-            }
-            let pieces = reference(t, msg, m.peer, bytes)?;
-            let element = std::mem::size_of::<T>();
-            let shown = (reader.is_some(), heaps.as_deref(), element);
-            Some(resolve(&header, pieces, m.peer, shown)?)
-        } else {
-            None
-        });
-    }
+    let arrived = receive::<T>(
+        t,
+        task,
+        channel,
+        ins,
+        &incoming,
+        call,
+        (reader.is_some(), heaps.as_deref()),
+    )?;
     let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
     let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
     // A reference must fit a slot (a value of many pieces may not).
@@ -289,67 +285,212 @@ fn try_fire<T: Reduce>(
             None => return Ok(false),
         }
     }
-    let rooms: &[*mut T] = if lending.is_some() { &[] } else { &outgoing };
-    let len = bytes / std::mem::size_of::<T>();
-    if references.iter().any(Option::is_some) {
-        let peers: Vec<Rank> = ins.recv.iter().map(|m| m.peer).collect();
-        let step = Step {
-            op: task.plan.op,
-            incoming: &incoming,
-            references: &references,
-            peers: &peers,
-            read: read.as_deref(),
-            write: write.as_deref(),
-            rooms,
-            len,
-        };
+    // Peers that posted where this value goes get it written there.
+    let mut direct_to: Vec<Option<*mut T>> = vec![None; ins.send.len()];
+    if heaps.is_some() && bytes > 0 {
+        for (d, m) in direct_to.iter_mut().zip(&ins.send) {
+            *d = t.take_post(m.peer, channel, bytes).map(|p| p as *mut T);
+        }
+    }
+    let mut rooms: Vec<*mut T> = direct_to.iter().flatten().copied().collect();
+    if lending.is_none() {
+        rooms.extend(
+            outgoing
+                .iter()
+                .zip(&direct_to)
+                .filter(|(_, d)| d.is_none())
+                .map(|(&r, _)| r),
+        );
+    }
+    let step = Step {
+        op: task.plan.op,
+        incoming: &incoming,
+        references: &arrived.references,
+        peers: &ins.recv.iter().map(|m| m.peer).collect::<Vec<_>>(),
+        read: read.as_deref(),
+        write: write.as_deref(),
+        rooms: &rooms,
+        len: bytes / std::mem::size_of::<T>(),
+    };
+    value(t, &step, arrived.landed, reader.as_deref())?;
+    // Streaming stores must land before the counters that publish them.
+    ferrocoll_core::kernels::stream_fence();
+    let sent = Sent {
+        channel,
+        lending: lending.as_ref(),
+        outgoing: &outgoing,
+        direct_to: &direct_to,
+    };
+    publish(t, task, ins, &sent, call)?;
+    Ok(true)
+}
+
+/// What arrived for a step: references to resolve, and whether the
+/// value was written into this rank's output by its sender.
+struct Arrived {
+    references: Vec<Option<Ref>>,
+    landed: bool,
+}
+
+/// Check every incoming message's header against this call, and what
+/// each carries: a copy, a reference, or word that the sender wrote the
+/// value where this rank posted.
+fn receive<T>(
+    t: &mut dyn Transport,
+    task: &Task,
+    channel: u32,
+    ins: &Instruction,
+    incoming: &[Incoming],
+    call: &CallState,
+    (reading, heaps): (bool, Option<&Heaps>),
+) -> Result<Arrived, CommError> {
+    let bytes = ins.bytes as usize;
+    let mut arrived = Arrived {
+        references: Vec::with_capacity(incoming.len()),
+        landed: false,
+    };
+    for (msg, m) in incoming.iter().zip(&ins.recv) {
+        let header = t.peek_header(m.peer, channel).expect("peeked above");
+        check_header(&header, m.peer, task)?;
+        if msg.call != task.number || msg.len != bytes {
+            return Err(CommError::Mismatch {
+                call: task.number,
+                rank: task.rank,
+                other: m.peer,
+                expected: format!(
+                    "{} (call #{}, {} bytes in this message)",
+                    header.signature(),
+                    msg.call,
+                    msg.len
+                ),
+                got: format!("{} ({bytes} bytes expected)", task.signature),
+            });
+        }
+        if header.was_written() {
+            let posted = ins.direct.is_some() && ins.recv.len() == 1 && ins.read.is_none();
+            let seq = call.bases.as_ref().map(|b| b.seq(m.peer, channel, m.index));
+            if !(posted && seq.is_some_and(|seq| t.post_taken(m.peer, channel, seq))) {
+                return Err(protocol_error(
+                    m.peer,
+                    "a value written into this rank's memory without its post".into(),
+                ));
+            }
+            arrived.landed = true;
+            arrived.references.push(None);
+            continue;
+        }
+        arrived.references.push(if header.by_reference() {
+            if !reading && heaps.is_none() {
+                return Err(protocol_error(
+                    m.peer,
+                    "a message by reference in a group that copies".into(),
+                ));
+            }
+            let pieces = reference(t, msg, m.peer, bytes)?;
+            let shown = (reading, heaps, std::mem::size_of::<T>());
+            Some(resolve(&header, pieces, m.peer, shown)?)
+        } else {
+            None
+        });
+    }
+    Ok(arrived)
+}
+
+/// Compute the step's value into its rooms and write: from the write
+/// itself when the sender already put it there, through references, or
+/// from the messages' slots.
+fn value<T: Reduce>(
+    t: &mut dyn Transport,
+    step: &Step<'_, T>,
+    landed: bool,
+    reader: Option<&PeerReader>,
+) -> Result<(), CommError> {
+    if landed {
+        let write = step.write.expect("a direct receive writes");
+        for &room in step.rooms {
+            // SAFETY: the value lies in this rank's write (posted as one
+            // piece of `len` elements); rooms are slots or peers' posted
+            // destinations, apart from it.
+            unsafe { scatter_from(write, room, step.len) };
+        }
+    } else if step.references.iter().any(Option::is_some) {
         // SAFETY: as for `compute` below; references were checked to
-        // describe exactly `bytes` and are read through the kernel.
-        unsafe { fire_by_reference(reader.as_deref(), &step)? };
+        // describe exactly the step's bytes.
+        unsafe { fire_by_reference(reader, step)? };
         // A sender that failed may have handed its buffers back to its
         // caller before this read: its failure, not what was read, counts.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         t.check()?;
-    } else if len > 0 {
-        let sources: Vec<*const T> = incoming.iter().map(|m| m.payload as *const T).collect();
-        // SAFETY: incoming payloads hold `len` elements (checked above) and
-        // stay put until released below; reserved rooms hold `len` elements
-        // and are this rank's alone until committed; local spans lie in
-        // the caller's buffers, which hold the plan's buffer sizes (the
-        // communicator checked the call's shape).
+    } else if step.len > 0 {
+        let sources: Vec<*const T> = step
+            .incoming
+            .iter()
+            .map(|m| m.payload as *const T)
+            .collect();
+        // SAFETY: incoming payloads hold `len` elements (checked) and stay
+        // put until released; rooms hold `len` elements and are this rank's
+        // alone until committed (or a peer's posted destination, which its
+        // owner leaves alone until the message arrives); local spans lie in
+        // the caller's buffers, which hold the plan's buffer sizes.
         unsafe {
             compute(
-                task.plan.op,
-                &sources,
-                read.as_deref(),
-                write.as_deref(),
-                rooms,
-                len,
+                step.op, &sources, step.read, step.write, step.rooms, step.len,
             )
         };
     }
-    // Streaming stores must land before the counters that publish them.
-    ferrocoll_core::kernels::stream_fence();
-    let mut header = Header::new(task.number, bytes, task.signature);
-    if let Some((in_heap, pieces)) = &lending {
+    Ok(())
+}
+
+/// How a step's value leaves: its channel, the reference it lends (if
+/// any), the reserved rooms, and which sends were written directly.
+struct Sent<'a, T> {
+    channel: u32,
+    lending: Option<&'a (bool, Pieces)>,
+    outgoing: &'a [*mut T],
+    direct_to: &'a [Option<*mut T>],
+}
+
+/// Commit every send — written directly, by reference, or as a copy —
+/// then release every message consumed (and spend its post).
+fn publish<T>(
+    t: &mut dyn Transport,
+    task: &Task,
+    ins: &Instruction,
+    sent: &Sent<'_, T>,
+    call: &mut CallState,
+) -> Result<(), CommError> {
+    let channel = sent.channel;
+    let plain = Header::new(task.number, ins.bytes as usize, task.signature);
+    let mut header = plain.clone();
+    if let Some((in_heap, pieces)) = sent.lending {
         header = if *in_heap {
             header.referring_to_heap()
         } else {
             header.referring()
         };
-        for (&room, m) in outgoing.iter().zip(&ins.send) {
-            // SAFETY: the room was reserved for exactly this reference.
-            unsafe { zero_copy::write_reference(room.cast(), pieces) };
-            lent.push((m.peer, channel));
+        for ((&room, m), d) in sent.outgoing.iter().zip(&ins.send).zip(sent.direct_to) {
+            if d.is_none() {
+                // SAFETY: the room was reserved for exactly this reference.
+                unsafe { zero_copy::write_reference(room.cast(), pieces) };
+                call.lent.push((m.peer, channel));
+            }
         }
     }
-    for m in &ins.send {
-        t.commit(m.peer, channel, &header)?;
+    for (m, d) in ins.send.iter().zip(sent.direct_to) {
+        if d.is_some() {
+            call.written += 1;
+            t.commit(m.peer, channel, &plain.clone().written())?;
+        } else {
+            t.commit(m.peer, channel, &header)?;
+        }
     }
     for m in &ins.recv {
         t.release(m.peer, channel)?;
+        if let Some(bases) = &call.bases {
+            t.clear_post(m.peer, channel, bases.seq(m.peer, channel, m.index));
+        }
     }
-    Ok(true)
+    Ok(())
 }
 
 /// The pieces of a message sent by reference, checked: only a group
@@ -601,6 +742,11 @@ unsafe fn compute<T: Reduce>(
     outgoing: &[*mut T],
     len: usize,
 ) {
+    // SAFETY: as below; the fused path checks that no destination
+    // overlaps a source.
+    if unsafe { fused(op, messages, read, write, outgoing, len) } {
+        return;
+    }
     // SAFETY: every pointer below is valid for the lengths used, as the
     // caller guarantees; the one in-place kernel call passes its
     // destination as exactly its first source, as `Reduce::reduce` allows.
@@ -657,6 +803,50 @@ unsafe fn compute<T: Reduce>(
     }
 }
 
+/// The value reduced into every room and the write in one pass (the
+/// fused streaming kernel: f32/f64 sums) — the pass that makes a direct
+/// write cost nothing extra. Only for long values whose read and write are
+/// each one whole span and whose destinations overlap no source; `false`
+/// (having done nothing) otherwise.
+///
+/// # Safety
+/// As [`compute`].
+unsafe fn fused<T: Reduce>(
+    op: ReduceOp,
+    messages: &[*const T],
+    read: Option<&[Span]>,
+    write: Option<&[Span]>,
+    outgoing: &[*mut T],
+    len: usize,
+) -> bool {
+    let size = std::mem::size_of::<T>();
+    let whole = |s: &[Span]| matches!(s, [(0, _, n)] if *n == len);
+    if len * size < STREAM_MIN_BYTES
+        || outgoing.is_empty()
+        || !read.is_none_or(whole)
+        || !write.is_none_or(whole)
+    {
+        return false;
+    }
+    let mut srcs: Vec<*const T> = messages.to_vec();
+    srcs.extend(read.map(|r| r[0].1 as *const T));
+    let mut dsts: Vec<*mut T> = outgoing.to_vec();
+    dsts.extend(write.map(|w| w[0].1 as *mut T));
+    let span = |p: usize| p..p + len * size;
+    let apart = dsts.iter().all(|&d| {
+        srcs.iter()
+            .all(|&s| !ranges_meet(&span(d as usize), &span(s as usize)))
+    });
+    // SAFETY: every pointer covers `len` elements (the caller's contract);
+    // destinations overlap no source (checked) and no other destination
+    // (rooms, peers' posts and this rank's write are distinct buffers).
+    apart && srcs.len() > 1 && unsafe { T::reduce_stream(op, &srcs, &dsts, len) }
+}
+
+fn ranges_meet(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
 /// `dst[..len]` = reduction of the messages and the read pieces.
 unsafe fn combine<T: Reduce>(
     op: ReduceOp,
@@ -711,6 +901,20 @@ unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize) {
         } else {
             std::ptr::copy_nonoverlapping(src, dst, bytes);
         }
+    }
+}
+
+/// Copy the value held by `write` (its spans, in value order) into one
+/// contiguous room of `len` elements.
+///
+/// # Safety
+/// The spans and the room are valid for the value's length and apart.
+unsafe fn scatter_from<T>(write: &[Span], room: *mut T, len: usize) {
+    let size = std::mem::size_of::<T>();
+    for &(offset, address, n) in write {
+        debug_assert!(offset + n <= len);
+        // SAFETY: forwarded from the caller.
+        unsafe { copy_long(address as *const u8, room.add(offset).cast(), n * size) };
     }
 }
 

@@ -44,6 +44,7 @@
 mod agree;
 mod communicator;
 mod config;
+mod direct;
 mod exec;
 mod one_shot;
 mod panic_note;

@@ -17,6 +17,9 @@ const BY_REFERENCE: u8 = 1;
 /// Flag, with [`BY_REFERENCE`]: the pieces are offsets into the sender's
 /// shared heap, not addresses.
 const IN_HEAP: u8 = 2;
+/// Flag: no payload; the sender wrote the value straight into the
+/// receiver's heap, where the receiver's post asked for it.
+const WRITTEN: u8 = 4;
 
 /// A message's header.
 #[derive(Clone, PartialEq, Eq)]
@@ -71,6 +74,18 @@ impl Header {
     pub fn referring_to_heap(mut self) -> Self {
         self.flags |= BY_REFERENCE | IN_HEAP;
         self
+    }
+
+    /// This header for a message whose value the sender wrote into the
+    /// receiver's posted destination.
+    pub fn written(mut self) -> Self {
+        self.flags |= WRITTEN;
+        self
+    }
+
+    /// Whether the value was written into this rank's posted destination.
+    pub fn was_written(&self) -> bool {
+        self.flags & WRITTEN != 0
     }
 
     /// Whether a reference names offsets into the sender's shared heap.

@@ -110,6 +110,33 @@ pub(crate) trait Transport: Send {
         None
     }
 
+    /// Messages from `from` on `channel` this rank has consumed, ever.
+    fn consumed(&self, _from: Rank, _channel: u32) -> u64 {
+        0
+    }
+
+    /// Ask `from` to write message number `seq` (counted over the link's
+    /// life) straight into `len` bytes at `offset` of this rank's shared
+    /// heap (direct write); ignored while another post is pending, once
+    /// that message was sent, or where there is no heap.
+    fn post(&mut self, _from: Rank, _channel: u32, _seq: u64, _offset: usize, _len: usize) {}
+
+    /// Whether `from` took this rank's post for message `seq` (and so
+    /// wrote there).
+    fn post_taken(&mut self, _from: Rank, _channel: u32, _seq: u64) -> bool {
+        false
+    }
+
+    /// Message `seq` from `from` was consumed: its post is spent.
+    fn clear_post(&mut self, _from: Rank, _channel: u32, _seq: u64) {}
+
+    /// Claim `to`'s post for this rank's next message on the link, when
+    /// there is one for exactly `len` bytes: where to write the value in
+    /// `to`'s heap, as mapped here.
+    fn take_post(&mut self, _to: Rank, _channel: u32, _len: usize) -> Option<*mut u8> {
+        None
+    }
+
     /// Tell `to` that this rank entered the call `header` describes (its
     /// number and signature, no payload); `Ok(false)` while there is no
     /// room yet. Announcing the same call again is harmless.

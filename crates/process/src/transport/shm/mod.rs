@@ -53,6 +53,17 @@ const REASON_BYTES: usize = CONTROL_BYTES - REASON_AT;
 /// A link's counters, each on its own cache line.
 const LINK_CONTROL_BYTES: usize = 128;
 const POPPED_AT: usize = 64;
+/// A direct-write post on the link, written by the receiver (after
+/// `popped`, on its line): the message number it is for + 1 (0: none,
+/// [`TAKEN`]: the sender is writing it), then where in the receiver's
+/// heap the value goes, and its length.
+const POST_SEQ_AT: usize = 72;
+const POST_OFFSET_AT: usize = 80;
+const POST_LEN_AT: usize = 88;
+/// Set on a post the sender took (it writes, or wrote, the value there);
+/// the message number stays, so consuming an earlier message never
+/// clears it.
+const TAKEN: u64 = 1 << 63;
 
 const LIVE: u32 = 0;
 const WRITING: u32 = 1;
@@ -314,19 +325,6 @@ impl ShmTransport {
     /// The transport over every rank's mapped segment (`all[rank]` is ours).
     pub fn new(rank: Rank, shape: Shape, all: Vec<Segment>, pids: Vec<u32>) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        // A peer's heap is read here, never written: keep it so even if
-        // this process misbehaves.
-        for (r, segment) in all.iter().enumerate() {
-            if r != rank as usize
-                && let Err(e) = segment.protect_read_only(shape.heap_at(), shape.heap_bytes)
-            {
-                tracing::debug!(
-                    rank,
-                    peer = r,
-                    "could not make a peer's heap read-only: {e}"
-                );
-            }
-        }
         let segments = Arc::new(Segments { shape, all });
         let heaps = (shape.heap_bytes > 0).then(|| {
             let at = |r: usize| segments.all[r].base() as usize + shape.heap_at();
@@ -583,6 +581,85 @@ impl Transport for ShmTransport {
 
     fn heaps(&self) -> Option<Arc<Heaps>> {
         self.heaps.clone()
+    }
+
+    fn consumed(&self, from: Rank, channel: u32) -> u64 {
+        self.segments
+            .counter(self.rank, from, channel, POPPED_AT)
+            .load(Ordering::Relaxed)
+    }
+
+    fn post(&mut self, from: Rank, channel: u32, seq: u64, offset: usize, len: usize) {
+        let s = &self.segments;
+        let post = s.counter(self.rank, from, channel, POST_SEQ_AT);
+        // One post at a time, and only for a message not sent yet.
+        if post.load(Ordering::Acquire) != 0
+            || s.counter(self.rank, from, channel, 0)
+                .load(Ordering::Acquire)
+                > seq
+        {
+            return;
+        }
+        s.counter(self.rank, from, channel, POST_OFFSET_AT)
+            .store(offset as u64, Ordering::Relaxed);
+        s.counter(self.rank, from, channel, POST_LEN_AT)
+            .store(len as u64, Ordering::Relaxed);
+        post.store(seq + 1, Ordering::Release);
+    }
+
+    fn post_taken(&mut self, from: Rank, channel: u32, seq: u64) -> bool {
+        self.segments
+            .counter(self.rank, from, channel, POST_SEQ_AT)
+            .load(Ordering::Acquire)
+            == TAKEN | (seq + 1)
+    }
+
+    fn clear_post(&mut self, from: Rank, channel: u32, seq: u64) {
+        let post = self.segments.counter(self.rank, from, channel, POST_SEQ_AT);
+        // The post for this message, used or not, is spent.
+        for was in [seq + 1, TAKEN | (seq + 1)] {
+            if post
+                .compare_exchange(was, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    fn take_post(&mut self, to: Rank, channel: u32, len: usize) -> Option<*mut u8> {
+        let s = &self.segments;
+        let heaps = self.heaps.as_ref()?;
+        let next = s.counter(to, self.rank, channel, 0).load(Ordering::Relaxed);
+        let post = s.counter(to, self.rank, channel, POST_SEQ_AT);
+        if post.load(Ordering::Acquire) != next + 1 {
+            return None;
+        }
+        let offset = s
+            .counter(to, self.rank, channel, POST_OFFSET_AT)
+            .load(Ordering::Relaxed);
+        let posted = s
+            .counter(to, self.rank, channel, POST_LEN_AT)
+            .load(Ordering::Relaxed);
+        // The receiver's own numbers, checked like anything from a peer.
+        let (base, heap) = heaps.mapped[to as usize];
+        let fits = posted == len as u64
+            && offset
+                .checked_add(posted)
+                .is_some_and(|end| end <= heap as u64);
+        if !fits
+            || post
+                .compare_exchange(
+                    next + 1,
+                    TAKEN | (next + 1),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return None;
+        }
+        Some((base + offset as usize) as *mut u8)
     }
 
     fn staging(&self, rank: Rank, call: u64) -> Option<(*mut u8, usize)> {

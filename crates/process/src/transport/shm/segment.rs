@@ -98,22 +98,6 @@ impl Segment {
     }
 
     /// Remove the file; mappings stay valid until each process unmaps.
-    /// Make bytes `[offset, offset + len)` read-only in this process's
-    /// mapping (`offset` page-aligned); the rest stays writable.
-    pub fn protect_read_only(&self, offset: usize, len: usize) -> std::io::Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: the range lies inside this live mapping (the caller's
-        // offsets come from the segment's own shape) and starts on a page.
-        let rc = unsafe { libc::mprotect(self.base.add(offset).cast(), len, libc::PROT_READ) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    }
-
     pub fn unlink(&self) {
         let _ = std::fs::remove_file(&self.path);
     }
