@@ -117,9 +117,12 @@ pub(crate) unsafe fn gather<T: Reduce>(
 /// earliest first (a rank that left is then blamed before the ones that
 /// stopped because of it).
 pub(crate) fn missing(posts: &Board, call: u64, world: u32) -> Vec<Rank> {
-    let mut missing: Vec<Rank> = (0..world)
+    // Read each rank's progress once: it moves while we look, and a sort
+    // whose keys change under it has no order to find.
+    let mut missing: Vec<(u64, Rank)> = (0..world)
         .filter(|&r| posts.announced(r, call).is_none())
+        .map(|r| (posts.progress(r), r))
         .collect();
-    missing.sort_by_key(|&r| posts.progress(r));
-    missing
+    missing.sort_unstable();
+    missing.into_iter().map(|(_, r)| r).collect()
 }
