@@ -75,6 +75,25 @@ fn check<T: KitElement>(choice: KernelChoice, op: ReduceOp, sources: usize, len:
             );
         }
     }
+    // In place: the first destination is exactly the first source (the
+    // contract allows it: every element is read before it is written).
+    let mut first = srcs[0].clone();
+    let mut other = vec![T::poison(); len];
+    let mut aliased = ptrs.clone();
+    aliased[0] = first.as_ptr();
+    let dsts = [first.as_mut_ptr(), other.as_mut_ptr()];
+    // SAFETY: every buffer holds `len` elements; `first` is exactly
+    // `aliased[0]`, `other` is distinct.
+    if unsafe { T::reduce_stream_with(choice, op, &aliased, &dsts, len) } {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        for i in 0..len {
+            assert!(
+                T::close(kernel_op, first[i], want[i], &column(i))
+                    && T::close(kernel_op, other[i], want[i], &column(i)),
+                "{choice} fused in place {op} i {i}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -833,14 +833,27 @@ unsafe fn fused<T: Reduce>(
     let mut dsts: Vec<*mut T> = outgoing.to_vec();
     dsts.extend(write.map(|w| w[0].1 as *mut T));
     let span = |p: usize| p..p + len * size;
+    // In place the write is exactly the read: the kernel allows that.
     let apart = dsts.iter().all(|&d| {
-        srcs.iter()
-            .all(|&s| !ranges_meet(&span(d as usize), &span(s as usize)))
+        srcs.iter().all(|&s| {
+            d as usize == s as usize || !ranges_meet(&span(d as usize), &span(s as usize))
+        })
     });
+    // Streaming over lines just loaded would evict each first: in place,
+    // store through the cache.
+    let aliased = dsts
+        .iter()
+        .any(|&d| srcs.iter().any(|&s| d as usize == s as usize));
+    let choice = if aliased {
+        ferrocoll_core::kernels::chosen().cached()
+    } else {
+        ferrocoll_core::kernels::chosen()
+    };
     // SAFETY: every pointer covers `len` elements (the caller's contract);
-    // destinations overlap no source (checked) and no other destination
-    // (rooms, peers' posts and this rank's write are distinct buffers).
-    apart && srcs.len() > 1 && unsafe { T::reduce_stream(op, &srcs, &dsts, len) }
+    // destinations overlap no source but exactly (checked) and no other
+    // destination (rooms, peers' posts and this rank's write are distinct
+    // buffers).
+    apart && srcs.len() > 1 && unsafe { T::reduce_stream_with(choice, op, &srcs, &dsts, len) }
 }
 
 fn ranges_meet(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {

@@ -88,6 +88,10 @@ fn child() {
         println!("rank {} passed {ran} cases", env.rank);
         return;
     }
+    if env.scenario == "heap-large" {
+        large_in_heap(&env);
+        return;
+    }
     if env.scenario == "no-heap" {
         let mut comm = common::connect(&env, ProcessConfig::default());
         let e = comm.shared_buffer::<f32>(10).unwrap_err();
@@ -153,6 +157,53 @@ fn heap_bookkeeping(comm: &mut ProcessCommunicator) {
     assert!(x.iter().all(|&v| v == n * (n + 1) / 2));
 }
 
+/// Large calls on heap buffers with the default 512 KiB messages, so
+/// values stream through the fused kernel into this rank's output and a
+/// peer's posted destination at once, in place and out of place; every
+/// element checked (integer-valued floats: sums are exact).
+fn large_in_heap(env: &common::ChildEnv) {
+    let mut comm = common::connect(
+        env,
+        ProcessConfig {
+            timeout: Duration::from_secs(30),
+            shared_heap_bytes: 64 << 20,
+            ..ProcessConfig::default()
+        },
+    );
+    let (r, n) = (comm.rank() as usize, comm.world_size() as usize);
+    let len = (3 << 20) + 5;
+    let want = |i: usize| (n * (i % 1000) + n * (n - 1) / 2) as f32;
+    for in_place in [false, true] {
+        let mut input = comm.shared_buffer::<f32>(len).unwrap();
+        for (i, x) in input.iter_mut().enumerate() {
+            *x = (i % 1000 + r) as f32;
+        }
+        let mut output = comm.shared_buffer::<f32>(len).unwrap();
+        if in_place {
+            comm.all_reduce_in_place(&mut input[..], ReduceOp::Sum)
+                .unwrap();
+            output.copy_from_slice(&input);
+        } else {
+            comm.all_reduce(&input[..], &mut output[..], ReduceOp::Sum)
+                .unwrap();
+        }
+        if let Some(i) = (0..len).find(|&i| output[i] != want(i)) {
+            panic!(
+                "in place {in_place}: element {i}: {} != {}",
+                output[i],
+                want(i)
+            );
+        }
+        let mut ints = comm.shared_buffer::<i64>(len).unwrap();
+        ints.fill(r as i64 + 1);
+        comm.all_reduce_in_place(&mut ints[..], ReduceOp::Sum)
+            .unwrap();
+        assert!(ints.iter().all(|&v| v == (n * (n + 1) / 2) as i64));
+    }
+    assert!(comm.messages_by_reference() > 0);
+    println!("rank {} passed", env.rank);
+}
+
 fn run(scenario: &str, n: u32) {
     let ranks = common::spawn("child", scenario, n, TransportKind::Shm);
     let finished = ranks.finish(Duration::from_secs(240), Vec::new());
@@ -175,6 +226,12 @@ fn every_collective_passes_the_kit_reading_peers_by_cross_memory_attach() {
 #[test]
 fn small_calls_take_the_one_shot_protocol_across_processes() {
     run("one-shot", 4);
+}
+
+#[test]
+fn large_calls_on_heap_buffers_are_exact_in_place_and_not() {
+    run("heap-large", 2);
+    run("heap-large", 3);
 }
 
 #[test]

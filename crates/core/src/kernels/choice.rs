@@ -69,6 +69,17 @@ impl KernelChoice {
         format!("{width},{stores}")
     }
 
+    /// This variant's width with cached stores (always runnable: the width
+    /// is what the CPU was checked for) — for outputs that are read again
+    /// soon, or written over the very lines just loaded (in place), where
+    /// a non-temporal store would first have to evict the line.
+    pub fn cached(self) -> KernelChoice {
+        KernelChoice {
+            stores: Stores::Cached,
+            ..self
+        }
+    }
+
     /// The vector width.
     pub fn width(&self) -> Width {
         self.width

@@ -163,8 +163,11 @@ macro_rules! sum_fn {
         ///
         /// # Safety
         /// Every source is valid for `len` reads and every destination for
-        /// `len` writes; destinations overlap no source and no other
-        /// destination; `srcs` is not empty.
+        /// `len` writes; destinations overlap no other destination, and no
+        /// source except exactly (the same first element), which is safe
+        /// because every element — scalar in the head and tail, a whole
+        /// line in the body — is loaded from every source before it is
+        /// stored; `srcs` is not empty.
         pub(crate) unsafe fn $name(
             choice: KernelChoice,
             srcs: &[*const $t],

@@ -42,7 +42,9 @@ pub trait Reduce: Element {
     ///
     /// # Safety
     /// Every source is valid for `len` reads and every destination for
-    /// `len` writes; destinations overlap no source and no other destination.
+    /// `len` writes; destinations overlap no other destination, and no
+    /// source except exactly (the same first element: in place) — every
+    /// element of every source is read before that element is written.
     unsafe fn reduce_stream(
         op: ReduceOp,
         srcs: &[*const Self],
