@@ -836,7 +836,7 @@ unsafe fn fused<T: Reduce>(
     // In place the write is exactly the read: the kernel allows that.
     let apart = dsts.iter().all(|&d| {
         srcs.iter().all(|&s| {
-            d as usize == s as usize || !ranges_meet(&span(d as usize), &span(s as usize))
+            std::ptr::eq(d.cast_const(), s) || !ranges_meet(&span(d as usize), &span(s as usize))
         })
     });
     // Streaming over lines just loaded would evict each first: in place,
