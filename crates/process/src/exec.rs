@@ -843,7 +843,7 @@ unsafe fn fused<T: Reduce>(
     // store through the cache.
     let aliased = dsts
         .iter()
-        .any(|&d| srcs.iter().any(|&s| d as usize == s as usize));
+        .any(|&d| srcs.iter().any(|&s| std::ptr::eq(d.cast_const(), s)));
     let choice = if aliased {
         ferrocoll_core::kernels::chosen().cached()
     } else {
