@@ -483,8 +483,9 @@ impl Communicator for ProcessCommunicator {
     }
 
     fn aborter(&self) -> Option<ferrocoll_core::comm::Aborter> {
-        // Peers never touch this process's memory: failing the transport
-        // is all an abort needs.
+        // Peers touch this process's memory (its shared heap) only while
+        // one of its calls runs, and a failing call withdraws its posts
+        // before it returns: failing the transport is all an abort needs.
         let abort = self.transport.aborter();
         Some(std::sync::Arc::new(move |why: &str| abort(why)))
     }

@@ -45,7 +45,11 @@ impl Bases {
 
     /// The link number of the call's message `index` from `peer`.
     pub fn seq(&self, peer: Rank, channel: u32, index: u64) -> u64 {
-        self.0.get(&(peer, channel)).copied().unwrap_or(0) + index
+        self.0
+            .get(&(peer, channel))
+            .copied()
+            .expect("every incoming link of the plan has a base")
+            + index
     }
 }
 
@@ -75,6 +79,31 @@ pub(crate) fn post_ahead(
             let m = &ins.recv[0];
             let seq = bases.seq(m.peer, channel as u32, m.index);
             t.post(m.peer, channel as u32, seq, *offset, *len);
+        }
+    }
+}
+
+/// A call that gives up withdraws its pending posts, and waits (bounded)
+/// for a sender that already took one to finish writing — its caller may
+/// reuse that memory once the call returns.
+pub(crate) fn withdraw_posts(t: &mut dyn Transport, bases: &Bases, timeout: std::time::Duration) {
+    let until = std::time::Instant::now() + timeout.min(std::time::Duration::from_secs(2));
+    for &(peer, channel) in bases.0.keys() {
+        let Some(seq) = t.withdraw_post(peer, channel) else {
+            continue;
+        };
+        // The sender sends the message right after writing it; a sender
+        // that gave up gives the post back; one that left writes no more.
+        while t.sent_to_me(peer, channel) <= seq
+            && t.withdraw_post(peer, channel).is_some()
+            && !t.departed(peer)
+            && std::time::Instant::now() < until
+        {
+            let seen = t.ticket();
+            t.wait(
+                seen,
+                until.min(std::time::Instant::now() + std::time::Duration::from_millis(5)),
+            );
         }
     }
 }

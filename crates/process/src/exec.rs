@@ -79,14 +79,30 @@ impl Task<'_> {
 /// Run the rank's part of the plan, then divide for `Avg`; returns how
 /// many messages went by reference.
 pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u64, CommError> {
-    let mut walk = Walk::new(task.rank_plan());
-    let mut deadline = Instant::now() + task.timeout;
     let heaps = t.heaps();
     let mut call = CallState {
         lent: Vec::new(),
         written: 0,
         bases: heaps.as_ref().map(|_| Bases::new(t, task.rank_plan())),
     };
+    let result = walk_plan::<T>(t, task, &mut call);
+    if result.is_err()
+        && let Some(bases) = &call.bases
+    {
+        direct::withdraw_posts(t, bases, task.timeout);
+    }
+    result
+}
+
+/// [`execute`]'s walk, drain and division.
+fn walk_plan<T: Reduce>(
+    t: &mut dyn Transport,
+    task: &Task,
+    call: &mut CallState,
+) -> Result<u64, CommError> {
+    let mut walk = Walk::new(task.rank_plan());
+    let mut deadline = Instant::now() + task.timeout;
+    let heaps = t.heaps();
     loop {
         let seen = t.ticket();
         let mut progressed = false;
@@ -96,8 +112,7 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u
                     let pieces = |r: &Region| as_pieces::<T>(&task.spans::<T>(r));
                     direct::post_ahead(t, heaps, task.rank_plan(), bases, channel, at, pieces);
                 }
-                if !walk.waits_met(ins) || !try_fire::<T>(t, task, channel as u32, ins, &mut call)?
-                {
+                if !walk.waits_met(ins) || !try_fire::<T>(t, task, channel as u32, ins, call)? {
                     break;
                 }
                 progressed = true;
@@ -290,6 +305,11 @@ fn try_fire<T: Reduce>(
     if heaps.is_some() && bytes > 0 {
         for (d, m) in direct_to.iter_mut().zip(&ins.send) {
             *d = t.take_post(m.peer, channel, bytes).map(|p| p as *mut T);
+            // A post from another process is checked like anything else.
+            if d.is_some_and(|p| !p.is_aligned()) {
+                t.give_back_post(m.peer, channel);
+                *d = None;
+            }
         }
     }
     let mut rooms: Vec<*mut T> = direct_to.iter().flatten().copied().collect();
@@ -312,7 +332,14 @@ fn try_fire<T: Reduce>(
         rooms: &rooms,
         len: bytes / std::mem::size_of::<T>(),
     };
-    value(t, &step, arrived.landed, reader.as_deref())?;
+    if let Err(e) = value(t, &step, arrived.landed, reader.as_deref()) {
+        for (d, m) in direct_to.iter().zip(&ins.send) {
+            if d.is_some() {
+                t.give_back_post(m.peer, channel);
+            }
+        }
+        return Err(e);
+    }
     // Streaming stores must land before the counters that publish them.
     ferrocoll_core::kernels::stream_fence();
     let sent = Sent {
@@ -745,6 +772,37 @@ unsafe fn compute<T: Reduce>(
     // SAFETY: as below; the fused path checks that no destination
     // overlaps a source.
     if unsafe { fused(op, messages, read, write, outgoing, len) } {
+        return;
+    }
+    // A room may be the very bytes a message is read from (a peer lends a
+    // block and posts the same block for the answer): only the fused
+    // kernel may write over a source; here, stage the value first.
+    let size = std::mem::size_of::<T>();
+    let span = |p: usize, n: usize| p..p + n * size;
+    let room_meets = |room: usize| {
+        messages
+            .iter()
+            .any(|&m| ranges_meet(&span(room, len), &span(m as usize, len)))
+            || read.is_some_and(|r| {
+                r.iter()
+                    .any(|&(_, a, n)| ranges_meet(&span(room, len), &span(a, n)))
+            })
+    };
+    if outgoing.iter().any(|&r| room_meets(r as usize)) {
+        let mut value: Vec<T> = Vec::with_capacity(len);
+        // SAFETY: the staged value is fresh memory of `len` elements; the
+        // sources are valid as the caller guarantees; every room and the
+        // write then get a copy of it.
+        unsafe {
+            combine(op, messages, read, value.as_mut_ptr(), len);
+            value.set_len(len);
+            for &room in outgoing {
+                copy_long(value.as_ptr().cast(), room.cast(), len * size);
+            }
+            if let Some(write) = write {
+                scatter(value.as_ptr(), write);
+            }
+        }
         return;
     }
     // SAFETY: every pointer below is valid for the lengths used, as the

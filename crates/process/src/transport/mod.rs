@@ -130,6 +130,22 @@ pub(crate) trait Transport: Send {
     /// Message `seq` from `from` was consumed: its post is spent.
     fn clear_post(&mut self, _from: Rank, _channel: u32, _seq: u64) {}
 
+    /// Withdraw this rank's post on the link from `from` (its call is
+    /// giving up): `Some(seq)` when `from` already took it for message
+    /// `seq` — then it may be writing there until it sends that message.
+    fn withdraw_post(&mut self, _from: Rank, _channel: u32) -> Option<u64> {
+        None
+    }
+
+    /// Messages `from` has sent this rank on `channel`, ever.
+    fn sent_to_me(&self, _from: Rank, _channel: u32) -> u64 {
+        0
+    }
+
+    /// Give back a post of `to`'s this rank took but will not write (its
+    /// step failed).
+    fn give_back_post(&mut self, _to: Rank, _channel: u32) {}
+
     /// Claim `to`'s post for this rank's next message on the link, when
     /// there is one for exactly `len` bytes: where to write the value in
     /// `to`'s heap, as mapped here.

@@ -4,9 +4,11 @@
 //! the receiver reduces from it or copies it out in place — no copy
 //! through a slot, the way threads read each other's memory.
 //!
-//! Only the owner allocates from its heap; peers read it only while a
-//! message of the current call names it, and the owner returns from that
-//! call only once every such message was consumed.
+//! Only the owner allocates from its heap. Peers read it only while a
+//! message of the current call names it (the owner returns from that call
+//! only once every such message was consumed), and write it only where
+//! the owner posted a direct-write destination for that call (a call that
+//! fails withdraws its posts before it returns).
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};

@@ -627,6 +627,39 @@ impl Transport for ShmTransport {
         }
     }
 
+    fn withdraw_post(&mut self, from: Rank, channel: u32) -> Option<u64> {
+        let post = self.segments.counter(self.rank, from, channel, POST_SEQ_AT);
+        loop {
+            let now = post.load(Ordering::Acquire);
+            if now == 0 {
+                return None;
+            }
+            if now & TAKEN != 0 {
+                return Some((now & !TAKEN) - 1);
+            }
+            if post
+                .compare_exchange(now, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return None;
+            }
+        }
+    }
+
+    fn sent_to_me(&self, from: Rank, channel: u32) -> u64 {
+        self.segments
+            .counter(self.rank, from, channel, 0)
+            .load(Ordering::Acquire)
+    }
+
+    fn give_back_post(&mut self, to: Rank, channel: u32) {
+        let s = &self.segments;
+        let next = s.counter(to, self.rank, channel, 0).load(Ordering::Relaxed);
+        let _ = s
+            .counter(to, self.rank, channel, POST_SEQ_AT)
+            .compare_exchange(TAKEN | (next + 1), 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
     fn take_post(&mut self, to: Rank, channel: u32, len: usize) -> Option<*mut u8> {
         let s = &self.segments;
         let heaps = self.heaps.as_ref()?;
