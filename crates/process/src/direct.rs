@@ -53,32 +53,67 @@ impl Bases {
     }
 }
 
-/// Post the destinations of the direct receives channel `channel` may
-/// accept now (it stands at instruction `at`), where they lie in this
-/// rank's heap as one piece.
-pub(crate) fn post_ahead(
-    t: &mut dyn Transport,
-    heaps: &Heaps,
-    plan: &RankPlan,
-    bases: &Bases,
-    channel: usize,
-    at: u32,
-    pieces: impl Fn(&ferrocoll_core::plan::Region) -> Vec<(usize, usize)>,
-) {
-    for ins in plan.channels[channel][at as usize..]
-        .iter()
-        .take(POST_LOOKAHEAD)
-    {
-        let (Some(from), Some(write)) = (ins.direct, &ins.write) else {
-            continue;
-        };
-        if from > at || ins.recv.len() != 1 {
-            continue;
-        }
-        if let Some([(offset, len)]) = heaps.own.offsets(&pieces(write)).as_deref() {
-            let m = &ins.recv[0];
-            let seq = bases.seq(m.peer, channel as u32, m.index);
-            t.post(m.peer, channel as u32, seq, *offset, *len);
+/// A direct receive this rank may post for: its instruction's index, the
+/// earliest index from which it may be posted, and the post itself.
+#[derive(Debug, Clone, Copy)]
+struct Postable {
+    index: u32,
+    from: u32,
+    peer: Rank,
+    seq: u64,
+    offset: usize,
+    len: usize,
+}
+
+/// Every direct receive of one call whose output lies in this rank's
+/// heap as one piece, per channel, in instruction order — worked out once
+/// per call, so posting while the walk advances costs a few comparisons.
+pub(crate) struct Postables(Vec<Vec<Postable>>);
+
+impl Postables {
+    pub fn new(
+        heaps: &Heaps,
+        plan: &RankPlan,
+        bases: &Bases,
+        pieces: impl Fn(&ferrocoll_core::plan::Region) -> Vec<(usize, usize)>,
+    ) -> Self {
+        let per_channel = plan.channels.iter().enumerate().map(|(c, list)| {
+            list.iter()
+                .enumerate()
+                .filter_map(|(i, ins)| {
+                    let (from, write) = (ins.direct?, ins.write.as_ref()?);
+                    let [m] = ins.recv.as_slice() else {
+                        return None;
+                    };
+                    let [(offset, len)] = heaps.own.offsets(&pieces(write))?[..] else {
+                        return None;
+                    };
+                    Some(Postable {
+                        index: i as u32,
+                        from,
+                        peer: m.peer,
+                        seq: bases.seq(m.peer, c as u32, m.index),
+                        offset,
+                        len,
+                    })
+                })
+                .collect()
+        });
+        Postables(per_channel.collect())
+    }
+
+    /// Post the destinations of the direct receives channel `channel` may
+    /// accept now (it stands at instruction `at`), within the lookahead.
+    pub fn post_ahead(&self, t: &mut dyn Transport, channel: usize, at: u32) {
+        let list = &self.0[channel];
+        let first = list.partition_point(|p| p.index < at);
+        for p in list[first..]
+            .iter()
+            .take_while(|p| (p.index as usize) < at as usize + POST_LOOKAHEAD)
+        {
+            if p.from <= at {
+                t.post(p.peer, channel as u32, p.seq, p.offset, p.len);
+            }
         }
     }
 }

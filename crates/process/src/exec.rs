@@ -22,7 +22,7 @@ use ferrocoll_core::comm::CommError;
 use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Source, Walk};
 use ferrocoll_core::{Rank, Reduce, ReduceOp};
 
-use crate::direct::{self, Bases};
+use crate::direct::{self, Bases, Postables};
 use crate::transport::shm::heap::Heaps;
 use crate::transport::{Incoming, Transport};
 use crate::wire::Header;
@@ -84,7 +84,12 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u
         lent: Vec::new(),
         written: 0,
         bases: heaps.as_ref().map(|_| Bases::new(t, task.rank_plan())),
+        postables: None,
     };
+    if let (Some(heaps), Some(bases)) = (&heaps, &call.bases) {
+        let pieces = |r: &Region| as_pieces::<T>(&task.spans::<T>(r));
+        call.postables = Some(Postables::new(heaps, task.rank_plan(), bases, pieces));
+    }
     let result = walk_plan::<T>(t, task, &mut call);
     if result.is_err()
         && let Some(bases) = &call.bases
@@ -102,15 +107,13 @@ fn walk_plan<T: Reduce>(
 ) -> Result<u64, CommError> {
     let mut walk = Walk::new(task.rank_plan());
     let mut deadline = Instant::now() + task.timeout;
-    let heaps = t.heaps();
     loop {
         let seen = t.ticket();
         let mut progressed = false;
         for channel in 0..walk.channels() {
             while let Some((at, ins)) = walk.next(channel) {
-                if let (Some(heaps), Some(bases)) = (&heaps, &call.bases) {
-                    let pieces = |r: &Region| as_pieces::<T>(&task.spans::<T>(r));
-                    direct::post_ahead(t, heaps, task.rank_plan(), bases, channel, at, pieces);
+                if let Some(postables) = &call.postables {
+                    postables.post_ahead(t, channel, at);
                 }
                 if !walk.waits_met(ins) || !try_fire::<T>(t, task, channel as u32, ins, call)? {
                     break;
@@ -161,6 +164,8 @@ struct CallState {
     written: u64,
     /// Link numbering of incoming messages, where posts are possible.
     bases: Option<Bases>,
+    /// The direct receives this rank may post for.
+    postables: Option<Postables>,
 }
 
 /// Wait until every message this rank sent by reference was consumed: its
