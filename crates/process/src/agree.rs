@@ -167,15 +167,22 @@ impl Agreement {
     }
 
     /// `Err` when a peer that has not announced the call left the group:
-    /// it never will.
+    /// it never will. Announcements are looked at again once a departure
+    /// is seen: a peer may have announced the call, finished it and left
+    /// since `missing` was taken (its announcement arrives before its
+    /// departure), and then it did not leave *before* the call.
     fn departed(
-        &self,
+        &mut self,
         t: &mut dyn Transport,
         missing: &[Rank],
         number: u64,
         signature: &str,
     ) -> Result<(), CommError> {
-        match missing.iter().find(|&&p| t.departed(p)) {
+        if !missing.iter().any(|&p| t.departed(p)) {
+            return Ok(());
+        }
+        let still = self.missing(t, number, signature)?;
+        match still.iter().find(|&&p| t.departed(p)) {
             Some(&gone) => Err(CommError::PeerFailed {
                 rank: gone,
                 reason: format!(
