@@ -15,10 +15,8 @@ use std::time::Instant;
 use ferrocoll_core::comm::{CommError, HostSlice, HostSliceMut};
 use ferrocoll_core::plan::{CallShape, OneShot, one_shot_describe};
 use ferrocoll_core::schedule::Buffer;
-use ferrocoll_core::{Rank, Reduce};
 
 use crate::ProcessCommunicator;
-use crate::transport::Transport;
 
 impl ProcessCommunicator {
     /// Whether `shape` takes the one-shot protocol: small enough for the
@@ -83,7 +81,11 @@ impl ProcessCommunicator {
             // SAFETY: every rank announced this one-shot call, so each
             // peer's half holds its input until it announces call
             // `number + 2`, which waits for our next announcement.
-            unsafe { gather::<T>(self.transport.as_ref(), number, &shot, output_base, shape.op, n) };
+            unsafe {
+                let t = self.transport.as_ref();
+                let staged = |r| t.staging(r, number).expect("every rank has staging").0.cast_const();
+                shot.build_output::<T>(staged, output_base, shape.op, n)
+            };
         });
         self.one_shot_calls += 1;
         tracing::trace!(
@@ -93,54 +95,5 @@ impl ProcessCommunicator {
             "done"
         );
         Ok(())
-    }
-}
-
-/// Build the output at `output` from the staged inputs of call `call`.
-///
-/// # Safety
-/// Every rank has announced call `call` in one-shot form; `output` is
-/// this rank's output buffer, holding every gather.
-unsafe fn gather<T: Reduce>(
-    t: &dyn Transport,
-    call: u64,
-    shot: &OneShot,
-    output: usize,
-    op: ferrocoll_core::ReduceOp,
-    world: u32,
-) {
-    let size = std::mem::size_of::<T>();
-    let staged = |peer: Rank| t.staging(peer, call).expect("every rank has staging").0;
-    let mut srcs: Vec<*const T> = Vec::with_capacity(world as usize);
-    for g in &shot.gathers {
-        srcs.clear();
-        srcs.extend(
-            g.sources
-                .iter()
-                .map(|&(peer, offset)| staged(peer).wrapping_add(offset as usize) as *const T),
-        );
-        let dst = (output + g.output_offset as usize) as *mut T;
-        let len = g.bytes as usize / size;
-        // SAFETY: sources lie in staged inputs (64-aligned halves, whole
-        // elements in), the destination in the caller's output; they never
-        // overlap.
-        unsafe {
-            match srcs.as_slice() {
-                [one] => std::ptr::copy_nonoverlapping(*one, dst, len),
-                many => T::reduce(op, many, dst, len),
-            }
-        }
-    }
-    if let Some((offset, bytes)) = shot.divide {
-        // SAFETY: the divided bytes are the output of a gather above.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut(
-                (output + offset as usize) as *mut T,
-                bytes as usize / size,
-            )
-        };
-        for x in out {
-            *x = x.divide(world);
-        }
     }
 }

@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use super::CpuCommunicator;
 use super::board::Board;
-use super::data::divide;
 use crate::comm::{CommError, HostSlice, HostSliceMut};
 use crate::plan::{CallShape, OneShot, one_shot_describe};
 use crate::schedule::Buffer;
-use crate::types::{Rank, Reduce, ReduceOp};
+use crate::types::Rank;
 
 impl CpuCommunicator {
     /// A call small enough for the one-shot protocol: the input travels
@@ -63,53 +62,11 @@ impl CpuCommunicator {
             // it returns; `output` is the caller's, exclusively borrowed,
             // and the staging is the group's own memory.
             unsafe {
-                gather::<T>(&self.group.posts, number, &shot, output_base, shape.op, n)
+                let posts = &self.group.posts;
+                shot.build_output::<T>(|r| posts.staged(r, number), output_base, shape.op, n)
             };
         });
         Ok(())
-    }
-}
-
-/// Build rank's output at `output` for call `call`, every peer having
-/// announced it with `shot`'s signature.
-///
-/// # Safety
-/// Every rank announced call `call` with this one-shot signature and this
-/// rank has not announced its next call; `output` is this rank's output
-/// buffer, valid for writes of every gather and not aliasing any staging.
-pub(crate) unsafe fn gather<T: Reduce>(
-    posts: &Board,
-    call: u64,
-    shot: &OneShot,
-    output: usize,
-    op: ReduceOp,
-    world: u32,
-) {
-    let size = std::mem::size_of::<T>();
-    let mut srcs: Vec<*const T> = Vec::with_capacity(world as usize);
-    for g in &shot.gathers {
-        srcs.clear();
-        for &(peer, offset) in &g.sources {
-            // SAFETY: the peer announced this call in one-shot form, so its
-            // staging holds its whole input, which `offset` lies in.
-            let base = unsafe { posts.staged(peer, call) };
-            srcs.push(base.wrapping_add(offset as usize).cast());
-        }
-        let dst = (output + g.output_offset as usize) as *mut T;
-        let len = g.bytes as usize / size;
-        // SAFETY: sources lie in staged inputs (element-aligned: staging is
-        // `u64`-aligned and offsets are whole elements), the destination in
-        // the caller's output; the two never overlap.
-        unsafe {
-            match srcs.as_slice() {
-                [one] => std::ptr::copy_nonoverlapping(*one, dst, len),
-                many => T::reduce(op, many, dst, len),
-            }
-        }
-    }
-    if let Some((offset, bytes)) = shot.divide {
-        // SAFETY: the divided bytes are the output of a gather above.
-        unsafe { divide::<T>(&vec![(output + offset as usize, bytes as usize)], world) };
     }
 }
 

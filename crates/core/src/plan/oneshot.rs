@@ -183,6 +183,60 @@ impl OneShot {
     }
 }
 
+impl OneShot {
+    /// Build this rank's output at `output` from the staged inputs, the
+    /// start of rank `r`'s being `staged(r)`, then divide for `Avg` — the
+    /// one reading of the byte map, shared by the executors (threads and
+    /// processes stage in different places).
+    ///
+    /// # Safety
+    /// `staged(r)` points at rank `r`'s whole published input of this call,
+    /// element-aligned, unchanged while this runs; `output` is this rank's
+    /// output buffer, valid for writes of every gather and overlapping no
+    /// staged input.
+    pub unsafe fn build_output<T: crate::types::Reduce>(
+        &self,
+        staged: impl Fn(Rank) -> *const u8,
+        output: usize,
+        op: crate::ReduceOp,
+        world: u32,
+    ) {
+        let size = std::mem::size_of::<T>();
+        let mut srcs: Vec<*const T> = Vec::with_capacity(world as usize);
+        for g in &self.gathers {
+            srcs.clear();
+            srcs.extend(
+                g.sources
+                    .iter()
+                    .map(|&(peer, offset)| staged(peer).wrapping_add(offset as usize).cast()),
+            );
+            let dst = (output + g.output_offset as usize) as *mut T;
+            let len = g.bytes as usize / size;
+            // SAFETY: sources lie in staged inputs (the caller's contract;
+            // offsets are whole elements), the destination in the output;
+            // the two never overlap.
+            unsafe {
+                match srcs.as_slice() {
+                    [one] => std::ptr::copy_nonoverlapping(*one, dst, len),
+                    many => T::reduce(op, many, dst, len),
+                }
+            }
+        }
+        if let Some((offset, bytes)) = self.divide {
+            // SAFETY: the divided bytes are the output of a gather above.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (output + offset as usize) as *mut T,
+                    bytes as usize / size,
+                )
+            };
+            for x in out {
+                *x = x.divide(world);
+            }
+        }
+    }
+}
+
 /// The one-shot signature of `shape` on `world` ranks.
 pub fn signature(shape: &CallShape, world: u32) -> u64 {
     stable_hash(&("one-shot", world, describe(shape)))

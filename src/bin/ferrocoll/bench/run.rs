@@ -81,47 +81,36 @@ impl Backend for Cpu<'_> {
     }
 }
 
-/// `BenchRank` for a communicator on host memory: buffers are vectors and
-/// calls go through [`dispatch`]. Extra items (overrides) may follow.
-macro_rules! host_bench_rank {
-    ($ty:ty $(, $extra:item)*) => {
-        impl $crate::bench::run::BenchRank for $ty {
-            type Buffers<T: ferrocoll::conformance::KitElement> = (Vec<T>, Vec<T>);
+/// Threads on host memory: buffers are vectors.
+impl BenchRank for CpuCommunicator {
+    type Buffers<T: KitElement> = (Vec<T>, Vec<T>);
 
-            fn place<T: ferrocoll::conformance::KitElement>(
-                &mut self,
-                input: &[T],
-                output: Vec<T>,
-            ) -> Result<(Vec<T>, Vec<T>), ferrocoll::comm::CommError> {
-                Ok(($crate::bench::run::try_copy(input, "placed input")?, output))
-            }
+    fn place<T: KitElement>(
+        &mut self,
+        input: &[T],
+        output: Vec<T>,
+    ) -> Result<(Vec<T>, Vec<T>), CommError> {
+        Ok((try_copy(input, "placed input")?, output))
+    }
 
-            fn collective<T: ferrocoll::conformance::KitElement>(
-                &mut self,
-                (input, output): &mut (Vec<T>, Vec<T>),
-                collective: ferrocoll::Collective,
-                op: ferrocoll::ReduceOp,
-                in_place: bool,
-                _count: usize,
-            ) -> Result<(), ferrocoll::comm::CommError> {
-                let input = (!in_place).then(|| input.as_slice().into());
-                let call = ferrocoll::comm::Call::collective(collective, op, input, output.as_mut_slice().into());
-                ferrocoll::comm::Communicator::execute(self, call)
-            }
+    fn collective<T: KitElement>(
+        &mut self,
+        (input, output): &mut (Vec<T>, Vec<T>),
+        collective: Collective,
+        op: ferrocoll::ReduceOp,
+        in_place: bool,
+        _count: usize,
+    ) -> Result<(), CommError> {
+        let input = (!in_place).then(|| input.as_slice().into());
+        let call =
+            ferrocoll::comm::Call::collective(collective, op, input, output.as_mut_slice().into());
+        Communicator::execute(self, call)
+    }
 
-            fn output<T: ferrocoll::conformance::KitElement>(
-                &mut self,
-                buffers: &(Vec<T>, Vec<T>),
-            ) -> Result<Vec<T>, ferrocoll::comm::CommError> {
-                $crate::bench::run::try_copy(&buffers.1, "output read back")
-            }
-
-            $($extra)*
-        }
-    };
+    fn output<T: KitElement>(&mut self, buffers: &(Vec<T>, Vec<T>)) -> Result<Vec<T>, CommError> {
+        try_copy(&buffers.1, "output read back")
+    }
 }
-
-host_bench_rank!(CpuCommunicator);
 
 pub(crate) fn section<B: Backend>(
     args: &BenchArgs,

@@ -232,7 +232,7 @@ fn spawn_all(
 /// its own can pick differently when two variants are within noise);
 /// `None` when the caller forces one with `FERROCOLL_KERNELS` already.
 fn shared_kernel_choice() -> Option<String> {
-    if std::env::var_os("FERROCOLL_KERNELS").is_some() {
+    if ferrocoll::settings::kernels_override().is_some() {
         return None;
     }
     Some(ferrocoll::kernels::chosen().spec())

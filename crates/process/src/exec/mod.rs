@@ -1,0 +1,528 @@
+//! Runs one rank's part of an execution plan over a [`Transport`].
+//!
+//! The same loop as the in-process executor — every channel advances
+//! round-robin, an instruction fires when its messages are there, its
+//! outgoing links have room and its waits are met — but every message is
+//! a copy: the value is reduced straight into the first outgoing
+//! message's room (or into the destination when nothing is sent) and read
+//! straight out of the incoming messages, so each byte is written once per
+//! hop. Every message carries the call's header; the first one that
+//! disagrees with this rank's call is a [`CommError::Mismatch`].
+//!
+//! Where the group may read each other's memory ([`crate::zero_copy`]), a
+//! value the plan keeps stable in the sender's buffers ([`Source`]) goes
+//! by reference instead: the message names where it lies, the receiver
+//! reads it from there (into its output, or a block at a time into a
+//! cached buffer it reduces from), and the sender returns only once every
+//! such message was consumed.
+
+use std::time::{Duration, Instant};
+
+use ferrocoll_core::comm::CommError;
+use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Source, Walk};
+use ferrocoll_core::{Rank, Reduce, ReduceOp};
+
+use crate::direct::{self, Bases, Postables};
+use crate::transport::shm::heap::Heaps;
+use crate::transport::{Incoming, Transport};
+use crate::wire::Header;
+use crate::zero_copy::{self, PeerReader, Pieces};
+
+mod compute;
+mod reference;
+#[cfg(test)]
+mod tests;
+
+use compute::{compute, copy_long, scatter_from};
+use reference::{
+    Ref, Step, as_pieces, fire_by_reference, lend, protocol_error, reference, resolve,
+};
+
+/// One rank's task in one call.
+pub(crate) struct Task<'a> {
+    pub plan: &'a ExecutionPlan,
+    pub rank: Rank,
+    /// Base addresses of the input, output and scratch buffers (in place,
+    /// the output's).
+    pub bases: [usize; 3],
+    /// The call's number on this communicator.
+    pub number: u64,
+    /// What every message of the call carries in its header.
+    pub signature: &'a str,
+    pub timeout: Duration,
+}
+
+/// A contiguous run of a value in local memory: (offset into the value,
+/// address, elements).
+type Span = (usize, usize, usize);
+
+impl Task<'_> {
+    fn spans<T>(&self, region: &Region) -> Vec<Span> {
+        let size = std::mem::size_of::<T>();
+        let base = self.bases[region.buffer as usize];
+        let mut offset = 0;
+        region
+            .pieces
+            .iter()
+            .map(|p| {
+                let elems = p.bytes as usize / size;
+                let span = (offset, base + p.offset as usize, elems);
+                offset += elems;
+                span
+            })
+            .collect()
+    }
+
+    fn rank_plan(&self) -> &RankPlan {
+        &self.plan.ranks[self.rank as usize]
+    }
+}
+
+/// Run the rank's part of the plan, then divide for `Avg`; returns how
+/// many messages went by reference.
+pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u64, CommError> {
+    let heaps = t.heaps();
+    let mut call = CallState {
+        lent: Vec::new(),
+        written: 0,
+        bases: heaps.as_ref().map(|_| Bases::new(t, task.rank_plan())),
+        postables: None,
+    };
+    if let (Some(heaps), Some(bases)) = (&heaps, &call.bases) {
+        let pieces = |r: &Region| as_pieces::<T>(&task.spans::<T>(r));
+        call.postables = Some(Postables::new(heaps, task.rank_plan(), bases, pieces));
+    }
+    let result = walk_plan::<T>(t, task, &mut call);
+    if result.is_err()
+        && let Some(bases) = &call.bases
+    {
+        direct::withdraw_posts(t, bases, task.timeout);
+    }
+    result
+}
+
+/// [`execute`]'s walk, drain and division.
+fn walk_plan<T: Reduce>(
+    t: &mut dyn Transport,
+    task: &Task,
+    call: &mut CallState,
+) -> Result<u64, CommError> {
+    let mut walk = Walk::new(task.rank_plan());
+    let mut deadline = Instant::now() + task.timeout;
+    loop {
+        let seen = t.ticket();
+        let mut progressed = false;
+        for channel in 0..walk.channels() {
+            while let Some((at, ins)) = walk.next(channel) {
+                if let Some(postables) = &call.postables {
+                    postables.post_ahead(t, channel, at);
+                }
+                if !walk.waits_met(ins) || !try_fire::<T>(t, task, channel as u32, ins, call)? {
+                    break;
+                }
+                progressed = true;
+                walk.advance(channel);
+            }
+        }
+        if walk.done() {
+            break;
+        }
+        if progressed {
+            deadline = Instant::now() + task.timeout;
+            continue;
+        }
+        t.check()?;
+        find_mismatch(t, task, walk.channels() as u32)?;
+        find_departed(t, task, &walk)?;
+        if Instant::now() >= deadline {
+            return Err(CommError::Timeout {
+                rank: task.rank,
+                timeout: task.timeout,
+                what: walk.describe(),
+            });
+        }
+        t.wait(seen, deadline);
+    }
+    let by_reference = call.lent.len() as u64 + call.written;
+    drain(t, task, &mut call.lent)?;
+    if let Some(region) = &task.rank_plan().divide {
+        for (_, address, n) in task.spans::<T>(region) {
+            // SAFETY: the region lies in this rank's output (plan
+            // invariant), borrowed exclusively by the caller; the call is done.
+            let out = unsafe { std::slice::from_raw_parts_mut(address as *mut T, n) };
+            for x in out {
+                *x = x.divide(task.plan.world_size);
+            }
+        }
+    }
+    Ok(by_reference)
+}
+
+/// What one call keeps across its instructions.
+struct CallState {
+    /// Links this rank sent a value by reference on: drained before return.
+    lent: Vec<(Rank, u32)>,
+    /// Values this rank wrote straight into a peer's posted destination.
+    written: u64,
+    /// Link numbering of incoming messages, where posts are possible.
+    bases: Option<Bases>,
+    /// The direct receives this rank may post for.
+    postables: Option<Postables>,
+}
+
+/// Wait until every message this rank sent by reference was consumed: its
+/// buffers may change once it returns.
+fn drain(t: &mut dyn Transport, task: &Task, lent: &mut Vec<(Rank, u32)>) -> Result<(), CommError> {
+    lent.sort_unstable();
+    lent.dedup();
+    let deadline = Instant::now() + task.timeout;
+    loop {
+        let seen = t.ticket();
+        lent.retain(|&(peer, channel)| t.unconsumed(peer, channel) > 0);
+        let Some(&(peer, _)) = lent.first() else {
+            return Ok(());
+        };
+        t.check()?;
+        if t.departed(peer) {
+            return Err(CommError::PeerFailed {
+                rank: peer,
+                reason: format!(
+                    "left the group (its communicator was dropped) before reading call #{}'s data ({})",
+                    task.number, task.signature
+                ),
+            });
+        }
+        if Instant::now() >= deadline {
+            return Err(CommError::Timeout {
+                rank: task.rank,
+                timeout: task.timeout,
+                what: format!(
+                    "rank {peer} to read this rank's data of call #{}",
+                    task.number
+                ),
+            });
+        }
+        t.wait(seen, deadline);
+    }
+}
+
+/// A peer's message for this very call that describes it differently.
+fn find_mismatch(t: &mut dyn Transport, task: &Task, channels: u32) -> Result<(), CommError> {
+    let n = task.plan.world_size;
+    let channels = t.max_channel().map_or(channels, |m| m.max(channels));
+    for peer in (0..n).filter(|&p| p != task.rank) {
+        for channel in 0..channels {
+            if let Some(h) = t.peek_header(peer, channel) {
+                check_header(&h, peer, task)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A peer this rank is blocked on that has left the group: it will never
+/// send or consume again, so waiting out the timeout would only delay the error.
+fn find_departed(t: &mut dyn Transport, task: &Task, walk: &Walk) -> Result<(), CommError> {
+    for channel in 0..walk.channels() {
+        let Some((_, ins)) = walk.next(channel) else {
+            continue;
+        };
+        let recv = ins.recv.iter().map(|m| (m.peer, true));
+        for (peer, receiving) in recv.chain(ins.send.iter().map(|m| (m.peer, false))) {
+            let waiting = !receiving || t.peek(peer, channel as u32)?.is_none();
+            if waiting && t.departed(peer) {
+                return Err(CommError::PeerFailed {
+                    rank: peer,
+                    reason: format!(
+                        "left the group (its communicator was dropped) before call #{} ({}) finished",
+                        task.number, task.signature
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_header(h: &Header, peer: Rank, task: &Task) -> Result<(), CommError> {
+    if h.call == task.number && !h.same_call(task.number, task.signature) {
+        return Err(CommError::Mismatch {
+            call: task.number,
+            rank: task.rank,
+            other: peer,
+            expected: h.signature().to_owned(),
+            got: task.signature.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Fire `ins` if it can fire now.
+fn try_fire<T: Reduce>(
+    t: &mut dyn Transport,
+    task: &Task,
+    channel: u32,
+    ins: &Instruction,
+    call: &mut CallState,
+) -> Result<bool, CommError> {
+    let mut incoming: Vec<Incoming> = Vec::with_capacity(ins.recv.len());
+    for m in &ins.recv {
+        match t.peek(m.peer, channel)? {
+            Some(msg) => incoming.push(msg),
+            None => return Ok(false),
+        }
+    }
+    let bytes = ins.bytes as usize;
+    let reader = t.peer_reader();
+    let heaps = t.heaps();
+    let arrived = receive::<T>(
+        t,
+        task,
+        channel,
+        ins,
+        &incoming,
+        call,
+        (reader.is_some(), heaps.as_deref()),
+    )?;
+    let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
+    let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
+    // A reference must fit a slot (a value of many pieces may not).
+    let slot = t.max_message().unwrap_or(0);
+    let lending = lend::<T>(
+        ins,
+        bytes,
+        read.as_deref(),
+        write.as_deref(),
+        reader.is_some(),
+        heaps.as_deref(),
+    )
+    .filter(|(_, p)| zero_copy::reference_bytes(p.len()) <= slot);
+    let room = lending
+        .as_ref()
+        .map_or(bytes, |(_, p)| zero_copy::reference_bytes(p.len()));
+    let mut outgoing: Vec<*mut T> = Vec::with_capacity(ins.send.len());
+    for m in &ins.send {
+        match t.reserve(m.peer, channel, room)? {
+            Some(room) => outgoing.push(room as *mut T),
+            None => return Ok(false),
+        }
+    }
+    // Peers that posted where this value goes get it written there.
+    let mut direct_to: Vec<Option<*mut T>> = vec![None; ins.send.len()];
+    if heaps.is_some() && bytes > 0 {
+        for (d, m) in direct_to.iter_mut().zip(&ins.send) {
+            *d = t.take_post(m.peer, channel, bytes).map(|p| p as *mut T);
+            // A post from another process is checked like anything else.
+            if d.is_some_and(|p| !p.is_aligned()) {
+                t.give_back_post(m.peer, channel);
+                *d = None;
+            }
+        }
+    }
+    let mut rooms: Vec<*mut T> = direct_to.iter().flatten().copied().collect();
+    if lending.is_none() {
+        rooms.extend(
+            outgoing
+                .iter()
+                .zip(&direct_to)
+                .filter(|(_, d)| d.is_none())
+                .map(|(&r, _)| r),
+        );
+    }
+    let step = Step {
+        op: task.plan.op,
+        incoming: &incoming,
+        references: &arrived.references,
+        peers: &ins.recv.iter().map(|m| m.peer).collect::<Vec<_>>(),
+        read: read.as_deref(),
+        write: write.as_deref(),
+        rooms: &rooms,
+        len: bytes / std::mem::size_of::<T>(),
+    };
+    if let Err(e) = value(t, &step, arrived.landed, reader.as_deref()) {
+        for (d, m) in direct_to.iter().zip(&ins.send) {
+            if d.is_some() {
+                t.give_back_post(m.peer, channel);
+            }
+        }
+        return Err(e);
+    }
+    // Streaming stores must land before the counters that publish them.
+    ferrocoll_core::kernels::stream_fence();
+    let sent = Sent {
+        channel,
+        lending: lending.as_ref(),
+        outgoing: &outgoing,
+        direct_to: &direct_to,
+    };
+    publish(t, task, ins, &sent, call)?;
+    Ok(true)
+}
+
+/// What arrived for a step: references to resolve, and whether the
+/// value was written into this rank's output by its sender.
+struct Arrived {
+    references: Vec<Option<Ref>>,
+    landed: bool,
+}
+
+/// Check every incoming message's header against this call, and what
+/// each carries: a copy, a reference, or word that the sender wrote the
+/// value where this rank posted.
+fn receive<T>(
+    t: &mut dyn Transport,
+    task: &Task,
+    channel: u32,
+    ins: &Instruction,
+    incoming: &[Incoming],
+    call: &CallState,
+    (reading, heaps): (bool, Option<&Heaps>),
+) -> Result<Arrived, CommError> {
+    let bytes = ins.bytes as usize;
+    let mut arrived = Arrived {
+        references: Vec::with_capacity(incoming.len()),
+        landed: false,
+    };
+    for (msg, m) in incoming.iter().zip(&ins.recv) {
+        let header = t.peek_header(m.peer, channel).expect("peeked above");
+        check_header(&header, m.peer, task)?;
+        if msg.call != task.number || msg.len != bytes {
+            return Err(CommError::Mismatch {
+                call: task.number,
+                rank: task.rank,
+                other: m.peer,
+                expected: format!(
+                    "{} (call #{}, {} bytes in this message)",
+                    header.signature(),
+                    msg.call,
+                    msg.len
+                ),
+                got: format!("{} ({bytes} bytes expected)", task.signature),
+            });
+        }
+        if header.was_written() {
+            let posted = ins.direct.is_some() && ins.recv.len() == 1 && ins.read.is_none();
+            let seq = call.bases.as_ref().map(|b| b.seq(m.peer, channel, m.index));
+            if !(posted && seq.is_some_and(|seq| t.post_taken(m.peer, channel, seq))) {
+                return Err(protocol_error(
+                    m.peer,
+                    "a value written into this rank's memory without its post".into(),
+                ));
+            }
+            arrived.landed = true;
+            arrived.references.push(None);
+            continue;
+        }
+        arrived.references.push(if header.by_reference() {
+            if !reading && heaps.is_none() {
+                return Err(protocol_error(
+                    m.peer,
+                    "a message by reference in a group that copies".into(),
+                ));
+            }
+            let pieces = reference(t, msg, m.peer, bytes)?;
+            let shown = (reading, heaps, std::mem::size_of::<T>());
+            Some(resolve(&header, pieces, m.peer, shown)?)
+        } else {
+            None
+        });
+    }
+    Ok(arrived)
+}
+
+/// Compute the step's value into its rooms and write: from the write
+/// itself when the sender already put it there, through references, or
+/// from the messages' slots.
+fn value<T: Reduce>(
+    t: &mut dyn Transport,
+    step: &Step<'_, T>,
+    landed: bool,
+    reader: Option<&PeerReader>,
+) -> Result<(), CommError> {
+    if landed {
+        let write = step.write.expect("a direct receive writes");
+        for &room in step.rooms {
+            // SAFETY: the value lies in this rank's write (posted as one
+            // piece of `len` elements); rooms are slots or peers' posted
+            // destinations, apart from it.
+            unsafe { scatter_from(write, room, step.len) };
+        }
+    } else if step.references.iter().any(Option::is_some) {
+        // SAFETY: as for `compute` below; references were checked to
+        // describe exactly the step's bytes.
+        unsafe { fire_by_reference(reader, step)? };
+        // A sender that failed may have handed its buffers back to its
+        // caller before this read: its failure, not what was read, counts.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        t.check()?;
+    } else if step.len > 0 {
+        let sources: Vec<*const T> = step
+            .incoming
+            .iter()
+            .map(|m| m.payload as *const T)
+            .collect();
+        // SAFETY: incoming payloads hold `len` elements (checked) and stay
+        // put until released; rooms hold `len` elements and are this rank's
+        // alone until committed (or a peer's posted destination, which its
+        // owner leaves alone until the message arrives); local spans lie in
+        // the caller's buffers, which hold the plan's buffer sizes.
+        unsafe {
+            compute(
+                step.op, &sources, step.read, step.write, step.rooms, step.len,
+            )
+        };
+    }
+    Ok(())
+}
+
+/// How a step's value leaves: its channel, the reference it lends (if
+/// any), the reserved rooms, and which sends were written directly.
+struct Sent<'a, T> {
+    channel: u32,
+    lending: Option<&'a (bool, Pieces)>,
+    outgoing: &'a [*mut T],
+    direct_to: &'a [Option<*mut T>],
+}
+
+/// Commit every send — written directly, by reference, or as a copy —
+/// then release every message consumed (and spend its post).
+fn publish<T>(
+    t: &mut dyn Transport,
+    task: &Task,
+    ins: &Instruction,
+    sent: &Sent<'_, T>,
+    call: &mut CallState,
+) -> Result<(), CommError> {
+    let channel = sent.channel;
+    let plain = Header::new(task.number, ins.bytes as usize, task.signature);
+    let mut header = plain.clone();
+    if let Some((in_heap, pieces)) = sent.lending {
+        header = if *in_heap {
+            header.referring_to_heap()
+        } else {
+            header.referring()
+        };
+        for ((&room, m), d) in sent.outgoing.iter().zip(&ins.send).zip(sent.direct_to) {
+            if d.is_none() {
+                // SAFETY: the room was reserved for exactly this reference.
+                unsafe { zero_copy::write_reference(room.cast(), pieces) };
+                call.lent.push((m.peer, channel));
+            }
+        }
+    }
+    for (m, d) in ins.send.iter().zip(sent.direct_to) {
+        if d.is_some() {
+            call.written += 1;
+            t.commit(m.peer, channel, &plain.clone().written())?;
+        } else {
+            t.commit(m.peer, channel, &header)?;
+        }
+    }
+    for m in &ins.recv {
+        t.release(m.peer, channel)?;
+        if let Some(bases) = &call.bases {
+            t.clear_post(m.peer, channel, bases.seq(m.peer, channel, m.index));
+        }
+    }
+    Ok(())
+}
