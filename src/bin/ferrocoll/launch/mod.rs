@@ -279,10 +279,18 @@ fn die_with_launcher(command: &mut Command) {
 #[cfg(not(unix))]
 fn die_with_launcher(_command: &mut Command) {}
 
+/// How long after the first failure a rank killed by a signal still
+/// takes the blame from it: a killed rank's peers can see the broken link
+/// and exit with an error before the kernel has finished tearing the
+/// killed process down and the launcher can reap it.
+const BLAME_SETTLE: Duration = Duration::from_millis(500);
+
 /// How the ranks ended.
 struct End {
     /// The first rank to fail, and how.
     failed: Option<(u32, String)>,
+    /// When `failed` was set, and whether that rank was killed by a signal.
+    failed_at: Option<(Instant, bool)>,
     /// A signal the launcher received and forwarded.
     signal: Option<i32>,
     /// How the others ended after that.
@@ -321,6 +329,7 @@ impl End {
 fn supervise(children: Vec<(u32, Child)>, grace: Duration, term_timeout: Duration) -> End {
     let mut end = End {
         failed: None,
+        failed_at: None,
         signal: None,
         after: Vec::new(),
     };
@@ -377,21 +386,103 @@ fn reap(running: Vec<(u32, Child)>, end: &mut End) -> Vec<(u32, Child)> {
     }
     // Of ranks that ended since the last look, one killed by a signal
     // is the likelier cause: its peers exit with errors right after.
-    #[cfg(unix)]
-    ended.sort_by_key(|(_, status)| {
-        use std::os::unix::process::ExitStatusExt;
-        status.signal().is_none()
-    });
+    ended.sort_by_key(|(_, status)| !killed_by_signal(status));
     for (rank, status) in ended {
-        if end.failed.is_some() || end.signal.is_some() {
-            end.after.push(if status.success() {
+        end.record(rank, status);
+    }
+    still
+}
+
+impl End {
+    /// Note how one rank ended.
+    fn record(&mut self, rank: u32, status: std::process::ExitStatus) {
+        let signaled = killed_by_signal(&status);
+        if self.signal.is_none() && !status.success() && self.takes_blame(signaled) {
+            if let Some((first, why)) = self.failed.take() {
+                self.after.insert(0, format!("rank {first} {why}"));
+            }
+            self.failed = Some((rank, status.to_string()));
+            self.failed_at = Some((Instant::now(), signaled));
+        } else if self.failed.is_some() || self.signal.is_some() {
+            self.after.push(if status.success() {
                 format!("rank {rank} exited cleanly")
             } else {
                 format!("rank {rank} {status}")
             });
-        } else if !status.success() {
-            end.failed = Some((rank, status.to_string()));
         }
     }
-    still
+
+    /// Whether a rank that just failed (by a signal or not) is the one to
+    /// name: the first failure, or a killed rank reaped shortly after a
+    /// first failure that was an ordinary error exit.
+    fn takes_blame(&self, signaled: bool) -> bool {
+        match self.failed_at {
+            None => self.failed.is_none(),
+            Some((at, first_signaled)) => {
+                signaled && !first_signaled && at.elapsed() < BLAME_SETTLE
+            }
+        }
+    }
+}
+
+fn killed_by_signal(status: &std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal().is_some()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    fn fresh() -> End {
+        End {
+            failed: None,
+            failed_at: None,
+            signal: None,
+            after: Vec::new(),
+        }
+    }
+
+    const EXIT_2: i32 = 2 << 8;
+    const SIGKILL: i32 = 9;
+
+    #[test]
+    fn a_killed_rank_reaped_just_after_its_peers_error_takes_the_blame() {
+        let mut end = fresh();
+        end.record(0, ExitStatus::from_raw(EXIT_2));
+        end.record(2, ExitStatus::from_raw(SIGKILL));
+        end.record(1, ExitStatus::from_raw(EXIT_2));
+        assert_eq!(end.failed.as_ref().unwrap().0, 2);
+        assert_eq!(end.after.len(), 2);
+        assert!(end.after[0].starts_with("rank 0 "), "{:?}", end.after);
+    }
+
+    #[test]
+    fn a_first_error_stands_once_the_settle_time_is_over() {
+        let mut end = fresh();
+        end.record(0, ExitStatus::from_raw(EXIT_2));
+        end.failed_at = Some((Instant::now() - BLAME_SETTLE, false));
+        end.record(2, ExitStatus::from_raw(SIGKILL));
+        assert_eq!(end.failed.as_ref().unwrap().0, 0);
+    }
+
+    #[test]
+    fn a_first_kill_is_never_replaced() {
+        let mut end = fresh();
+        end.record(3, ExitStatus::from_raw(SIGKILL));
+        end.record(1, ExitStatus::from_raw(SIGKILL));
+        end.record(0, ExitStatus::from_raw(0));
+        assert_eq!(end.failed.as_ref().unwrap().0, 3);
+        assert_eq!(end.after.len(), 2);
+    }
 }
