@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Usage: scripts/compare-mpi.sh [--install] [-n RANKS] [-- BENCH_ARGS...]
+# Usage: scripts/compare-mpi.sh [--install] [--tcp] [-n RANKS] [-- BENCH_ARGS...]
 #
 # Runs OpenMPI's MPI_Allreduce (scripts/mpi-allreduce.c) on RANKS processes
-# (default 4) over shared memory, printing an nccl-tests-style table.
+# (default 4) over shared memory (with --tcp: over its TCP transport on
+# loopback), printing an nccl-tests-style table.
 # BENCH_ARGS default to "-b 4K -e 64M -f 4 -n 20 -w 5".
-# The same sweep is then run with ferrocoll's multi-process shm transport
-# and its in-process executor (with --membw, for the strict ceiling), so
-# one run gives three tables, then a summary of ratios per size: our busbw
-# over MPI's (in and out of place, threads and processes), MPI's time over
-# ours (>= 1: we are no slower), and the threads' busbw over the ceiling
-# BW·(N−1)/N². ferrocoll runs through `cargo run --release`, or the binary
+# The same sweep is then run with ferrocoll's multi-process transport of
+# the same kind (shm, or tcp) and its in-process executor (with --membw,
+# for the strict ceiling), so one run gives three tables, then a summary
+# of ratios per size: our busbw over MPI's (in and out of place, threads
+# and processes), MPI's time over ours (>= 1: we are no slower; processes
+# and threads), and the threads' busbw over the ceiling BW·(N−1)/N².
+# ferrocoll runs through `cargo run --release`, or the binary
 # FERROCOLL_BIN names.
 #
 # OpenMPI is a comparison tool only, never a project dependency: nothing is
@@ -19,12 +21,15 @@ cd "$(dirname "$0")/.."
 
 ranks=4
 install=0
+transport=shm
+btl=self,vader
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --install) install=1; shift ;;
+    --tcp) transport=tcp; btl=self,tcp; shift ;;
     -n) ranks="$2"; shift 2 ;;
     --) shift; break ;;
-    *) sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,15s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
   esac
 done
 args=("$@")
@@ -39,14 +44,15 @@ command -v mpicc >/dev/null || { echo "mpicc not found; rerun with --install" >&
 mpi_bin="${TMPDIR:-/tmp}/ferrocoll-mpi-allreduce"
 mpicc -O2 -Wall -Wextra -o "$mpi_bin" scripts/mpi-allreduce.c
 
-echo "== MPI: $(mpirun --version | head -n 1), $ranks ranks: ${args[*]}"
+echo "== MPI: $(mpirun --version | head -n 1), $ranks ranks, btl $btl: ${args[*]}"
 # pml ob1 is forced because Debian's build prefers UCX, which would bypass
-# the btl list; "self,vader" then keeps all traffic in shared memory.
+# the btl list; "self,vader" then keeps all traffic in shared memory, and
+# "self,tcp" sends it over loopback TCP.
 # --allow-run-as-root is harmless for normal users and needed in containers.
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
-  --mca pml ob1 --mca btl self,vader \
+  --mca pml ob1 --mca btl "$btl" \
   "$mpi_bin" "${args[@]}" | tee "$out/mpi"
 
 # Wherever cargo puts the binary (CARGO_TARGET_DIR included); `launch`
@@ -57,9 +63,9 @@ else
   cargo build --release -q
   ferrocoll=(cargo run --release -q --)
 fi
-echo "== ferrocoll, $ranks processes over shm: ${args[*]}"
+echo "== ferrocoll, $ranks processes over $transport: ${args[*]}"
 "${ferrocoll[@]}" launch -n "$ranks" -- ferrocoll bench --backend cpu \
-  --transport shm --op all-reduce "${args[@]}" | sed 's/^\[rank 0\] //' | tee "$out/shm"
+  --transport "$transport" --op all-reduce "${args[@]}" | sed 's/^\[rank 0\] //' | tee "$out/procs"
 echo "== ferrocoll, $ranks ranks in one process: ${args[*]}"
 "${ferrocoll[@]}" bench --backend cpu --ranks "$ranks" --op all-reduce --membw "${args[@]}" | tee "$out/threads"
 
@@ -67,20 +73,20 @@ cores=$(nproc)
 note=""; [[ $ranks -gt $cores ]] && note=" (oversubscribed: $ranks ranks on $cores cores)"
 echo "== summary, $ranks ranks$note: ratios from this run"
 ceiling=$(awk '/in-process ceiling/ {print $(NF-1)}' "$out/threads")
-awk -v ceiling="${ceiling:-0}" '
+awk -v ceiling="${ceiling:-0}" -v kind="$transport" '
   FNR == 1 { file++ }
   /^ *[0-9]/ {
     if (file == 1) { mt[$1] = $5; mo[$1] = $7; mi[$1] = $12; sizes[++n] = $1 }
-    if (file == 2) { so[$1] = $8; si[$1] = $12 }
+    if (file == 2) { pt[$1] = $6; so[$1] = $8; si[$1] = $12 }
     if (file == 3) { tt[$1] = $6; to[$1] = $8; ti[$1] = $12 }
   }
   function r(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
   END {
-    printf "# %10s  %9s %9s  %9s %9s  %9s  %9s\n", "size", "thr/MPI", "thr/MPI", "shm/MPI", "shm/MPI", "MPItime/", "thr/ceil"
-    printf "# %10s  %9s %9s  %9s %9s  %9s  %9s\n", "(B)", "oop", "in-place", "oop", "in-place", "ours oop", "oop"
+    printf "# %10s  %9s %9s  %9s %9s  %9s %9s  %9s\n", "size", "thr/MPI", "thr/MPI", kind "/MPI", kind "/MPI", "MPItime/", "MPItime/", "thr/ceil"
+    printf "# %10s  %9s %9s  %9s %9s  %9s %9s  %9s\n", "(B)", "oop", "in-place", "oop", "in-place", kind " oop", "thr oop", "oop"
     for (k = 1; k <= n; k++) {
       s = sizes[k]
-      printf "  %10s  %9s %9s  %9s %9s  %9s  %9s\n", s, r(to[s], mo[s]), r(ti[s], mi[s]), r(so[s], mo[s]), r(si[s], mi[s]), r(mt[s], tt[s]), r(to[s], ceiling)
+      printf "  %10s  %9s %9s  %9s %9s  %9s %9s  %9s\n", s, r(to[s], mo[s]), r(ti[s], mi[s]), r(so[s], mo[s]), r(si[s], mi[s]), r(mt[s], pt[s]), r(mt[s], tt[s]), r(to[s], ceiling)
     }
     printf "# ceiling BW(N-1)/N^2 = %s GB/s from the same run'"'"'s --membw probe\n", ceiling
-  }' "$out/mpi" "$out/shm" "$out/threads"
+  }' "$out/mpi" "$out/procs" "$out/threads"

@@ -126,7 +126,12 @@ impl Agreement {
                 Err(mismatch) => return mismatch,
                 Ok(missing) if missing.is_empty() => return failed,
                 Ok(_) if Instant::now() >= until => return failed,
-                Ok(_) => std::thread::sleep(Duration::from_millis(2)),
+                // Waiting on the transport (not sleeping) lets a transport
+                // that reads on the calling thread fetch the announcement.
+                Ok(_) => {
+                    let seen = t.ticket();
+                    t.wait(seen, Instant::now() + Duration::from_millis(2));
+                }
             }
         }
     }

@@ -471,6 +471,7 @@ impl Communicator for ProcessCommunicator {
                 .and_then(|()| self.recv(buffer, peer)),
             Checked::Barrier => self.barrier(),
         };
+        self.transport.settle();
         self.fail_on(result)
     }
 

@@ -87,11 +87,12 @@ pub struct ProcessConfig {
     /// read in place (zero copy; allocated and backed at setup, in the
     /// same tmpfs as the segments). 0: none.
     pub shared_heap_bytes: usize,
-    /// Shared memory: calls whose world size × input bytes is at most
-    /// this take the one-shot protocol (`ferrocoll_core::plan::OneShot`):
-    /// each rank publishes its input in its segment as it announces the
-    /// call, and builds its output from its peers' in one pass. 0 turns it
-    /// off (`FERROCOLL_ONE_SHOT_BYTES`); a forced algorithm does too.
+    /// Calls whose world size × input bytes is at most this take the
+    /// one-shot protocol (`ferrocoll_core::plan::OneShot`): each rank
+    /// publishes its input as it announces the call (in its segment over
+    /// shared memory, inside the announcement over TCP), and builds its
+    /// output from its peers' in one pass. 0 turns it off
+    /// (`FERROCOLL_ONE_SHOT_BYTES`); a forced algorithm does too.
     pub one_shot_bytes: usize,
 }
 
@@ -166,11 +167,9 @@ impl ProcessConfig {
             slots_per_link: self.link_slots(),
             schedule: self.schedule.clone(),
             rule: host_rule,
-            // Only shared memory has the staging the protocol publishes in.
-            one_shot_bytes: match self.transport {
-                TransportKind::Shm => self.one_shot_bytes,
-                TransportKind::Tcp => 0,
-            },
+            // Shared memory publishes inputs in its staging, TCP with the
+            // call's announcement.
+            one_shot_bytes: self.one_shot_bytes,
         }
     }
 

@@ -1,17 +1,21 @@
-//! Small calls over shared memory in one step: the one-shot protocol of
+//! Small calls in one step: the one-shot protocol of
 //! `ferrocoll_core::plan::OneShot`, as the threads run it. A rank copies
-//! its input into its staging half (in its own segment) and announces the
-//! call; once every rank has announced it, each builds its output from
-//! the staged inputs it maps — one announcement and one pass, instead of
-//! a message, a doorbell and a wake-up per step.
+//! its input into its staging (over shared memory, a half in its own
+//! segment that peers map; over TCP, a buffer its announcement of the
+//! call carries to every peer) and announces the call; once every rank
+//! has announced it, each builds its output from the staged inputs — one
+//! announcement and one pass, instead of a message, a wake-up and an
+//! acknowledgement per step.
 //!
 //! Staging half `c % 2` is written again only in call `c + 2`, which a
 //! rank starts after passing the agreement of call `c + 1`, which every
 //! peer announces only after finishing call `c`; a rank whose call fails
-//! is poisoned and never writes its staging again.
+//! is poisoned and never writes its staging again. TCP keeps the inputs
+//! peers' announcements carried by the same parity.
 
 use std::time::Instant;
 
+use ferrocoll_core::Rank;
 use ferrocoll_core::comm::{CommError, HostSlice, HostSliceMut};
 use ferrocoll_core::plan::{CallShape, OneShot, one_shot_describe};
 use ferrocoll_core::schedule::Buffer;
@@ -60,6 +64,7 @@ impl ProcessCommunicator {
         // `Call::check`); this half of our staging is ours to write (module
         // docs) and holds `room >= bytes`.
         unsafe { std::ptr::copy_nonoverlapping(from as *const u8, mine, bytes) };
+        self.transport.stage(number, bytes);
         let signature = one_shot_describe(shape);
         let started = Instant::now();
         self.agreement.agree(
@@ -77,14 +82,14 @@ impl ProcessCommunicator {
             shape.size_bytes(n),
             shape.dtype,
         );
+        let staged = self.staged_inputs(&shot, number)?;
         ferrocoll_core::with_element_type!(shape.dtype, T => {
             // SAFETY: every rank announced this one-shot call, so each
-            // peer's half holds its input until it announces call
-            // `number + 2`, which waits for our next announcement.
+            // peer's staged input (checked to hold `bytes`) stays until it
+            // announces call `number + 2`, which waits for our next
+            // announcement.
             unsafe {
-                let t = self.transport.as_ref();
-                let staged = |r| t.staging(r, number).expect("every rank has staging").0.cast_const();
-                shot.build_output::<T>(staged, output_base, shape.op, n)
+                shot.build_output::<T>(|r| staged[r as usize], output_base, shape.op, n)
             };
         });
         self.one_shot_calls += 1;
@@ -95,5 +100,34 @@ impl ProcessCommunicator {
             "done"
         );
         Ok(())
+    }
+
+    /// Where every rank's input for one-shot call `number` lies here, each
+    /// checked to hold what `shot` reads of it: a peer whose announcement
+    /// carried less (or nothing) broke the protocol, and is named instead
+    /// of read past.
+    fn staged_inputs(&self, shot: &OneShot, number: u64) -> Result<Vec<*const u8>, CommError> {
+        let mut needed = vec![0u64; self.n as usize];
+        for g in &shot.gathers {
+            for &(r, from) in &g.sources {
+                let need = &mut needed[r as usize];
+                *need = (*need).max(from + g.bytes);
+            }
+        }
+        (0..self.n as Rank)
+            .map(|r| {
+                let need = needed[r as usize] as usize;
+                match self.transport.staging(r, number) {
+                    Some((at, room)) if room >= need => Ok(at.cast_const()),
+                    other => Err(CommError::PeerFailed {
+                        rank: r,
+                        reason: format!(
+                            "protocol error: call #{number} reads {need} bytes of its one-shot input, it published {}",
+                            other.map_or(0, |(_, room)| room)
+                        ),
+                    }),
+                }
+            })
+            .collect()
     }
 }

@@ -95,7 +95,7 @@ pub enum SetupError {
     },
     /// A TCP group needs more connections than this process may open.
     #[error(
-        "tcp: {world_size} ranks need a connection and a reader thread for every peer, but this process can hold {capacity} (its file limit, `ulimit -n`, less 64 spare; the tcp transport takes at most 8192 ranks)"
+        "tcp: {world_size} ranks need a connection to every peer, but this process can hold {capacity} (its file limit, `ulimit -n`, less 64 spare; the tcp transport takes at most 8192 ranks)"
     )]
     TooManyConnections {
         /// Ranks in the group.
@@ -159,7 +159,7 @@ pub(crate) fn connect(
     })
 }
 
-/// The largest TCP group: a full mesh with a reader thread per connection
+/// The largest TCP group: a full mesh, polled by the calling thread,
 /// stops making sense well before it, whatever the file limit says.
 const MAX_TCP_WORLD: u64 = 8192;
 
@@ -269,8 +269,9 @@ fn tcp(
         config.link_slots(),
         config.timeout,
         config.max_message_bytes.max(64),
+        config.one_shot_rule(world_size).staging_bytes(world_size),
     )
-    .map_err(tcp_err("start the connection readers".into()))
+    .map_err(tcp_err("set the connections up".into()))
 }
 
 /// Connect to `peer`'s published data port and run the dialer's handshake.

@@ -222,7 +222,11 @@ fn large_in_heap(env: &common::ChildEnv) {
 }
 
 fn run(scenario: &str, n: u32) {
-    let ranks = common::spawn("child", scenario, n, TransportKind::Shm);
+    run_over(scenario, n, TransportKind::Shm);
+}
+
+fn run_over(scenario: &str, n: u32, transport: TransportKind) {
+    let ranks = common::spawn("child", scenario, n, transport);
     let finished = ranks.finish(Duration::from_secs(240), Vec::new());
     common::assert_all_ok(&finished);
     for f in &finished {
@@ -243,6 +247,13 @@ fn every_collective_passes_the_kit_reading_peers_by_cross_memory_attach() {
 #[test]
 fn small_calls_take_the_one_shot_protocol_across_processes() {
     run("one-shot", 4);
+}
+
+/// Over TCP the announcement of a one-shot call carries the input.
+#[test]
+fn small_calls_take_the_one_shot_protocol_over_tcp() {
+    run_over("one-shot", 3, TransportKind::Tcp);
+    run_over("one-shot", 4, TransportKind::Tcp);
 }
 
 #[test]

@@ -102,13 +102,24 @@ pub(crate) trait Transport: Send {
     }
 
     /// Half `call % 2` of `rank`'s one-shot staging, as mapped in this
-    /// process, and its size: shared memory only. A rank writes its own
-    /// half before it announces a call and peers read it after the
-    /// agreement; a half is rewritten two calls later, after every peer
-    /// announced the call in between (so finished reading).
+    /// process, and its size (or, where peers' staging is not mapped, the
+    /// input `rank`'s announcement of `call` carried, and its length). A
+    /// rank writes its own half before it announces a call and peers read
+    /// it after the agreement; a half is rewritten two calls later, after
+    /// every peer announced the call in between (so finished reading).
     fn staging(&self, _rank: Rank, _call: u64) -> Option<(*mut u8, usize)> {
         None
     }
+
+    /// This rank's input for one-shot call `call` lies in its own staging
+    /// (`len` bytes): a transport whose peers cannot map that staging
+    /// sends it with the call's announcement.
+    fn stage(&mut self, _call: u64, _len: usize) {}
+
+    /// A call ended: hand peers whatever this rank still owes them (a
+    /// transport that batches acknowledgements sends them now, so no peer
+    /// waits for credit while this rank is away from the group).
+    fn settle(&mut self) {}
 
     /// Messages from `from` on `channel` this rank has consumed, ever.
     fn consumed(&self, _from: Rank, _channel: u32) -> u64 {

@@ -1,9 +1,7 @@
-//! The TCP transport's frames on the wire, and the reader that trusts
-//! none of their fields: a 16-byte prefix (kind, channel, length), then
-//! for data the message header and payload, for a failure its culprit and
-//! reason.
-
-use std::io::Read;
+//! The TCP transport's frames on the wire, and the checks that trust none
+//! of their fields: a 16-byte prefix (kind, channel, length), then for
+//! data the message header and payload, for credits their count, for a
+//! failure its reason (the prefix's channel field names the culprit).
 
 use ferrocoll_core::Rank;
 
@@ -14,6 +12,8 @@ pub(super) const ACK: u32 = 2;
 pub(super) const FAIL: u32 = 3;
 pub(super) const BYE: u32 = 4;
 pub(super) const PREFIX_BYTES: usize = 16;
+/// An ack frame's body: how many credits it returns.
+pub(super) const ACK_BYTES: usize = 8;
 /// The longest failure reason sent to peers.
 pub(super) const MAX_REASON: usize = 4096;
 /// Channel numbers a data or ack frame may carry (besides the
@@ -31,12 +31,21 @@ pub(super) enum Frame {
         /// The payload, in `u64`s so it is aligned for every element type.
         data: Vec<u64>,
     },
-    /// One credit returned on `channel`.
-    Ack { channel: u32 },
+    /// `count` credits returned on `channel`.
+    Ack { channel: u32, count: u64 },
     /// The peer failed because `culprit` did.
     Fail { culprit: Rank, reason: String },
     /// The peer left cleanly.
     Bye,
+}
+
+/// A frame's prefix, checked: what follows it and how long it is.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Prefix {
+    pub kind: u32,
+    pub channel: u32,
+    /// Bytes after the prefix.
+    pub len: usize,
 }
 
 pub(super) fn protocol_error(what: String) -> std::io::Error {
@@ -49,31 +58,37 @@ pub(super) fn protocol_error(what: String) -> std::io::Error {
 /// Whether a channel number read off the wire is one a peer may use: a
 /// schedule channel, or the point-to-point channel (the communicator's
 /// `p2p_channel` is `u32::MAX` on a transport without `max_channel`).
-fn channel_ok(channel: u32) -> bool {
+pub(super) fn channel_ok(channel: u32) -> bool {
     channel < MAX_WIRE_CHANNELS || channel == u32::MAX
 }
 
-/// Read one frame. Every field from the wire is checked before it is
-/// trusted — lengths against their kind and `max_payload`, channels against
-/// [`MAX_WIRE_CHANNELS`], a failure's culprit against `world_size`, a data
-/// header against its payload — so a garbled or hostile stream is an
-/// `InvalidData` error, never a huge allocation, an out-of-range index or a
-/// panic.
-pub(super) fn read_frame(
-    r: &mut impl Read,
-    max_payload: usize,
-    world_size: u32,
-) -> std::io::Result<Frame> {
+/// The prefix of a frame of `kind` on `channel` with `len` bytes after it.
+pub(super) fn encode_prefix(kind: u32, channel: u32, len: usize) -> [u8; PREFIX_BYTES] {
     let mut prefix = [0u8; PREFIX_BYTES];
-    r.read_exact(&mut prefix)?;
-    let [k0, k1, k2, k3, c0, c1, c2, c3, l @ ..] = prefix;
+    prefix[0..4].copy_from_slice(&kind.to_le_bytes());
+    prefix[4..8].copy_from_slice(&channel.to_le_bytes());
+    prefix[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    prefix
+}
+
+/// Check a prefix read off the wire before anything it announces is
+/// read or allocated: a known kind, a length that fits its kind and
+/// `max_payload`, a channel a peer may use.
+pub(super) fn parse_prefix(
+    bytes: &[u8; PREFIX_BYTES],
+    max_payload: usize,
+) -> std::io::Result<Prefix> {
+    let [k0, k1, k2, k3, c0, c1, c2, c3, l @ ..] = *bytes;
     let kind = u32::from_le_bytes([k0, k1, k2, k3]);
     let channel = u32::from_le_bytes([c0, c1, c2, c3]);
     let len = u64::from_le_bytes(l);
     let fits = match kind {
-        DATA => (HEADER_BYTES as u64..=(HEADER_BYTES + max_payload) as u64).contains(&len),
+        DATA => {
+            (HEADER_BYTES as u64..=HEADER_BYTES.saturating_add(max_payload) as u64).contains(&len)
+        }
+        ACK => len == ACK_BYTES as u64,
         FAIL => len <= MAX_REASON as u64,
-        ACK | BYE => len == 0,
+        BYE => len == 0,
         other => return Err(protocol_error(format!("unknown frame kind {other}"))),
     };
     if !fits {
@@ -86,73 +101,84 @@ pub(super) fn read_frame(
             "frame kind {kind} on channel {channel} (at most {MAX_WIRE_CHANNELS})"
         )));
     }
-    let len = len as usize;
-    match kind {
-        DATA => read_data(r, channel, len - HEADER_BYTES),
-        ACK => Ok(Frame::Ack { channel }),
-        FAIL => read_fail(r, channel, len, world_size),
-        _ => Ok(Frame::Bye),
-    }
+    Ok(Prefix {
+        kind,
+        channel,
+        len: len as usize,
+    })
 }
 
-fn read_data(r: &mut impl Read, channel: u32, payload: usize) -> std::io::Result<Frame> {
-    let mut header = [0u8; HEADER_BYTES];
-    r.read_exact(&mut header)?;
-    let header = Header::decode(&header);
+/// A data frame's header, checked against the payload its prefix
+/// announced.
+pub(super) fn data_header(prefix: &Prefix, bytes: &[u8; HEADER_BYTES]) -> std::io::Result<Header> {
+    let header = Header::decode(bytes);
+    let payload = prefix.len - HEADER_BYTES;
     if header.len != payload as u64 {
         return Err(protocol_error(format!(
             "a {payload}-byte payload whose header says {}",
             header.len
         )));
     }
-    let mut data = vec![0u64; payload.div_ceil(8)];
-    // SAFETY: viewing the u64 buffer's first `payload` bytes as bytes; it
-    // holds at least that many, and any byte pattern is a valid u64.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, payload) };
-    r.read_exact(bytes)?;
-    Ok(Frame::Data {
-        channel,
-        header,
-        data,
-    })
+    Ok(header)
 }
 
-/// A fail frame's channel field names the rank that caused the failure.
-fn read_fail(
-    r: &mut impl Read,
-    culprit: u32,
-    len: usize,
-    world_size: u32,
-) -> std::io::Result<Frame> {
-    if culprit >= world_size {
-        return Err(protocol_error(format!(
-            "a failure blamed on rank {culprit} of a {world_size}-rank group"
-        )));
-    }
-    let mut reason = vec![0u8; len];
-    r.read_exact(&mut reason)?;
-    Ok(Frame::Fail {
-        culprit,
-        reason: String::from_utf8_lossy(&reason).into_owned(),
-    })
+/// An aligned buffer for `bytes` payload bytes.
+pub(super) fn payload_buffer(bytes: usize) -> Vec<u64> {
+    vec![0u64; bytes.div_ceil(8)]
 }
 
-/// Feed `data` to the frame reader as if it came from a peer of a 4-rank
-/// group with 4 KiB messages, until it errs. The fuzz target's entry point.
-#[doc(hidden)]
-pub fn fuzz_frames(data: &[u8]) {
-    let mut r = data;
-    while let Ok(frame) = read_frame(&mut r, 4096, 4) {
-        match frame {
-            Frame::Data { header, data, .. } => {
-                assert!(header.len as usize <= 4096 && data.len() * 8 >= header.len as usize);
-                let _ = header.signature();
-            }
-            Frame::Fail { culprit, reason } => {
-                assert!(culprit < 4 && reason.len() <= 3 * MAX_REASON)
-            }
-            Frame::Ack { channel } => assert!(channel_ok(channel)),
-            Frame::Bye => {}
+/// The first `len` bytes of `data`, as bytes to fill.
+pub(super) fn payload_bytes(data: &mut [u64], len: usize) -> &mut [u8] {
+    assert!(len <= data.len() * 8);
+    // SAFETY: viewing the u64 buffer's first `len` bytes (checked above)
+    // as bytes; any byte pattern is a valid u64.
+    unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) }
+}
+
+/// All of `data`'s bytes.
+#[cfg(test)]
+pub(super) fn payload_bytes_of(data: &[u64]) -> &[u8] {
+    // SAFETY: viewing a live u64 buffer as its bytes.
+    unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 8) }
+}
+
+/// Decode a whole frame whose body (`prefix.len` bytes) is in `body`.
+pub(super) fn decode(prefix: &Prefix, body: &[u8], world_size: u32) -> std::io::Result<Frame> {
+    debug_assert_eq!(body.len(), prefix.len);
+    match prefix.kind {
+        DATA => {
+            let (head, payload) = body.split_at(HEADER_BYTES);
+            let header = data_header(prefix, head.try_into().expect("split at the header"))?;
+            let mut data = payload_buffer(payload.len());
+            payload_bytes(&mut data, payload.len()).copy_from_slice(payload);
+            Ok(Frame::Data {
+                channel: prefix.channel,
+                header,
+                data,
+            })
         }
+        ACK => {
+            let count = u64::from_le_bytes(body.try_into().expect("checked length"));
+            if count == 0 {
+                return Err(protocol_error("an ack returning no credit".into()));
+            }
+            Ok(Frame::Ack {
+                channel: prefix.channel,
+                count,
+            })
+        }
+        FAIL => {
+            let culprit = prefix.channel;
+            if culprit >= world_size {
+                return Err(protocol_error(format!(
+                    "a failure blamed on rank {culprit} of a {world_size}-rank group"
+                )));
+            }
+            Ok(Frame::Fail {
+                culprit,
+                reason: String::from_utf8_lossy(body).into_owned(),
+            })
+        }
+        _ => Ok(Frame::Bye),
     }
 }

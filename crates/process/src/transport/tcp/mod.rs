@@ -1,12 +1,22 @@
 //! The TCP transport: one connection per pair of ranks, any hosts.
 //!
 //! Frames are a 16-byte prefix (kind, channel, length) and, for data, the
-//! message header and payload. A reader thread per connection drains the
-//! socket into per-(sender, channel) queues and never blocks on the
-//! executor, so a sender's write always completes while its peer lives.
+//! message header and payload (`frame`). The sockets are non-blocking and
+//! the **calling thread** moves the bytes, as MPI's progress engine does:
+//! whenever it waits — for a message, for credit, for a write to drain —
+//! it reads every connection (`inflow`), so there is no reader thread to
+//! hand each message over through a wake-up, and a write that would block
+//! reads meanwhile, so two ranks writing to each other never deadlock.
+//! A waiting rank spins briefly when every rank has a core, then sleeps in
+//! `poll(2)` on its connections.
+//!
 //! The verifier's bounded links are kept with credits: a sender has at
-//! most `slots` unacknowledged messages per link, and the receiver returns
-//! one credit (an ack frame) per message it consumes.
+//! most `slots` unacknowledged messages per link. The receiver owes one
+//! credit per message it consumes and returns them in batches — with its
+//! next frame to that peer, before it sleeps, and when its call ends — so
+//! a call costs no acknowledgement of its own on the wire. Announcements
+//! (the control channel) need no credit: the agreement bounds them to two
+//! per link. A one-shot call's announcement carries the rank's input.
 //!
 //! A peer that fails sends a `fail` frame with its reason; one that leaves
 //! cleanly sends `bye`. A connection that closes without either — the
@@ -15,122 +25,361 @@
 //!
 //! Connections are made by `setup`'s handshake, which admits only the
 //! peer that should dial and proves the job secret. After it, nothing read
-//! off the wire is trusted: `frame::read_frame` checks every frame's kind,
-//! length, channel (below `frame::MAX_WIRE_CHANNELS`, or the point-to-point
-//! channel), a failure's culprit (a rank of the group) and a data header
-//! against its payload; a frame that fails a check is a protocol error
-//! blamed on the peer that sent it, never a panic or a huge allocation.
+//! off the wire is trusted: `frame::parse_prefix` and `frame::decode` check
+//! every frame's kind, length, channel (below `frame::MAX_WIRE_CHANNELS`,
+//! or the point-to-point channel), a failure's culprit (a rank of the
+//! group) and a data header against its payload; a frame that fails a
+//! check is a protocol error blamed on the peer that sent it, never a
+//! panic or a huge allocation.
 
-use std::collections::{HashMap, VecDeque};
-use std::io::Write;
+use std::collections::HashMap;
+use std::io::IoSlice;
 use std::net::{Shutdown, TcpStream};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
-use super::{Incoming, Transport};
+use super::{CONTROL_CHANNEL, Incoming, Transport};
 use crate::wire::Header;
 
 mod frame;
+mod inflow;
+mod mailbox;
+mod poller;
 
+use frame::{ACK, BYE, DATA, FAIL, MAX_REASON, encode_prefix};
+use inflow::Inflow;
 #[doc(hidden)]
-pub use frame::fuzz_frames;
-use frame::{ACK, BYE, DATA, FAIL, Frame, MAX_REASON, PREFIX_BYTES, read_frame};
+pub use inflow::fuzz_frames;
+use mailbox::Mailbox;
+use poller::{Poller, Waker};
 
-struct Message {
-    header: Header,
-    /// `u64`s so the payload is aligned for every element type.
-    data: Vec<u64>,
-}
+/// How long a waiting rank polls its connections before it sleeps (about
+/// one round trip on loopback); yielding its core meanwhile when there
+/// are more ranks than cores.
+const SPIN: Duration = Duration::from_micros(100);
 
-#[derive(Default)]
-struct Inbox {
-    ticket: u64,
-    queues: HashMap<(Rank, u32), VecDeque<Message>>,
-    /// Credits returned per outgoing link.
-    acked: HashMap<(Rank, u32), u64>,
-    /// This rank's own failure (with the rank that caused it), then the
-    /// first peer failure heard of.
-    own_failure: Option<(Rank, String)>,
-    failure: Option<(Rank, String)>,
-    departed: Vec<bool>,
-    closing: bool,
-}
+/// How long a frame that is not data (a failure, a goodbye) may wait for
+/// room in a peer's socket before the connection is shut instead.
+const CONTROL_PATIENCE: Duration = Duration::from_millis(200);
 
+/// What the calling thread shares with threads that abort the group.
 struct Shared {
-    inbox: Mutex<Inbox>,
-    bell: Condvar,
+    /// This rank's own failure (with the rank that caused it); first wins.
+    own_failure: Mutex<Option<(Rank, String)>>,
+    /// Moves when `own_failure` is set, so a waiter looks again.
+    alarms: AtomicU64,
+    waker: Waker,
     /// Writing halves, one per peer (`None` for this rank, and once a
     /// write failed: a frame cut short would garble everything after it).
     writers: Vec<Mutex<Option<TcpStream>>>,
     /// Handles to shut a connection down while its writer is busy.
     closers: Vec<Option<TcpStream>>,
-    /// The largest payload a data frame may announce.
-    max_payload: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
-    fn inbox(&self) -> MutexGuard<'_, Inbox> {
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn bump(&self, mut inbox: MutexGuard<'_, Inbox>) {
-        inbox.ticket += 1;
-        drop(inbox);
-        self.bell.notify_all();
-    }
-
-    /// Write one frame to `to`. A control frame (`wait` false) is skipped
-    /// — and the connection shut, so the peer still learns something is
-    /// wrong — rather than wait behind a data write that is stuck.
-    fn send_frame(
-        &self,
-        to: Rank,
-        kind: u32,
-        channel: u32,
-        parts: &[&[u8]],
-        wait: bool,
-    ) -> std::io::Result<()> {
+    /// Write one small frame to `to` now, waiting at most `patience` for
+    /// room; a frame that cannot go whole shuts the connection, so the
+    /// peer still learns that something is wrong. A busy writer (another
+    /// thread mid-frame) is not waited for: the connection is shut.
+    fn send_control(&self, to: Rank, kind: u32, channel: u32, body: &[u8], patience: Duration) {
         let writer = &self.writers[to as usize];
-        let mut w = if wait {
-            writer.lock().unwrap_or_else(|e| e.into_inner())
-        } else {
-            match writer.try_lock() {
-                Ok(w) => w,
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    if let Some(s) = &self.closers[to as usize] {
-                        let _ = s.shutdown(Shutdown::Both);
-                    }
-                    return Err(std::io::ErrorKind::WouldBlock.into());
+        let mut w = match writer.try_lock() {
+            Ok(w) => w,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if let Some(s) = &self.closers[to as usize] {
+                    let _ = s.shutdown(Shutdown::Both);
                 }
+                return;
             }
         };
         let Some(stream) = w.as_mut() else {
-            return if self.closers[to as usize].is_none() {
-                Ok(())
-            } else {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::BrokenPipe,
-                    "an earlier write to this peer failed",
-                ))
-            };
+            return;
         };
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut prefix = [0u8; PREFIX_BYTES];
-        prefix[0..4].copy_from_slice(&kind.to_le_bytes());
-        prefix[4..8].copy_from_slice(&channel.to_le_bytes());
-        prefix[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-        let written = (|| {
-            stream.write_all(&prefix)?;
-            for p in parts {
-                stream.write_all(p)?;
+        let prefix = encode_prefix(kind, channel, body.len());
+        let mut parts = [IoSlice::new(&prefix), IoSlice::new(body)];
+        let until = Instant::now() + patience;
+        if write_all(stream, &mut parts, until, &mut || Ok(Vec::new())).is_err() {
+            let _ = stream.shutdown(Shutdown::Both);
+            *w = None;
+        }
+    }
+
+    /// Record this rank's failure, caused by `culprit` (first wins), wake
+    /// the calling thread, and tell every peer.
+    fn fail(&self, culprit: Rank, reason: &str) {
+        {
+            let mut own = lock(&self.own_failure);
+            if own.is_some() {
+                return;
             }
-            Ok(())
-        })();
+            *own = Some((culprit, reason.to_owned()));
+        }
+        self.alarms.fetch_add(1, Ordering::AcqRel);
+        self.waker.wake();
+        let mut end = reason.len().min(MAX_REASON);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        for peer in 0..self.writers.len() as Rank {
+            self.send_control(
+                peer,
+                FAIL,
+                culprit,
+                &reason.as_bytes()[..end],
+                CONTROL_PATIENCE,
+            );
+        }
+    }
+}
+
+/// Write every byte of `parts` to a non-blocking `stream` by `until`;
+/// `meanwhile` runs whenever the socket is full and returns the
+/// connections to wake for besides room to write, or an error to give up
+/// with (the calling thread reads its connections there, so a peer
+/// writing to it at the same time can finish and drain this socket in
+/// turn, and a failure heard meanwhile ends the wait).
+fn write_all(
+    stream: &mut TcpStream,
+    mut parts: &mut [IoSlice<'_>],
+    until: Instant,
+    meanwhile: &mut dyn FnMut() -> std::io::Result<Vec<poller::Fd>>,
+) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut parts, 0);
+    while !parts.is_empty() {
+        match send_vectored(stream, parts) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(k) => IoSlice::advance_slices(&mut parts, k),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let now = Instant::now();
+                if now >= until {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+                let fds = meanwhile()?;
+                poller::wait_writable(stream, &fds, until - now);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One gathering write that never raises SIGPIPE (a program may not ignore
+/// it): a peer that is gone is an `EPIPE` error, like any other loss.
+/// (Elsewhere than Linux, std's vectored write.)
+#[cfg(target_os = "linux")]
+fn send_vectored(stream: &TcpStream, parts: &[IoSlice<'_>]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+    msg.msg_iov = parts.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = parts.len().min(libc::UIO_MAXIOV as usize) as _;
+    // SAFETY: `msg` points at `parts`, live and unmodified for the call;
+    // sendmsg only reads the buffers.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn send_vectored(mut stream: &TcpStream, parts: &[IoSlice<'_>]) -> std::io::Result<usize> {
+    std::io::Write::write_vectored(&mut stream, parts)
+}
+
+/// One peer's incoming side.
+struct Link {
+    stream: TcpStream,
+    inflow: Inflow,
+}
+
+/// Inputs of one-shot calls: this rank's, and what each peer's
+/// announcements carried (by call parity: a peer announces call `c + 2`
+/// only after this rank announced `c + 1`, so after it finished `c`).
+struct Staging {
+    /// Cells: the communicator writes the input through the pointer
+    /// `staging` hands out from a shared borrow.
+    own: Box<[std::cell::UnsafeCell<u64>]>,
+    room: usize,
+    /// The call whose announcement carries `own`, and how many bytes.
+    staged: Option<(u64, usize)>,
+    peers: Vec<[Option<Carried>; 2]>,
+}
+
+/// The input a peer's announcement carried: its call, bytes and length.
+#[derive(Clone)]
+struct Carried {
+    call: u64,
+    data: Vec<u64>,
+    len: usize,
+}
+
+/// One rank's end of the TCP transport.
+pub(crate) struct TcpTransport {
+    rank: Rank,
+    slots: u64,
+    timeout: Duration,
+    spin: bool,
+    shared: Arc<Shared>,
+    links: Vec<Option<Link>>,
+    mail: Mailbox,
+    poller: Poller,
+    sent: HashMap<(Rank, u32), u64>,
+    outgoing: HashMap<(Rank, u32), Vec<u64>>,
+    staging: Staging,
+}
+
+impl TcpTransport {
+    /// Take over one connected stream per peer (`None` for this rank);
+    /// `one_shot_room` bytes of input a one-shot call may publish.
+    pub fn new(
+        rank: Rank,
+        streams: Vec<Option<TcpStream>>,
+        slots: u32,
+        timeout: Duration,
+        max_payload: usize,
+        one_shot_room: usize,
+    ) -> std::io::Result<Self> {
+        let n = streams.len();
+        let max_payload = max_payload.max(one_shot_room);
+        let mut writers = Vec::with_capacity(n);
+        let mut links = Vec::with_capacity(n);
+        let mut closers = Vec::with_capacity(n);
+        for stream in streams {
+            match stream {
+                Some(s) => {
+                    s.set_nodelay(true)?;
+                    s.set_nonblocking(true)?;
+                    writers.push(Mutex::new(Some(s.try_clone()?)));
+                    closers.push(Some(s.try_clone()?));
+                    links.push(Some(Link {
+                        stream: s,
+                        inflow: Inflow::new(max_payload, n as u32),
+                    }));
+                }
+                None => {
+                    writers.push(Mutex::new(None));
+                    closers.push(None);
+                    links.push(None);
+                }
+            }
+        }
+        let (poller, waker) = Poller::new()?;
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        Ok(TcpTransport {
+            rank,
+            slots: u64::from(slots),
+            timeout,
+            spin: n <= cores,
+            shared: Arc::new(Shared {
+                own_failure: Mutex::new(None),
+                alarms: AtomicU64::new(0),
+                waker,
+                writers,
+                closers,
+            }),
+            links,
+            mail: Mailbox::new(n),
+            poller,
+            sent: HashMap::new(),
+            outgoing: HashMap::new(),
+            staging: Staging {
+                own: (0..one_shot_room.div_ceil(8))
+                    .map(|_| std::cell::UnsafeCell::new(0))
+                    .collect(),
+                room: one_shot_room,
+                staged: None,
+                peers: vec![[None, None]; n],
+            },
+        })
+    }
+
+    /// Read whatever every connection holds, without blocking.
+    fn progress(&mut self) {
+        let slots = self.slots;
+        for peer in 0..self.links.len() {
+            let Some(link) = &mut self.links[peer] else {
+                continue;
+            };
+            let mail = &mut self.mail;
+            let read = link
+                .inflow
+                .pump(&mut link.stream, |f| mail.deliver(peer as Rank, f, slots));
+            if let Err(e) = read {
+                // Our side of the connection closes too, so a peer that left
+                // (and waits in its drop for our close) sees it at once.
+                let _ = link.stream.shutdown(Shutdown::Write);
+                self.links[peer] = None;
+                self.mail.ended(peer as Rank, &e);
+            }
+        }
+    }
+
+    /// Write one data frame to `to`, with the credits this rank owes it in
+    /// front (one write for both).
+    fn write_data(&mut self, to: Rank, channel: u32, parts: &[&[u8]]) -> std::io::Result<()> {
+        let owed = self.mail.take_owed(to);
+        let acks: Vec<[u8; 24]> = owed.iter().map(|&(c, k)| ack_frame(c, k)).collect();
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let prefix = encode_prefix(DATA, channel, len);
+        let mut slices: Vec<IoSlice<'_>> = acks.iter().map(|a| IoSlice::new(a)).collect();
+        slices.push(IoSlice::new(&prefix));
+        slices.extend(parts.iter().map(|p| IoSlice::new(p)));
+        self.write_frames(to, &mut slices)
+    }
+
+    /// Send every credit owed, to every peer.
+    fn settle_credits(&mut self) {
+        for peer in 0..self.links.len() as Rank {
+            if self.mail.owed[peer as usize].is_empty() {
+                continue;
+            }
+            let acks: Vec<[u8; 24]> = self
+                .mail
+                .take_owed(peer)
+                .iter()
+                .map(|&(c, k)| ack_frame(c, k))
+                .collect();
+            let mut slices: Vec<IoSlice<'_>> = acks.iter().map(|a| IoSlice::new(a)).collect();
+            if let Err(e) = self.write_frames(peer, &mut slices) {
+                // The peer needs no credit once it left; otherwise the
+                // next call on this link reports the broken connection.
+                if !self.mail.departed[peer as usize] {
+                    self.note_lost(peer, &e);
+                }
+            }
+        }
+    }
+
+    fn write_frames(&mut self, to: Rank, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        let shared = self.shared.clone();
+        let mut w = lock(&shared.writers[to as usize]);
+        let Some(stream) = w.as_mut() else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "an earlier write to this peer failed",
+            ));
+        };
+        let until = Instant::now() + self.timeout;
+        let written = write_all(stream, slices, until, &mut || {
+            self.progress();
+            if self.mail.failure.is_some() || lock(&self.shared.own_failure).is_some() {
+                return Err(std::io::Error::other("the group failed meanwhile"));
+            }
+            Ok(self.open_fds())
+        });
         if written.is_err() {
             let _ = stream.shutdown(Shutdown::Both);
             *w = None;
@@ -138,158 +387,41 @@ impl Shared {
         written
     }
 
-    /// Record this rank's failure, caused by `culprit` (first wins), and
-    /// tell every peer.
-    fn fail(&self, culprit: Rank, reason: &str) {
-        {
-            let mut inbox = self.inbox();
-            if inbox.own_failure.is_some() {
-                return;
-            }
-            inbox.own_failure = Some((culprit, reason.to_owned()));
-            self.bump(inbox);
+    /// The error for a write to `to` that failed with `e`: this rank's own
+    /// failure or the first one heard of when there is one (an abort shuts
+    /// connections mid-write; a write gives up once the group failed),
+    /// else `to` is lost.
+    fn note_lost(&mut self, to: Rank, e: &std::io::Error) -> CommError {
+        let known = lock(&self.shared.own_failure)
+            .clone()
+            .or_else(|| self.mail.failure.clone());
+        if let Some((rank, reason)) = known {
+            return CommError::PeerFailed { rank, reason };
         }
-        let mut end = reason.len().min(MAX_REASON);
-        while !reason.is_char_boundary(end) {
-            end -= 1;
-        }
-        for peer in 0..self.writers.len() as Rank {
-            let _ = self.send_frame(peer, FAIL, culprit, &[&reason.as_bytes()[..end]], false);
-        }
-    }
-}
-
-/// One rank's end of the TCP transport.
-pub(crate) struct TcpTransport {
-    rank: Rank,
-    slots: u64,
-    shared: Arc<Shared>,
-    sent: HashMap<(Rank, u32), u64>,
-    staging: HashMap<(Rank, u32), Vec<u64>>,
-    readers: Vec<JoinHandle<()>>,
-    streams: Vec<TcpStream>,
-}
-
-impl TcpTransport {
-    /// Take over one connected stream per peer (`None` for this rank).
-    pub fn new(
-        rank: Rank,
-        streams: Vec<Option<TcpStream>>,
-        slots: u32,
-        timeout: Duration,
-        max_payload: usize,
-    ) -> std::io::Result<Self> {
-        let n = streams.len();
-        let mut writers = Vec::with_capacity(n);
-        let mut readers = Vec::with_capacity(n);
-        let mut closers = Vec::with_capacity(n);
-        let mut kept = Vec::new();
-        for stream in &streams {
-            match stream {
-                Some(s) => {
-                    s.set_nodelay(true)?;
-                    s.set_write_timeout(Some(timeout))?;
-                    writers.push(Mutex::new(Some(s.try_clone()?)));
-                    readers.push(Some(s.try_clone()?));
-                    closers.push(Some(s.try_clone()?));
-                    kept.push(s.try_clone()?);
-                }
-                None => {
-                    writers.push(Mutex::new(None));
-                    readers.push(None);
-                    closers.push(None);
-                }
-            }
-        }
-        let shared = Arc::new(Shared {
-            inbox: Mutex::new(Inbox {
-                departed: vec![false; n],
-                ..Inbox::default()
-            }),
-            bell: Condvar::new(),
-            writers,
-            closers,
-            max_payload,
-        });
-        let handles = readers
-            .into_iter()
-            .enumerate()
-            .filter_map(|(peer, s)| s.map(|s| (peer as Rank, s)))
-            .map(|(peer, stream)| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("ferrocoll-tcp-{rank}<-{peer}"))
-                    .spawn(move || read_loop(peer, stream, &shared))
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(TcpTransport {
-            rank,
-            slots: u64::from(slots),
-            shared,
-            sent: HashMap::new(),
-            staging: HashMap::new(),
-            readers: handles,
-            streams: kept,
-        })
-    }
-
-    fn lost(&self, to: Rank, e: &std::io::Error) -> CommError {
-        let reason = if self.departed_peer(to) {
+        let reason = if self.mail.departed[to as usize] {
             "left the group (its communicator was dropped) while messages were still due".to_owned()
         } else {
             format!("lost: connection from rank {} broke: {e}", self.rank)
         };
-        let mut inbox = self.shared.inbox();
-        if inbox.failure.is_none() {
-            inbox.failure = Some((to, reason.clone()));
-        }
-        drop(inbox);
+        self.mail.failure.get_or_insert((to, reason.clone()));
+        self.mail.ticket += 1;
         CommError::PeerFailed { rank: to, reason }
+    }
+
+    fn open_fds(&self) -> Vec<poller::Fd> {
+        self.links
+            .iter()
+            .flatten()
+            .map(|l| poller::fd_of(&l.stream))
+            .collect()
     }
 }
 
-/// Read frames from `peer` until the connection ends.
-fn read_loop(peer: Rank, mut stream: TcpStream, shared: &Shared) {
-    let world_size = shared.writers.len() as u32;
-    let ended = loop {
-        let frame = match read_frame(&mut stream, shared.max_payload, world_size) {
-            Ok(frame) => frame,
-            Err(e) => break e,
-        };
-        let mut inbox = shared.inbox();
-        match frame {
-            Frame::Data {
-                channel,
-                header,
-                data,
-            } => inbox
-                .queues
-                .entry((peer, channel))
-                .or_default()
-                .push_back(Message { header, data }),
-            Frame::Ack { channel } => *inbox.acked.entry((peer, channel)).or_default() += 1,
-            Frame::Fail { culprit, reason } => {
-                if inbox.failure.is_none() {
-                    inbox.failure = Some((culprit, reason));
-                }
-            }
-            Frame::Bye => inbox.departed[peer as usize] = true,
-        }
-        shared.bump(inbox);
-    };
-    let mut inbox = shared.inbox();
-    if !inbox.closing && !inbox.departed[peer as usize] && inbox.failure.is_none() {
-        let why = if matches!(
-            ended.kind(),
-            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
-        ) {
-            "its connection closed without leaving the group (process killed or crashed)".to_owned()
-        } else {
-            format!("its connection failed: {ended}")
-        };
-        inbox.failure = Some((peer, format!("lost: {why}")));
-    }
-    shared.bump(inbox);
+fn ack_frame(channel: u32, count: u64) -> [u8; 24] {
+    let mut f = [0u8; 24];
+    f[..16].copy_from_slice(&encode_prefix(ACK, channel, 8));
+    f[16..].copy_from_slice(&count.to_le_bytes());
+    f
 }
 
 impl Transport for TcpTransport {
@@ -299,41 +431,34 @@ impl Transport for TcpTransport {
         channel: u32,
         len: usize,
     ) -> Result<Option<*mut u8>, CommError> {
-        let sent = self.sent.get(&(to, channel)).copied().unwrap_or(0);
-        let acked = self
-            .shared
-            .inbox()
-            .acked
-            .get(&(to, channel))
-            .copied()
-            .unwrap_or(0);
-        if sent.saturating_sub(acked) >= self.slots {
+        if channel != CONTROL_CHANNEL && self.unconsumed(to, channel) >= self.slots {
             return Ok(None);
         }
-        let buf = self.staging.entry((to, channel)).or_default();
+        let buf = self.outgoing.entry((to, channel)).or_default();
         buf.resize(len.div_ceil(8).max(buf.len()), 0);
         Ok(Some(buf.as_mut_ptr() as *mut u8))
     }
 
     fn commit(&mut self, to: Rank, channel: u32, header: &Header) -> Result<(), CommError> {
         let len = header.len as usize;
-        let buf = self.staging.entry((to, channel)).or_default();
-        // SAFETY: `reserve` sized the staging buffer for `len` bytes.
+        let buf = self.outgoing.remove(&(to, channel)).unwrap_or_default();
+        // SAFETY: `reserve` sized the buffer for `len` bytes.
         let payload = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, len) };
         let head = header.encode();
-        if let Err(e) = self
-            .shared
-            .send_frame(to, DATA, channel, &[&head, payload], true)
-        {
-            return Err(self.lost(to, &e));
+        let written = self.write_data(to, channel, &[&head, payload]);
+        self.outgoing.insert((to, channel), buf);
+        if let Err(e) = written {
+            return Err(self.note_lost(to, &e));
         }
-        *self.sent.entry((to, channel)).or_default() += 1;
+        if channel != CONTROL_CHANNEL {
+            *self.sent.entry((to, channel)).or_default() += 1;
+        }
         Ok(())
     }
 
     fn peek(&mut self, from: Rank, channel: u32) -> Result<Option<Incoming>, CommError> {
-        let inbox = self.shared.inbox();
-        Ok(inbox
+        Ok(self
+            .mail
             .queues
             .get(&(from, channel))
             .and_then(|q| q.front())
@@ -341,14 +466,13 @@ impl Transport for TcpTransport {
                 call: m.header.call,
                 len: m.header.len as usize,
                 // The vector's heap buffer does not move while the message
-                // is queued; only this thread pops it.
+                // is queued.
                 payload: m.data.as_ptr() as *const u8,
             }))
     }
 
     fn peek_header(&mut self, from: Rank, channel: u32) -> Option<Header> {
-        self.shared
-            .inbox()
+        self.mail
             .queues
             .get(&(from, channel))
             .and_then(|q| q.front())
@@ -357,63 +481,61 @@ impl Transport for TcpTransport {
 
     fn release(&mut self, from: Rank, channel: u32) -> Result<(), CommError> {
         let popped = self
-            .shared
-            .inbox()
+            .mail
             .queues
             .get_mut(&(from, channel))
             .and_then(|q| q.pop_front());
-        drop(popped);
-        if let Err(e) = self.shared.send_frame(from, ACK, channel, &[], true) {
-            // A peer that left cleanly needs no more credit.
-            if self.departed_peer(from) {
-                return Ok(());
-            }
-            return Err(self.lost(from, &e));
+        if popped.is_some() && channel != CONTROL_CHANNEL {
+            *self.mail.owed[from as usize].entry(channel).or_default() += 1;
         }
         Ok(())
     }
 
     fn unconsumed(&mut self, to: Rank, channel: u32) -> u64 {
         let sent = self.sent.get(&(to, channel)).copied().unwrap_or(0);
-        sent.saturating_sub(
-            self.shared
-                .inbox()
-                .acked
-                .get(&(to, channel))
-                .copied()
-                .unwrap_or(0),
-        )
+        sent.saturating_sub(self.mail.acked.get(&(to, channel)).copied().unwrap_or(0))
     }
 
     fn ticket(&self) -> u64 {
-        self.shared.inbox().ticket
+        self.mail
+            .ticket
+            .wrapping_add(self.shared.alarms.load(Ordering::Acquire))
     }
 
     fn wait(&mut self, seen: u64, until: Instant) {
-        let mut inbox = self.shared.inbox();
-        while inbox.ticket == seen {
+        // A peer may be waiting for credit this rank owes: never sleep on it.
+        self.settle_credits();
+        let spin_until = Instant::now() + SPIN;
+        loop {
+            self.progress();
+            if self.ticket() != seen {
+                return;
+            }
             let now = Instant::now();
             if now >= until {
                 return;
             }
-            inbox = self
-                .shared
-                .bell
-                .wait_timeout(inbox, until - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            if now < spin_until {
+                // With more ranks than cores, a waiter gives its core to
+                // a rank that has work instead of burning it.
+                if self.spin {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            let fds = self.open_fds();
+            self.poller.sleep(&fds, until - now);
         }
     }
 
     fn check(&mut self) -> Result<(), CommError> {
-        let inbox = self.shared.inbox();
-        if let Some((rank, reason)) = &inbox.own_failure {
-            return Err(CommError::PeerFailed {
-                rank: *rank,
-                reason: reason.clone(),
-            });
+        self.progress();
+        if let Some((rank, reason)) = lock(&self.shared.own_failure).clone() {
+            return Err(CommError::PeerFailed { rank, reason });
         }
-        if let Some((rank, reason)) = &inbox.failure {
+        if let Some((rank, reason)) = &self.mail.failure {
             return Err(CommError::PeerFailed {
                 rank: *rank,
                 reason: reason.clone(),
@@ -440,202 +562,111 @@ impl Transport for TcpTransport {
     }
 
     fn depart(&mut self) {
-        self.shared.inbox().closing = true;
+        // No credits are settled here: every call settled its own, and a
+        // rank that leaves consumes nothing more.
+        if self.mail.closing {
+            return;
+        }
+        self.mail.closing = true;
         for peer in 0..self.shared.writers.len() as Rank {
-            let _ = self.shared.send_frame(peer, BYE, 0, &[], false);
+            self.shared
+                .send_control(peer, BYE, 0, &[], CONTROL_PATIENCE);
         }
     }
 
     fn departed(&mut self, peer: Rank) -> bool {
-        self.departed_peer(peer)
+        self.mail
+            .departed
+            .get(peer as usize)
+            .copied()
+            .unwrap_or(false)
     }
-}
 
-impl TcpTransport {
-    fn departed_peer(&self, peer: Rank) -> bool {
-        let inbox = self.shared.inbox();
-        inbox.departed.get(peer as usize).copied().unwrap_or(false)
+    fn settle(&mut self) {
+        self.settle_credits();
+    }
+
+    fn staging(&self, rank: Rank, call: u64) -> Option<(*mut u8, usize)> {
+        let s = &self.staging;
+        if s.room == 0 {
+            return None;
+        }
+        if rank == self.rank {
+            return Some((s.own.as_ptr() as *mut u8, s.room));
+        }
+        match &s.peers.get(rank as usize)?[(call % 2) as usize] {
+            Some(c) if c.call == call => Some((c.data.as_ptr() as *mut u8, c.len)),
+            _ => None,
+        }
+    }
+
+    fn stage(&mut self, call: u64, len: usize) {
+        self.staging.staged = Some((call, len.min(self.staging.room)));
+    }
+
+    /// An announcement is a data frame on the control channel; for the
+    /// call this rank staged a one-shot input for, it carries that input.
+    fn announce(&mut self, to: Rank, header: &Header) -> Result<bool, CommError> {
+        let staged = match self.staging.staged {
+            Some((call, len)) if call == header.call => len,
+            _ => 0,
+        };
+        let head = Header::new(header.call, staged, header.signature()).encode();
+        let own = std::mem::take(&mut self.staging.own);
+        // SAFETY: the cells hold `room >= staged` bytes (`stage` caps the
+        // length); nothing writes them while this frame is sent.
+        let payload = unsafe { std::slice::from_raw_parts(own.as_ptr() as *const u8, staged) };
+        let written = self.write_data(to, CONTROL_CHANNEL, &[&head, payload]);
+        self.staging.own = own;
+        written.map(|()| true).map_err(|e| self.note_lost(to, &e))
+    }
+
+    /// The newest announcement from `from`; the inputs earlier ones carry
+    /// are kept by call parity for the one-shot protocol.
+    fn announcement(&mut self, from: Rank) -> Result<Option<Header>, CommError> {
+        let Some(queue) = self.mail.queues.get_mut(&(from, CONTROL_CHANNEL)) else {
+            return Ok(None);
+        };
+        let mut newest = None;
+        while let Some(m) = queue.pop_front() {
+            // Kept even when empty: a one-shot input may be 0 bytes.
+            let slot = (m.header.call % 2) as usize;
+            self.staging.peers[from as usize][slot] = Some(Carried {
+                call: m.header.call,
+                len: m.header.len as usize,
+                data: m.data,
+            });
+            newest = Some(m.header);
+        }
+        Ok(newest)
     }
 }
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.depart();
-        // Our reads end once the peers close their side; shutting down our
-        // write side lets them see the close after `bye`.
-        for s in &self.streams {
-            let _ = s.shutdown(Shutdown::Write);
+        // Shutting our write side lets peers see the close after `bye`;
+        // reading until they close theirs (bounded) keeps our receive
+        // queue empty, so closing sends no reset that could destroy a
+        // frame a peer has not read yet.
+        for link in self.links.iter().flatten() {
+            let _ = link.stream.shutdown(Shutdown::Write);
         }
         let deadline = Instant::now() + Duration::from_secs(2);
-        for h in self.readers.drain(..) {
-            while !h.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
+        loop {
+            self.progress();
+            let now = Instant::now();
+            if self.links.iter().all(Option::is_none) || now >= deadline {
+                break;
             }
-            if h.is_finished() {
-                let _ = h.join();
-            }
+            let fds = self.open_fds();
+            self.poller.sleep(&fds, deadline - now);
         }
-        for s in &self.streams {
-            let _ = s.shutdown(Shutdown::Both);
+        for link in self.links.iter().flatten() {
+            let _ = link.stream.shutdown(Shutdown::Both);
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::frame::MAX_WIRE_CHANNELS;
-    use super::*;
-    use crate::wire::HEADER_BYTES;
-    use std::net::TcpListener;
-
-    /// Rank 0's transport, connected to a test socket playing rank 1.
-    fn pair() -> (TcpTransport, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mine, _) = listener.accept().unwrap();
-        let t =
-            TcpTransport::new(0, vec![None, Some(mine)], 2, Duration::from_secs(5), 4096).unwrap();
-        (t, peer)
-    }
-
-    fn frame(kind: u32, channel: u32, len: u64) -> Vec<u8> {
-        let mut f = Vec::new();
-        f.extend_from_slice(&kind.to_le_bytes());
-        f.extend_from_slice(&channel.to_le_bytes());
-        f.extend_from_slice(&len.to_le_bytes());
-        f
-    }
-
-    fn failure_of(t: &mut TcpTransport) -> String {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Err(e) = t.check() {
-                return e.to_string();
-            }
-            assert!(Instant::now() < deadline, "the bad frame went unnoticed");
-            let seen = t.ticket();
-            t.wait(seen, Instant::now() + Duration::from_millis(50));
-        }
-    }
-
-    #[test]
-    fn frames_announcing_absurd_lengths_fail_the_peer_without_allocating() {
-        for bad in [
-            frame(DATA, 0, 1 << 60),
-            frame(DATA, 0, 3),
-            frame(FAIL, 0, 1 << 40),
-            frame(ACK, 0, 8),
-            frame(99, 0, 0),
-        ] {
-            let (mut t, mut peer) = pair();
-            peer.write_all(&bad).unwrap();
-            let e = failure_of(&mut t);
-            assert!(
-                e.contains("rank 1 failed") && e.contains("protocol error"),
-                "{e}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_fail_frame_blaming_a_rank_outside_the_group_is_a_protocol_error_of_the_sender() {
-        for culprit in [2, 99, u32::MAX] {
-            let (mut t, mut peer) = pair();
-            peer.write_all(&frame(FAIL, culprit, 4)).unwrap();
-            peer.write_all(b"boom").unwrap();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let e = loop {
-                if let Err(e) = t.check() {
-                    break e;
-                }
-                assert!(Instant::now() < deadline, "the bad frame went unnoticed");
-                std::thread::sleep(Duration::from_millis(5));
-            };
-            match &e {
-                CommError::PeerFailed { rank, reason } => {
-                    assert_eq!(*rank, 1, "the sender is blamed, not rank {culprit}: {e}");
-                    assert!(reason.contains("protocol error"), "{e}");
-                }
-                other => panic!("{other}"),
-            }
-        }
-    }
-
-    #[test]
-    fn frames_on_channels_past_the_wire_bound_are_protocol_errors() {
-        for bad in [
-            frame(ACK, MAX_WIRE_CHANNELS, 0),
-            frame(ACK, u32::MAX - 1, 0),
-        ] {
-            let (mut t, mut peer) = pair();
-            peer.write_all(&bad).unwrap();
-            let e = failure_of(&mut t);
-            assert!(e.contains("protocol error") && e.contains("channel"), "{e}");
-        }
-        // The point-to-point channel is one a peer may use.
-        let mut ack = frame(ACK, u32::MAX, 0).as_slice().to_vec();
-        ack.extend(frame(BYE, 0, 0));
-        let mut r = ack.as_slice();
-        assert!(matches!(
-            read_frame(&mut r, 64, 2),
-            Ok(Frame::Ack { channel: u32::MAX })
-        ));
-        assert!(matches!(read_frame(&mut r, 64, 2), Ok(Frame::Bye)));
-    }
-
-    #[test]
-    fn the_frame_reader_survives_truncated_and_garbled_streams() {
-        let header = Header::new(3, 8, "send").encode();
-        let mut good = frame(DATA, 0, (HEADER_BYTES + 8) as u64);
-        good.extend_from_slice(&header);
-        good.extend_from_slice(&[1u8; 8]);
-        for cut in 0..good.len() {
-            let mut r = &good[..cut];
-            assert!(read_frame(&mut r, 64, 2).is_err(), "cut at {cut}");
-        }
-        let mut r = good.as_slice();
-        assert!(matches!(read_frame(&mut r, 64, 2), Ok(Frame::Data { .. })));
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..2000 {
-            let bytes: Vec<u8> = (0..64)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
-            fuzz_frames(&bytes);
-        }
-    }
-
-    #[test]
-    fn a_payload_that_disagrees_with_its_header_is_refused() {
-        let (mut t, mut peer) = pair();
-        let header = Header::new(0, 100, "all-reduce").encode();
-        peer.write_all(&frame(DATA, 0, (HEADER_BYTES + 8) as u64))
-            .unwrap();
-        peer.write_all(&header).unwrap();
-        peer.write_all(&[0u8; 8]).unwrap();
-        let e = failure_of(&mut t);
-        assert!(e.contains("header says 100"), "{e}");
-        assert!(t.peek(1, 0).unwrap().is_none(), "nothing was queued");
-    }
-
-    #[test]
-    fn a_closed_connection_is_a_lost_peer_and_bye_is_not() {
-        let (mut t, peer) = pair();
-        drop(peer);
-        assert!(failure_of(&mut t).contains("lost"));
-        let (mut t, mut peer) = pair();
-        peer.write_all(&frame(BYE, 0, 0)).unwrap();
-        drop(peer);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !t.departed(1) {
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(t.check().is_ok(), "leaving cleanly is not a failure");
-    }
-}
+mod tests;
