@@ -73,6 +73,7 @@ fn variants(c: &mut Criterion) {
         });
     }
     group.finish();
+    handoffs(c, &a, &b, &mut d0);
     let x = vec![1i8; LEN];
     let mut y = vec![0i8; LEN];
     for (name, bytes) in [("reduce_sum_f32", 4usize), ("reduce_sum_i8", 1)] {
@@ -111,3 +112,39 @@ fn variants(c: &mut Criterion) {
 
 criterion_group!(benches, kernels, variants);
 criterion_main!(benches);
+
+/// The hand-off path: a slot-sized (512 KiB) two-source sum written with
+/// each variant's stores, then read back as the receiving rank would —
+/// what the calibration's hand-off measurement times, on fresh bytes of
+/// the big arrays each round.
+fn handoffs(c: &mut Criterion, a: &[f32], b: &[f32], d: &mut [f32]) {
+    const SLOT: usize = 128 << 10;
+    let rounds = a.len() / SLOT;
+    let mut group = c.benchmark_group("handoff_sum_f32_512k");
+    group.throughput(Throughput::Bytes((3 * SLOT * 4) as u64));
+    group.sample_size(20);
+    for choice in KernelChoice::available() {
+        let mut round = 0;
+        group.bench_function(BenchmarkId::from_parameter(choice), |bench| {
+            bench.iter(|| {
+                let at = (round % rounds) * SLOT;
+                round += 1;
+                // SAFETY: three distinct arrays holding SLOT elements from `at`.
+                unsafe {
+                    f32::reduce_stream_with(
+                        choice,
+                        ReduceOp::Sum,
+                        &[a[at..].as_ptr(), b[at..].as_ptr()],
+                        &[d[at..].as_mut_ptr()],
+                        SLOT,
+                    );
+                }
+                ferrocoll::kernels::stream_fence();
+                d[at..at + SLOT]
+                    .iter()
+                    .fold(0u32, |acc, x| acc ^ x.to_bits())
+            });
+        });
+    }
+    group.finish();
+}

@@ -1,6 +1,7 @@
 //! Which kernel variant this host runs: the vector width (by CPU feature
-//! detection) and the kind of store for long outputs (non-temporal or
-//! cached), chosen by measuring once per process.
+//! detection) and the kind of store (non-temporal or cached) for each kind
+//! of destination — a call's output, and a hand-off another rank reads
+//! next — chosen by measuring once per process.
 //!
 //! A [`KernelChoice`] can only be made for what this CPU supports
 //! ([`KernelChoice::available`]), which is what makes calling the
@@ -32,41 +33,67 @@ pub enum Stores {
     Cached,
 }
 
+/// What a long write is for, which decides the best kind of store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// A call's output: read by the caller later, if soon then by one
+    /// pass that prefetches well — the stores that write fastest win.
+    Output,
+    /// A hand-off (a shared-memory slot, a staging area): another rank
+    /// reads it right after, so stores that leave it in the cache can
+    /// beat stores that are faster to write but send it to memory.
+    Handoff,
+}
+
 /// One kernel variant this CPU can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelChoice {
     width: Width,
     stores: Stores,
+    handoff: Stores,
+}
+
+fn width_name(w: Width) -> &'static str {
+    match w {
+        Width::Baseline => "baseline",
+        Width::Avx2 => "avx2",
+        Width::Avx512 => "avx512",
+    }
+}
+
+fn stores_name(s: Stores, short: bool) -> &'static str {
+    match (s, short) {
+        (Stores::NonTemporal, true) => "nt",
+        (Stores::NonTemporal, false) => "non-temporal",
+        (Stores::Cached, _) => "cached",
+    }
 }
 
 impl std::fmt::Display for KernelChoice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let width = match self.width {
-            Width::Baseline => "baseline",
-            Width::Avx2 => "avx2",
-            Width::Avx512 => "avx512",
-        };
-        let stores = match self.stores {
-            Stores::NonTemporal => "non-temporal",
-            Stores::Cached => "cached",
-        };
-        write!(f, "{width} + {stores} stores")
+        let (width, stores) = (width_name(self.width), stores_name(self.stores, false));
+        if self.handoff == self.stores {
+            write!(f, "{width} + {stores} stores")
+        } else {
+            let handoff = stores_name(self.handoff, false);
+            write!(
+                f,
+                "{width} + {stores} stores to outputs, {handoff} to hand-offs"
+            )
+        }
     }
 }
 
 impl KernelChoice {
-    /// The `FERROCOLL_KERNELS` value that forces this variant (`avx2,nt`).
+    /// The `FERROCOLL_KERNELS` value that forces this variant
+    /// (`avx2,nt,cached`: width, stores to outputs, stores to hand-offs).
     pub fn spec(&self) -> String {
-        let width = match self.width {
-            Width::Baseline => "baseline",
-            Width::Avx2 => "avx2",
-            Width::Avx512 => "avx512",
-        };
-        let stores = match self.stores {
-            Stores::NonTemporal => "nt",
-            Stores::Cached => "cached",
-        };
-        format!("{width},{stores}")
+        format!(
+            "{},{},{}",
+            width_name(self.width),
+            stores_name(self.stores, true),
+            stores_name(self.handoff, true)
+        )
     }
 
     /// This variant's width with cached stores (always runnable: the width
@@ -80,6 +107,18 @@ impl KernelChoice {
         }
     }
 
+    /// This variant as it writes to `to`: its stores for that kind of
+    /// destination.
+    pub fn to(self, to: Destination) -> KernelChoice {
+        match to {
+            Destination::Output => self,
+            Destination::Handoff => KernelChoice {
+                stores: self.handoff,
+                ..self
+            },
+        }
+    }
+
     /// The vector width.
     pub fn width(&self) -> Width {
         self.width
@@ -90,7 +129,13 @@ impl KernelChoice {
         self.stores
     }
 
-    /// Every variant this CPU can run, narrowest first.
+    /// The stores for hand-offs another rank reads next.
+    pub fn handoff_stores(&self) -> Stores {
+        self.handoff
+    }
+
+    /// Every variant this CPU can run, narrowest first (each with the same
+    /// stores for both kinds of destination).
     pub fn available() -> Vec<KernelChoice> {
         let mut widths = vec![Width::Baseline];
         #[cfg(target_arch = "x86_64")]
@@ -113,9 +158,11 @@ impl KernelChoice {
         widths
             .into_iter()
             .flat_map(|width| {
-                stores
-                    .iter()
-                    .map(move |&stores| KernelChoice { width, stores })
+                stores.iter().map(move |&stores| KernelChoice {
+                    width,
+                    stores,
+                    handoff: stores,
+                })
             })
             .collect()
     }
@@ -139,6 +186,9 @@ pub struct Calibration {
     /// Each candidate's rate in GB/s (bytes read and written by a fused
     /// two-source, two-destination f32 sum), best of a few runs.
     pub rates: Vec<(KernelChoice, f64)>,
+    /// With the chosen width, each kind of store's rate in GB/s for a
+    /// hand-off: a slot-sized sum written, then read back.
+    pub handoff_rates: Vec<(Stores, f64)>,
     /// How long calibrating took.
     pub took: Duration,
 }
@@ -151,6 +201,12 @@ impl std::fmt::Display for Calibration {
         write!(f, "{} (calibrated in {:.0?}:", self.choice, self.took)?;
         for (c, rate) in &self.rates {
             write!(f, " {c} {rate:.1} GB/s;")?;
+        }
+        if !self.handoff_rates.is_empty() {
+            f.write_str(" hand-offs:")?;
+            for (s, rate) in &self.handoff_rates {
+                write!(f, " {} {rate:.1} GB/s;", stores_name(*s, false))?;
+            }
         }
         f.write_str(")")
     }
@@ -179,6 +235,7 @@ pub fn calibration() -> &'static Calibration {
             Some(choice) => Calibration {
                 choice,
                 rates: Vec::new(),
+                handoff_rates: Vec::new(),
                 took: Duration::ZERO,
             },
             None => calibrate(),
@@ -188,26 +245,37 @@ pub fn calibration() -> &'static Calibration {
     })
 }
 
-/// A variant named like `avx2,cached`, if this CPU can run it.
+/// A variant named like `avx2,cached` (both kinds of destination) or
+/// `avx2,nt,cached` (outputs, then hand-offs), if this CPU can run it.
 fn parse(spec: &str) -> Option<KernelChoice> {
-    let (mut width, mut stores) = (None, None);
+    let mut width = None;
+    let mut stores = Vec::new();
     for part in spec.split([',', '+', ' ']).filter(|p| !p.is_empty()) {
         match part.trim().to_ascii_lowercase().as_str() {
             "baseline" => width = Some(Width::Baseline),
             "avx2" => width = Some(Width::Avx2),
             "avx512" => width = Some(Width::Avx512),
-            "nt" | "non-temporal" => stores = Some(Stores::NonTemporal),
-            "cached" => stores = Some(Stores::Cached),
+            "nt" | "non-temporal" => stores.push(Stores::NonTemporal),
+            "cached" => stores.push(Stores::Cached),
             _ => return None,
         }
     }
-    let wanted = KernelChoice {
-        width: width?,
-        stores: stores?,
+    let (output, handoff) = match stores[..] {
+        [one] => (one, one),
+        [output, handoff] => (output, handoff),
+        _ => return None,
     };
-    KernelChoice::available()
-        .contains(&wanted)
-        .then_some(wanted)
+    let width = width?;
+    let runnable = |s: Stores| {
+        KernelChoice::available()
+            .iter()
+            .any(|c| c.width == width && c.stores == s)
+    };
+    (runnable(output) && runnable(handoff)).then_some(KernelChoice {
+        width,
+        stores: output,
+        handoff,
+    })
 }
 
 /// Elements of each calibration array: 4 MiB of f32, large enough that
@@ -225,6 +293,7 @@ fn calibrate() -> Calibration {
         return Calibration {
             choice: candidates[0],
             rates: Vec::new(),
+            handoff_rates: Vec::new(),
             took: started.elapsed(),
         };
     }
@@ -254,11 +323,78 @@ fn calibrate() -> Calibration {
         rates.push((choice, bytes / best / 1e9));
     }
     std::hint::black_box((&d0, &d1));
+    let choice = pick(&rates);
+    let handoff_rates = measure_handoffs(choice, &a, &b, &mut d0);
+    let handoff = handoff_rates
+        .iter()
+        .copied()
+        .reduce(|best, r| if r.1 > best.1 { r } else { best })
+        .map_or(choice.stores, |r| r.0);
     Calibration {
-        choice: pick(&rates),
+        choice: KernelChoice { handoff, ..choice },
         rates,
+        handoff_rates,
         took: started.elapsed(),
     }
+}
+
+/// Elements of a hand-off in the calibration: 512 KiB of f32, the size of
+/// a shared-memory slot with the default settings.
+const HANDOFF_LEN: usize = 128 << 10;
+
+/// Each kind of store `choice`'s width has, timed on what a hand-off
+/// costs: a slot-sized two-source sum written, then read back, as the
+/// receiving rank does next (read here by the same core — the cache it
+/// leaves the data in, or not, is what the kinds differ by). Rates are
+/// bytes moved (three arrays) per second, best of a few rounds, each
+/// round on fresh bytes of the arrays.
+fn measure_handoffs(
+    choice: KernelChoice,
+    a: &[f32],
+    b: &[f32],
+    d: &mut [f32],
+) -> Vec<(Stores, f64)> {
+    let kinds: Vec<Stores> = KernelChoice::available()
+        .iter()
+        .filter(|c| c.width == choice.width)
+        .map(|c| c.stores)
+        .collect();
+    if kinds.len() < 2 {
+        return Vec::new();
+    }
+    let bytes = (3 * HANDOFF_LEN * 4) as f64;
+    let rounds = a.len() / HANDOFF_LEN;
+    kinds
+        .into_iter()
+        .map(|stores| {
+            let v = KernelChoice { stores, ..choice };
+            let mut best = f64::MAX;
+            for round in 0..rounds {
+                let at = round * HANDOFF_LEN;
+                let t = Instant::now();
+                // SAFETY: three distinct arrays, each holding HANDOFF_LEN
+                // elements from `at` (rounds stay within their length);
+                // `v` is available on this CPU.
+                unsafe {
+                    super::lines::sum_f32(
+                        v,
+                        &[a[at..].as_ptr(), b[at..].as_ptr()],
+                        &[d[at..].as_mut_ptr()],
+                        HANDOFF_LEN,
+                    );
+                }
+                super::stream_fence();
+                // Bits, not floats: a read the compiler vectorizes, as a
+                // receiver's reduction is.
+                let read = d[at..at + HANDOFF_LEN]
+                    .iter()
+                    .fold(0u32, |acc, x| acc ^ x.to_bits());
+                std::hint::black_box(read);
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            (stores, bytes / best / 1e9)
+        })
+        .collect()
 }
 
 /// The fastest variant, or a narrower one within [`NARROWER_WITHIN`] of it.
@@ -278,7 +414,14 @@ mod tests {
     fn only_runnable_variants_are_offered_and_one_is_chosen() {
         let all = KernelChoice::available();
         assert!(all.iter().any(|c| c.width() == Width::Baseline));
-        assert!(all.contains(&chosen()));
+        let c = chosen();
+        for stores in [c.stores(), c.handoff_stores()] {
+            assert!(
+                all.iter()
+                    .any(|a| a.width() == c.width() && a.stores() == stores),
+                "{c}"
+            );
+        }
         for w in KernelChoice::unavailable() {
             assert!(all.iter().all(|c| c.width() != w));
         }
@@ -292,13 +435,24 @@ mod tests {
             parse("baseline,cached"),
             Some(KernelChoice {
                 width: Width::Baseline,
-                stores: Stores::Cached
+                stores: Stores::Cached,
+                handoff: Stores::Cached,
             })
         );
         assert!(parse("avx2").is_none(), "stores are required");
         for c in KernelChoice::available() {
             assert_eq!(parse(&c.spec()), Some(c), "{c} round-trips");
         }
+        let split = parse("baseline,cached,cached").unwrap();
+        assert_eq!(split.to(Destination::Handoff), split);
+        if let Some(nt) = parse("avx2,nt,cached") {
+            assert_eq!(nt.stores(), Stores::NonTemporal);
+            assert_eq!(nt.to(Destination::Handoff).stores(), Stores::Cached);
+            assert_eq!(nt.to(Destination::Output), nt);
+            assert_eq!(parse(&nt.spec()), Some(nt), "{nt} round-trips");
+            assert!(nt.to_string().contains("to hand-offs"), "{nt}");
+        }
+        assert!(parse("avx2,nt,cached,nt").is_none(), "at most two kinds");
         assert!(parse("avx3,nt").is_none());
         assert!(parse("").is_none());
         for w in KernelChoice::unavailable() {

@@ -12,7 +12,7 @@
 mod choice;
 mod lines;
 
-pub use choice::{Calibration, KernelChoice, Stores, Width, calibration, chosen};
+pub use choice::{Calibration, Destination, KernelChoice, Stores, Width, calibration, chosen};
 
 use crate::types::{Reduce, ReduceOp};
 

@@ -3,13 +3,15 @@
 //! where a room is a source's very bytes.
 
 use super::*;
+use ferrocoll_core::kernels::{Destination, chosen};
 
 /// Reductions at least this long stream their stores (as the in-process
 /// executor does).
 const STREAM_MIN_BYTES: usize = 256 << 10;
 
 /// The step's value — the reduction of the messages and the local read —
-/// into the first outgoing room (or the write), then copied to the rest.
+/// into the first outgoing room (or the write), then copied to the rest;
+/// the rooms are `to` (hand-offs when they are all slots).
 ///
 /// # Safety
 /// See the call site: every pointer is valid for the stated lengths,
@@ -20,11 +22,12 @@ pub(super) unsafe fn compute<T: Reduce>(
     read: Option<&[Span]>,
     write: Option<&[Span]>,
     outgoing: &[*mut T],
+    to: Destination,
     len: usize,
 ) {
     // SAFETY: as below; the fused path checks that no destination
     // overlaps a source.
-    if unsafe { fused(op, messages, read, write, outgoing, len) } {
+    if unsafe { fused(op, messages, read, write, outgoing, to, len) } {
         return;
     }
     // A room may be the very bytes a message is read from (a peer lends a
@@ -47,10 +50,17 @@ pub(super) unsafe fn compute<T: Reduce>(
         // sources are valid as the caller guarantees; every room and the
         // write then get a copy of it.
         unsafe {
-            combine(op, messages, read, value.as_mut_ptr(), len);
+            combine(
+                op,
+                messages,
+                read,
+                value.as_mut_ptr(),
+                len,
+                Destination::Handoff,
+            );
             value.set_len(len);
             for &room in outgoing {
-                copy_long(value.as_ptr().cast(), room.cast(), len * size);
+                copy_long(value.as_ptr().cast(), room.cast(), len * size, to);
             }
             if let Some(write) = write {
                 scatter(value.as_ptr(), write);
@@ -63,7 +73,7 @@ pub(super) unsafe fn compute<T: Reduce>(
     // destination as exactly its first source, as `Reduce::reduce` allows.
     unsafe {
         if let Some((&first, rest)) = outgoing.split_first() {
-            combine(op, messages, read, first, len);
+            combine(op, messages, read, first, len, to);
             for &room in rest {
                 std::ptr::copy_nonoverlapping(first, room, len);
             }
@@ -88,7 +98,7 @@ pub(super) unsafe fn compute<T: Reduce>(
             None => {
                 for &(offset, address, n) in write {
                     let srcs: Vec<*const T> = messages.iter().map(|m| m.add(offset)).collect();
-                    put(op, &srcs, address as *mut T, n);
+                    put(op, &srcs, address as *mut T, n, Destination::Output);
                 }
             }
             // Read and write apart (out of place): reduce straight into the
@@ -99,14 +109,27 @@ pub(super) unsafe fn compute<T: Reduce>(
                     for (at, from, m) in sub_spans::<T>(read, offset, n) {
                         let mut srcs = vec![from as *const T];
                         srcs.extend(messages.iter().map(|p| p.add(offset + at)));
-                        put(op, &srcs, (address + at * size) as *mut T, m);
+                        put(
+                            op,
+                            &srcs,
+                            (address + at * size) as *mut T,
+                            m,
+                            Destination::Output,
+                        );
                     }
                 }
             }
             // Read and write overlap without coinciding: stage.
             Some(read) => {
                 let mut value: Vec<T> = Vec::with_capacity(len);
-                combine(op, messages, Some(read), value.as_mut_ptr(), len);
+                combine(
+                    op,
+                    messages,
+                    Some(read),
+                    value.as_mut_ptr(),
+                    len,
+                    Destination::Handoff,
+                );
                 value.set_len(len);
                 scatter(value.as_ptr(), write);
             }
@@ -128,6 +151,7 @@ pub(super) unsafe fn fused<T: Reduce>(
     read: Option<&[Span]>,
     write: Option<&[Span]>,
     outgoing: &[*mut T],
+    to: Destination,
     len: usize,
 ) -> bool {
     let size = std::mem::size_of::<T>();
@@ -155,10 +179,17 @@ pub(super) unsafe fn fused<T: Reduce>(
     let aliased = dsts
         .iter()
         .any(|&d| srcs.iter().any(|&s| std::ptr::eq(d.cast_const(), s)));
-    let choice = if aliased {
-        ferrocoll_core::kernels::chosen().cached()
+    // With this rank's output among the destinations, the output's
+    // stores; rooms alone take theirs.
+    let kind = if write.is_some() {
+        Destination::Output
     } else {
-        ferrocoll_core::kernels::chosen()
+        to
+    };
+    let choice = if aliased {
+        chosen().cached()
+    } else {
+        chosen().to(kind)
     };
     // SAFETY: every pointer covers `len` elements (the caller's contract);
     // destinations overlap no source but exactly (checked) and no other
@@ -171,13 +202,15 @@ pub(super) fn ranges_meet(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>
     a.start < b.end && b.start < a.end
 }
 
-/// `dst[..len]` = reduction of the messages and the read pieces.
+/// `dst[..len]` = reduction of the messages and the read pieces, `dst`
+/// being a `to`.
 pub(super) unsafe fn combine<T: Reduce>(
     op: ReduceOp,
     messages: &[*const T],
     read: Option<&[Span]>,
     dst: *mut T,
     len: usize,
+    to: Destination,
 ) {
     // SAFETY: forwarded from `compute`'s caller.
     unsafe {
@@ -186,41 +219,47 @@ pub(super) unsafe fn combine<T: Reduce>(
                 for &(offset, address, n) in read {
                     let mut srcs = vec![address as *const T];
                     srcs.extend(messages.iter().map(|m| m.add(offset)));
-                    put(op, &srcs, dst.add(offset), n);
+                    put(op, &srcs, dst.add(offset), n, to);
                 }
             }
-            None => put(op, messages, dst, len),
+            None => put(op, messages, dst, len, to),
         }
     }
 }
 
-/// Reduce `srcs` into `dst`, or copy a single source. Long reductions
-/// take the fused streaming kernel where the type and op have one (the
-/// calibrated stores: no read-for-ownership of a destination that will not
-/// be read again soon).
-pub(super) unsafe fn put<T: Reduce>(op: ReduceOp, srcs: &[*const T], dst: *mut T, n: usize) {
+/// Reduce `srcs` into `dst` (a `to`), or copy a single source. Long
+/// reductions take the fused streaming kernel where the type and op have
+/// one, with the stores calibrated for that kind of destination.
+pub(super) unsafe fn put<T: Reduce>(
+    op: ReduceOp,
+    srcs: &[*const T],
+    dst: *mut T,
+    n: usize,
+    to: Destination,
+) {
     // SAFETY: forwarded; `dst` overlaps no source here.
     unsafe {
         match srcs {
             [] => {}
-            [one] => copy_long(one.cast(), dst.cast(), n * std::mem::size_of::<T>()),
+            [one] => copy_long(one.cast(), dst.cast(), n * std::mem::size_of::<T>(), to),
             _ if n * std::mem::size_of::<T>() >= STREAM_MIN_BYTES
-                && T::reduce_stream(op, srcs, &[dst], n) => {}
+                && T::reduce_stream_with(chosen().to(to), op, srcs, &[dst], n) => {}
             _ => T::reduce(op, srcs, dst, n),
         }
     }
 }
 
-/// Copy `bytes`; long copies stream past the cache when the calibration
-/// chose non-temporal stores (no read-for-ownership of each line).
+/// Copy `bytes` to a `to`; long copies stream past the cache when the
+/// calibration chose non-temporal stores for that kind of destination (no
+/// read-for-ownership of each line).
 ///
 /// # Safety
 /// As `copy_nonoverlapping`.
-pub(super) unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize) {
-    use ferrocoll_core::kernels::{Stores, chosen, stream_copy};
+pub(super) unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize, to: Destination) {
+    use ferrocoll_core::kernels::{Stores, stream_copy};
     // SAFETY: forwarded from the caller.
     unsafe {
-        if bytes >= STREAM_MIN_BYTES && chosen().stores() == Stores::NonTemporal {
+        if bytes >= STREAM_MIN_BYTES && chosen().to(to).stores() == Stores::NonTemporal {
             stream_copy(src, dst, bytes);
         } else {
             std::ptr::copy_nonoverlapping(src, dst, bytes);
@@ -229,16 +268,16 @@ pub(super) unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize) {
 }
 
 /// Copy the value held by `write` (its spans, in value order) into one
-/// contiguous room of `len` elements.
+/// contiguous room (a `to`) of `len` elements.
 ///
 /// # Safety
 /// The spans and the room are valid for the value's length and apart.
-pub(super) unsafe fn scatter_from<T>(write: &[Span], room: *mut T, len: usize) {
+pub(super) unsafe fn scatter_from<T>(write: &[Span], room: *mut T, len: usize, to: Destination) {
     let size = std::mem::size_of::<T>();
     for &(offset, address, n) in write {
         debug_assert!(offset + n <= len);
         // SAFETY: forwarded from the caller.
-        unsafe { copy_long(address as *const u8, room.add(offset).cast(), n * size) };
+        unsafe { copy_long(address as *const u8, room.add(offset).cast(), n * size, to) };
     }
 }
 
@@ -252,6 +291,7 @@ pub(super) unsafe fn scatter<T>(value: *const T, write: &[Span]) {
                 value.add(offset).cast(),
                 address as *mut u8,
                 n * std::mem::size_of::<T>(),
+                Destination::Output,
             )
         };
     }

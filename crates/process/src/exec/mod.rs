@@ -19,6 +19,7 @@
 use std::time::{Duration, Instant};
 
 use ferrocoll_core::comm::CommError;
+use ferrocoll_core::kernels::Destination;
 use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Source, Walk};
 use ferrocoll_core::{Rank, Reduce, ReduceOp};
 
@@ -337,6 +338,13 @@ fn try_fire<T: Reduce>(
         read: read.as_deref(),
         write: write.as_deref(),
         rooms: &rooms,
+        // Slots are read by their receiver right away; a peer's posted
+        // destination is its output.
+        to: if direct_to.iter().any(Option::is_some) {
+            Destination::Output
+        } else {
+            Destination::Handoff
+        },
         len: bytes / std::mem::size_of::<T>(),
     };
     if let Err(e) = value(t, &step, arrived.landed, reader.as_deref()) {
@@ -445,7 +453,7 @@ fn value<T: Reduce>(
             // SAFETY: the value lies in this rank's write (posted as one
             // piece of `len` elements); rooms are slots or peers' posted
             // destinations, apart from it.
-            unsafe { scatter_from(write, room, step.len) };
+            unsafe { scatter_from(write, room, step.len, step.to) };
         }
     } else if step.references.iter().any(Option::is_some) {
         // SAFETY: as for `compute` below; references were checked to
@@ -468,7 +476,7 @@ fn value<T: Reduce>(
         // the caller's buffers, which hold the plan's buffer sizes.
         unsafe {
             compute(
-                step.op, &sources, step.read, step.write, step.rooms, step.len,
+                step.op, &sources, step.read, step.write, step.rooms, step.to, step.len,
             )
         };
     }

@@ -125,6 +125,8 @@ pub(super) struct Step<'a, T> {
     pub(super) read: Option<&'a [Span]>,
     pub(super) write: Option<&'a [Span]>,
     pub(super) rooms: &'a [*mut T],
+    /// What the rooms are: hand-offs when they are all slots.
+    pub(super) to: Destination,
     pub(super) len: usize,
 }
 
@@ -152,7 +154,7 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
             for (src, dst, n) in zero_copy::pair_up(&zero_copy::range(p, from, len), to) {
                 // SAFETY: `src` lies in a peer's mapped heap (checked),
                 // `dst` in this rank's output or bounce buffer.
-                unsafe { copy_long(src as *const u8, dst as *mut u8, n) };
+                unsafe { copy_long(src as *const u8, dst as *mut u8, n, Destination::Output) };
             }
             Ok(())
         }
@@ -173,7 +175,7 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
     if let Some(sources) = in_place {
         // SAFETY: every source covers `len` elements (a slot payload, or a
         // checked heap range of exactly the message's bytes).
-        unsafe { compute(s.op, &sources, s.read, s.write, s.rooms, s.len) };
+        unsafe { compute(s.op, &sources, s.read, s.write, s.rooms, s.to, s.len) };
         return Ok(());
     }
     let lent = s.references.iter().filter(|r| r.is_some()).count().max(1);
@@ -215,7 +217,17 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
         let rooms: Vec<*mut T> = s.rooms.iter().map(|p| unsafe { p.add(start) }).collect();
         // SAFETY: every pointer covers this block (the caller's contract,
         // cut to the block).
-        unsafe { compute(s.op, &sources, read.as_deref(), write.as_deref(), &rooms, n) };
+        unsafe {
+            compute(
+                s.op,
+                &sources,
+                read.as_deref(),
+                write.as_deref(),
+                &rooms,
+                s.to,
+                n,
+            )
+        };
         start += n;
     }
     Ok(())
