@@ -257,3 +257,45 @@ fn the_cuda_backend_without_a_gpu_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("unavailable"), "{}", stderr(&out));
 }
+
+/// The throughput bound beside each algorithm, for the whole machine and
+/// for the GPUs a scheduler might hand out (issue 18's DGX-1V figures).
+#[test]
+fn topo_and_sim_print_the_throughput_bound_of_the_members() {
+    let out = ferrocoll(&["topo", "--preset", "dgx1-v100"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(text.contains("NVLink only     120.0 GB/s"), "{text}");
+    assert!(text.contains("of the bound"), "{text}");
+    let out = ferrocoll(&["topo", "--preset", "dgx1-v100", "--gpus", "0-5"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("without relays through the other 2 devices")
+            && text.contains("NVLink only 60.0 GB/s"),
+        "{text}"
+    );
+    assert!(text.contains("on 6 ranks"), "{text}");
+    let out = ferrocoll(&[
+        "sim",
+        "--topo",
+        "dgx1-v100",
+        "--gpus",
+        "0-5",
+        "-b",
+        "64M",
+        "-e",
+        "64M",
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("# best at 67108864 B:") && text.contains("of NVLink's"),
+        "{text}"
+    );
+    for bad in ["0,9", "1,1", "x", "3-1"] {
+        let out = ferrocoll(&["topo", "--preset", "dgx1-v100", "--gpus", bad]);
+        assert!(!out.status.success(), "--gpus {bad}");
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    }
+}

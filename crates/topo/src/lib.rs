@@ -13,6 +13,9 @@
 //!   here; the CUDA executor implements the GPU one).
 //! - [`sim`] times any schedule on any topology, with links shared by
 //!   concurrent transfers, and names the bottleneck link.
+//! - [`bound`] computes the throughput bound of a member set: the
+//!   highest bus bandwidth any all-gather, reduce-scatter or all-reduce
+//!   schedule can reach on the links (a minimum cut, by maximum flows).
 //! - [`search`] builds ring orders and tree orders from the graph;
 //!   [`select`] picks algorithm, channels and segment size per call by
 //!   simulating the candidates.
@@ -24,6 +27,7 @@
 //! loads the same topology makes the same choice. Bandwidths are GB/s
 //! (1e9 bytes per second) per direction, latencies microseconds.
 
+pub mod bound;
 mod error;
 pub mod graph;
 pub mod presets;

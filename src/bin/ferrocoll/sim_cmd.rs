@@ -50,6 +50,9 @@ pub(crate) struct SimArgs {
     /// that call, instead of a size sweep.
     #[arg(long)]
     plan: Option<std::path::PathBuf>,
+    /// Only these devices of the topology (e.g. `0-5` or `0,1,4`).
+    #[arg(long, value_parser = crate::topo::bound::parse_gpus)]
+    gpus: Option<crate::topo::bound::Gpus>,
 }
 
 struct Row {
@@ -72,7 +75,9 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         ));
     }
     let host_ranks = args.ranks.unwrap_or(source::DEFAULT_HOST_RANKS);
-    let topology = source::load(&args.topo, host_ranks)?;
+    let full = source::load(&args.topo, host_ranks)?;
+    let gpus = crate::topo::bound::Gpus::of(&args.gpus);
+    let topology = crate::topo::bound::members_of(&full, gpus)?;
     let e = |e: ferrocoll::topo::TopologyError| e.to_string();
     let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
     println!(
@@ -170,7 +175,43 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     if all {
         print_crossovers(&rows);
     }
+    if n as usize == topology.devices().len() {
+        print_bound(args, &full, gpus, &rows)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// For the collectives it bounds, the members' throughput bound and the
+/// best row of the largest size as a fraction of it.
+fn print_bound(
+    args: &SimArgs,
+    full: &ferrocoll::topo::Topology,
+    gpus: Option<&[usize]>,
+    rows: &[Row],
+) -> Result<(), String> {
+    if !matches!(
+        args.op,
+        CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
+    ) {
+        return Ok(());
+    }
+    println!("#");
+    let largest = rows.iter().map(|r| r.size).max();
+    if let Some(c) = crate::topo::bound::report(full, gpus)?
+        && let Some(best) = rows
+            .iter()
+            .filter(|r| Some(r.size) == largest)
+            .max_by(|a, b| a.prediction.busbw.total_cmp(&b.prediction.busbw))
+    {
+        println!(
+            "# best at {} B: {} busbw {:.1} GB/s{}",
+            best.size,
+            best.label,
+            best.prediction.busbw,
+            c.fraction(best.prediction.busbw)
+        );
+    }
+    Ok(())
 }
 
 /// `--plan FILE`: one plan, checked, simulated as it is.

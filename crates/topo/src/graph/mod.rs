@@ -10,6 +10,7 @@
 mod file;
 mod link;
 mod route;
+mod subset;
 
 use std::fmt;
 

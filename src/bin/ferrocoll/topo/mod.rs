@@ -2,6 +2,7 @@
 //! -m` and `p2pBandwidthLatencyTest` do, plus the rings the search finds
 //! and the bottleneck of each algorithm; or draw it.
 
+pub(crate) mod bound;
 pub(crate) mod source;
 
 use std::path::PathBuf;
@@ -50,6 +51,10 @@ pub(crate) struct TopoArgs {
     /// p2pBandwidthLatencyTest-style matrices.
     #[arg(long)]
     probe: bool,
+    /// Only these devices (positions among the topology's, e.g. `0-5` or
+    /// `0,1,4`): the machine a scheduler hands a job.
+    #[arg(long, value_parser = bound::parse_gpus)]
+    gpus: Option<bound::Gpus>,
 }
 
 pub(crate) fn run(args: &TopoArgs) -> Result<ExitCode, String> {
@@ -90,7 +95,8 @@ fn load_as(p: &std::path::Path, kind: Kind) -> Result<Topology, String> {
     parsed.map_err(|e| format!("{}: {e}", p.display()))
 }
 
-fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
+fn show(args: &TopoArgs, full: Topology) -> Result<ExitCode, String> {
+    let t = bound::members_of(&full, bound::Gpus::of(&args.gpus))?;
     if let Some(p) = &args.svg {
         std::fs::write(p, render::svg(&t)).map_err(|e| format!("{}: {e}", p.display()))?;
         eprintln!("wrote {}", p.display());
@@ -127,6 +133,7 @@ fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
             .render("Predicted latency matrix (us, links only)", 2)
     );
     let n = t.devices().len() as u32;
+    let ceiling = bound::report(&full, bound::Gpus::of(&args.gpus))?;
     if n >= 2 {
         let selector = TopologySelector::new(t.clone(), n, SelectOptions::default()).map_err(e)?;
         let rings = selector.rings();
@@ -165,8 +172,9 @@ fn show(args: &TopoArgs, t: Topology) -> Result<ExitCode, String> {
                 let b = p.bottleneck().map_or("none".to_owned(), |l| {
                     format!("{} ({:.0}% busy)", l.resource, l.utilisation * 100.0)
                 });
+                let of = ceiling.map_or(String::new(), |c| c.fraction(p.busbw));
                 println!(
-                    "#   {:<22} busbw {:>8.1} GB/s   bottleneck {b}",
+                    "#   {:<22} busbw {:>8.1} GB/s{of}   bottleneck {b}",
                     c.to_string(),
                     p.busbw
                 );
