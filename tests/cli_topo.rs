@@ -299,3 +299,57 @@ fn topo_and_sim_print_the_throughput_bound_of_the_members() {
         assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
     }
 }
+
+/// `synth` packs the DGX-1V's six NVLink rings (the bound, where the
+/// greedy search stopped at two), proves the schedule, writes it, and the
+/// file then runs through `sim` and `verify`.
+#[test]
+fn synth_writes_a_proven_ring_packing_that_reaches_the_bound() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-synth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("dgx1.json");
+    let path = file.to_str().unwrap();
+    let out = ferrocoll(&["synth", "--topo", "dgx1-v100", "-o", path, "--size", "256M"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("6 rings (channels) packed, 120.0 GB/s"),
+        "{text}"
+    );
+    assert!(text.contains("of NVLink's"), "{text}");
+    let out = ferrocoll(&["verify", "--algo", path]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let out = ferrocoll(&[
+        "sim",
+        "--topo",
+        "dgx1-v100",
+        "--algo",
+        path,
+        "-b",
+        "64M",
+        "-e",
+        "64M",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("synth-rings-dgx1-v100x6"),
+        "{}",
+        stdout(&out)
+    );
+    let out = ferrocoll(&[
+        "synth",
+        "--topo",
+        "dgx1-v100",
+        "--op",
+        "all-to-all",
+        "-o",
+        path,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("rings cannot run"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -10,6 +10,7 @@ mod rendezvous_cmd;
 mod schedule_cmd;
 mod sim_cmd;
 mod spec;
+mod synth_cmd;
 mod topo;
 mod verify_cmd;
 
@@ -50,6 +51,8 @@ enum Command {
     Topo(topo::TopoArgs),
     /// Predict the bench table on a topology, with the bottleneck link of each row.
     Sim(sim_cmd::SimArgs),
+    /// Pack rings into a topology (or some of its GPUs) and write the proven schedule.
+    Synth(synth_cmd::SynthArgs),
     /// Gradient-sync time per training step and its share of the step.
     Estimate(estimate_cmd::EstimateArgs),
     /// Start N local processes of one group (env:// variables), rank-prefixed output, fail fast.
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan_cmd::run(&args),
         Command::Topo(args) => topo::run(&args),
         Command::Sim(args) => sim_cmd::run(&args),
+        Command::Synth(args) => synth_cmd::run(&args),
         Command::Estimate(args) => estimate_cmd::run(&args),
         Command::Launch(args) => launch::run(&args),
         Command::LaunchWatchdog(args) => launch::watchdog::run(&args),

@@ -5,9 +5,13 @@
 //! behind one PCIe switch uplink, say) split it. [`rings`] finds the order
 //! whose worst resource is least loaded, and keeps adding rings while the
 //! set as a whole gets faster, as NCCL adds channels on links with spare
-//! capacity. [`tree_order`] lays the trees over the best ring order, so a
+//! capacity — or, where that greedy set stops short, a packing of rings
+//! (the widest ring on what capacity is left, again and again, each ring
+//! repeated in proportion to its rate). [`tree_order`] lays the trees over
+//! the best ring order, so a
 //! parent and its children are neighbours on the fastest paths.
 
+mod packing;
 mod ring;
 
 pub use ring::{EXHAUSTIVE_MAX_RANKS, HEURISTIC_BUDGET, MAX_RINGS, RingSet, rings, tree_order};

@@ -26,8 +26,8 @@ use crate::sim::engine::Network;
 /// Up to this many ranks every ring order is tried (rank 0 fixed first):
 /// 8! = 40320 orders at 9 ranks.
 pub const EXHAUSTIVE_MAX_RANKS: usize = 9;
-/// Rings tried per set at most.
-pub const MAX_RINGS: usize = 4;
+/// Rings tried per set at most (a packing's repeated rings included).
+pub const MAX_RINGS: usize = 8;
 /// Candidates the heuristic scores per ring at most, seeds included:
 /// about eight 2-opt sweeps at 128 ranks, a few milliseconds.
 pub const HEURISTIC_BUDGET: u64 = 65_536;
@@ -47,15 +47,19 @@ pub struct RingSet {
 
 /// Per-pair resource use and latency, from the simulator's own network model so
 /// search and simulation agree on what a route costs.
-struct Costs {
-    n: usize,
+pub(super) struct Costs {
+    pub(super) n: usize,
     uses: Vec<Vec<(usize, f64)>>,
     latency: Vec<f64>,
-    capacity: Vec<f64>,
+    pub(super) capacity: Vec<f64>,
 }
 
 impl Costs {
-    fn new(topo: &Topology, devices: &[NodeId], cost: &CostModel) -> Result<Costs, TopologyError> {
+    pub(super) fn new(
+        topo: &Topology,
+        devices: &[NodeId],
+        cost: &CostModel,
+    ) -> Result<Costs, TopologyError> {
         let n = devices.len();
         let mut network = Network::new(topo, devices.to_vec(), cost);
         let mut uses = vec![Vec::new(); n * n];
@@ -79,12 +83,12 @@ impl Costs {
     }
 
     /// The resources edge `a → b` crosses, with their weights.
-    fn edge(&self, a: Rank, b: Rank) -> &[(usize, f64)] {
+    pub(super) fn edge(&self, a: Rank, b: Rank) -> &[(usize, f64)] {
         &self.uses[a as usize * self.n + b as usize]
     }
 
     /// Adds the ring `order`'s traffic to `load`.
-    fn add(&self, load: &mut [f64], order: &[Rank]) {
+    pub(super) fn add(&self, load: &mut [f64], order: &[Rank]) {
         for i in 0..order.len() {
             for &(r, w) in self.edge(order[i], order[(i + 1) % order.len()]) {
                 load[r] += w;
@@ -93,7 +97,7 @@ impl Costs {
     }
 
     /// The worst load per capacity; lower is better.
-    fn worst(&self, load: &[f64]) -> f64 {
+    pub(super) fn worst(&self, load: &[f64]) -> f64 {
         load.iter()
             .zip(&self.capacity)
             .map(|(l, c)| l / c)
@@ -382,11 +386,18 @@ pub fn rings(
             break;
         }
     }
-    Ok(RingSet {
+    let greedy = RingSet {
         orders,
         bandwidth,
         candidates,
-    })
+    };
+    // A packing of rings can beat the greedy set, whose every added ring
+    // must pay off at once (on a DGX-1 the third ring alone slows the set;
+    // six together reach the graph's bound).
+    match super::packing::pack(&costs, max_rings) {
+        Some(packed) if packed.bandwidth > greedy.bandwidth * 1.01 => Ok(packed),
+        _ => Ok(greedy),
+    }
 }
 
 /// The order to lay trees over: the best single ring, whose neighbours are
