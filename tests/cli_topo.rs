@@ -265,14 +265,37 @@ fn topo_and_sim_print_the_throughput_bound_of_the_members() {
     let out = ferrocoll(&["topo", "--preset", "dgx1-v100"]);
     let text = stdout(&out);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(text.contains("NVLink only     120.0 GB/s"), "{text}");
+    let row = |text: &str, label: &str| -> Vec<String> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("#   {label} ")))
+            .unwrap_or_else(|| panic!("no `{label}` row: {text}"));
+        line.split_whitespace()
+            .rev()
+            .take(4)
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect()
+    };
+    // all-gather, reduce-scatter, all-reduce, any all-reduce.
+    assert_eq!(
+        row(&text, "NVLink only"),
+        ["120.0", "120.0", "120.0", "210.0"]
+    );
     assert!(text.contains("of the bound"), "{text}");
     let out = ferrocoll(&["topo", "--preset", "dgx1-v100", "--gpus", "0-5"]);
     let text = stdout(&out);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        text.contains("without relays through the other 2 devices")
-            && text.contains("NVLink only 60.0 GB/s"),
+    assert_eq!(
+        row(&text, "NVLink only, members alone")[0],
+        "60.0",
+        "{text}"
+    );
+    assert_eq!(
+        row(&text, "NVLink only, other devices relaying")[0],
+        "120.0",
         "{text}"
     );
     assert!(text.contains("on 6 ranks"), "{text}");

@@ -192,7 +192,13 @@ impl TopologySelector {
         }
         let devices = all[..world_size as usize].to_vec();
         let rings = search::rings(&topology, &devices, &options.cost, options.max_rings)?;
-        let tree_order = rings.orders[0].clone();
+        // The best single ring, not a packing's first (which is chosen for
+        // what it leaves to the others).
+        let tree_order = if rings.orders.len() > 1 {
+            search::tree_order(&topology, &devices, &options.cost)?
+        } else {
+            rings.orders[0].clone()
+        };
         Ok(TopologySelector {
             topology,
             devices,

@@ -208,7 +208,7 @@ fn print_bound(
             best.size,
             best.label,
             best.prediction.busbw,
-            c.fraction(best.prediction.busbw)
+            c.fraction(args.op, best.prediction.busbw)
         );
     }
     Ok(())

@@ -96,10 +96,7 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
     let compiler = Compiler::new(Arc::new(verified));
     let p = sim::simulate(&compiler, &t, args.size, &SimOptions::default()).map_err(e)?;
     let ceiling = bound::report(&full, gpus)?;
-    let of = match (ceiling, args.op) {
-        (Some(c), AllReduce | AllGather | ReduceScatter) => c.fraction(p.busbw),
-        _ => String::new(),
-    };
+    let of = ceiling.map_or(String::new(), |c| c.fraction(args.op, p.busbw));
     println!(
         "# {collective} of {} B, predicted: busbw {:.1} GB/s{of}",
         args.size, p.busbw

@@ -14,8 +14,13 @@
 //!
 //! — the cut formula of ForestColl (Zhao et al., 2024), also reached by its
 //! spanning-tree packings. Reduce-scatter is the mirror (links leaving
-//! `S`), and all-reduce, as a reduce-scatter then an all-gather, has the
-//! same bound in bus bandwidth.
+//! `S`); an all-reduce run as a reduce-scatter then an all-gather (rings,
+//! ForestColl's packings) is bound by the harmonic mean of the two, which
+//! is the same figure wherever links are symmetric. An all-reduce that
+//! reduces on the way (trees) can beat that on lopsided graphs; any
+//! all-reduce must still move one reduced value into and out of every
+//! set that splits the members, so its bus bandwidth is at most
+//! `2(N − 1)/N` times the smallest capacity between two members.
 //!
 //! The minimum is found with maximum flows rather than by listing cuts: a
 //! rate `x` per member is feasible exactly when every member `r` can take
@@ -51,7 +56,22 @@ pub enum Relays {
     MembersOnly,
 }
 
-/// The bound, and the cut that sets it.
+/// The bounds of a member set, per collective, in bus bandwidth (GB/s).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bounds {
+    /// All-gather: links entering each cut.
+    pub all_gather: Bound,
+    /// Reduce-scatter: links leaving each cut.
+    pub reduce_scatter: Bound,
+    /// All-reduce as a reduce-scatter then an all-gather (rings, and the
+    /// tree packings of ForestColl): the harmonic mean of the two.
+    pub all_reduce: f64,
+    /// Any all-reduce, reductions on the way included (trees):
+    /// `2(N − 1)/N` × the smallest capacity between two members.
+    pub all_reduce_any: f64,
+}
+
+/// One collective's bound, and the cut that sets it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bound {
     /// The highest bus bandwidth any schedule can reach, GB/s.
@@ -63,34 +83,103 @@ pub struct Bound {
     pub outside: usize,
 }
 
-/// The throughput bound of `members` (devices of `t`) on `t`'s links at
+/// The throughput bounds of `members` (devices of `t`) on `t`'s links at
 /// `cost`'s effective rates (see the module docs). Fewer than two members
-/// need no communication: an unlimited bound. Members that cannot reach
+/// need no communication: unlimited bounds. Members that cannot reach
 /// each other on the chosen fabric: 0.
-pub fn throughput_bound(
+pub fn throughput_bounds(
     t: &Topology,
     members: &[NodeId],
     cost: &CostModel,
     fabric: Fabric,
     relays: Relays,
-) -> Result<Bound, TopologyError> {
+) -> Result<Bounds, TopologyError> {
     check_members(t, members)?;
+    let usable = Usable::new(t, members, cost, fabric, relays);
+    let all_gather = cut_bound(&usable, members, false);
+    let reduce_scatter = cut_bound(&usable, members, true);
+    let (ag, rs) = (all_gather.busbw, reduce_scatter.busbw);
+    let all_reduce = if ag.is_infinite() || rs.is_infinite() {
+        ag.min(rs)
+    } else if ag <= 0.0 || rs <= 0.0 {
+        0.0
+    } else {
+        2.0 / (1.0 / ag + 1.0 / rs)
+    };
+    Ok(Bounds {
+        all_gather,
+        reduce_scatter,
+        all_reduce,
+        all_reduce_any: any_all_reduce(&usable, members),
+    })
+}
+
+/// The links that may carry the members' traffic, at their rates.
+struct Usable {
+    /// `(from, to, GB/s)`.
+    links: Vec<(NodeId, NodeId, f64)>,
+    nodes: usize,
+}
+
+impl Usable {
+    fn new(
+        t: &Topology,
+        members: &[NodeId],
+        cost: &CostModel,
+        fabric: Fabric,
+        relays: Relays,
+    ) -> Usable {
+        let mut member = vec![false; t.nodes.len()];
+        for &m in members {
+            member[m] = true;
+        }
+        let kept = |v: NodeId| relays == Relays::Any || !t.nodes[v].kind.is_device() || member[v];
+        let links = t
+            .links
+            .iter()
+            .filter(|l| kept(l.from) && kept(l.to))
+            .filter(|l| fabric == Fabric::Every || l.kind.is_nvlink())
+            .map(|l| (l.from, l.to, cost.effective_bandwidth(&l.kind, l.bandwidth)))
+            .collect();
+        Usable {
+            links,
+            nodes: t.nodes.len(),
+        }
+    }
+
+    /// As a flow network (reversed: every link turned around), one node
+    /// spare for a source.
+    fn network(&self, reversed: bool) -> FlowNet {
+        let mut net = FlowNet::new(self.nodes + 1);
+        for &(a, b, c) in &self.links {
+            let (from, to) = if reversed { (b, a) } else { (a, b) };
+            net.add_edge(from, to, c);
+        }
+        net
+    }
+}
+
+/// ForestColl's cut bound on `usable` (links turned around when
+/// `reversed`: reduce-scatter's cuts are all-gather's on the reversed
+/// graph), by Dinkelbach's method over maximum flows.
+fn cut_bound(usable: &Usable, members: &[NodeId], reversed: bool) -> Bound {
     let n = members.len();
     if n < 2 {
-        return Ok(Bound {
+        return Bound {
             busbw: f64::INFINITY,
             cut: Vec::new(),
             outside: 0,
-        });
+        };
     }
-    let base = network(t, members, cost, fabric, relays);
-    let source = t.nodes.len();
+    let base = usable.network(reversed);
+    let source = usable.nodes;
     let incoming = |side: &[bool]| -> f64 {
-        t.links
+        usable
+            .links
             .iter()
-            .filter(|l| carries(t, members, l, fabric, relays))
-            .filter(|l| side[l.to] && !side[l.from])
-            .map(|l| cost.effective_bandwidth(&l.kind, l.bandwidth))
+            .map(|&(a, b, c)| if reversed { (b, a, c) } else { (a, b, c) })
+            .filter(|&(a, b, _)| side[b] && !side[a])
+            .map(|(_, _, c)| c)
             .sum()
     };
     let ratio = |side: &[bool]| {
@@ -106,7 +195,7 @@ pub fn throughput_bound(
         if x <= 0.0 {
             break;
         }
-        let mut worst: Option<(f64, usize, Vec<NodeId>)> = None;
+        let mut worst: Option<(f64, usize, Vec<bool>)> = None;
         for &r in members {
             let mut net = base.clone();
             for &m in members {
@@ -119,26 +208,56 @@ pub fn throughput_bound(
             let side: Vec<bool> = net.reachable(source).iter().map(|&s| !s).collect();
             let (found, out) = ratio(&side);
             if found < worst.as_ref().map_or(x, |w| w.0) {
-                let nodes = (0..source).filter(|&v| side[v]).collect();
-                worst = Some((found, out, nodes));
+                worst = Some((found, out, side));
             }
         }
         match worst {
-            Some((found, out, nodes)) if found < x * (1.0 - TOLERANCE) => {
-                (x, outside, cut) = (found, out, nodes);
+            Some((found, out, side)) if found < x * (1.0 - TOLERANCE) => {
+                (x, outside) = (found, out);
+                cut = named_cut(usable, members, &side);
             }
             _ => break,
         }
     }
-    Ok(Bound {
+    Bound {
         busbw: (n - 1) as f64 * x.max(0.0),
         cut,
         outside,
-    })
+    }
+}
+
+/// The nodes of a cut's side worth naming: members, and nodes a usable
+/// link touches (a CPU off the fabric is on the side only nominally).
+fn named_cut(usable: &Usable, members: &[NodeId], side: &[bool]) -> Vec<NodeId> {
+    (0..usable.nodes)
+        .filter(|&v| side[v])
+        .filter(|&v| members.contains(&v) || usable.links.iter().any(|&(a, b, _)| a == v || b == v))
+        .collect()
+}
+
+/// `2(N − 1)/N` × the smallest capacity between two members, the bound of
+/// any all-reduce: every set holding some members but not all must take in
+/// a reduced value of the call's size, and send one out. The smallest such
+/// capacity is a maximum flow between the first member and another, one
+/// way or the other.
+fn any_all_reduce(usable: &Usable, members: &[NodeId]) -> f64 {
+    let n = members.len();
+    if n < 2 {
+        return f64::INFINITY;
+    }
+    let base = usable.network(false);
+    let m0 = members[0];
+    let least = members[1..]
+        .iter()
+        .flat_map(|&v| [(m0, v), (v, m0)])
+        .map(|(a, b)| base.clone().max_flow(a, b))
+        .fold(f64::INFINITY, f64::min);
+    2.0 * (n - 1) as f64 / n as f64 * least
 }
 
 /// Rounds of the cut search; each lowers the rate to a different cut's,
-/// and in practice two or three suffice.
+/// and in practice two or three suffice (should it ever stop here, the
+/// figure is still a cut's ratio: an upper bound, maybe not the least).
 const MAX_ROUNDS: usize = 64;
 
 /// Relative slack for flows and rates computed in floating point.
@@ -155,37 +274,6 @@ fn check_members(t: &Topology, members: &[NodeId]) -> Result<(), TopologyError> 
         }
     }
     Ok(())
-}
-
-/// Whether link `l` may carry the members' traffic.
-fn carries(
-    t: &Topology,
-    members: &[NodeId],
-    l: &crate::PhysicalLink,
-    fabric: Fabric,
-    relays: Relays,
-) -> bool {
-    let kept =
-        |v: NodeId| relays == Relays::Any || !t.nodes[v].kind.is_device() || members.contains(&v);
-    kept(l.from) && kept(l.to) && (fabric == Fabric::Every || l.kind.is_nvlink())
-}
-
-/// The topology's usable links as a flow network, one node spare for the
-/// source.
-fn network(
-    t: &Topology,
-    members: &[NodeId],
-    cost: &CostModel,
-    fabric: Fabric,
-    relays: Relays,
-) -> FlowNet {
-    let mut net = FlowNet::new(t.nodes.len() + 1);
-    for l in &t.links {
-        if carries(t, members, l, fabric, relays) {
-            net.add_edge(l.from, l.to, cost.effective_bandwidth(&l.kind, l.bandwidth));
-        }
-    }
-    net
 }
 
 #[cfg(test)]

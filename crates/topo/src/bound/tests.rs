@@ -6,8 +6,13 @@ fn gpus(t: &Topology, list: &[usize]) -> Vec<NodeId> {
     list.iter().map(|&i| d[i]).collect()
 }
 
+fn bounds(t: &Topology, list: &[usize], fabric: Fabric, relays: Relays) -> Bounds {
+    throughput_bounds(t, &gpus(t, list), &CostModel::default(), fabric, relays).unwrap()
+}
+
+/// The all-gather bound.
 fn bound(t: &Topology, list: &[usize], fabric: Fabric, relays: Relays) -> Bound {
-    throughput_bound(t, &gpus(t, list), &CostModel::default(), fabric, relays).unwrap()
+    bounds(t, list, fabric, relays).all_gather
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -71,7 +76,7 @@ fn trivial_and_bad_member_sets() {
     let d = t.devices();
     for bad in [vec![d[0], d[0]], vec![d[0], cpu], vec![d[0], 999]] {
         assert!(
-            throughput_bound(&t, &bad, &cost, Fabric::Every, Relays::Any).is_err(),
+            throughput_bounds(&t, &bad, &cost, Fabric::Every, Relays::Any).is_err(),
             "{bad:?}"
         );
     }
@@ -135,40 +140,89 @@ fn brute_force(t: &Topology, members: &[NodeId], fabric: Fabric) -> f64 {
     (members.len() - 1) as f64 * best
 }
 
-/// The bound is a bound: no algorithm the selector simulates, in any of
-/// its variants, beats it on all-reduce, all-gather or reduce-scatter.
+/// The bounds are bounds: no algorithm the selector simulates, in any of
+/// its variants, beats them — all-gather and reduce-scatter their cut
+/// bounds, every all-reduce the any-all-reduce bound, and rings (a
+/// reduce-scatter then an all-gather) the all-reduce cut bound — on whole
+/// machines and on lopsided subsets.
 #[test]
 fn no_simulated_schedule_beats_the_bound() {
     use crate::select::{SelectOptions, TopologySelector};
-    use ferrocoll_core::Collective;
-    for name in [
-        "dgx1-v100",
-        "dgx-a100",
-        "pcie4-8gpu-2numa",
-        "consumer-4gpu-pcie4",
-    ] {
-        let t = presets::by_name(name, 0).unwrap();
-        let n = t.devices().len();
-        let every = bound(&t, &(0..n).collect::<Vec<_>>(), Fabric::Every, Relays::Any);
+    use ferrocoll_core::{Algorithm, Collective};
+    let cases: [(&str, &[usize]); 6] = [
+        ("dgx1-v100", &[0, 1, 2, 3, 4, 5, 6, 7]),
+        ("dgx1-v100", &[0, 1, 2, 4, 5]),
+        ("dgx-a100", &[0, 1, 2, 3, 4, 5, 6, 7]),
+        ("pcie4-8gpu-2numa", &[0, 1, 2, 3, 4, 5, 6, 7]),
+        ("pcie4-8gpu-2numa", &[0, 1, 5]),
+        ("consumer-4gpu-pcie4", &[0, 1, 2, 3]),
+    ];
+    for (name, keep) in cases {
+        let full = presets::by_name(name, 0).unwrap();
+        let b = bounds(&full, keep, Fabric::Every, Relays::MembersOnly);
+        let t = full.with_devices(keep).unwrap();
         let options = SelectOptions {
             channel_multipliers: vec![1, 2],
             chunk_sizes: vec![1 << 20, 4 << 20],
             ..SelectOptions::default()
         };
-        let s = TopologySelector::new(t.clone(), n as u32, options).unwrap();
+        let s = TopologySelector::new(t, keep.len() as u32, options).unwrap();
         for c in [
             Collective::AllReduce,
             Collective::AllGather,
             Collective::ReduceScatter,
         ] {
             for (candidate, p) in s.evaluate(c, 256 << 20).unwrap() {
+                let limit = match c {
+                    Collective::AllGather => b.all_gather.busbw,
+                    Collective::ReduceScatter => b.reduce_scatter.busbw,
+                    _ if candidate.algorithm == Algorithm::Ring => b.all_reduce,
+                    _ => b.all_reduce_any,
+                };
                 assert!(
-                    p.busbw <= every.busbw * (1.0 + 1e-6),
-                    "{name} {c:?} {candidate}: {} GB/s over the bound {}",
-                    p.busbw,
-                    every.busbw
+                    p.busbw <= limit * (1.0 + 1e-6),
+                    "{name} {keep:?} {c:?} {candidate}: {} GB/s over the bound {limit}",
+                    p.busbw
                 );
             }
         }
+        assert!(
+            b.all_reduce_any >= b.all_reduce * (1.0 - 1e-9),
+            "{name}: {b:?}"
+        );
     }
+}
+
+/// On a lopsided graph reduce-scatter (links leaving a cut) and all-gather
+/// (links entering it) differ, and all-reduce as the two is their
+/// harmonic mean.
+#[test]
+fn one_way_links_split_all_gather_from_reduce_scatter() {
+    use crate::graph::{LinkKind, Node, NodeKind, PhysicalLink};
+    let mut t = Topology::new("lopsided", "three GPUs, one slow link out of GPU2");
+    let g: Vec<NodeId> = (0..3)
+        .map(|i| t.add_node(Node::new(format!("GPU{i}"), NodeKind::Gpu)))
+        .collect();
+    let mut link = |from, to, bandwidth| {
+        t.links.push(PhysicalLink {
+            from,
+            to,
+            kind: LinkKind::Network,
+            bandwidth,
+            latency_us: 1.0,
+        })
+    };
+    link(g[0], g[1], 10.0);
+    link(g[1], g[0], 10.0);
+    link(g[0], g[2], 10.0);
+    link(g[2], g[0], 2.0);
+    let mut cost = CostModel::default();
+    cost.network_efficiency = 1.0;
+    let b = throughput_bounds(&t, &g, &cost, Fabric::Every, Relays::Any).unwrap();
+    // All-gather: GPU2 takes in 10 for two blocks (5 each); GPU0+GPU1 take
+    // in 2 for GPU2's one block. Reduce-scatter: GPU2 sends out 2 for two.
+    assert!(close(b.all_gather.busbw, 2.0 * 2.0), "{b:?}");
+    assert!(close(b.reduce_scatter.busbw, 2.0 * 1.0), "{b:?}");
+    assert!(close(b.all_reduce, 2.0 / (1.0 / 4.0 + 1.0 / 2.0)), "{b:?}");
+    assert!(close(b.all_reduce_any, 2.0 * 2.0 / 3.0 * 2.0), "{b:?}");
 }

@@ -73,11 +73,17 @@ impl Topology {
     }
 
     /// The node ids of the devices at positions `keep` of
-    /// [`devices`](Self::devices), in graph order.
+    /// [`devices`](Self::devices), in graph order; out of range or listed
+    /// twice is an error.
     pub fn device_ids(&self, keep: &[usize]) -> Result<Vec<NodeId>, TopologyError> {
         let devices = self.devices();
         let mut sorted = keep.to_vec();
         sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(TopologyError::Invalid(
+                "a device list names a device twice".into(),
+            ));
+        }
         sorted
             .iter()
             .map(|&i| {

@@ -59,7 +59,11 @@ pub(super) fn pack(costs: &Costs, max_rings: usize) -> Option<RingSet> {
                 candidates,
             }
         })
-        .max_by(|a, b| a.bandwidth.total_cmp(&b.bandwidth))
+        // Equal bandwidth: the fewer channels.
+        .fold(None, |best: Option<RingSet>, set| match best {
+            Some(b) if b.bandwidth >= set.bandwidth => Some(b),
+            _ => Some(set),
+        })
 }
 
 /// What `orders` move per second together, each carrying an equal share,

@@ -41,7 +41,8 @@ pub struct RingSet {
     /// share, GB/s: the capacity of the busiest resource over its load.
     /// Infinite when no edge crosses a modelled link (threads).
     pub bandwidth: f64,
-    /// Whole ring orders scored to find the set: the search's work.
+    /// Whole ring orders scored to find the set, plus the packing's
+    /// dynamic-programming steps where it ran: the search's work.
     pub candidates: u64,
 }
 
@@ -395,7 +396,10 @@ pub fn rings(
     // must pay off at once (on a DGX-1 the third ring alone slows the set;
     // six together reach the graph's bound).
     match super::packing::pack(&costs, max_rings) {
-        Some(packed) if packed.bandwidth > greedy.bandwidth * 1.01 => Ok(packed),
+        Some(packed) if packed.bandwidth > greedy.bandwidth * 1.01 => Ok(RingSet {
+            candidates: packed.candidates + greedy.candidates,
+            ..packed
+        }),
         _ => Ok(greedy),
     }
 }

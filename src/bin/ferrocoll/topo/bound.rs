@@ -1,8 +1,9 @@
 //! The members' throughput bound in the `topo` and `sim` reports, and the
 //! `--gpus` device list both commands take.
 
+use ferrocoll::CollectiveKind;
 use ferrocoll::topo::Topology;
-use ferrocoll::topo::bound::{Bound, Fabric, Relays, throughput_bound};
+use ferrocoll::topo::bound::{Bound, Bounds, Fabric, Relays, throughput_bounds};
 use ferrocoll::topo::sim::CostModel;
 
 /// Most devices one `--gpus` list may name.
@@ -34,7 +35,7 @@ pub(crate) fn parse_gpus(s: &str) -> Result<Gpus, String> {
             Some((lo, hi)) => (number(lo)?, number(hi)?),
             None => (number(part)?, number(part)?),
         };
-        if lo > hi || out.len() + (hi - lo) >= MAX_LISTED {
+        if lo > hi || hi - lo >= MAX_LISTED.saturating_sub(out.len()) {
             return Err(format!("--gpus `{s}`: `{part}` is empty or too long"));
         }
         out.extend(lo..=hi);
@@ -57,28 +58,42 @@ pub(crate) fn members_of(full: &Topology, gpus: Option<&[usize]>) -> Result<Topo
 }
 
 /// The bounds a report measures algorithms against: over every link and
-/// over NVLink (0 where there is none), both without relays through
+/// over NVLink (`None` where there is none), both without relays through
 /// devices outside the list — the graph the report simulates.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Ceiling {
-    pub(crate) every: f64,
-    pub(crate) nvlink: f64,
+    every: Bounds,
+    nvlink: Option<Bounds>,
 }
 
 impl Ceiling {
-    /// ` (0.60 of the bound, 0.66 of NVLink's)` for a bus bandwidth.
-    pub(crate) fn fraction(&self, busbw: f64) -> String {
-        let nv = if self.nvlink > 0.0 {
-            format!(", {:.2} of NVLink's", busbw / self.nvlink)
-        } else {
-            String::new()
+    /// ` (0.60 of the bound, 0.66 of NVLink's)` for a bus bandwidth of
+    /// `op`; all-reduce against the bound of a reduce-scatter then an
+    /// all-gather (an all-reduce that reduces on the way may pass it).
+    pub(crate) fn fraction(&self, op: CollectiveKind, busbw: f64) -> String {
+        let of = |b: &Bounds| {
+            match op {
+                CollectiveKind::AllGather => Some(b.all_gather.busbw),
+                CollectiveKind::ReduceScatter => Some(b.reduce_scatter.busbw),
+                CollectiveKind::AllReduce => Some(b.all_reduce),
+                _ => None,
+            }
+            .filter(|&x| x > 0.0 && x.is_finite())
         };
-        format!(" ({:.2} of the bound{nv})", busbw / self.every)
+        let Some(every) = of(&self.every) else {
+            return String::new();
+        };
+        let nv = self
+            .nvlink
+            .as_ref()
+            .and_then(of)
+            .map_or(String::new(), |x| format!(", {:.2} of NVLink's", busbw / x));
+        format!(" ({:.2} of the bound{nv})", busbw / every)
     }
 }
 
-/// Print the bound of the listed devices (every device without a list) on
-/// `full`, with and without relays through the other devices.
+/// Print the bounds of the listed devices (every device without a list)
+/// on `full`, with and without relays through the other devices.
 pub(crate) fn report(full: &Topology, gpus: Option<&[usize]>) -> Result<Option<Ceiling>, String> {
     let all: Vec<usize> = (0..full.devices().len()).collect();
     let members = full
@@ -88,41 +103,60 @@ pub(crate) fn report(full: &Topology, gpus: Option<&[usize]>) -> Result<Option<C
         return Ok(None);
     }
     let cost = CostModel::default();
-    let bound = |fabric, relays| {
-        throughput_bound(full, &members, &cost, fabric, relays).map_err(|e| e.to_string())
+    let bounds = |fabric, relays| {
+        throughput_bounds(full, &members, &cost, fabric, relays).map_err(|e| e.to_string())
     };
-    let every = bound(Fabric::Every, Relays::Any)?;
-    let nvlink = bound(Fabric::Nvlink, Relays::Any)?;
+    let subset = members.len() < full.devices().len();
     println!(
-        "# throughput bound of {} ranks (busbw of all-gather, reduce-scatter and all-reduce; minimum cut at the simulator's link rates):",
+        "# throughput bounds of {} ranks, busbw in GB/s (minimum cuts at the simulator's link rates):",
         members.len()
     );
     println!(
-        "#   every link   {:>8.1} GB/s   {}",
-        every.busbw,
-        cut(full, &every)
+        "#   {:<44} {:>10} {:>10} {:>11} {:>10}",
+        "", "all-gather", "reduce-sc.", "all-reduce", "any a-r"
     );
-    if nvlink.busbw > 0.0 {
-        println!(
-            "#   NVLink only  {:>8.1} GB/s   {}",
-            nvlink.busbw,
-            cut(full, &nvlink)
-        );
+    let mut ceiling = None;
+    let relay_kinds: &[Relays] = if subset {
+        &[Relays::Any, Relays::MembersOnly]
+    } else {
+        &[Relays::Any]
+    };
+    for &relays in relay_kinds {
+        let mut pair = Vec::new();
+        for fabric in [Fabric::Every, Fabric::Nvlink] {
+            let b = bounds(fabric, relays)?;
+            let label = format!(
+                "{}{}",
+                if fabric == Fabric::Every {
+                    "every link"
+                } else {
+                    "NVLink only"
+                },
+                match (subset, relays) {
+                    (false, _) => "",
+                    (true, Relays::Any) => ", other devices relaying",
+                    (true, Relays::MembersOnly) => ", members alone",
+                }
+            );
+            let usable = fabric == Fabric::Every || b.all_gather.busbw > 0.0;
+            if usable {
+                println!(
+                    "#   {label:<44} {:>10.1} {:>10.1} {:>11.1} {:>10.1}",
+                    b.all_gather.busbw, b.reduce_scatter.busbw, b.all_reduce, b.all_reduce_any
+                );
+            }
+            pair.push(usable.then_some(b));
+        }
+        let [every, nvlink]: [Option<Bounds>; 2] = pair.try_into().expect("two fabrics");
+        if let Some(every) = every {
+            println!("#   {}", cut(full, &every.all_gather));
+            ceiling = Some(Ceiling { every, nvlink });
+        }
     }
-    let alone = bound(Fabric::Every, Relays::MembersOnly)?;
-    let alone_nv = bound(Fabric::Nvlink, Relays::MembersOnly)?;
-    if members.len() < full.devices().len() {
-        println!(
-            "#   without relays through the other {} devices: every link {:.1} GB/s, NVLink only {:.1} GB/s",
-            full.devices().len() - members.len(),
-            alone.busbw,
-            alone_nv.busbw
-        );
-    }
-    Ok(Some(Ceiling {
-        every: alone.busbw,
-        nvlink: alone_nv.busbw,
-    }))
+    println!(
+        "#   (all-reduce: as a reduce-scatter then an all-gather, as rings run it; `any a-r` also bounds trees, which reduce on the way)"
+    );
+    Ok(ceiling)
 }
 
 /// The bottleneck cut, named when it is small.
@@ -137,7 +171,7 @@ fn cut(t: &Topology, b: &Bound) -> String {
         format!("{} nodes", names.len())
     };
     format!(
-        "(cut: into {inside}, which needs the blocks of {} members outside)",
+        "all-gather's tightest cut: into {inside}, which needs the blocks of {} members outside",
         b.outside
     )
 }
@@ -150,7 +184,15 @@ mod tests {
     fn device_lists_take_ranges_and_refuse_repeats() {
         assert_eq!(parse_gpus("0-3,6").unwrap().0, vec![0, 1, 2, 3, 6]);
         assert_eq!(parse_gpus("5, 1").unwrap().0, vec![1, 5]);
-        for bad in ["", "a", "3-1", "1,1", "0-1,1", "0-99999"] {
+        for bad in [
+            "",
+            "a",
+            "3-1",
+            "1,1",
+            "0-1,1",
+            "0-99999",
+            "0,0-18446744073709551615",
+        ] {
             assert!(parse_gpus(bad).is_err(), "{bad}");
         }
     }

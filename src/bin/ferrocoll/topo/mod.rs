@@ -172,7 +172,9 @@ fn show(args: &TopoArgs, full: Topology) -> Result<ExitCode, String> {
                 let b = p.bottleneck().map_or("none".to_owned(), |l| {
                     format!("{} ({:.0}% busy)", l.resource, l.utilisation * 100.0)
                 });
-                let of = ceiling.map_or(String::new(), |c| c.fraction(p.busbw));
+                let of = ceiling.as_ref().map_or(String::new(), |c| {
+                    c.fraction(ferrocoll::CollectiveKind::AllReduce, p.busbw)
+                });
                 println!(
                     "#   {:<22} busbw {:>8.1} GB/s{of}   bottleneck {b}",
                     c.to_string(),
