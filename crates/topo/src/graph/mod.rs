@@ -46,6 +46,8 @@ pub enum NodeKind {
     NvSwitch,
     /// A network interface.
     Nic,
+    /// A network switch (an InfiniBand or Ethernet leaf, one per rail).
+    NetworkSwitch,
 }
 
 impl NodeKind {
@@ -64,6 +66,7 @@ impl NodeKind {
             NodeKind::PcieSwitch => "pcie_switch",
             NodeKind::NvSwitch => "nv_switch",
             NodeKind::Nic => "nic",
+            NodeKind::NetworkSwitch => "network_switch",
         }
     }
 }

@@ -47,6 +47,8 @@ pub enum PathClass {
     Sys,
     /// Threads sharing host memory.
     Shm,
+    /// Across the network (another machine's device, through NICs).
+    Net,
 }
 
 impl fmt::Display for PathClass {
@@ -60,6 +62,7 @@ impl fmt::Display for PathClass {
             PathClass::Node => f.write_str("NODE"),
             PathClass::Sys => f.write_str("SYS"),
             PathClass::Shm => f.write_str("SHM"),
+            PathClass::Net => f.write_str("NET"),
         }
     }
 }
@@ -332,6 +335,9 @@ impl<'t> Router<'t> {
         }
         if kinds.iter().all(|k| matches!(k, LinkKind::SharedMemory)) {
             return Ok(PathClass::Shm);
+        }
+        if kinds.iter().any(|k| matches!(k, LinkKind::Network)) {
+            return Ok(PathClass::Net);
         }
         if kinds.iter().any(|k| matches!(k, LinkKind::CpuInterconnect)) {
             return Ok(PathClass::Sys);

@@ -3,6 +3,7 @@
 //! Every constant cites its source where it is defined. `host` is special:
 //! it is measured on this machine when asked for ([`crate::probe::host`]).
 
+pub mod cluster;
 mod host;
 mod nvlink;
 pub(crate) mod pcie;
@@ -31,12 +32,20 @@ pub const NAMES: &[&str] = &[
     "dgx-a100",
     "dgx-h100",
     "seed-8gpu-mesh",
+    "dgx-a100x2",
+    "dgx-a100x4",
+    "dgx-h100x2",
+    "dgx-h100x4",
     "host",
 ];
 
 /// The preset called `name`. `host` measures this machine (a second or
-/// so, once per process) and gives it `host_ranks` threads.
+/// so, once per process) and gives it `host_ranks` threads; the cluster
+/// presets (`dgx-h100x2` …) take `:nics=N,gbps=R` (see [`cluster`]).
 pub fn by_name(name: &str, host_ranks: u32) -> Result<Topology, TopologyError> {
+    if let Some(cluster) = cluster::parse(name) {
+        return cluster?.build();
+    }
     let t = match name {
         "dgx1-v100" => nvlink::dgx1_v100(),
         "dgx-a100" => nvlink::dgx_a100(),
@@ -130,6 +139,10 @@ mod tests {
             ("dgx-a100", 8, nv(12), nv(12), true),
             ("dgx-h100", 8, nv(18), nv(18), true),
             ("seed-8gpu-mesh", 8, nv(2), PathClass::Sys, true),
+            ("dgx-a100x2", 16, nv(12), PathClass::Net, true),
+            ("dgx-a100x4", 32, nv(12), PathClass::Net, true),
+            ("dgx-h100x2", 16, nv(18), PathClass::Net, true),
+            ("dgx-h100x4", 32, nv(18), PathClass::Net, true),
             ("host", 3, PathClass::Shm, PathClass::Shm, true),
         ];
         assert_eq!(cases.len(), NAMES.len());

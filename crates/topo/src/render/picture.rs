@@ -39,6 +39,7 @@ pub fn dot(topo: &Topology) -> String {
             NodeKind::Gpu | NodeKind::Thread => "box",
             NodeKind::Cpu => "ellipse",
             NodeKind::Nic => "hexagon",
+            NodeKind::NetworkSwitch => "octagon",
             _ => "diamond",
         };
         let _ = writeln!(s, "  \"{}\" [shape={shape}];", n.name.replace('"', "'"));
@@ -112,6 +113,7 @@ pub fn svg(topo: &Topology) -> String {
             NodeKind::Thread => "#eeeeee",
             NodeKind::Cpu => "#ffe0b2",
             NodeKind::Nic => "#e1bee7",
+            NodeKind::NetworkSwitch => "#f8bbd0",
             _ => "#bbdefb",
         };
         let _ = writeln!(

@@ -19,7 +19,7 @@ pub(crate) fn load(spec: &str, host_ranks: u32) -> Result<Topology, String> {
     if spec == "discover" {
         return sources::nvml::discover().map_err(|e| e.to_string());
     }
-    if presets::NAMES.contains(&spec) {
+    if presets::NAMES.contains(&spec) || presets::cluster::parse(spec).is_some() {
         if !(1..=MAX_RANKS).contains(&host_ranks) {
             return Err(format!("--ranks must be between 1 and {MAX_RANKS}"));
         }
