@@ -216,8 +216,10 @@ fn one_way_links_split_all_gather_from_reduce_scatter() {
     link(g[1], g[0], 10.0);
     link(g[0], g[2], 10.0);
     link(g[2], g[0], 2.0);
-    let mut cost = CostModel::default();
-    cost.network_efficiency = 1.0;
+    let cost = CostModel {
+        network_efficiency: 1.0,
+        ..CostModel::default()
+    };
     let b = throughput_bounds(&t, &g, &cost, Fabric::Every, Relays::Any).unwrap();
     // All-gather: GPU2 takes in 10 for two blocks (5 each); GPU0+GPU1 take
     // in 2 for GPU2's one block. Reduce-scatter: GPU2 sends out 2 for two.
