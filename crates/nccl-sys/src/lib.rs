@@ -23,10 +23,10 @@
     clippy::too_many_lines
 )]
 mod bindings;
+mod search;
 
 pub use bindings::*;
 
-use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use thiserror::Error;
@@ -41,60 +41,7 @@ pub struct LoadError {
     pub searched: String,
 }
 
-/// Where `libnccl.so.2` is looked for, in order: `FERROCOLL_NCCL_LIB` (a
-/// file), `NCCL_LIBRARY` (a file, as other tools spell it), the bare name
-/// (so `LD_LIBRARY_PATH` and the system's cache apply), the usual system
-/// folders, and the `nvidia/nccl/lib` folder of the NCCL Python wheel under
-/// the usual site-packages roots (the wheel ships only `libnccl.so.2`).
-pub fn candidates() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    for var in ["FERROCOLL_NCCL_LIB", "NCCL_LIBRARY"] {
-        if let Ok(p) = std::env::var(var)
-            && !p.is_empty()
-        {
-            out.push(PathBuf::from(p));
-        }
-    }
-    out.push(PathBuf::from("libnccl.so.2"));
-    out.push(PathBuf::from("libnccl.so"));
-    for dir in [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/local/cuda/lib64",
-        "/usr/local/lib",
-        "/usr/lib",
-    ] {
-        out.push(Path::new(dir).join("libnccl.so.2"));
-    }
-    let mut roots: Vec<PathBuf> = Vec::new();
-    if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
-        roots.push(Path::new(&venv).join("lib"));
-    }
-    if let Ok(home) = std::env::var("HOME") {
-        roots.push(Path::new(&home).join(".local/lib"));
-    }
-    roots.extend(["/usr/local/lib", "/usr/lib"].map(PathBuf::from));
-    for root in roots {
-        let Ok(entries) = std::fs::read_dir(&root) else {
-            continue;
-        };
-        let mut pythons: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("python3"))
-            })
-            .collect();
-        pythons.sort();
-        for py in pythons {
-            for site in ["site-packages", "dist-packages"] {
-                out.push(py.join(site).join("nvidia/nccl/lib/libnccl.so.2"));
-            }
-        }
-    }
-    out
-}
+pub use search::{candidates, from_pythons};
 
 /// NCCL, loaded once per process from the first candidate that loads.
 pub fn library() -> Result<&'static NcclLib, LoadError> {

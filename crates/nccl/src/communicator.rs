@@ -372,22 +372,34 @@ impl NcclCommunicator {
                     unsafe { f(p(send), p(output), count, t, c, s) }
                 } else {
                     // Older NCCL: one grouped send and receive per peer.
+                    // The group is closed whatever happens inside it: a
+                    // group left open would swallow every later call.
+                    // Every symbol is resolved before the group opens.
+                    let missing = |name| move |_: &_| NcclError::MissingSymbol(name);
+                    let send_fn = lib.ncclSend.as_ref().map_err(missing("ncclSend"))?;
+                    let recv_fn = lib.ncclRecv.as_ref().map_err(missing("ncclRecv"))?;
+                    let end_fn = lib.ncclGroupEnd.as_ref().map_err(missing("ncclGroupEnd"))?;
                     // SAFETY: each block lies inside the n-block buffers.
                     unsafe {
                         check(call!(lib, ncclGroupStart()))?;
+                        let mut first_error = ncclResult_t::ncclSuccess;
                         for peer in 0..u64::from(self.n) {
-                            let r1 = call!(
-                                lib,
-                                ncclSend(p(send + peer * block), count, t, peer as i32, c, s)
-                            );
-                            let r2 = call!(
-                                lib,
-                                ncclRecv(p(output + peer * block), count, t, peer as i32, c, s)
-                            );
-                            check(r1)?;
-                            check(r2)?;
+                            let r1 = send_fn(p(send + peer * block), count, t, peer as i32, c, s);
+                            let r2 = recv_fn(p(output + peer * block), count, t, peer as i32, c, s);
+                            for r in [r1, r2] {
+                                if first_error == ncclResult_t::ncclSuccess
+                                    && r != ncclResult_t::ncclSuccess
+                                {
+                                    first_error = r;
+                                }
+                            }
+                            if first_error != ncclResult_t::ncclSuccess {
+                                break;
+                            }
                         }
-                        call!(lib, ncclGroupEnd())
+                        let ended = end_fn();
+                        check(first_error)?;
+                        ended
                     }
                 }
             }
