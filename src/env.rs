@@ -12,6 +12,12 @@
 //! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
 //! | `FERROCOLL_JOB_ID` | names the job's shared-memory segments, so `ferrocoll launch` can remove any a killed rank left behind |
 
+#[cfg(feature = "gpu")]
+mod nccl;
+
+#[cfg(feature = "gpu")]
+pub use nccl::{NcclJoinError, exchange_unique_id, nccl_communicator_from_env};
+
 use std::time::Duration;
 
 use ferrocoll_core::cpu::CpuConfig;

@@ -1,0 +1,209 @@
+//! NCCL across processes through the `env://` store: one process per GPU
+//! (the device is `LOCAL_RANK`), rank 0 makes the communicator's unique id
+//! and publishes it in the store, every other rank reads it there. A rank
+//! 0 that cannot make one (no NCCL, no GPU) publishes why, so the others
+//! fail with the same reason at once instead of waiting out the timeout.
+
+use std::time::Duration;
+
+use ferrocoll_nccl::{NcclCommunicator, NcclConfig, NcclError, UniqueId};
+use ferrocoll_rendezvous::{Store, StoreError};
+use thiserror::Error;
+
+use super::{EnvError, bootstrap_from_env};
+
+/// The store key of a communicator's id; `name` tells communicators
+/// sharing one store apart.
+fn key(name: &str) -> String {
+    format!("nccl/unique-id/{name}")
+}
+
+/// A published id starts with this byte; a failure with `FAILED`.
+const ID: u8 = 1;
+const FAILED: u8 = 2;
+
+/// Why joining an NCCL communicator from the environment failed.
+#[derive(Debug, Error)]
+pub enum NcclJoinError {
+    /// The `env://` variables or the rendezvous.
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    /// The store, while exchanging the unique id.
+    #[error("exchanging the NCCL unique id: {0}")]
+    Store(#[from] StoreError),
+    /// Rank 0 could not make the unique id (this rank learned why from
+    /// the store).
+    #[error("rank 0 could not make the NCCL unique id: {0}")]
+    Root(String),
+    /// NCCL itself, on this rank.
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+}
+
+/// The unique id of communicator `name`: made by `make` on rank 0 and
+/// published, read from the store elsewhere. Rank 0's failure is
+/// published too, and returned on every rank.
+pub fn exchange_unique_id(
+    store: &mut Store,
+    rank: u32,
+    name: &str,
+    make: impl FnOnce() -> Result<Vec<u8>, String>,
+) -> Result<Vec<u8>, NcclJoinError> {
+    let key = key(name);
+    if rank == 0 {
+        return match make() {
+            Ok(id) => {
+                store.set(&key, &[&[ID][..], &id].concat())?;
+                Ok(id)
+            }
+            Err(why) => {
+                store.set(&key, &[&[FAILED][..], why.as_bytes()].concat())?;
+                Err(NcclJoinError::Root(why))
+            }
+        };
+    }
+    let value = store.wait(&key)?;
+    match value.split_first() {
+        Some((&ID, id)) => Ok(id.to_vec()),
+        Some((&FAILED, why)) => Err(NcclJoinError::Root(String::from_utf8_lossy(why).into())),
+        _ => Err(NcclJoinError::Store(StoreError::Protocol(format!(
+            "`{key}` holds {} bytes that are not an NCCL unique id",
+            value.len()
+        )))),
+    }
+}
+
+/// This process's rank of an NCCL communicator over every process of the
+/// `env://` group, on the GPU numbered `LOCAL_RANK` — what `ferrocoll
+/// launch -n N -- …` gives one process per GPU.
+///
+/// ```no_run
+/// use ferrocoll::nccl::NcclConfig;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let comm = ferrocoll::env::nccl_communicator_from_env(&NcclConfig::default())?;
+/// # let _ = comm;
+/// # Ok(()) }
+/// ```
+pub fn nccl_communicator_from_env(config: &NcclConfig) -> Result<NcclCommunicator, NcclJoinError> {
+    let mut b = bootstrap_from_env(config.timeout.max(Duration::from_secs(1)))?;
+    let id = exchange_unique_id(&mut b.store, b.rank, "world", || {
+        ferrocoll_nccl::unique_id()
+            .map(|id| id.to_bytes())
+            .map_err(|e| e.to_string())
+    })?;
+    let id = UniqueId::from_bytes(&id)?;
+    Ok(NcclCommunicator::init(
+        &id,
+        b.rank,
+        b.world_size,
+        b.local_rank as usize,
+        config,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` ranks' stores; rank 0's serves (on a free port), as in a job.
+    fn group(n: u32) -> Vec<Store> {
+        let t = Duration::from_secs(10);
+        let root = Store::join_with("127.0.0.1:0", 0, t, None).unwrap();
+        let addr = root.server_addr().unwrap().to_string();
+        std::iter::once(root)
+            .chain((1..n).map(|r| Store::join_with(&addr, r, t, None).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn every_rank_gets_rank_zeros_id() {
+        let stores = group(4);
+        let ids: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let handles: Vec<_> = stores
+                .into_iter()
+                .enumerate()
+                .map(|(r, mut store)| {
+                    s.spawn(move || {
+                        exchange_unique_id(&mut store, r as u32, "world", || Ok(vec![7u8; 128]))
+                            .unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(ids.iter().all(|id| id == &vec![7u8; 128]));
+    }
+
+    #[test]
+    fn rank_zeros_failure_reaches_every_rank_at_once() {
+        let stores = group(3);
+        let started = std::time::Instant::now();
+        let errors: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = stores
+                .into_iter()
+                .enumerate()
+                .map(|(r, mut store)| {
+                    s.spawn(move || {
+                        exchange_unique_id(&mut store, r as u32, "world", || {
+                            Err("NCCL not found: no candidate".into())
+                        })
+                        .unwrap_err()
+                        .to_string()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "nobody waited out the timeout"
+        );
+        for e in errors {
+            assert!(
+                e.contains("rank 0 could not make") && e.contains("NCCL not found"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_garbled_id_in_the_store_is_an_error_not_a_panic() {
+        let mut stores = group(2);
+        stores[0].set(&key("odd"), b"").unwrap();
+        let e = exchange_unique_id(&mut stores[1], 1, "odd", || unreachable!()).unwrap_err();
+        assert!(e.to_string().contains("not an NCCL unique id"), "{e}");
+    }
+
+    /// Without a GPU (CI), joining from the environment is a typed error
+    /// naming what is missing, on every rank, never a panic or a hang.
+    #[test]
+    fn without_nccl_or_a_gpu_joining_fails_clearly() {
+        let e = ferrocoll_nccl::unique_id();
+        if e.is_ok() {
+            return; // A machine with NCCL: the other tests cover the exchange.
+        }
+        let stores = group(2);
+        let errors: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = stores
+                .into_iter()
+                .enumerate()
+                .map(|(r, mut store)| {
+                    s.spawn(move || {
+                        exchange_unique_id(&mut store, r as u32, "world", || {
+                            ferrocoll_nccl::unique_id()
+                                .map(|id| id.to_bytes())
+                                .map_err(|e| e.to_string())
+                        })
+                        .unwrap_err()
+                        .to_string()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            errors.iter().all(|e| e.contains("rank 0 could not make")),
+            "{errors:?}"
+        );
+    }
+}
