@@ -189,6 +189,51 @@ impl NcclCommunicator {
         Ok(me)
     }
 
+    /// A communicator NCCL made for this rank's context (a split's): its
+    /// own stream; rank and size read back from NCCL once it is ready.
+    pub(crate) fn adopt(
+        comm: ncclComm_t,
+        ctx: Arc<CudaContext>,
+        timeout: Duration,
+        group_failed: Arc<AtomicBool>,
+    ) -> Result<Self, NcclError> {
+        let stream = ctx.new_stream()?;
+        Ok(NcclCommunicator {
+            comm,
+            rank: 0,
+            n: 1,
+            ctx,
+            stream,
+            timeout,
+            aborted: false,
+            group_failed,
+        })
+    }
+
+    /// Read this rank and the size from NCCL.
+    pub(crate) fn read_shape(&mut self) -> Result<(), NcclError> {
+        let lib = library()?;
+        let (mut rank, mut n) = (0i32, 0i32);
+        // SAFETY: a live, ready communicator and valid out-pointers.
+        unsafe {
+            check(call!(lib, ncclCommUserRank(self.comm, &mut rank)))?;
+            check(call!(lib, ncclCommCount(self.comm, &mut n)))?;
+        }
+        self.rank = rank as Rank;
+        self.n = n as u32;
+        Ok(())
+    }
+
+    /// The NCCL handle.
+    pub(crate) fn raw(&self) -> ncclComm_t {
+        self.comm
+    }
+
+    /// The longest any call may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// This rank's CUDA context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -216,7 +261,7 @@ impl NcclCommunicator {
         }
     }
 
-    fn fail(&mut self, e: NcclError) -> NcclError {
+    pub(crate) fn fail(&mut self, e: NcclError) -> NcclError {
         self.group_failed.store(true, Ordering::Release);
         self.abort();
         e
@@ -224,7 +269,7 @@ impl NcclCommunicator {
 
     /// Wait until the communicator is no longer "in progress"; abort on an
     /// error, a timeout, or a failed peer of the same group.
-    fn settle(&mut self, what: &str) -> Result<(), NcclError> {
+    pub(crate) fn settle(&mut self, what: &str) -> Result<(), NcclError> {
         let lib = library()?;
         let deadline = Instant::now() + self.timeout;
         loop {
@@ -514,7 +559,7 @@ impl NcclCommunicator {
 }
 
 /// nccl.h's `NCCL_CONFIG_INITIALIZER`.
-fn blank_config() -> ncclConfig_t {
+pub(crate) fn blank_config() -> ncclConfig_t {
     // SAFETY: the config is plain data (integers and nullable pointers);
     // all-zero is a valid bit pattern, and the fields are then set as the
     // initializer macro sets them.
@@ -641,6 +686,13 @@ where
     }))
 }
 
+// SAFETY: NCCL lets a communicator be used from any thread, one call at a
+// time (it is not safe for concurrent calls, which `&mut self` rules out);
+// every call binds this rank's CUDA context to the calling thread before
+// it touches the device, and the context and stream handles are themselves
+// `Send`. The raw `ncclComm_t` is the only field that is not.
+unsafe impl Send for NcclCommunicator {}
+
 impl Communicator for NcclCommunicator {
     fn rank(&self) -> Rank {
         self.rank
@@ -666,5 +718,13 @@ impl Communicator for NcclCommunicator {
 
     fn abort(&mut self) {
         NcclCommunicator::abort(self)
+    }
+
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        crate::split::split_boxed(self, color, key)
     }
 }

@@ -14,6 +14,7 @@
 
 mod communicator;
 mod error;
+mod split;
 
 pub use communicator::{NcclCommunicator, NcclConfig, UniqueId, run, unique_id};
 pub use error::NcclError;

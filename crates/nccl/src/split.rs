@@ -1,0 +1,99 @@
+//! `split` on NCCL: `ncclCommSplit`, non-blocking like initialisation, the
+//! new communicator's rank and size read back from NCCL.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use ferrocoll_core::comm::{CommError, Communicator};
+use nccl_rs_sys::{NCCL_SPLIT_NOCOLOR, library, ncclComm_t};
+
+use crate::communicator::NcclCommunicator;
+use crate::{NcclError, call, check};
+
+/// NCCL's color for `color` (`None`: this rank takes no part).
+pub(crate) fn nccl_color(color: Option<u32>) -> Result<i32, NcclError> {
+    match color {
+        None => Ok(NCCL_SPLIT_NOCOLOR),
+        Some(c) => i32::try_from(c).map_err(|_| {
+            NcclError::Invalid(format!(
+                "split color {c} is past NCCL's largest ({})",
+                i32::MAX
+            ))
+        }),
+    }
+}
+
+/// NCCL's key for `key` (ranks are ordered by it, then by rank).
+pub(crate) fn nccl_key(key: u32) -> Result<i32, NcclError> {
+    i32::try_from(key)
+        .map_err(|_| NcclError::Invalid(format!("split key {key} is past NCCL's largest")))
+}
+
+impl NcclCommunicator {
+    /// Split this communicator (every rank calls it, as `ncclCommSplit`
+    /// requires): ranks with the same `color` form a new one, ordered by
+    /// `key` then rank; `None` takes part and gets none. The new
+    /// communicator has its own stream on this rank's GPU and is
+    /// independent of this one.
+    pub fn split_nccl(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<NcclCommunicator>, NcclError> {
+        let (color, key) = (nccl_color(color)?, nccl_key(key)?);
+        let lib = library()?;
+        self.context().bind_to_thread()?;
+        let mut cfg = crate::communicator::blank_config();
+        cfg.blocking = 0;
+        let mut new: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a live communicator; valid out-pointer and config.
+        let r = unsafe {
+            call!(
+                lib,
+                ncclCommSplit(self.raw(), color, key, &mut new, &mut cfg)
+            )
+        };
+        if r != nccl_rs_sys::ncclResult_t::ncclInProgress {
+            check(r).map_err(|e| self.fail(e))?;
+        }
+        // The parent settles too: the split is a collective on it.
+        self.settle("split")?;
+        if new.is_null() {
+            return Ok(None);
+        }
+        let mut child = NcclCommunicator::adopt(
+            new,
+            self.context().clone(),
+            self.timeout(),
+            Arc::new(AtomicBool::new(false)),
+        )?;
+        child.settle("split (new communicator)")?;
+        child.read_shape()?;
+        Ok(Some(child))
+    }
+}
+
+/// `split` through the `Communicator` trait: the new communicator boxed.
+pub(crate) fn split_boxed(
+    comm: &mut NcclCommunicator,
+    color: Option<u32>,
+    key: u32,
+) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+    Ok(comm
+        .split_nccl(color, key)?
+        .map(|c| Box::new(c) as Box<dyn Communicator + Send>))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colors_and_keys_map_to_nccls_ints() {
+        assert_eq!(nccl_color(None).unwrap(), NCCL_SPLIT_NOCOLOR);
+        assert_eq!(nccl_color(Some(3)).unwrap(), 3);
+        assert!(nccl_color(Some(u32::MAX)).is_err());
+        assert_eq!(nccl_key(7).unwrap(), 7);
+        assert!(nccl_key(1 << 31).is_err());
+    }
+}
