@@ -597,6 +597,11 @@ impl Drop for NcclCommunicator {
             return;
         }
         let Ok(lib) = library() else { return };
+        // The communicator may be dropped on another thread than the one
+        // that used it last (it is `Send`): its device first.
+        if let Err(e) = self.ctx.bind_to_thread() {
+            tracing::warn!("NCCL rank {}: binding its context to drop it: {e}", self.rank);
+        }
         if !self.aborted {
             // Finalise (non-blocking), then destroy; a failure is logged,
             // and the communicator aborted instead of panicking.
