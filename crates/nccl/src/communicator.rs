@@ -600,7 +600,10 @@ impl Drop for NcclCommunicator {
         // The communicator may be dropped on another thread than the one
         // that used it last (it is `Send`): its device first.
         if let Err(e) = self.ctx.bind_to_thread() {
-            tracing::warn!("NCCL rank {}: binding its context to drop it: {e}", self.rank);
+            tracing::warn!(
+                "NCCL rank {}: binding its context to drop it: {e}",
+                self.rank
+            );
         }
         if !self.aborted {
             // Finalise (non-blocking), then destroy; a failure is logged,
