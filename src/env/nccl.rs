@@ -42,7 +42,9 @@ pub enum NcclJoinError {
 
 /// The unique id of communicator `name`: made by `make` on rank 0 and
 /// published, read from the store elsewhere. Rank 0's failure is
-/// published too, and returned on every rank.
+/// published too, and returned on every rank. A name is used once per
+/// store: a second exchange under it would hand the ranks other than 0
+/// the first id.
 pub fn exchange_unique_id(
     store: &mut Store,
     rank: u32,
@@ -92,13 +94,27 @@ pub fn nccl_communicator_from_env(config: &NcclConfig) -> Result<NcclCommunicato
             .map_err(|e| e.to_string())
     })?;
     let id = UniqueId::from_bytes(&id)?;
+    let device = device_for(
+        b.local_rank,
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+    );
     Ok(NcclCommunicator::init(
         &id,
         b.rank,
         b.world_size,
-        b.local_rank as usize,
+        device,
         config,
     )?)
+}
+
+/// The GPU a rank takes: `LOCAL_RANK` among those it sees — or the only
+/// one, when a scheduler shows each process a single GPU
+/// (`CUDA_VISIBLE_DEVICES=3`).
+fn device_for(local_rank: u32, visible: Option<&str>) -> usize {
+    match visible {
+        Some(v) if v.split(',').filter(|d| !d.trim().is_empty()).count() == 1 => 0,
+        _ => local_rank as usize,
+    }
 }
 
 #[cfg(test)]
@@ -159,6 +175,14 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn each_rank_takes_its_local_gpu_or_the_only_one_it_sees() {
+        assert_eq!(device_for(3, None), 3);
+        assert_eq!(device_for(3, Some("0,1,2,3")), 3);
+        assert_eq!(device_for(3, Some("5")), 0);
+        assert_eq!(device_for(2, Some("")), 2);
     }
 
     #[test]

@@ -41,22 +41,37 @@ pub struct LoadError {
     pub searched: String,
 }
 
-pub use search::{candidates, from_pythons};
+pub use search::{candidates, fixed_candidates, from_pythons};
 
 /// NCCL, loaded once per process from the first candidate that loads.
 pub fn library() -> Result<&'static NcclLib, LoadError> {
     static LIB: OnceLock<Result<NcclLib, LoadError>> = OnceLock::new();
     LIB.get_or_init(|| {
-        let tried = candidates();
+        // Pythons are asked only when nothing cheaper loads.
+        let mut tried = fixed_candidates();
         let mut reason = String::from("no candidate");
-        for path in &tried {
-            // SAFETY: loading NCCL runs its initialisers, which only set up
-            // static state; every symbol is then resolved by name with the
-            // signatures bindgen generated from the same header family.
-            match unsafe { NcclLib::new(path.as_os_str()) } {
-                Ok(lib) => return Ok(lib),
-                Err(e) => reason = format!("{}: {e}", path.display()),
+        let mut next = 0;
+        for round in 0..2 {
+            if round == 1 {
+                let asked = std::env::var_os("PATH").map_or_else(Vec::new, |p| from_pythons(&p));
+                tried.extend(
+                    asked
+                        .into_iter()
+                        .filter(|p| !tried.contains(p))
+                        .collect::<Vec<_>>(),
+                );
             }
+            for path in &tried[next..] {
+                // SAFETY: loading NCCL runs its initialisers, which only set
+                // up static state; every symbol is then resolved by name
+                // with the signatures bindgen generated from the same
+                // header family.
+                match unsafe { NcclLib::new(path.as_os_str()) } {
+                    Ok(lib) => return Ok(lib),
+                    Err(e) => reason = format!("{}: {e}", path.display()),
+                }
+            }
+            next = tried.len();
         }
         Err(LoadError {
             reason,

@@ -31,12 +31,22 @@ except Exception:
 print('\\n'.join(dirs))
 ";
 
-/// Every candidate, in order (duplicates dropped): `FERROCOLL_NCCL_LIB`
-/// and `NCCL_LIBRARY` (files), the bare names (so `LD_LIBRARY_PATH` and
-/// the loader's cache apply), `CUDA_HOME` / `CUDA_PATH`, `CONDA_PREFIX`,
-/// the answers of every `python3` and `python` on `PATH`, the usual system
-/// folders, and the wheel under the usual site-packages roots.
+/// Every candidate, in order (duplicates dropped): [`fixed_candidates`],
+/// then the answers of every Python on `PATH` ([`from_pythons`]).
 pub fn candidates() -> Vec<PathBuf> {
+    let mut out = fixed_candidates();
+    if let Some(path) = std::env::var_os("PATH") {
+        out.extend(from_pythons(&path));
+    }
+    dedup(out)
+}
+
+/// The candidates that need no Python: `FERROCOLL_NCCL_LIB` and
+/// `NCCL_LIBRARY` (files), the bare names (so `LD_LIBRARY_PATH` and the
+/// loader's cache apply), `CUDA_HOME` / `CUDA_PATH`, `CONDA_PREFIX`, the
+/// usual system folders, and the wheel under the usual site-packages
+/// roots.
+pub fn fixed_candidates() -> Vec<PathBuf> {
     let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
     let mut out: Vec<PathBuf> = Vec::new();
     for k in ["FERROCOLL_NCCL_LIB", "NCCL_LIBRARY"] {
@@ -54,9 +64,6 @@ pub fn candidates() -> Vec<PathBuf> {
     if let Some(conda) = var("CONDA_PREFIX") {
         out.push(Path::new(&conda).join("lib/libnccl.so.2"));
     }
-    if let Some(path) = var("PATH") {
-        out.extend(from_pythons(&path));
-    }
     for dir in [
         "/usr/lib/x86_64-linux-gnu",
         "/usr/lib/aarch64-linux-gnu",
@@ -67,19 +74,27 @@ pub fn candidates() -> Vec<PathBuf> {
         out.push(Path::new(dir).join("libnccl.so.2"));
     }
     out.extend(from_site_roots());
+    dedup(out)
+}
+
+fn dedup(mut out: Vec<PathBuf>) -> Vec<PathBuf> {
     let mut seen = std::collections::HashSet::new();
     out.retain(|p| seen.insert(p.clone()));
     out
 }
 
-/// What every `python3` and `python` on `path` (a `PATH` value) says:
-/// `…/nvidia/nccl/lib/libnccl.so.2` for each folder it names.
+/// What every `python3` and `python` in the absolute folders of `path`
+/// (a `PATH` value) says, each interpreter asked once however many names
+/// and folders lead to it: `…/nvidia/nccl/lib/libnccl.so.2` for each
+/// folder it names.
 pub fn from_pythons(path: &OsStr) -> Vec<PathBuf> {
+    let mut asked = std::collections::HashSet::new();
     let mut out = Vec::new();
-    for dir in std::env::split_paths(path) {
+    for dir in std::env::split_paths(path).filter(|d| d.is_absolute()) {
         for name in ["python3", "python"] {
             let exe = dir.join(name);
-            if exe.is_file() {
+            let real = std::fs::canonicalize(&exe).unwrap_or_else(|_| exe.clone());
+            if exe.is_file() && asked.insert(real) {
                 out.extend(ask(&exe).into_iter().map(|d| d.join("libnccl.so.2")));
             }
         }
@@ -87,10 +102,15 @@ pub fn from_pythons(path: &OsStr) -> Vec<PathBuf> {
     out
 }
 
-/// The folders one Python names, or none when it fails or hangs.
+/// The folders one Python names, or none when it fails or hangs. It runs
+/// isolated (`-I`: no current folder or `PYTHON*` variables on its path,
+/// so nothing where the program happens to run is imported) from `/`;
+/// its answer is read on a helper thread, so a child that leaves the pipe
+/// open behind it cannot block the caller past the limit.
 fn ask(python: &Path) -> Vec<PathBuf> {
     let Ok(mut child) = Command::new(python)
-        .args(["-c", ASK_PYTHON])
+        .args(["-I", "-c", ASK_PYTHON])
+        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -98,27 +118,47 @@ fn ask(python: &Path) -> Vec<PathBuf> {
     else {
         return Vec::new();
     };
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut stdout) = child.stdout.take() {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut stdout, &mut bytes);
+            let _ = tx.send(bytes);
+        });
+    }
     let until = Instant::now() + PYTHON_PATIENCE;
-    loop {
+    let ok = loop {
         match child.try_wait() {
-            Ok(Some(status)) if status.success() => break,
+            Ok(Some(status)) => break status.success(),
             Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Vec::new();
+                break false;
             }
         }
+    };
+    let left = until.saturating_duration_since(Instant::now());
+    match rx.recv_timeout(left.max(Duration::from_millis(100))) {
+        Ok(bytes) if ok => bytes
+            .split(|&b| b == b'\n')
+            .map(path_of)
+            .filter(|p| p.is_absolute())
+            .collect(),
+        _ => Vec::new(),
     }
-    let mut text = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+}
+
+/// A line of the answer as a path, whatever its bytes.
+fn path_of(line: &[u8]) -> PathBuf {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        PathBuf::from(OsStr::from_bytes(line))
     }
-    text.lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with('/'))
-        .map(PathBuf::from)
-        .collect()
+    #[cfg(not(unix))]
+    PathBuf::from(String::from_utf8_lossy(line).trim())
 }
 
 /// The wheel under `VIRTUAL_ENV`, `~/.local`, `/usr/local` and `/usr`
@@ -191,6 +231,8 @@ mod tests {
     fn a_failing_or_hanging_python_names_nothing() {
         let failing = fake_python("fails", "echo /x; exit 3");
         assert!(from_pythons(failing.as_os_str()).is_empty());
+        // A relative folder on PATH is never searched.
+        assert!(from_pythons(OsStr::new("relative/bin:.")).is_empty());
         let hanging = fake_python("hangs", "exec sleep 60");
         let started = Instant::now();
         assert!(from_pythons(hanging.as_os_str()).is_empty());

@@ -194,11 +194,11 @@ impl NcclCommunicator {
     pub(crate) fn adopt(
         comm: ncclComm_t,
         ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
         timeout: Duration,
         group_failed: Arc<AtomicBool>,
-    ) -> Result<Self, NcclError> {
-        let stream = ctx.new_stream()?;
-        Ok(NcclCommunicator {
+    ) -> Self {
+        NcclCommunicator {
             comm,
             rank: 0,
             n: 1,
@@ -207,11 +207,17 @@ impl NcclCommunicator {
             timeout,
             aborted: false,
             group_failed,
-        })
+        }
+    }
+
+    /// The flag that tells the ranks of one `run` group a peer failed.
+    pub(crate) fn group_flag(&self) -> Arc<AtomicBool> {
+        self.group_failed.clone()
     }
 
     /// Read this rank and the size from NCCL.
     pub(crate) fn read_shape(&mut self) -> Result<(), NcclError> {
+        self.live()?;
         let lib = library()?;
         let (mut rank, mut n) = (0i32, 0i32);
         // SAFETY: a live, ready communicator and valid out-pointers.
@@ -261,6 +267,15 @@ impl NcclCommunicator {
         }
     }
 
+    /// `Err` once the communicator was aborted: NCCL freed it, so no call
+    /// may pass it on.
+    pub(crate) fn live(&self) -> Result<(), NcclError> {
+        if self.aborted || self.comm.is_null() {
+            return Err(NcclError::Invalid("the communicator was aborted".into()));
+        }
+        Ok(())
+    }
+
     pub(crate) fn fail(&mut self, e: NcclError) -> NcclError {
         self.group_failed.store(true, Ordering::Release);
         self.abort();
@@ -270,6 +285,7 @@ impl NcclCommunicator {
     /// Wait until the communicator is no longer "in progress"; abort on an
     /// error, a timeout, or a failed peer of the same group.
     pub(crate) fn settle(&mut self, what: &str) -> Result<(), NcclError> {
+        self.live()?;
         let lib = library()?;
         let deadline = Instant::now() + self.timeout;
         loop {
@@ -348,9 +364,7 @@ impl NcclCommunicator {
         output: u64,
         op: ReduceOp,
     ) -> Result<(), NcclError> {
-        if self.aborted {
-            return Err(NcclError::Invalid("the communicator was aborted".into()));
-        }
+        self.live()?;
         if let Some(i) = input {
             let bytes = |blocks: u32| blocks as usize * count * dtype.size_bytes();
             ferrocoll_core::comm::check_disjoint(
@@ -443,7 +457,9 @@ impl NcclCommunicator {
                             }
                         }
                         let ended = end_fn();
-                        check(first_error)?;
+                        if let Err(e) = check(first_error) {
+                            return Err(self.fail(e));
+                        }
                         ended
                     }
                 }
@@ -512,6 +528,7 @@ impl NcclCommunicator {
         buffer: Option<HostSliceMut<'_>>,
         peer: Rank,
     ) -> Result<(), CommError> {
+        self.live()?;
         let lib = library().map_err(NcclError::from)?;
         self.ctx.bind_to_thread().map_err(NcclError::from)?;
         let dtype = data.map_or_else(

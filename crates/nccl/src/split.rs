@@ -1,9 +1,6 @@
 //! `split` on NCCL: `ncclCommSplit`, non-blocking like initialisation, the
 //! new communicator's rank and size read back from NCCL.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-
 use ferrocoll_core::comm::{CommError, Communicator};
 use nccl_rs_sys::{NCCL_SPLIT_NOCOLOR, library, ncclComm_t};
 
@@ -41,10 +38,16 @@ impl NcclCommunicator {
         key: u32,
     ) -> Result<Option<NcclCommunicator>, NcclError> {
         let (color, key) = (nccl_color(color)?, nccl_key(key)?);
+        self.live()?;
         let lib = library()?;
         self.context().bind_to_thread()?;
+        // Everything that can fail without NCCL comes first, so a split
+        // that succeeds is never left without an owner.
+        let stream = self.context().new_stream()?;
         let mut cfg = crate::communicator::blank_config();
         cfg.blocking = 0;
+        // Its own resources: independent of the parent, as documented.
+        cfg.splitShare = 0;
         let mut new: ncclComm_t = std::ptr::null_mut();
         // SAFETY: a live communicator; valid out-pointer and config.
         let r = unsafe {
@@ -53,23 +56,50 @@ impl NcclCommunicator {
                 ncclCommSplit(self.raw(), color, key, &mut new, &mut cfg)
             )
         };
-        if r != nccl_rs_sys::ncclResult_t::ncclInProgress {
-            check(r).map_err(|e| self.fail(e))?;
+        let split = if r == nccl_rs_sys::ncclResult_t::ncclInProgress {
+            Ok(())
+        } else {
+            check(r).map_err(|e| self.fail(e))
         }
-        // The parent settles too: the split is a collective on it.
-        self.settle("split")?;
+        // The parent settles too: the split is a collective on it, and NCCL
+        // writes the new handle when it completes.
+        .and_then(|()| self.settle("split"));
+        if let Err(e) = split {
+            abandon(new);
+            return Err(e);
+        }
         if new.is_null() {
             return Ok(None);
         }
         let mut child = NcclCommunicator::adopt(
             new,
             self.context().clone(),
+            stream,
             self.timeout(),
-            Arc::new(AtomicBool::new(false)),
-        )?;
+            self.group_flag(),
+        );
+        // From here the child owns `new`: a failure aborts it (settle) and
+        // its drop cleans up.
         child.settle("split (new communicator)")?;
         child.read_shape()?;
         Ok(Some(child))
+    }
+}
+
+/// Abort a communicator no `NcclCommunicator` owns yet (a split that
+/// failed after NCCL made it).
+fn abandon(comm: ncclComm_t) {
+    if comm.is_null() {
+        return;
+    }
+    if let Ok(lib) = library()
+        && let Ok(f) = lib.ncclCommAbort.as_ref()
+    {
+        // SAFETY: a communicator NCCL handed out and nobody else holds.
+        let r = unsafe { f(comm) };
+        if r != nccl_rs_sys::ncclResult_t::ncclSuccess {
+            tracing::warn!("ncclCommAbort of a failed split: {r:?}");
+        }
     }
 }
 
