@@ -143,7 +143,7 @@ impl NcclCommunicator {
         )
     }
 
-    fn init_in(
+    pub(crate) fn init_in(
         id: &UniqueId,
         rank: Rank,
         n: u32,
@@ -430,37 +430,18 @@ impl NcclCommunicator {
                     // SAFETY: both buffers hold n blocks (caller).
                     unsafe { f(p(send), p(output), count, t, c, s) }
                 } else {
-                    // Older NCCL: one grouped send and receive per peer.
-                    // The group is closed whatever happens inside it: a
-                    // group left open would swallow every later call.
-                    // Every symbol is resolved before the group opens.
-                    let missing = |name| move |_: &_| NcclError::MissingSymbol(name);
-                    let send_fn = lib.ncclSend.as_ref().map_err(missing("ncclSend"))?;
-                    let recv_fn = lib.ncclRecv.as_ref().map_err(missing("ncclRecv"))?;
-                    let end_fn = lib.ncclGroupEnd.as_ref().map_err(missing("ncclGroupEnd"))?;
-                    // SAFETY: each block lies inside the n-block buffers.
+                    // SAFETY: both buffers hold n blocks (caller).
                     unsafe {
-                        check(call!(lib, ncclGroupStart()))?;
-                        let mut first_error = ncclResult_t::ncclSuccess;
-                        for peer in 0..u64::from(self.n) {
-                            let r1 = send_fn(p(send + peer * block), count, t, peer as i32, c, s);
-                            let r2 = recv_fn(p(output + peer * block), count, t, peer as i32, c, s);
-                            for r in [r1, r2] {
-                                if first_error == ncclResult_t::ncclSuccess
-                                    && r != ncclResult_t::ncclSuccess
-                                {
-                                    first_error = r;
-                                }
-                            }
-                            if first_error != ncclResult_t::ncclSuccess {
-                                break;
-                            }
-                        }
-                        let ended = end_fn();
-                        if let Err(e) = check(first_error) {
-                            return Err(self.fail(e));
-                        }
-                        ended
+                        crate::all_to_all::grouped(
+                            lib,
+                            [send, output],
+                            block,
+                            count,
+                            t,
+                            self.n,
+                            c,
+                            s,
+                        )?
                     }
                 }
             }
@@ -653,62 +634,6 @@ impl Drop for NcclCommunicator {
             }
         }
     }
-}
-
-/// Run `f` on `devices.len()` ranks of a new NCCL communicator in this
-/// process, one thread per rank (rank `r` on `devices[r]`).
-pub fn run<R, F>(
-    devices: &[usize],
-    config: &NcclConfig,
-    f: F,
-) -> Result<Vec<Result<R, CommError>>, NcclError>
-where
-    R: Send,
-    F: Fn(&mut NcclCommunicator) -> Result<R, CommError> + Sync,
-{
-    let id = unique_id()?;
-    let n = devices.len() as u32;
-    let failed = Arc::new(AtomicBool::new(false));
-    let f = &f;
-    Ok(std::thread::scope(|scope| {
-        let handles: Vec<_> = devices
-            .iter()
-            .enumerate()
-            .map(|(rank, &device)| {
-                let failed = failed.clone();
-                scope.spawn(move || {
-                    let mut comm = NcclCommunicator::init_in(
-                        &id,
-                        rank as Rank,
-                        n,
-                        device,
-                        config,
-                        failed.clone(),
-                    )
-                    .map_err(|e| {
-                        failed.store(true, Ordering::Release);
-                        CommError::from(e)
-                    })?;
-                    let out = f(&mut comm);
-                    if out.is_err() {
-                        failed.store(true, Ordering::Release);
-                    }
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(CommError::backend(
-                        "nccl",
-                        NcclError::Invalid("a rank thread panicked".into()),
-                    ))
-                })
-            })
-            .collect()
-    }))
 }
 
 // SAFETY: NCCL lets a communicator be used from any thread, one call at a

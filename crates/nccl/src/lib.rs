@@ -12,12 +12,15 @@
 //! dead peer is an error and never a hang. Dropping a communicator never
 //! panics: finalisation errors are logged.
 
+mod all_to_all;
 mod communicator;
 mod error;
+mod group;
 mod split;
 
-pub use communicator::{NcclCommunicator, NcclConfig, UniqueId, run, unique_id};
+pub use communicator::{NcclCommunicator, NcclConfig, UniqueId, unique_id};
 pub use error::NcclError;
+pub use group::run;
 
 use nccl_rs_sys::{library, ncclResult_t};
 

@@ -107,13 +107,7 @@ impl ProcessCommunicator {
     /// carried less (or nothing) broke the protocol, and is named instead
     /// of read past.
     fn staged_inputs(&self, shot: &OneShot, number: u64) -> Result<Vec<*const u8>, CommError> {
-        let mut needed = vec![0u64; self.n as usize];
-        for g in &shot.gathers {
-            for &(r, from) in &g.sources {
-                let need = &mut needed[r as usize];
-                *need = (*need).max(from + g.bytes);
-            }
-        }
+        let needed = shot.read_extents(self.n);
         (0..self.n as Rank)
             .map(|r| {
                 let need = needed[r as usize] as usize;

@@ -184,6 +184,20 @@ impl OneShot {
 }
 
 impl OneShot {
+    /// How many bytes of each rank's published input this rank's gathers
+    /// read (0 for a rank it reads nothing of): what an executor checks a
+    /// peer published before reading it.
+    pub fn read_extents(&self, world: u32) -> Vec<u64> {
+        let mut needed = vec![0u64; world as usize];
+        for g in &self.gathers {
+            for &(r, from) in &g.sources {
+                let need = &mut needed[r as usize];
+                *need = (*need).max(from + g.bytes);
+            }
+        }
+        needed
+    }
+
     /// Build this rank's output at `output` from the staged inputs, the
     /// start of rank `r`'s being `staged(r)`, then divide for `Avg` — the
     /// one reading of the byte map, shared by the executors (threads and
@@ -263,6 +277,24 @@ mod tests {
             op: ReduceOp::Avg,
             in_place,
         }
+    }
+
+    /// What a rank reads of each peer's input: all of it for all-reduce,
+    /// only the root's for a broadcast, one block each for all-to-all.
+    #[test]
+    fn read_extents_name_what_each_rank_reads_of_each_input() {
+        let n = 4;
+        let b = 10 * 4;
+        let ar = OneShot::new(&shape(Collective::AllReduce, 10, false), n, 1);
+        assert_eq!(ar.read_extents(n), vec![b; 4]);
+        let bc = OneShot::new(&shape(Collective::Broadcast { root: 2 }, 10, false), n, 1);
+        assert_eq!(bc.read_extents(n), vec![0, 0, b, 0]);
+        let a2a = OneShot::new(&shape(Collective::AllToAll, 10, false), n, 1);
+        assert_eq!(
+            a2a.read_extents(n),
+            vec![2 * b; 4],
+            "block 1 of each: up to 2 blocks"
+        );
     }
 
     #[test]
