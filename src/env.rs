@@ -12,10 +12,10 @@
 //! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
 //! | `FERROCOLL_JOB_ID` | names the job's shared-memory segments, so `ferrocoll launch` can remove any a killed rank left behind |
 
-#[cfg(feature = "gpu")]
+#[cfg(feature = "gpu-api")]
 mod nccl;
 
-#[cfg(feature = "gpu")]
+#[cfg(feature = "gpu-api")]
 pub use nccl::{NcclJoinError, exchange_unique_id, nccl_communicator_from_env};
 
 use std::time::Duration;
@@ -135,6 +135,18 @@ const LAUNCHERS: [(&str, &str, &str); 3] = [
     ),
 ];
 
+/// Whether the environment describes a process group this process can
+/// join: a launcher's rank variable and the store's `MASTER_ADDR` are set
+/// (what `ferrocoll launch`, torchrun, or `srun`/`mpirun` with
+/// `MASTER_ADDR` exported give each process).
+pub fn launched() -> bool {
+    launched_with(|k| std::env::var_os(k).is_some())
+}
+
+fn launched_with(set: impl Fn(&str) -> bool) -> bool {
+    set("MASTER_ADDR") && LAUNCHERS.iter().any(|(rank, _, _)| set(rank))
+}
+
 fn bootstrap(
     get: impl Fn(&str) -> Option<String>,
     timeout: Duration,
@@ -233,6 +245,17 @@ mod tests {
         ];
         let err = bootstrap(env(vars), t).unwrap_err();
         assert!(matches!(err, EnvError::Rendezvous(_)), "{err}");
+    }
+
+    #[test]
+    fn a_launched_process_needs_a_rank_and_the_store_address() {
+        let with = |vars: &[&str]| launched_with(|k| vars.contains(&k));
+        assert!(with(&["MASTER_ADDR", "RANK"]));
+        assert!(with(&["MASTER_ADDR", "SLURM_PROCID"]));
+        assert!(with(&["MASTER_ADDR", "OMPI_COMM_WORLD_RANK"]));
+        assert!(!with(&["RANK", "WORLD_SIZE"]), "no store to meet at");
+        assert!(!with(&["MASTER_ADDR"]), "no rank");
+        assert!(!with(&[]));
     }
 
     #[test]

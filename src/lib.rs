@@ -96,7 +96,8 @@
 //!
 //! Cargo features (all on by default): `cli` (the tool and its crates),
 //! `log` (`ferrocoll::log::init`), `topo` (`ferrocoll::topo`,
-//! `ferrocoll::auto`), `gpu` (`ferrocoll::cuda`, `ferrocoll::nccl`). With
+//! `ferrocoll::auto`), `gpu` (`ferrocoll::cuda`, `ferrocoll::nccl`, `ferrocoll::device`),
+//! `candle` (collectives on candle tensors, `ferrocoll::candle`). With
 //! `default-features = false` a library gets the core, the thread and
 //! process executors and the `env://` bootstrap only.
 
@@ -105,11 +106,17 @@
 
 pub use ferrocoll_core::*;
 /// The CUDA executor (libraries loaded at run time; a typed error without them).
-#[cfg(feature = "gpu")]
+#[cfg(feature = "gpu-api")]
 pub use ferrocoll_cuda as cuda;
+/// The stream-ordered device API: collectives on cudarc device buffers,
+/// enqueued on the caller's stream (NCCL implements it).
+#[cfg(feature = "gpu-api")]
+pub use ferrocoll_device as device;
 /// NCCL behind the same `Communicator` trait (loaded at run time).
-#[cfg(feature = "gpu")]
+#[cfg(feature = "gpu-api")]
 pub use ferrocoll_nccl as nccl;
+#[cfg(feature = "candle")]
+pub mod candle;
 /// Ranks as processes: the same schedules over shared memory or TCP.
 pub use ferrocoll_process as process;
 /// The rendezvous store processes meet at (`env://` bootstrap).

@@ -240,6 +240,12 @@ fn bench_refuses_what_it_cannot_do() {
     let out = ferrocoll(&["bench", "--transport", "shm", "--predict"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--transport"));
+    let out = ferrocoll(&["bench", "--from-env"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--backend nccl"));
+    let out = ferrocoll(&["bench", "--backend", "nccl", "--from-env", "--devices", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("drop --devices"));
     let out = ferrocoll(&["launch", "-n", "0", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("between 1 and 1024"));

@@ -532,3 +532,41 @@ fn bad_launch_arguments_start_nothing() {
         assert!(!err.contains("pids"), "ranks were started: {err}");
     }
 }
+
+/// One process per GPU with NCCL, on a machine without NCCL: every rank
+/// fails at once with rank 0's reason, none waits out a timeout.
+#[test]
+fn nccl_bench_under_launch_without_nccl_fails_fast_with_the_reason() {
+    if ferrocoll::nccl::version().is_ok() {
+        return; // NCCL is here; the GPU check runs this path for real.
+    }
+    let bin = env!("CARGO_BIN_EXE_ferrocoll");
+    let started = Instant::now();
+    let out = ferrocoll(&[
+        "launch",
+        "-n",
+        "3",
+        "--",
+        bin,
+        "bench",
+        "--backend",
+        "nccl",
+        "--from-env",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{text}");
+    assert!(
+        text.contains("] error: rank 0 could not make the NCCL unique id: NCCL not found"),
+        "{text}"
+    );
+    assert!(!text.contains("closed the connection"), "{text}");
+}

@@ -48,6 +48,7 @@ pub enum NcclJoinError {
 pub fn exchange_unique_id(
     store: &mut Store,
     rank: u32,
+    world_size: u32,
     name: &str,
     make: impl FnOnce() -> Result<Vec<u8>, String>,
 ) -> Result<Vec<u8>, NcclJoinError> {
@@ -60,6 +61,7 @@ pub fn exchange_unique_id(
             }
             Err(why) => {
                 store.set(&key, &[&[FAILED][..], why.as_bytes()].concat())?;
+                wait_until_read(store, &key, world_size);
                 Err(NcclJoinError::Root(why))
             }
         };
@@ -67,11 +69,39 @@ pub fn exchange_unique_id(
     let value = store.wait(&key)?;
     match value.split_first() {
         Some((&ID, id)) => Ok(id.to_vec()),
-        Some((&FAILED, why)) => Err(NcclJoinError::Root(String::from_utf8_lossy(why).into())),
+        Some((&FAILED, why)) => {
+            // Best effort: the reason is known, and rank 0 may be gone.
+            let _ = store.add(&read_key(&key), 1);
+            Err(NcclJoinError::Root(String::from_utf8_lossy(why).into()))
+        }
         _ => Err(NcclJoinError::Store(StoreError::Protocol(format!(
             "`{key}` holds {} bytes that are not an NCCL unique id",
             value.len()
         )))),
+    }
+}
+
+/// The counter of ranks that read a published failure.
+fn read_key(key: &str) -> String {
+    format!("{key}/failure-read")
+}
+
+/// The longest rank 0 keeps its store up for the others to read its
+/// failure: rank 0 hosts the store, and exiting at once would leave them
+/// a closed connection instead of the reason.
+const FAILURE_GRACE: Duration = Duration::from_secs(5);
+
+/// Wait (at most [`FAILURE_GRACE`]) until every other rank read the
+/// failure published under `key`. Best effort: the failure itself is
+/// already this rank's error.
+fn wait_until_read(store: &mut Store, key: &str, world_size: u32) {
+    let deadline = std::time::Instant::now() + FAILURE_GRACE;
+    let others = i64::from(world_size.saturating_sub(1));
+    while std::time::Instant::now() < deadline {
+        match store.add(&read_key(key), 0) {
+            Ok(read) if read < others => std::thread::sleep(Duration::from_millis(5)),
+            _ => return,
+        }
     }
 }
 
@@ -88,7 +118,7 @@ pub fn exchange_unique_id(
 /// ```
 pub fn nccl_communicator_from_env(config: &NcclConfig) -> Result<NcclCommunicator, NcclJoinError> {
     let mut b = bootstrap_from_env(config.timeout.max(Duration::from_secs(1)))?;
-    let id = exchange_unique_id(&mut b.store, b.rank, "world", || {
+    let id = exchange_unique_id(&mut b.store, b.rank, b.world_size, "world", || {
         ferrocoll_nccl::unique_id()
             .map(|id| id.to_bytes())
             .map_err(|e| e.to_string())
@@ -150,7 +180,7 @@ mod tests {
     #[test]
     fn every_rank_gets_rank_zeros_id() {
         let ids = on_every_rank(group(4), |r, store| {
-            exchange_unique_id(store, r, "world", || Ok(vec![7u8; 128])).unwrap()
+            exchange_unique_id(store, r, 4, "world", || Ok(vec![7u8; 128])).unwrap()
         });
         assert!(ids.iter().all(|id| id == &vec![7u8; 128]));
     }
@@ -159,7 +189,7 @@ mod tests {
     fn rank_zeros_failure_reaches_every_rank_at_once() {
         let started = std::time::Instant::now();
         let errors = on_every_rank(group(3), |r, store| {
-            exchange_unique_id(store, r, "world", || {
+            exchange_unique_id(store, r, 3, "world", || {
                 Err("NCCL not found: no candidate".into())
             })
             .unwrap_err()
@@ -177,6 +207,25 @@ mod tests {
         }
     }
 
+    /// Rank 0 hosts the store: returning at once after its failure would
+    /// leave late ranks a closed connection instead of the reason.
+    #[test]
+    fn rank_zero_keeps_its_store_up_until_late_ranks_read_its_failure() {
+        let errors = on_every_rank(group(3), |r, store| {
+            if r != 0 {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            let e = exchange_unique_id(store, r, 3, "late", || Err("no GPU".into()));
+            e.unwrap_err().to_string()
+        });
+        for e in errors {
+            assert!(
+                e.contains("rank 0 could not make") && e.contains("no GPU"),
+                "{e}"
+            );
+        }
+    }
+
     #[test]
     fn each_rank_takes_its_local_gpu_or_the_only_one_it_sees() {
         assert_eq!(device_for(3, None), 3);
@@ -189,7 +238,7 @@ mod tests {
     fn a_garbled_id_in_the_store_is_an_error_not_a_panic() {
         let mut stores = group(2);
         stores[0].set(&key("odd"), b"").unwrap();
-        let e = exchange_unique_id(&mut stores[1], 1, "odd", || unreachable!()).unwrap_err();
+        let e = exchange_unique_id(&mut stores[1], 1, 2, "odd", || unreachable!()).unwrap_err();
         assert!(e.to_string().contains("not an NCCL unique id"), "{e}");
     }
 
@@ -201,7 +250,7 @@ mod tests {
             return; // NCCL is here: the other tests cover the exchange.
         }
         let errors = on_every_rank(group(2), |r, store| {
-            exchange_unique_id(store, r, "world", || {
+            exchange_unique_id(store, r, 2, "world", || {
                 ferrocoll_nccl::unique_id()
                     .map(|id| id.to_bytes())
                     .map_err(|e| e.to_string())

@@ -6,16 +6,31 @@ use cudarc::driver::result;
 use crate::error::CudaError;
 
 /// Whether the CUDA driver library (`libcuda`) can be loaded.
+#[cfg(feature = "dynamic-loading")]
 pub fn driver_present() -> bool {
     // SAFETY: only tries to open the library by its usual names; it calls
     // nothing in it.
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// Linked (without `dynamic-loading`), the library was there for the
+/// program to start.
+#[cfg(not(feature = "dynamic-loading"))]
+pub fn driver_present() -> bool {
+    true
+}
+
 /// Whether NVRTC (`libnvrtc`) can be loaded.
+#[cfg(feature = "dynamic-loading")]
 pub fn nvrtc_present() -> bool {
     // SAFETY: as for the driver: opening the library only.
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Linked, as for the driver.
+#[cfg(not(feature = "dynamic-loading"))]
+pub fn nvrtc_present() -> bool {
+    true
 }
 
 /// The driver is loadable, initialises, and sees at least one device;

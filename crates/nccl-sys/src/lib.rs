@@ -68,7 +68,15 @@ pub fn library() -> Result<&'static NcclLib, LoadError> {
                 // header family.
                 match unsafe { NcclLib::new(path.as_os_str()) } {
                     Ok(lib) => return Ok(lib),
-                    Err(e) => reason = format!("{}: {e}", path.display()),
+                    Err(e) => {
+                        // The loader's message names the file already.
+                        let (e, file) = (e.to_string(), path.display().to_string());
+                        reason = if e.contains(&file) {
+                            e
+                        } else {
+                            format!("{file}: {e}")
+                        };
+                    }
                 }
             }
             next = tried.len();

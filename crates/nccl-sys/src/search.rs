@@ -99,7 +99,8 @@ pub fn from_pythons(path: &OsStr) -> Vec<PathBuf> {
             }
         }
     }
-    out
+    // Two interpreters of one installation name the same site folders.
+    dedup(out)
 }
 
 /// The folders one Python names, or none when it fails or hangs. It runs

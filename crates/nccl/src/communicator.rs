@@ -12,6 +12,7 @@ use ferrocoll_core::comm::{
 };
 use ferrocoll_core::plan::CallShape;
 use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
+use ferrocoll_device::DeviceCall;
 use nccl_rs_sys::{
     library, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId,
 };
@@ -83,7 +84,7 @@ impl Default for NcclConfig {
     }
 }
 
-fn nccl_type(t: DataType) -> ncclDataType_t {
+pub(crate) fn nccl_type(t: DataType) -> ncclDataType_t {
     use ncclDataType_t as N;
     match t {
         DataType::I8 => N::ncclInt8,
@@ -99,7 +100,7 @@ fn nccl_type(t: DataType) -> ncclDataType_t {
     }
 }
 
-fn nccl_op(op: ReduceOp) -> ncclRedOp_t {
+pub(crate) fn nccl_op(op: ReduceOp) -> ncclRedOp_t {
     match op {
         ReduceOp::Sum => ncclRedOp_t::ncclSum,
         ReduceOp::Prod => ncclRedOp_t::ncclProd,
@@ -152,8 +153,7 @@ impl NcclCommunicator {
         group_failed: Arc<AtomicBool>,
     ) -> Result<Self, NcclError> {
         let lib = library()?;
-        // SAFETY: only tries to open libcuda; nothing in it is called.
-        if !unsafe { cu::is_culib_present() } {
+        if !ferrocoll_device::driver_present() {
             return Err(NcclError::Cuda(
                 "libcuda is not installed (no NVIDIA driver): NCCL needs a GPU".into(),
             ));
@@ -228,6 +228,16 @@ impl NcclCommunicator {
         self.rank = rank as Rank;
         self.n = n as u32;
         Ok(())
+    }
+
+    /// This rank (also [`Communicator::rank`]).
+    pub(crate) fn rank_id(&self) -> Rank {
+        self.rank
+    }
+
+    /// Ranks in the communicator.
+    pub(crate) fn size_n(&self) -> u32 {
+        self.n
     }
 
     /// The NCCL handle.
@@ -318,14 +328,21 @@ impl NcclCommunicator {
         }
     }
 
-    /// Wait for this rank's stream, watching NCCL's async errors.
+    /// Wait for this rank's own stream, watching NCCL's async errors.
     fn finish(&mut self, what: &str) -> Result<(), NcclError> {
+        let stream = self.stream.clone();
+        self.finish_on(&stream, what)
+    }
+
+    /// Wait for `stream`, watching NCCL's async errors, the group's
+    /// failure flag and the timeout; any of them aborts.
+    pub(crate) fn finish_on(&mut self, stream: &CudaStream, what: &str) -> Result<(), NcclError> {
         self.settle(what)?;
         let deadline = Instant::now() + self.timeout;
         loop {
             self.ctx.bind_to_thread()?;
             // SAFETY: a live stream of this context.
-            let r = unsafe { cu::cuStreamQuery(self.stream.cu_stream()) };
+            let r = unsafe { cu::cuStreamQuery(stream.cu_stream()) };
             match r {
                 cu::CUresult::CUDA_SUCCESS => return Ok(()),
                 cu::CUresult::CUDA_ERROR_NOT_READY => {}
@@ -347,8 +364,10 @@ impl NcclCommunicator {
         }
     }
 
-    /// Run `collective` on device pointers of this rank's GPU: `count`
-    /// elements per block; in place when `input` is `None`.
+    /// Run `collective` on device pointers of this rank's GPU, on the
+    /// communicator's own stream, and wait for it: `count` elements per
+    /// block; in place when `input` is `None`. The stream-ordered form is
+    /// [`DeviceCommunicator`](ferrocoll_device::DeviceCommunicator).
     ///
     /// # Safety
     /// The pointers address buffers of the collective's shape on this
@@ -364,7 +383,6 @@ impl NcclCommunicator {
         output: u64,
         op: ReduceOp,
     ) -> Result<(), NcclError> {
-        self.live()?;
         if let Some(i) = input {
             let bytes = |blocks: u32| blocks as usize * count * dtype.size_bytes();
             ferrocoll_core::comm::check_disjoint(
@@ -375,87 +393,17 @@ impl NcclCommunicator {
             )
             .map_err(|e| NcclError::Invalid(e.to_string()))?;
         }
-        let lib = library()?;
-        self.ctx.bind_to_thread()?;
-        let t = nccl_type(dtype);
-        let o = nccl_op(op);
-        let block = (count * dtype.size_bytes()) as u64;
-        let me = u64::from(self.rank);
-        let s = self.stream.cu_stream() as nccl_rs_sys::cudaStream_t;
-        let c = self.comm;
-        let p = |x: u64| x as *mut c_void;
-        let r = match collective {
-            Collective::AllReduce => {
-                let send = input.unwrap_or(output);
-                // SAFETY: `count` elements in both buffers (caller).
-                unsafe { call!(lib, ncclAllReduce(p(send), p(output), count, t, o, c, s)) }
-            }
-            Collective::ReduceScatter => {
-                let (send, recv) = match input {
-                    Some(i) => (i, output),
-                    None => (output, output + me * block),
-                };
-                // SAFETY: send holds n blocks, recv one (caller).
-                unsafe { call!(lib, ncclReduceScatter(p(send), p(recv), count, t, o, c, s)) }
-            }
-            Collective::AllGather => {
-                let send = input.unwrap_or(output + me * block);
-                // SAFETY: send holds one block, recv n (caller).
-                unsafe { call!(lib, ncclAllGather(p(send), p(output), count, t, c, s)) }
-            }
-            Collective::Broadcast { root } => {
-                let send = input.unwrap_or(output);
-                // SAFETY: `count` elements in both buffers (caller).
-                unsafe {
-                    call!(
-                        lib,
-                        ncclBroadcast(p(send), p(output), count, t, root as i32, c, s)
-                    )
-                }
-            }
-            Collective::Reduce { root } => {
-                let send = input.unwrap_or(output);
-                // SAFETY: `count` elements in both buffers (caller).
-                unsafe {
-                    call!(
-                        lib,
-                        ncclReduce(p(send), p(output), count, t, o, root as i32, c, s)
-                    )
-                }
-            }
-            Collective::AllToAll => {
-                let send = input
-                    .ok_or_else(|| NcclError::Invalid("all-to-all has no in-place form".into()))?;
-                if let Ok(f) = lib.ncclAlltoAll.as_ref() {
-                    // SAFETY: both buffers hold n blocks (caller).
-                    unsafe { f(p(send), p(output), count, t, c, s) }
-                } else {
-                    // SAFETY: both buffers hold n blocks (caller).
-                    unsafe {
-                        crate::all_to_all::grouped(
-                            lib,
-                            [send, output],
-                            block,
-                            count,
-                            t,
-                            self.n,
-                            c,
-                            s,
-                        )?
-                    }
-                }
-            }
-            Collective::SendRecv => {
-                return Err(NcclError::Invalid(
-                    "use send and recv for point-to-point".into(),
-                ));
-            }
+        let call = DeviceCall {
+            collective,
+            dtype,
+            count,
+            input,
+            output,
+            op,
         };
-        if r != ncclResult_t::ncclInProgress
-            && let Err(e) = check(r)
-        {
-            return Err(self.fail(e));
-        }
+        let stream = self.stream.clone();
+        // SAFETY: the caller's promise, on this rank's own stream.
+        unsafe { self.issue(&call, &stream)? };
         self.finish(&collective.to_string())
     }
 

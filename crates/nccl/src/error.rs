@@ -37,6 +37,9 @@ pub enum NcclError {
     /// A bad argument.
     #[error("{0}")]
     Invalid(String),
+    /// A stream-ordered call refused before anything was enqueued.
+    #[error(transparent)]
+    Argument(#[from] ferrocoll_device::ArgumentError),
 }
 
 impl From<NcclError> for CommError {

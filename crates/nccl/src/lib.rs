@@ -14,12 +14,15 @@
 
 mod all_to_all;
 mod communicator;
+mod device;
+mod enqueue;
 mod error;
 mod group;
 mod split;
 
 pub use communicator::{NcclCommunicator, NcclConfig, UniqueId, unique_id};
 pub use error::NcclError;
+pub use ferrocoll_device::{ArgumentError, DeviceCall, DeviceCommunicator};
 pub use group::run;
 
 use nccl_rs_sys::{library, ncclResult_t};

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use ferrocoll::Verified;
 use ferrocoll::comm::Communicator;
 use ferrocoll::cpu::CpuConfig;
+use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
 use ferrocoll::process::{ProcessCommunicator, ProcessConfig};
 use ferrocoll::topo::probe::membw::{self, MemoryBandwidth};
 
@@ -32,6 +33,9 @@ pub(crate) enum Target {
     },
     /// NCCL on these devices.
     Nccl { devices: Vec<usize> },
+    /// This process is one rank of an NCCL communicator over the processes
+    /// `launch` started, one GPU each.
+    NcclProcess { comm: Box<Mutex<NcclCommunicator>> },
 }
 
 impl Target {
@@ -48,6 +52,11 @@ impl Target {
             let target = Target::join(&mut args, transport)?;
             return Ok((target, args));
         }
+        if args.from_env && args.backend != Backend::Nccl {
+            return Err(
+                "--from-env joins an NCCL group across processes: use it with --backend nccl (the CPU executor's processes take --transport)".to_owned(),
+            );
+        }
         if args.compare.is_some() && args.backend != Backend::Cuda {
             return Err("--compare nccl runs beside --backend cuda only".to_owned());
         }
@@ -62,6 +71,26 @@ impl Target {
                     devices: cuda::devices(args.ranks, args.devices.as_deref())?,
                     custom,
                     compare: args.compare.is_some(),
+                }
+            }
+            Backend::Nccl if args.from_env => {
+                if args.devices.is_some() {
+                    return Err(
+                        "--from-env takes each rank's GPU from LOCAL_RANK: drop --devices"
+                            .to_owned(),
+                    );
+                }
+                let config = NcclConfig {
+                    timeout: ProcessConfig::builtin()
+                        .with_env()
+                        .map_err(|e| e.to_string())?
+                        .timeout,
+                };
+                let comm = ferrocoll::env::nccl_communicator_from_env(&config)
+                    .map_err(|e| e.to_string())?;
+                args.ranks = comm.world_size();
+                Target::NcclProcess {
+                    comm: Box::new(Mutex::new(comm)),
                 }
             }
             Backend::Nccl => {
@@ -107,7 +136,7 @@ impl Target {
         match self {
             Target::Threads { custom } | Target::Cuda { custom, .. } => custom.clone(),
             Target::Processes { config, .. } => config.schedule.clone(),
-            Target::Nccl { .. } => None,
+            Target::Nccl { .. } | Target::NcclProcess { .. } => None,
         }
     }
 
@@ -115,6 +144,7 @@ impl Target {
     pub(crate) fn prints(&self) -> bool {
         match self {
             Target::Processes { comm, .. } => comm.lock().map_or(true, |c| c.rank() == 0),
+            Target::NcclProcess { comm } => comm.lock().map_or(true, |c| c.rank() == 0),
             _ => true,
         }
     }
@@ -132,6 +162,14 @@ impl Target {
         match self {
             Target::Cuda { devices, .. } | Target::Nccl { devices } => {
                 cuda::device_bandwidth(devices[0])
+            }
+            Target::NcclProcess { comm } => {
+                let device = comm
+                    .lock()
+                    .map_err(|_| "the communicator is poisoned")?
+                    .context()
+                    .ordinal();
+                cuda::device_bandwidth(device)
             }
             _ => Ok(membw::measure(
                 membw::ARRAY_BYTES,
@@ -177,6 +215,13 @@ impl Target {
             }
             Target::Nccl { devices } => {
                 let backend = nccl::Nccl::new(devices.clone(), config);
+                run::section(args, &backend, section, sizes, progress)
+            }
+            Target::NcclProcess { comm } => {
+                let backend = process::Process {
+                    comm: &**comm,
+                    schedule: None,
+                };
                 run::section(args, &backend, section, sizes, progress)
             }
         }

@@ -66,6 +66,11 @@ pub(crate) struct BenchArgs {
     /// exchanging over `shm` (one host) or `tcp`; rank 0 prints the table.
     #[arg(long)]
     transport: Option<ferrocoll::process::TransportKind>,
+    /// `nccl` only: this process is one rank of the group the env://
+    /// variables describe (`ferrocoll launch`, torchrun, `srun`), on the
+    /// GPU numbered `LOCAL_RANK`; rank 0 prints the table.
+    #[arg(long)]
+    from_env: bool,
     /// `--transport shm`: keep each rank's buffers private, so every
     /// message is copied through a slot, instead of placing them in the
     /// group's shared heap where peers read them in place.

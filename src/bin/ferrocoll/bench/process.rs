@@ -3,24 +3,25 @@
 
 use std::sync::Mutex;
 
-use ferrocoll::comm::{Call, CommError, Communicator, CommunicatorExt};
+use ferrocoll::comm::{Call, CommError, Communicator};
 use ferrocoll::conformance::KitElement;
 use ferrocoll::process::{ProcessCommunicator, SharedBuffer};
 
 use super::run::{Backend, BenchRank, try_copy};
 
-/// The local rank of a process group.
-pub(crate) struct Process<'a> {
-    pub comm: &'a Mutex<ProcessCommunicator>,
+/// The local rank of a process group: the CPU executor's over shm or TCP,
+/// or NCCL's on this process's GPU.
+pub(crate) struct Process<'a, C = ProcessCommunicator> {
+    pub comm: &'a Mutex<C>,
     pub schedule: Option<&'a ferrocoll::Verified>,
 }
 
-impl Backend for Process<'_> {
-    type Rank = ProcessCommunicator;
+impl<C: BenchRank + Send> Backend for Process<'_, C> {
+    type Rank = C;
 
     fn run<R: Send>(
         &self,
-        f: &(dyn Fn(&mut ProcessCommunicator) -> Result<R, CommError> + Sync),
+        f: &(dyn Fn(&mut C) -> Result<R, CommError> + Sync),
     ) -> Result<Vec<Result<R, CommError>>, String> {
         let mut comm = self
             .comm
@@ -35,6 +36,10 @@ impl Backend for Process<'_> {
 
     fn first_rank(&self) -> u32 {
         self.comm.lock().map_or(0, |c| c.rank())
+    }
+
+    fn one_rank_per_process(&self) -> bool {
+        true
     }
 }
 
@@ -98,11 +103,5 @@ impl BenchRank for ProcessCommunicator {
 
     fn output<T: KitElement>(&mut self, buffers: &(Held<T>, Held<T>)) -> Result<Vec<T>, CommError> {
         try_copy(buffers.1.slice(), "output read back")
-    }
-
-    fn total_wrong(&mut self, mine: [u64; 2]) -> Result<Option<[u64; 2]>, CommError> {
-        let mut total = mine;
-        self.all_reduce_in_place(&mut total, ferrocoll::ReduceOp::Sum)?;
-        Ok(Some(total))
     }
 }

@@ -29,6 +29,11 @@ pub(crate) trait Backend: Sync {
     fn first_rank(&self) -> u32 {
         0
     }
+    /// Whether this process runs one rank of a group of processes (the
+    /// others keep their own tallies of wrong elements).
+    fn one_rank_per_process(&self) -> bool {
+        false
+    }
 }
 
 /// One rank of a [`Backend`]: its communicator (rank, size, barrier), plus
@@ -53,11 +58,6 @@ pub(crate) trait BenchRank: Communicator {
     ) -> Result<(), CommError>;
     /// The output, back on the host.
     fn output<T: KitElement>(&mut self, buffers: &Self::Buffers<T>) -> Result<Vec<T>, CommError>;
-    /// Every rank's wrong-element counts of a size, summed, when ranks are
-    /// processes (`None`: ranks share this process and its tally).
-    fn total_wrong(&mut self, _mine: [u64; 2]) -> Result<Option<[u64; 2]>, CommError> {
-        Ok(None)
-    }
 }
 
 /// The CPU executor with `config`.
@@ -239,7 +239,14 @@ fn typed<T: KitElement, B: Backend>(
                 mine[m] = bad;
                 measures[m] = Some(time);
             }
-            if let Some(total) = comm.total_wrong(mine)? {
+            // Ranks in other processes have their own tallies: sum them.
+            if backend.one_rank_per_process() {
+                let mut total = mine;
+                ferrocoll::comm::CommunicatorExt::all_reduce_in_place(
+                    comm,
+                    &mut total,
+                    ferrocoll::ReduceOp::Sum,
+                )?;
                 wrong.lock().unwrap()[i] = total;
             }
             comm.barrier()?;
