@@ -9,9 +9,14 @@
 //! (the widest ring on what capacity is left, again and again, each ring
 //! repeated in proportion to its rate). [`tree_order`] lays the trees over
 //! the best ring order, so a
-//! parent and its children are neighbours on the fastest paths.
+//! parent and its children are neighbours on the fastest paths. [`trees`]
+//! packs weighted spanning trees, one set per member, for all-gather,
+//! reduce-scatter and all-reduce where rings cannot use every link.
 
+mod arborescence;
 mod packing;
 mod ring;
+mod trees;
 
 pub use ring::{EXHAUSTIVE_MAX_RANKS, HEURISTIC_BUDGET, MAX_RINGS, RingSet, rings, tree_order};
+pub use trees::{MAX_TREES_PER_ROOT, TreePacking, trees};
