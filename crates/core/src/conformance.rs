@@ -400,3 +400,31 @@ pub fn in_place_buffer<T: Element>(
         None => output,
     }
 }
+
+/// The CPU executor (threads as ranks) running one verified schedule for
+/// every case: how a schedule file or a synthesized schedule is checked
+/// end to end.
+pub struct ScheduleOnThreads {
+    /// The schedule every call runs.
+    pub schedule: std::sync::Arc<crate::Verified>,
+    /// Chunk size: small, so short buffers still cross many segments.
+    pub max_chunk_bytes: usize,
+}
+
+impl Harness for ScheduleOnThreads {
+    fn run<T: KitElement>(
+        &self,
+        case: &Case,
+        inputs: &[Vec<T>],
+        outputs: Vec<Vec<T>>,
+    ) -> Result<Vec<Vec<T>>, String> {
+        let config = crate::cpu::CpuConfig {
+            schedule: Some(self.schedule.clone()),
+            max_chunk_bytes: self.max_chunk_bytes,
+            ..crate::cpu::CpuConfig::default()
+        };
+        run_on_threads(case, inputs, outputs, |f| {
+            Ok(crate::cpu::run(case.world_size, &config, f))
+        })
+    }
+}

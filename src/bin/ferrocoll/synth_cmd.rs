@@ -8,10 +8,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
+use ferrocoll::algorithms::forest;
 use ferrocoll::plan::Compiler;
+use ferrocoll::topo::graph::{NodeId, Topology};
 use ferrocoll::topo::search;
 use ferrocoll::topo::sim::{self, CostModel, SimOptions};
-use ferrocoll::{Algorithm, AlgorithmParams, CollectiveKind, VerifyOptions, generate, verify};
+use ferrocoll::{
+    Algorithm, AlgorithmParams, Collective, CollectiveKind, Rank, VerifyOptions, generate, verify,
+};
 
 use crate::spec::parse_size;
 use crate::topo::bound::{self, Gpus};
@@ -40,6 +44,21 @@ pub(crate) struct SynthArgs {
     /// Call size the report simulates.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     size: usize,
+    /// What to synthesize: rings, spanning trees (all-gather,
+    /// reduce-scatter, all-reduce), or both, writing the faster.
+    #[arg(long, value_enum, default_value_t = Kind::Best)]
+    kind: Kind,
+}
+
+/// What `synth` packs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Kind {
+    /// Directed rings.
+    Rings,
+    /// Weighted spanning trees, one set per member.
+    Trees,
+    /// Both; the one the simulator finds faster is written.
+    Best,
 }
 
 pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
@@ -66,40 +85,166 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
     }
     let e = |e: ferrocoll::topo::TopologyError| e.to_string();
     let cost = CostModel::default();
-    let rings = search::rings(&t, &devices, &cost, search::MAX_RINGS).map_err(e)?;
+    let collective = args.op.with_root(args.root % n);
+    let mut candidates = Vec::new();
+    if args.kind != Kind::Trees {
+        candidates.push(ring_candidate(&t, &devices, &cost, collective)?);
+    }
+    if args.kind != Kind::Rings {
+        match best_trees(&t, &devices, &cost, collective, args.size)? {
+            Some(c) => candidates.push(c),
+            None if args.kind == Kind::Trees => {
+                return Err(format!(
+                    "no tree packing for {}: trees run all-gather, reduce-scatter and all-reduce, over members that reach one another",
+                    args.op
+                ));
+            }
+            None => {}
+        }
+    }
+    println!("# ferrocoll synth: {} ({})", t.name, t.description);
+    let ceiling = bound::report(&full, gpus)?;
+    let mut best: Option<(f64, ferrocoll::Verified)> = None;
+    for c in candidates {
+        let compiler = Compiler::new(Arc::new(c.verified.clone()));
+        let p = sim::simulate(&compiler, &t, args.size, &SimOptions::default()).map_err(e)?;
+        let of = ceiling
+            .as_ref()
+            .map_or(String::new(), |b| b.fraction(args.op, p.busbw));
+        println!("# {}", c.summary);
+        for line in &c.detail {
+            println!("#   {line}");
+        }
+        println!(
+            "#   {collective} of {} B, predicted: busbw {:.1} GB/s{of}",
+            args.size, p.busbw
+        );
+        if best.as_ref().is_none_or(|b| p.busbw > b.0) {
+            best = Some((p.busbw, c.verified));
+        }
+    }
+    let (busbw, verified) = best.ok_or("nothing to synthesize")?;
+    std::fs::write(&args.output, verified.schedule().to_json())
+        .map_err(|err| format!("{}: {err}", args.output.display()))?;
+    println!(
+        "# wrote {} ({busbw:.1} GB/s predicted), proven, to {}",
+        verified.schedule().name,
+        args.output.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A synthesized schedule, proven, with what to print about it.
+struct Candidate {
+    verified: ferrocoll::Verified,
+    summary: String,
+    detail: Vec<String>,
+}
+
+/// Rings packed into the topology.
+fn ring_candidate(
+    t: &Topology,
+    devices: &[NodeId],
+    cost: &CostModel,
+    collective: Collective,
+) -> Result<Candidate, String> {
+    let n = devices.len() as u32;
+    let rings = search::rings(t, devices, cost, search::MAX_RINGS).map_err(|e| e.to_string())?;
     let params = AlgorithmParams {
         channels: rings.orders.len() as u32,
         ring_orders: rings.orders.clone(),
         ..AlgorithmParams::default()
     };
-    let collective = args.op.with_root(args.root % n);
     let mut schedule =
         generate(Algorithm::Ring, collective, n, &params).map_err(|e| e.to_string())?;
     schedule.name = format!("synth-rings-{}x{}", t.name, rings.orders.len());
     let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
-    std::fs::write(&args.output, verified.schedule().to_json())
-        .map_err(|err| format!("{}: {err}", args.output.display()))?;
-    println!("# ferrocoll synth: {} ({})", t.name, t.description);
-    println!(
-        "# {} rings (channels) packed, {:.1} GB/s together; proven and written to {}",
-        rings.orders.len(),
-        rings.bandwidth,
-        args.output.display()
-    );
-    for (i, o) in rings.orders.iter().enumerate() {
-        let names: Vec<&str> = o
-            .iter()
-            .map(|&r| t.nodes[devices[r as usize]].name.as_str())
-            .collect();
-        println!("#   ring {i}: {}", names.join(" -> "));
+    let name = |r: Rank| t.nodes[devices[r as usize]].name.as_str();
+    let detail = rings
+        .orders
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let names: Vec<&str> = o.iter().map(|&r| name(r)).collect();
+            format!("ring {i}: {}", names.join(" -> "))
+        })
+        .collect();
+    Ok(Candidate {
+        verified,
+        summary: format!(
+            "rings: {} packed, {:.1} GB/s together",
+            rings.orders.len(),
+            rings.bandwidth
+        ),
+        detail,
+    })
+}
+
+/// Tree packings simulated at the call size: the fastest of the few the
+/// load model rates best (it cannot see fair sharing hold trees back).
+fn best_trees(
+    t: &Topology,
+    devices: &[NodeId],
+    cost: &CostModel,
+    collective: Collective,
+    size: usize,
+) -> Result<Option<Candidate>, String> {
+    let e = |e: ferrocoll::topo::TopologyError| e.to_string();
+    let started = std::time::Instant::now();
+    let packings = search::tree_packings(t, devices, cost, collective.kind()).map_err(e)?;
+    let packing_secs = started.elapsed().as_secs_f64();
+    let mut best: Option<(f64, Candidate)> = None;
+    // Simulating a large group's packing takes long: fewer candidates.
+    let take = if devices.len() > 16 {
+        1
+    } else {
+        TREE_CANDIDATES
+    };
+    for p in packings.into_iter().take(take) {
+        let c = tree_candidate(t, collective, p)?;
+        let compiler = Compiler::new(Arc::new(c.verified.clone()));
+        let busbw = sim::simulate(&compiler, t, size, &SimOptions::default())
+            .map_err(e)?
+            .busbw;
+        if best.as_ref().is_none_or(|b| busbw > b.0) {
+            best = Some((busbw, c));
+        }
     }
-    let compiler = Compiler::new(Arc::new(verified));
-    let p = sim::simulate(&compiler, &t, args.size, &SimOptions::default()).map_err(e)?;
-    let ceiling = bound::report(&full, gpus)?;
-    let of = ceiling.map_or(String::new(), |c| c.fraction(args.op, p.busbw));
-    println!(
-        "# {collective} of {} B, predicted: busbw {:.1} GB/s{of}",
-        args.size, p.busbw
-    );
-    Ok(ExitCode::SUCCESS)
+    Ok(best.map(|(_, mut c)| {
+        c.summary.push_str(&format!(
+            "; packed in {packing_secs:.2} s, the fastest of {take} simulated"
+        ));
+        c
+    }))
+}
+
+/// Tree packings simulated per `synth` run, the load model's best first.
+const TREE_CANDIDATES: usize = 6;
+
+/// Spanning trees packed into the topology.
+fn tree_candidate(
+    t: &Topology,
+    collective: Collective,
+    p: search::TreePacking,
+) -> Result<Candidate, String> {
+    let n = t.devices().len() as u32;
+    let mut schedule = forest::schedule(collective, n, &p.forest).map_err(|e| e.to_string())?;
+    let trees = p.forest.trees.len();
+    schedule.name = format!("synth-trees-{}x{trees}", t.name);
+    let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
+    let channels = p
+        .forest
+        .trees
+        .iter()
+        .map(|t| t.channel + 1)
+        .max()
+        .unwrap_or(1);
+    Ok(Candidate {
+        verified,
+        summary: format!(
+            "trees: {trees} over {n} roots on {channels} channels, block in {} chunks; load model {:.1} GB/s ({:.1} before rounding to chunks)",
+            p.forest.chunks_per_block, p.bandwidth, p.fractional
+        ),
+        detail: Vec::new(),
+    })
 }

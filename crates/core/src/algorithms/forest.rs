@@ -20,11 +20,14 @@
 //!   to the parent; the root writes the result);
 //! - **all-reduce**: the block is split among the roots; each tree
 //!   reduces its chunks to its root, then broadcasts them back down —
-//!   reduce-scatter then all-gather on the same trees.
+//!   reduce-scatter then all-gather on the same trees, the broadcast on a
+//!   channel of its own so both directions of the links are busy at once.
 //!
 //! A tree's share is a run of consecutive chunks of the block, so the
 //! shares need not be equal: a packing's weights become chunk counts
-//! (rounded; the loss is what the packer weighs). Trees that run side by
+//! (rounded; the loss is what the packer weighs). Each chunk is a step of
+//! its own, so a tree moves one chunk at a time and its levels pipeline,
+//! as a ring's do. Trees that run side by
 //! side go on separate channels; each channel runs its trees in the given
 //! order on every rank, which cannot deadlock — a rank waits only on its
 //! parent's (or children's) step of the same tree and on its own steps of
@@ -32,7 +35,7 @@
 
 use thiserror::Error;
 
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
+use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step, StepRef};
 use crate::types::{Collective, Rank};
 
 /// One spanning tree of a packing, directed away from its root (a
@@ -113,7 +116,14 @@ pub fn schedule(
         .max()
         .unwrap_or(1);
     let cpb = forest.chunks_per_block;
-    let mut b = ScheduleBuilder::new("forest", collective, world_size, cpb, channels);
+    // All-reduce: each tree's broadcast on a channel of its own, so it
+    // runs while the tree still reduces later chunks.
+    let total = if collective == Collective::AllReduce {
+        2 * channels
+    } else {
+        channels
+    };
+    let mut b = ScheduleBuilder::new("forest", collective, world_size, cpb, total);
     let children: Vec<Vec<Vec<Rank>>> = forest
         .trees
         .iter()
@@ -124,7 +134,7 @@ pub fn schedule(
         Collective::AllGather => {
             for (t, kids) in trees() {
                 let output = t.root * cpb + t.first_chunk;
-                broadcast(&mut b, t, kids, output, Some(t.first_chunk));
+                broadcast(&mut b, t, kids, output, Some(t.first_chunk), None);
             }
         }
         Collective::ReduceScatter => {
@@ -134,10 +144,12 @@ pub fn schedule(
         }
         _ => {
             for (t, kids) in trees() {
-                reduce(&mut b, t, kids, t.first_chunk, t.first_chunk);
-            }
-            for (t, kids) in trees() {
-                broadcast(&mut b, t, kids, t.first_chunk, None);
+                let reduced = reduce(&mut b, t, kids, t.first_chunk, t.first_chunk);
+                let down = PackedTree {
+                    channel: channels + t.channel,
+                    ..t.clone()
+                };
+                broadcast(&mut b, &down, kids, t.first_chunk, None, Some(&reduced));
             }
         }
     }
@@ -146,45 +158,67 @@ pub fn schedule(
 
 /// Down the tree: the root reads `root_input` of its input (or, `None`,
 /// already holds the value in its output) and every rank writes chunk
-/// `output` of its output and forwards to its children.
+/// `output` of its output and forwards to its children. After a reduce on
+/// another channel, each rank's step of a chunk waits for its reduce step
+/// of that chunk (`reduced[rank][k]`), which read what it now overwrites.
 fn broadcast(
     b: &mut ScheduleBuilder,
     t: &PackedTree,
     kids: &[Vec<Rank>],
     output: u32,
     root_input: Option<u32>,
+    reduced: Option<&Vec<Vec<StepRef>>>,
 ) {
     for r in 0..t.parent.len() as Rank {
-        let mut step = Step::new(t.chunks);
-        match (t.parent[r as usize], root_input) {
-            (Some(p), _) => step = step.recv(p).write(Buffer::Output, output),
-            (None, Some(i)) => step = step.read(Buffer::Input, i).write(Buffer::Output, output),
-            (None, None) if kids[r as usize].is_empty() => continue,
-            (None, None) => step = step.read(Buffer::Output, output),
+        for k in 0..t.chunks {
+            let (output, input) = (output + k, root_input.map(|i| i + k));
+            let mut step = Step::new(1);
+            if let Some(done) = reduced {
+                let at = done[r as usize][k as usize];
+                step = step.after(at.channel, at.step);
+            }
+            match (t.parent[r as usize], input) {
+                (Some(p), _) => step = step.recv(p).write(Buffer::Output, output),
+                (None, Some(i)) => step = step.read(Buffer::Input, i).write(Buffer::Output, output),
+                (None, None) if kids[r as usize].is_empty() => continue,
+                (None, None) => step = step.read(Buffer::Output, output),
+            }
+            for &c in &kids[r as usize] {
+                step = step.send(c);
+            }
+            b.push(r, t.channel, step);
         }
-        for &c in &kids[r as usize] {
-            step = step.send(c);
-        }
-        b.push(r, t.channel, step);
     }
 }
 
 /// Up the tree: every rank adds what its children sent to chunk `input`
 /// of its input and sends the sum to its parent; the root writes it to
-/// chunk `output` of its output.
-fn reduce(b: &mut ScheduleBuilder, t: &PackedTree, kids: &[Vec<Rank>], input: u32, output: u32) {
+/// chunk `output` of its output. Returns each rank's step of each chunk.
+fn reduce(
+    b: &mut ScheduleBuilder,
+    t: &PackedTree,
+    kids: &[Vec<Rank>],
+    input: u32,
+    output: u32,
+) -> Vec<Vec<StepRef>> {
+    let mut placed = Vec::with_capacity(t.parent.len());
     for r in 0..t.parent.len() as Rank {
-        let mut step = Step::new(t.chunks);
-        for &c in &kids[r as usize] {
-            step = step.recv(c);
+        let mut mine = Vec::with_capacity(t.chunks as usize);
+        for k in 0..t.chunks {
+            let mut step = Step::new(1);
+            for &c in &kids[r as usize] {
+                step = step.recv(c);
+            }
+            step = step.read(Buffer::Input, input + k);
+            step = match t.parent[r as usize] {
+                Some(p) => step.send(p),
+                None => step.write(Buffer::Output, output + k),
+            };
+            mine.push(b.push(r, t.channel, step));
         }
-        step = step.read(Buffer::Input, input);
-        step = match t.parent[r as usize] {
-            Some(p) => step.send(p),
-            None => step.write(Buffer::Output, output),
-        };
-        b.push(r, t.channel, step);
+        placed.push(mine);
     }
+    placed
 }
 
 fn children_of(t: &PackedTree, n: u32) -> Vec<Vec<Rank>> {

@@ -36,7 +36,7 @@ pub struct Cluster {
 }
 
 /// The cluster presets: `dgx-a100x2`, `dgx-a100x4`, `dgx-h100x2`,
-/// `dgx-h100x4`, each optionally with `:nics=N,gbps=R` (NICs per node,
+/// `dgx-h100x4`, `dgx-h100x8` (64 GPUs), each optionally with `:nics=N,gbps=R` (NICs per node,
 /// GB/s per NIC and direction).
 pub fn parse(name: &str) -> Option<Result<Cluster, TopologyError>> {
     let (base, params) = name.split_once(':').unwrap_or((name, ""));
@@ -45,6 +45,7 @@ pub fn parse(name: &str) -> Option<Result<Cluster, TopologyError>> {
         "dgx-a100x4" => ("dgx-a100", 4, 25.0),
         "dgx-h100x2" => ("dgx-h100", 2, 50.0),
         "dgx-h100x4" => ("dgx-h100", 4, 50.0),
+        "dgx-h100x8" => ("dgx-h100", 8, 50.0),
         _ => return None,
     };
     let mut c = Cluster {

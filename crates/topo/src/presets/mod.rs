@@ -36,6 +36,7 @@ pub const NAMES: &[&str] = &[
     "dgx-a100x4",
     "dgx-h100x2",
     "dgx-h100x4",
+    "dgx-h100x8",
     "host",
 ];
 
@@ -143,6 +144,7 @@ mod tests {
             ("dgx-a100x4", 32, nv(12), PathClass::Net, true),
             ("dgx-h100x2", 16, nv(18), PathClass::Net, true),
             ("dgx-h100x4", 32, nv(18), PathClass::Net, true),
+            ("dgx-h100x8", 64, nv(18), PathClass::Net, true),
             ("host", 3, PathClass::Shm, PathClass::Shm, true),
         ];
         assert_eq!(cases.len(), NAMES.len());

@@ -19,4 +19,4 @@ mod ring;
 mod trees;
 
 pub use ring::{EXHAUSTIVE_MAX_RANKS, HEURISTIC_BUDGET, MAX_RINGS, RingSet, rings, tree_order};
-pub use trees::{MAX_TREES_PER_ROOT, TreePacking, trees};
+pub use trees::{MAX_TREES_PER_ROOT, TreePacking, tree_packings, trees};

@@ -28,6 +28,9 @@ use crate::sim::CostModel;
 
 /// Trees one root may keep (each runs on its own channel).
 pub const MAX_TREES_PER_ROOT: u32 = 4;
+/// Channels the trees of one packing spread over (an all-reduce runs its
+/// broadcasts on as many again).
+pub const MAX_TREE_CHANNELS: usize = 32;
 /// Chunks one root's share may be cut into at most.
 const MAX_CHUNKS_PER_ROOT: u32 = 12;
 /// How sharply prices rise with load (per unit of the busiest resource's
@@ -60,48 +63,58 @@ enum Direction {
 }
 
 /// Trees packed for `kind` (all-gather, reduce-scatter or all-reduce) over
-/// `devices` of `topo`; `None` for other collectives, a single device, or
-/// a graph in which some device cannot reach another.
+/// `devices` of `topo`: the packing the load model rates best; `None` for
+/// other collectives, a single device, or a graph in which some device
+/// cannot reach another.
 pub fn trees(
     topo: &Topology,
     devices: &[NodeId],
     cost: &CostModel,
     kind: CollectiveKind,
 ) -> Result<Option<TreePacking>, TopologyError> {
+    Ok(tree_packings(topo, devices, cost, kind)?.into_iter().next())
+}
+
+/// Every packing the search considered, the load model's best first: the
+/// rounding of the many-round weights, and each few-round packing (k
+/// rounds give each root k trees of one chunk each). The load model takes
+/// every resource as shared in proportion to the data crossing it; links
+/// shared fairly run some trees ahead of others, so a caller that can
+/// simulate should pick among these by simulation, as `ferrocoll synth`
+/// does.
+pub fn tree_packings(
+    topo: &Topology,
+    devices: &[NodeId],
+    cost: &CostModel,
+    kind: CollectiveKind,
+) -> Result<Vec<TreePacking>, TopologyError> {
     let direction = match kind {
         CollectiveKind::AllGather => Direction::Down,
         CollectiveKind::ReduceScatter => Direction::Up,
         CollectiveKind::AllReduce => Direction::Both,
-        _ => return Ok(None),
+        _ => return Ok(Vec::new()),
     };
     if devices.len() < 2 {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let costs = Costs::new(topo, devices, cost)?;
     let Some(weights) = weigh(&costs, direction, rounds(devices.len())) else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
-    let mut best = round(&costs, direction, &weights, MAX_TREES_PER_ROOT as usize);
-    // Few rounds are themselves an integral packing: k rounds give each
-    // root k trees of one chunk each.
+    let many = round(&costs, direction, &weights, MAX_TREES_PER_ROOT as usize);
+    let fractional = many.as_ref().map_or(0.0, |p| p.fractional);
+    let mut all: Vec<TreePacking> = many.into_iter().collect();
     for k in 1..=MAX_CHUNKS_PER_ROOT {
-        let Some(w) = weigh(&costs, direction, k as usize) else {
-            continue;
-        };
-        let Some(p) = round(&costs, direction, &w, k as usize) else {
-            continue;
-        };
-        if best
-            .as_ref()
-            .is_none_or(|b| p.bandwidth > b.bandwidth * 1.005)
+        let few = weigh(&costs, direction, k as usize)
+            .and_then(|w| round(&costs, direction, &w, k as usize));
+        if let Some(p) = few
+            && !all.iter().any(|q| q.forest == p.forest)
         {
-            best = Some(TreePacking {
-                fractional: best.as_ref().map_or(p.fractional, |b| b.fractional),
-                ..p
-            });
+            all.push(TreePacking { fractional, ..p });
         }
     }
-    Ok(best)
+    all.sort_by(|a, b| b.bandwidth.total_cmp(&a.bandwidth));
+    Ok(all)
 }
 
 /// A tree as every rank's parent (`None` for the root).
@@ -279,11 +292,14 @@ fn round(
             0
         };
         let mut first = 0;
-        for (channel, &(i, c)) in s.iter().enumerate() {
+        for &(i, c) in s {
+            // A channel per tree while they last; past that, trees share
+            // channels and run one after another on them.
+            let channel = trees.len() % MAX_TREE_CHANNELS;
             trees.push(PackedTree {
                 root: root as Rank,
                 parent: v[i].0.clone(),
-                channel: channel as u32 % MAX_TREES_PER_ROOT,
+                channel: channel as u32,
                 first_chunk: base + first,
                 chunks: c,
             });

@@ -130,27 +130,6 @@ fn shapes_that_are_not_spanning_trees_are_typed_errors() {
     ));
 }
 
-/// The CPU executor running one verified schedule for every case.
-struct Threads(std::sync::Arc<crate::verify::Verified>);
-
-impl crate::conformance::Harness for Threads {
-    fn run<T: crate::conformance::KitElement>(
-        &self,
-        case: &crate::conformance::Case,
-        inputs: &[Vec<T>],
-        outputs: Vec<Vec<T>>,
-    ) -> Result<Vec<Vec<T>>, String> {
-        let config = crate::cpu::CpuConfig {
-            schedule: Some(self.0.clone()),
-            max_chunk_bytes: 64,
-            ..crate::cpu::CpuConfig::default()
-        };
-        crate::conformance::run_on_threads(case, inputs, outputs, |f| {
-            Ok(crate::cpu::run(case.world_size, &config, f))
-        })
-    }
-}
-
 #[test]
 fn random_forests_run_on_the_cpu_executor_with_nothing_wrong() {
     use crate::conformance::{Case, check_case};
@@ -165,7 +144,10 @@ fn random_forests_run_on_the_cpu_executor_with_nothing_wrong() {
             let forest = random_forest(&mut rng, n, c == Collective::AllReduce);
             let s = schedule(c, n, &forest).unwrap();
             let verified = std::sync::Arc::new(verify(s, &VerifyOptions::default()).unwrap());
-            let harness = Threads(verified);
+            let harness = crate::conformance::ScheduleOnThreads {
+                schedule: verified,
+                max_chunk_bytes: 64,
+            };
             for (dtype, op) in [
                 (DataType::F32, ReduceOp::Sum),
                 (DataType::I64, ReduceOp::Max),
