@@ -83,7 +83,6 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
             t.name
         ));
     }
-    let e = |e: ferrocoll::topo::TopologyError| e.to_string();
     let cost = CostModel::default();
     let collective = args.op.with_root(args.root % n);
     let mut candidates = Vec::new();
@@ -95,7 +94,7 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
             Some(c) => candidates.push(c),
             None if args.kind == Kind::Trees => {
                 return Err(format!(
-                    "no tree packing for {}: trees run all-gather, reduce-scatter and all-reduce, over members that reach one another",
+                    "no tree packing for {}: trees run all-gather, reduce-scatter and all-reduce",
                     args.op
                 ));
             }
@@ -106,21 +105,23 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
     let ceiling = bound::report(&full, gpus)?;
     let mut best: Option<(f64, ferrocoll::Verified)> = None;
     for c in candidates {
-        let compiler = Compiler::new(Arc::new(c.verified.clone()));
-        let p = sim::simulate(&compiler, &t, args.size, &SimOptions::default()).map_err(e)?;
+        let busbw = match c.busbw {
+            Some(b) => b,
+            None => simulated(&c.verified, &t, args.size)?,
+        };
         let of = ceiling
             .as_ref()
-            .map_or(String::new(), |b| b.fraction(args.op, p.busbw));
+            .map_or(String::new(), |b| b.fraction(args.op, busbw));
         println!("# {}", c.summary);
         for line in &c.detail {
             println!("#   {line}");
         }
         println!(
-            "#   {collective} of {} B, predicted: busbw {:.1} GB/s{of}",
-            args.size, p.busbw
+            "#   {collective} of {} B, predicted: busbw {busbw:.1} GB/s{of}",
+            args.size
         );
-        if best.as_ref().is_none_or(|b| p.busbw > b.0) {
-            best = Some((p.busbw, c.verified));
+        if best.as_ref().is_none_or(|b| busbw > b.0) {
+            best = Some((busbw, c.verified));
         }
     }
     let (busbw, verified) = best.ok_or("nothing to synthesize")?;
@@ -139,6 +140,16 @@ struct Candidate {
     verified: ferrocoll::Verified,
     summary: String,
     detail: Vec<String>,
+    /// Its simulated busbw at the call size, once known.
+    busbw: Option<f64>,
+}
+
+/// `verified`'s simulated busbw on `t` for a call of `size` bytes.
+fn simulated(verified: &ferrocoll::Verified, t: &Topology, size: usize) -> Result<f64, String> {
+    let compiler = Compiler::new(Arc::new(verified.clone()));
+    Ok(sim::simulate(&compiler, t, size, &SimOptions::default())
+        .map_err(|e| e.to_string())?
+        .busbw)
 }
 
 /// Rings packed into the topology.
@@ -177,6 +188,7 @@ fn ring_candidate(
             rings.bandwidth
         ),
         detail,
+        busbw: None,
     })
 }
 
@@ -200,20 +212,19 @@ fn best_trees(
     } else {
         TREE_CANDIDATES
     };
+    let tried = packings.len().min(take);
     for p in packings.into_iter().take(take) {
         let c = tree_candidate(t, collective, p)?;
-        let compiler = Compiler::new(Arc::new(c.verified.clone()));
-        let busbw = sim::simulate(&compiler, t, size, &SimOptions::default())
-            .map_err(e)?
-            .busbw;
+        let busbw = simulated(&c.verified, t, size)?;
         if best.as_ref().is_none_or(|b| busbw > b.0) {
             best = Some((busbw, c));
         }
     }
-    Ok(best.map(|(_, mut c)| {
+    Ok(best.map(|(busbw, mut c)| {
         c.summary.push_str(&format!(
-            "; packed in {packing_secs:.2} s, the fastest of {take} simulated"
+            "; packed in {packing_secs:.2} s, the fastest of {tried} simulated"
         ));
+        c.busbw = Some(busbw);
         c
     }))
 }
@@ -232,13 +243,8 @@ fn tree_candidate(
     let trees = p.forest.trees.len();
     schedule.name = format!("synth-trees-{}x{trees}", t.name);
     let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
-    let channels = p
-        .forest
-        .trees
-        .iter()
-        .map(|t| t.channel + 1)
-        .max()
-        .unwrap_or(1);
+    // All-reduce runs its broadcasts on channels of their own: the file's.
+    let channels = verified.schedule().ranks[0].channels.len();
     Ok(Candidate {
         verified,
         summary: format!(
@@ -246,5 +252,6 @@ fn tree_candidate(
             p.forest.chunks_per_block, p.bandwidth, p.fractional
         ),
         detail: Vec::new(),
+        busbw: None,
     })
 }

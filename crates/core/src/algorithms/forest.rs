@@ -78,6 +78,21 @@ pub enum ForestError {
         /// What is wrong.
         why: String,
     },
+    /// A channel past what a schedule may have.
+    #[error("tree {tree} is on channel {channel}; a forest for {collective} has at most {max}")]
+    Channel {
+        /// The tree's index.
+        tree: usize,
+        /// Its channel.
+        channel: u32,
+        /// The collective (all-reduce doubles the channels).
+        collective: Collective,
+        /// The limit.
+        max: u32,
+    },
+    /// No trees, or more steps or chunks than a schedule may hold.
+    #[error("{0}")]
+    Size(String),
     /// A tree's chunks run past the block.
     #[error("tree {tree} carries chunks {first}..{end} of a block of {chunks_per_block}")]
     Chunks {
@@ -106,6 +121,7 @@ pub fn schedule(
     ) {
         return Err(ForestError::Collective(collective));
     }
+    check_size(collective, world_size, forest)?;
     for (i, t) in forest.trees.iter().enumerate() {
         check_tree(i, t, world_size, forest.chunks_per_block)?;
     }
@@ -231,6 +247,51 @@ fn children_of(t: &PackedTree, n: u32) -> Vec<Vec<Rank>> {
     kids
 }
 
+/// Steps the schedule of a forest may hold (the verifier's own bound on a
+/// schedule is far above what a useful packing needs).
+const MAX_FOREST_STEPS: u64 = 1 << 24;
+
+/// Trees, channels, chunk indices and the step count within bounds, so
+/// building the schedule neither overflows nor exhausts memory.
+fn check_size(collective: Collective, n: u32, forest: &Forest) -> Result<(), ForestError> {
+    if forest.trees.is_empty() {
+        return Err(ForestError::Size("a forest needs at least one tree".into()));
+    }
+    let phases: u32 = if collective == Collective::AllReduce {
+        2
+    } else {
+        1
+    };
+    let max = super::MAX_CHANNELS / phases;
+    for (i, t) in forest.trees.iter().enumerate() {
+        if t.channel >= max {
+            return Err(ForestError::Channel {
+                tree: i,
+                channel: t.channel,
+                collective,
+                max,
+            });
+        }
+    }
+    if n.checked_mul(forest.chunks_per_block).is_none() {
+        return Err(ForestError::Size(format!(
+            "{n} blocks of {} chunks do not fit a schedule's chunk indices",
+            forest.chunks_per_block
+        )));
+    }
+    let steps: u64 = forest
+        .trees
+        .iter()
+        .map(|t| u64::from(t.chunks) * u64::from(n) * u64::from(phases))
+        .sum();
+    if steps > MAX_FOREST_STEPS {
+        return Err(ForestError::Size(format!(
+            "the forest makes {steps} steps, above the {MAX_FOREST_STEPS} a forest may"
+        )));
+    }
+    Ok(())
+}
+
 /// A spanning tree of `n` ranks rooted at `t.root` whose chunks fit.
 fn check_tree(i: usize, t: &PackedTree, n: u32, chunks_per_block: u32) -> Result<(), ForestError> {
     let bad = |why: String| ForestError::NotATree { tree: i, why };
@@ -240,6 +301,7 @@ fn check_tree(i: usize, t: &PackedTree, n: u32, chunks_per_block: u32) -> Result
     if t.root >= n || t.parent[t.root as usize].is_some() {
         return Err(bad(format!("root {} is not a parentless rank", t.root)));
     }
+    // Every parent first, so following them below stays in bounds.
     for (r, p) in t.parent.iter().enumerate() {
         match p {
             None if r as Rank != t.root => return Err(bad(format!("rank {r} has no parent"))),
@@ -248,6 +310,8 @@ fn check_tree(i: usize, t: &PackedTree, n: u32, chunks_per_block: u32) -> Result
             }
             _ => {}
         }
+    }
+    for r in 0..t.parent.len() {
         // Following parents must reach the root within n hops.
         let mut at = r as Rank;
         for _ in 0..n {

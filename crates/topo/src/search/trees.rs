@@ -26,11 +26,11 @@ use crate::error::TopologyError;
 use crate::graph::{NodeId, Topology};
 use crate::sim::CostModel;
 
-/// Trees one root may keep (each runs on its own channel).
+/// Trees one root may keep in the rounding of the many-round weights.
 pub const MAX_TREES_PER_ROOT: u32 = 4;
 /// Channels the trees of one packing spread over (an all-reduce runs its
-/// broadcasts on as many again).
-pub const MAX_TREE_CHANNELS: usize = 32;
+/// broadcasts on as many again, within a schedule's channels).
+pub const MAX_TREE_CHANNELS: usize = ferrocoll_core::algorithms::MAX_CHANNELS as usize / 2;
 /// Chunks one root's share may be cut into at most.
 const MAX_CHUNKS_PER_ROOT: u32 = 12;
 /// How sharply prices rise with load (per unit of the busiest resource's
@@ -64,8 +64,8 @@ enum Direction {
 
 /// Trees packed for `kind` (all-gather, reduce-scatter or all-reduce) over
 /// `devices` of `topo`: the packing the load model rates best; `None` for
-/// other collectives, a single device, or a graph in which some device
-/// cannot reach another.
+/// other collectives or a single device. Members that cannot reach one
+/// another are [`TopologyError::Unreachable`].
 pub fn trees(
     topo: &Topology,
     devices: &[NodeId],
@@ -76,8 +76,8 @@ pub fn trees(
 }
 
 /// Every packing the search considered, the load model's best first: the
-/// rounding of the many-round weights, and each few-round packing (k
-/// rounds give each root k trees of one chunk each). The load model takes
+/// rounding of the many-round weights, and the rounding of each few-round
+/// packing (k rounds: up to k trees per root). The load model takes
 /// every resource as shared in proportion to the data crossing it; links
 /// shared fairly run some trees ahead of others, so a caller that can
 /// simulate should pick among these by simulation, as `ferrocoll synth`

@@ -1,5 +1,5 @@
-//! Forests' shapes are checked; random forests verify (the run on data is
-//! `tests/forest.rs`).
+//! Forests' shapes are checked; random forests verify and run on the CPU
+//! executor against the serial reference.
 
 use super::*;
 use crate::conformance::SplitMix64;
@@ -32,7 +32,7 @@ pub(crate) fn random_forest(rng: &mut SplitMix64, n: u32, all_reduce: bool) -> F
     let mut trees = Vec::new();
     for root in 0..n {
         let base = if all_reduce { root * per_root } else { 0 };
-        // Uneven: the first tree takes what the others leave.
+        // Uneven: the last tree takes what the others leave.
         let mut first = 0;
         for s in 0..splits {
             let chunks = if s + 1 == splits {
@@ -121,6 +121,36 @@ fn shapes_that_are_not_spanning_trees_are_typed_errors() {
     assert!(matches!(
         schedule(ag, 3, &past),
         Err(ForestError::Chunks { .. })
+    ));
+    let far = tree(vec![None, Some(2), Some(7)], 0);
+    assert!(matches!(
+        schedule(ag, 3, &far),
+        Err(ForestError::NotATree { .. })
+    ));
+    let mut high = tree(vec![None, Some(0), Some(1)], 0);
+    high.trees[0].channel = u32::MAX;
+    assert!(matches!(
+        schedule(ag, 3, &high),
+        Err(ForestError::Channel { .. })
+    ));
+    high.trees[0].channel = 40;
+    assert!(schedule(ag, 3, &high).is_ok());
+    let ar = Collective::AllReduce;
+    assert!(
+        matches!(schedule(ar, 3, &high), Err(ForestError::Channel { .. })),
+        "doubled past 64"
+    );
+    let mut huge = tree(vec![None, Some(0)], 1);
+    huge.chunks_per_block = 3_000_000_000;
+    huge.trees[0].first_chunk = 2_000_000_000;
+    assert!(matches!(schedule(ag, 2, &huge), Err(ForestError::Size(_))));
+    let empty = Forest {
+        chunks_per_block: 1,
+        trees: Vec::new(),
+    };
+    assert!(matches!(
+        schedule(ag, 1_000_000, &empty),
+        Err(ForestError::Size(_))
     ));
     let ok = tree(vec![None, Some(0), Some(1)], 0);
     let bcast = Collective::Broadcast { root: 0 };
