@@ -102,7 +102,10 @@ impl<T: Reduce + WithDType + Default, C: Communicator + Send + 'static> DataPara
             .iter()
             .map(|v| u8::from(grads.get(v.as_tensor()).is_some()))
             .collect();
-        host_max(self.sync.communicator(), &mut used)?;
+        // Which parameters any rank used (unused everywhere: no gradient).
+        self.sync
+            .communicator()
+            .all_reduce_in_place(&mut used, ReduceOp::Max)?;
         let mut first_error = None;
         for (i, var) in self.vars.iter().enumerate().rev() {
             let marked = match grads.get(var.as_tensor()) {
@@ -148,14 +151,6 @@ impl<T: Reduce + WithDType + Default, C: Communicator + Send + 'static> DataPara
     pub fn average(&mut self, tensor: &Tensor) -> Result<(), CandleError> {
         host::all_reduce(self.sync.communicator(), tensor, ReduceOp::Avg)
     }
-}
-
-/// `flags` replaced by their maximum across the ranks.
-fn host_max<C: Communicator + Send + 'static>(
-    comm: &mut AsyncCommunicator<C>,
-    flags: &mut [u8],
-) -> Result<(), CandleError> {
-    Ok(comm.all_reduce_in_place(flags, ReduceOp::Max)?)
 }
 
 /// Copy gradient `g` of parameter `i` into its bucket and mark it ready.

@@ -401,17 +401,16 @@ pub fn in_place_buffer<T: Element>(
     }
 }
 
-/// The CPU executor (threads as ranks) running one verified schedule for
-/// every case: how a schedule file or a synthesized schedule is checked
-/// end to end.
-pub struct ScheduleOnThreads {
-    /// The schedule every call runs.
-    pub schedule: std::sync::Arc<crate::Verified>,
-    /// Chunk size: small, so short buffers still cross many segments.
-    pub max_chunk_bytes: usize,
+/// The CPU executor as a harness, every rank a thread: `config` for every
+/// case, with the case's algorithm forced when it names one. Put a
+/// verified schedule in `config.schedule` to check a schedule file or a
+/// synthesized schedule end to end.
+pub struct CpuThreads {
+    /// The executor's settings.
+    pub config: crate::cpu::CpuConfig,
 }
 
-impl Harness for ScheduleOnThreads {
+impl Harness for CpuThreads {
     fn run<T: KitElement>(
         &self,
         case: &Case,
@@ -419,9 +418,8 @@ impl Harness for ScheduleOnThreads {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let config = crate::cpu::CpuConfig {
-            schedule: Some(self.schedule.clone()),
-            max_chunk_bytes: self.max_chunk_bytes,
-            ..crate::cpu::CpuConfig::default()
+            algorithm: case.algorithm.or(self.config.algorithm),
+            ..self.config.clone()
         };
         run_on_threads(case, inputs, outputs, |f| {
             Ok(crate::cpu::run(case.world_size, &config, f))

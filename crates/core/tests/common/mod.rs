@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use ferrocoll_core::conformance::{Case, Harness, KitElement, run_on_threads};
-use ferrocoll_core::cpu::{self, CpuConfig};
+use ferrocoll_core::conformance::{Case, CpuThreads, Harness, KitElement};
+use ferrocoll_core::cpu::CpuConfig;
 
 /// Every rank a thread; the case's algorithm forced.
 pub struct Cpu {
@@ -23,12 +23,9 @@ impl Harness for Cpu {
     ) -> Result<Vec<Vec<T>>, String> {
         let config = CpuConfig {
             timeout: self.timeout,
-            algorithm: case.algorithm,
             max_chunk_bytes: self.max_chunk_bytes,
             ..CpuConfig::default()
         };
-        run_on_threads(case, inputs, outputs, |f| {
-            Ok(cpu::run(case.world_size, &config, f))
-        })
+        CpuThreads { config }.run(case, inputs, outputs)
     }
 }

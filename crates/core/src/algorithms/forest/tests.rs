@@ -174,9 +174,12 @@ fn random_forests_run_on_the_cpu_executor_with_nothing_wrong() {
             let forest = random_forest(&mut rng, n, c == Collective::AllReduce);
             let s = schedule(c, n, &forest).unwrap();
             let verified = std::sync::Arc::new(verify(s, &VerifyOptions::default()).unwrap());
-            let harness = crate::conformance::ScheduleOnThreads {
-                schedule: verified,
-                max_chunk_bytes: 64,
+            let harness = crate::conformance::CpuThreads {
+                config: crate::cpu::CpuConfig {
+                    schedule: Some(verified),
+                    max_chunk_bytes: 64,
+                    ..Default::default()
+                },
             };
             for (dtype, op) in [
                 (DataType::F32, ReduceOp::Sum),

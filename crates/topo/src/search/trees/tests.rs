@@ -78,9 +78,12 @@ fn synthesized_trees_are_proven_and_run_on_the_cpu_executor_with_nothing_wrong()
             let s = ferrocoll_core::algorithms::forest::schedule(collective, n, &p.forest).unwrap();
             let verified = ferrocoll_core::verify(s, &Default::default())
                 .unwrap_or_else(|e| panic!("{} {collective}: {e}", t.name));
-            let harness = ferrocoll_core::conformance::ScheduleOnThreads {
-                schedule: std::sync::Arc::new(verified),
-                max_chunk_bytes: 256,
+            let harness = ferrocoll_core::conformance::CpuThreads {
+                config: ferrocoll_core::cpu::CpuConfig {
+                    schedule: Some(std::sync::Arc::new(verified)),
+                    max_chunk_bytes: 256,
+                    ..Default::default()
+                },
             };
             for (dtype, op, count, in_place) in [
                 (DataType::F32, ReduceOp::Sum, 1000, false),
