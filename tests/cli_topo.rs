@@ -429,3 +429,56 @@ fn synth_writes_trees_where_no_nvlink_ring_exists() {
     assert!(stderr(&out).contains("no tree packing"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Across two machines `synth --kind hierarchical` writes the
+/// hierarchical all-reduce, which runs on the CPU executor; on one machine,
+/// or for another collective, it says why not.
+#[test]
+fn synth_writes_the_hierarchical_all_reduce_across_machines() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-synth-hier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("hier.json");
+    let path = file.to_str().unwrap();
+    let synth = |topo: &str, gpus: &str, op: &str| {
+        ferrocoll(&[
+            "synth",
+            "--topo",
+            topo,
+            "--gpus",
+            gpus,
+            "--op",
+            op,
+            "--kind",
+            "hierarchical",
+            "-o",
+            path,
+            "--size",
+            "64M",
+        ])
+    };
+    let out = synth("dgx-a100x2", "0,1,8,9", "all-reduce");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(text.contains("hierarchical: 2 machines of 2"), "{text}");
+    assert!(text.contains("# wrote synth-hierarchical-"), "{text}");
+    let out = ferrocoll(&[
+        "bench", "--algo", path, "--ranks", "4", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2",
+        "-w", "1",
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("Out of bounds values : 0 OK"),
+        "{}",
+        stdout(&out)
+    );
+    for (topo, gpus, op) in [
+        ("dgx-a100", "0-3", "all-reduce"),
+        ("dgx-a100x2", "0,1,8", "all-reduce"),
+        ("dgx-a100x2", "0,1,8,9", "all-gather"),
+    ] {
+        let out = synth(topo, gpus, op);
+        assert!(!out.status.success(), "{topo} {gpus} {op}");
+        assert!(stderr(&out).contains("no hierarchical"), "{}", stderr(&out));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

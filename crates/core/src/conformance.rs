@@ -426,3 +426,43 @@ impl Harness for CpuThreads {
         })
     }
 }
+
+/// Runs a proven schedule on the CPU executor (64-byte chunks, so chunk and
+/// segment boundaries fall inside small calls) against the serial
+/// reference: each (dtype, op) of `kinds` at counts 0, 1, 37 and 1000, in
+/// place (where the collective has an in-place form) and out.
+pub fn check_schedule_on_threads(
+    verified: std::sync::Arc<crate::verify::Verified>,
+    kinds: &[(DataType, ReduceOp)],
+    rng: &mut SplitMix64,
+) -> Result<(), String> {
+    let (collective, world_size) = {
+        let s = verified.schedule();
+        (s.collective, s.world_size)
+    };
+    let harness = CpuThreads {
+        config: crate::cpu::CpuConfig {
+            schedule: Some(verified),
+            max_chunk_bytes: 64,
+            ..Default::default()
+        },
+    };
+    for &(dtype, op) in kinds {
+        for count in [0, 1, 37, 1000] {
+            for in_place in [false, true] {
+                let case = Case {
+                    collective,
+                    algorithm: None,
+                    world_size,
+                    count,
+                    dtype,
+                    op,
+                    in_place,
+                    seed: rng.next_u64(),
+                };
+                check_case(&harness, &case).map_err(|e| format!("{case:?}: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}

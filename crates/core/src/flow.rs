@@ -392,7 +392,12 @@ pub(crate) struct HappensBefore {
     /// First node id of each (rank, channel).
     base: Vec<Vec<usize>>,
     succ: Vec<Vec<usize>>,
+    /// What each step asked about so far reaches, as bits by node id.
+    reached: std::cell::RefCell<std::collections::HashMap<usize, Vec<u64>>>,
 }
+
+/// Words of reachability bits [`HappensBefore`] keeps at most (64 MiB).
+const REACHED_WORDS: usize = 8 << 20;
 
 impl HappensBefore {
     pub(crate) fn new(schedule: &Schedule, deliveries: &[(StepAt, StepAt)]) -> Self {
@@ -409,6 +414,7 @@ impl HappensBefore {
         let mut order = HappensBefore {
             base,
             succ: vec![Vec::new(); total],
+            reached: Default::default(),
         };
         for (at, step) in schedule.steps() {
             let id = order.id(at);
@@ -433,22 +439,35 @@ impl HappensBefore {
     }
 
     /// True when `from` happens before `to` (or is `to`).
+    ///
+    /// What a step reaches is found once and kept (a bit per step): the
+    /// race check asks about the same step against many others, and a
+    /// search per question made schedules whose phases sit on separate
+    /// channels (the hierarchical all-reduce) take minutes to prove.
     pub(crate) fn reaches(&self, from: StepAt, to: StepAt) -> bool {
         let (from, to) = (self.id(from), self.id(to));
-        let mut seen = vec![false; self.succ.len()];
-        let mut stack = vec![from];
-        seen[from] = true;
-        while let Some(v) = stack.pop() {
-            if v == to {
-                return true;
-            }
-            for &w in &self.succ[v] {
-                if !seen[w] {
-                    seen[w] = true;
-                    stack.push(w);
+        let total = self.succ.len();
+        let succ = &self.succ;
+        let mut reached = self.reached.borrow_mut();
+        // Bounded memory: a large schedule starts over rather than keep a
+        // bit per step for every step asked about.
+        if reached.len() * total.div_ceil(64) > REACHED_WORDS {
+            reached.clear();
+        }
+        let seen = reached.entry(from).or_insert_with(|| {
+            let mut seen = vec![0u64; total.div_ceil(64)];
+            let mut stack = vec![from];
+            seen[from / 64] |= 1 << (from % 64);
+            while let Some(v) = stack.pop() {
+                for &w in &succ[v] {
+                    if seen[w / 64] & (1 << (w % 64)) == 0 {
+                        seen[w / 64] |= 1 << (w % 64);
+                        stack.push(w);
+                    }
                 }
             }
-        }
-        false
+            seen
+        });
+        seen[to / 64] & (1 << (to % 64)) != 0
     }
 }

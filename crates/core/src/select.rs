@@ -14,14 +14,54 @@ use std::sync::Arc;
 
 use crate::algorithms::{Algorithm, AlgorithmParams};
 use crate::types::{Collective, CollectiveKind};
+use crate::verify::Verified;
+
+/// The schedule a selection runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// A built-in generator.
+    Builtin {
+        /// The algorithm.
+        algorithm: Algorithm,
+        /// Its channels, ring orders and tree order.
+        params: AlgorithmParams,
+    },
+    /// A schedule the selector synthesized for its topology (a tree
+    /// packing, a hierarchical all-reduce), already proven. Planners key
+    /// their caches by the `Arc`'s address, so a selector hands out the
+    /// same `Arc` for the same schedule.
+    Synthesized(Arc<Verified>),
+}
+
+impl Choice {
+    /// The built-in algorithm, if that is what runs.
+    pub fn algorithm(&self) -> Option<Algorithm> {
+        match self {
+            Choice::Builtin { algorithm, .. } => Some(*algorithm),
+            Choice::Synthesized(_) => None,
+        }
+    }
+
+    /// The algorithm's name, or the synthesized schedule's.
+    pub fn name(&self) -> &str {
+        match self {
+            Choice::Builtin { algorithm, .. } => algorithm.name(),
+            Choice::Synthesized(v) => &v.schedule().name,
+        }
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
 
 /// What was selected for one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// Its channels, ring orders and tree order.
-    pub params: AlgorithmParams,
+    /// What runs.
+    pub choice: Choice,
     /// The pipelining grain for this call, if the selector has a view.
     pub max_chunk_bytes: Option<usize>,
     /// Why, for the debug log line: the prediction and the runner-up.
@@ -70,21 +110,23 @@ pub fn select(
     bytes: usize,
     rule: Rule,
 ) -> Selection {
-    let fixed = |algorithm: Algorithm| AlgorithmParams {
-        channels: if algorithm == Algorithm::HalvingDoubling {
-            1
-        } else {
-            channels
+    let fixed = |algorithm: Algorithm| Choice::Builtin {
+        algorithm,
+        params: AlgorithmParams {
+            channels: if algorithm == Algorithm::HalvingDoubling {
+                1
+            } else {
+                channels
+            },
+            ..AlgorithmParams::default()
         },
-        ..AlgorithmParams::default()
     };
     let mut refused = None;
     if let Some(algorithm) = forced {
         match algorithm.supports(collective.kind()) {
             Ok(()) => {
                 return Selection {
-                    algorithm,
-                    params: fixed(algorithm),
+                    choice: fixed(algorithm),
                     max_chunk_bytes: None,
                     why: "forced by configuration".to_owned(),
                 };
@@ -100,8 +142,7 @@ pub fn select(
         .unwrap_or_else(|| {
             let (algorithm, why) = rule(collective.kind(), world_size, bytes);
             Selection {
-                algorithm,
-                params: fixed(algorithm),
+                choice: fixed(algorithm),
                 max_chunk_bytes: None,
                 why: why.to_owned(),
             }
@@ -110,7 +151,7 @@ pub fn select(
         tracing::warn!(
             "forced algorithm {algorithm} cannot run {} ({reason}); running {} instead",
             collective.kind(),
-            selection.algorithm
+            selection.choice
         );
         selection.why = format!(
             "forced {algorithm} cannot run {} ({reason}); fell back: {}",

@@ -3,7 +3,10 @@
 //!
 //! Candidates are each applicable algorithm with the orders the
 //! [`crate::search`] found (the best ring set and the single best ring,
-//! trees laid over the best ring) at a few chunk sizes. The choice is a
+//! trees laid over the best ring), and the schedules synthesized for the
+//! topology — tree packings on GPUs (all-gather, reduce-scatter,
+//! all-reduce), the hierarchical all-reduce across machines — each at a
+//! few chunk sizes. The choice is a
 //! pure function of (collective, size, world size, topology, options), so
 //! every rank that holds the same topology selects the same; ties go to
 //! the earlier candidate in a fixed order. Choices are cached per
@@ -13,10 +16,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ferrocoll_core::algorithms::MAX_CHANNELS;
+use ferrocoll_core::algorithms::{MAX_CHANNELS, forest, hierarchical};
 use ferrocoll_core::plan::{Compiler, DEVICE_CHUNK_BYTES, HOST_CHUNK_BYTES};
-use ferrocoll_core::select::{Selection, Selector};
-use ferrocoll_core::verify::{VerifyOptions, verify};
+use ferrocoll_core::select::{Choice, Selection, Selector};
+use ferrocoll_core::verify::{Verified, VerifyOptions, verify};
 use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, DataType, Rank, generate};
 
 use crate::error::TopologyError;
@@ -64,7 +67,27 @@ pub struct SelectOptions {
     pub slots_per_link: u32,
     /// The cost model.
     pub cost: CostModel,
+    /// Tree packings to consider for all-gather, reduce-scatter and
+    /// all-reduce (the load model's best first; each is simulated at
+    /// every size asked). `None` takes the devices' default: on GPUs
+    /// [`TREE_PACKINGS`] up to [`TREE_PACKING_MAX_RANKS`] ranks, on threads
+    /// none (host memory is one full mesh: there is nothing to pack).
+    pub tree_packings: Option<usize>,
+    /// Whether to consider the hierarchical all-reduce where the devices
+    /// sit in several machines of as many members each; `None`: yes,
+    /// unless `algorithms` names a list.
+    pub hierarchical: Option<bool>,
 }
+
+/// Tree packings `auto` considers on GPUs: the load model's two best (its
+/// first is not always the fastest once links are shared fairly;
+/// docs/synthesis.md).
+pub const TREE_PACKINGS: usize = 2;
+
+/// Above this many ranks `auto` leaves tree packings out by default:
+/// packing takes seconds and simulating each packing at every size minutes
+/// (`ferrocoll synth` still packs them).
+pub const TREE_PACKING_MAX_RANKS: u32 = 16;
 
 impl Default for SelectOptions {
     fn default() -> Self {
@@ -77,6 +100,8 @@ impl Default for SelectOptions {
             dtype: DataType::F32,
             slots_per_link: 4,
             cost: CostModel::default(),
+            tree_packings: None,
+            hierarchical: None,
         }
     }
 }
@@ -84,10 +109,9 @@ impl Default for SelectOptions {
 /// One thing the selector can run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// Its channels and orders.
-    pub params: AlgorithmParams,
+    /// A built-in algorithm with its channels and orders, or a schedule
+    /// synthesized for the topology.
+    pub choice: Choice,
     /// The pipelining grain.
     pub max_chunk_bytes: usize,
     /// How many copies of its channel layout `params` holds.
@@ -96,11 +120,33 @@ pub struct Candidate {
 
 impl fmt::Display for Candidate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.algorithm)?;
-        if self.params.channels > 1 {
-            write!(f, " x{}", self.params.channels)?;
+        write!(f, "{}", self.family())?;
+        let channels = self.channels();
+        if channels > 1 {
+            write!(f, " x{channels}")?;
         }
         write!(f, " @{}", human_bytes(self.max_chunk_bytes))
+    }
+}
+
+impl Candidate {
+    /// The built-in algorithm, if that is what it runs.
+    pub fn algorithm(&self) -> Option<Algorithm> {
+        self.choice.algorithm()
+    }
+
+    /// What kind of schedule it is: the algorithm's name, or the
+    /// generator of a synthesized schedule (`forest`, `hierarchical`).
+    pub fn family(&self) -> &str {
+        self.choice.name()
+    }
+
+    /// The channels it runs on.
+    pub fn channels(&self) -> u32 {
+        match &self.choice {
+            Choice::Builtin { params, .. } => params.channels,
+            Choice::Synthesized(v) => v.schedule().channel_count() as u32,
+        }
     }
 }
 
@@ -157,7 +203,24 @@ pub struct TopologySelector {
     tree_order: Vec<Rank>,
     cache: Mutex<HashMap<(Collective, usize), Arc<VerdictCell>>>,
     /// Each candidate schedule, proven once and compiled per size.
-    compilers: Mutex<HashMap<(Algorithm, Collective, AlgorithmParams), Arc<Compiler>>>,
+    compilers: Mutex<HashMap<CompilerKey, Arc<Compiler>>>,
+    /// The schedules synthesized per collective (each with its channel
+    /// multiplier), found on first use and kept: planners key their plans
+    /// by these `Arc`s.
+    synthesized: Mutex<HashMap<Collective, Synthesized>>,
+}
+
+/// Schedules synthesized for one collective, each with its channel
+/// multiplier.
+pub type Synthesized = Arc<Vec<(Arc<Verified>, u32)>>;
+
+/// What a candidate's compiler is cached under.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum CompilerKey {
+    Builtin(Algorithm, Collective, AlgorithmParams),
+    /// A synthesized schedule by its `Arc`'s address (the selector keeps
+    /// every one it made, so addresses are never reused).
+    Synthesized(usize),
 }
 
 impl fmt::Debug for TopologySelector {
@@ -208,6 +271,7 @@ impl TopologySelector {
             tree_order,
             cache: Mutex::new(HashMap::new()),
             compilers: Mutex::new(HashMap::new()),
+            synthesized: Mutex::new(HashMap::new()),
         })
     }
 
@@ -319,15 +383,103 @@ impl TopologySelector {
                 }
             }
         }
+        let mut choices: Vec<(Choice, u32)> = variants
+            .into_iter()
+            .map(|(algorithm, params, m)| (Choice::Builtin { algorithm, params }, m))
+            .collect();
+        for (v, m) in self.synthesized(collective).iter() {
+            choices.push((Choice::Synthesized(v.clone()), *m));
+        }
         let mut out = Vec::new();
-        for (algorithm, params, multiplier) in variants {
+        for (choice, multiplier) in choices {
             for &chunk in &self.chunk_sizes() {
                 out.push(Candidate {
-                    algorithm,
-                    params: params.clone(),
+                    choice: choice.clone(),
                     max_chunk_bytes: chunk,
                     multiplier,
                 });
+            }
+        }
+        out
+    }
+
+    /// How many tree packings to consider (see [`SelectOptions::tree_packings`]).
+    fn tree_packings(&self) -> usize {
+        if let Some(k) = self.options.tree_packings {
+            return k;
+        }
+        let threads = self.topology.nodes[self.devices[0]].kind == NodeKind::Thread;
+        if threads
+            || !self.options.algorithms.is_empty()
+            || self.world_size > TREE_PACKING_MAX_RANKS
+        {
+            0
+        } else {
+            TREE_PACKINGS
+        }
+    }
+
+    /// The schedules synthesized for `collective` on this topology, made
+    /// and proven on first use. One that cannot be made is left out (and
+    /// logged): the built-in candidates remain.
+    pub fn synthesized(&self, collective: Collective) -> Synthesized {
+        let mut map = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(collective)
+            .or_insert_with(|| Arc::new(self.synthesize(collective)))
+            .clone()
+    }
+
+    fn synthesize(&self, collective: Collective) -> Vec<(Arc<Verified>, u32)> {
+        let mut out = Vec::new();
+        if self.world_size < 2 {
+            return out;
+        }
+        let prove = |mut schedule: ferrocoll_core::Schedule, name: &str| {
+            schedule.name = name.to_owned();
+            verify(schedule, &VerifyOptions::default()).map(Arc::new)
+        };
+        let trees = self.tree_packings();
+        let packable = matches!(
+            collective,
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllReduce
+        );
+        if trees > 0 && packable {
+            let cost = &self.options.cost;
+            match search::tree_packings(&self.topology, &self.devices, cost, collective.kind()) {
+                Ok(packings) => {
+                    for p in packings.into_iter().take(trees) {
+                        match forest::schedule(collective, self.world_size, &p.forest) {
+                            Ok(s) => match prove(s, "trees") {
+                                Ok(v) => out.push((v, 1)),
+                                Err(e) => tracing::warn!("a tree packing did not verify: {e}"),
+                            },
+                            Err(e) => tracing::warn!("a tree packing is not a schedule: {e}"),
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("no tree packing on `{}`: {e}", self.topology.name),
+            }
+        }
+        let hierarchical = self
+            .options
+            .hierarchical
+            .unwrap_or(self.options.algorithms.is_empty());
+        if hierarchical && collective == Collective::AllReduce {
+            match search::hierarchy(&self.topology, &self.devices, &self.options.cost) {
+                Ok(Some(h)) => {
+                    for m in self.channel_multipliers() {
+                        let s = hierarchical::schedule(collective, self.world_size, &h, m);
+                        match s
+                            .map_err(|e| e.to_string())
+                            .and_then(|s| prove(s, "hierarchical").map_err(|e| e.to_string()))
+                        {
+                            Ok(v) => out.push((v, m)),
+                            Err(e) => tracing::warn!("no hierarchical schedule x{m}: {e}"),
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("no hierarchy on `{}`: {e}", self.topology.name),
             }
         }
         out
@@ -358,7 +510,33 @@ impl TopologySelector {
         candidate: &Candidate,
         collective: Collective,
     ) -> Result<Arc<Compiler>, TopologyError> {
-        let key = (candidate.algorithm, collective, candidate.params.clone());
+        let (algorithm, params) = match &candidate.choice {
+            Choice::Builtin { algorithm, params } => (*algorithm, params),
+            Choice::Synthesized(v) => {
+                let key = CompilerKey::Synthesized(Arc::as_ptr(v) as usize);
+                return self.cached(key, || Ok(v.clone()));
+            }
+        };
+        self.cached(
+            CompilerKey::Builtin(algorithm, collective, params.clone()),
+            || {
+                let invalid = |e: String| TopologyError::Invalid(e);
+                let schedule = generate(algorithm, collective, self.world_size, params)
+                    .map_err(|e| invalid(e.to_string()))?;
+                verify(schedule, &VerifyOptions::default())
+                    .map(Arc::new)
+                    .map_err(|e| invalid(e.to_string()))
+            },
+        )
+    }
+
+    /// The compiler cached under `key`, made from `make`'s schedule on
+    /// first use.
+    fn cached(
+        &self,
+        key: CompilerKey,
+        make: impl FnOnce() -> Result<Arc<Verified>, TopologyError>,
+    ) -> Result<Arc<Compiler>, TopologyError> {
         if let Some(c) = self
             .compilers
             .lock()
@@ -367,17 +545,7 @@ impl TopologySelector {
         {
             return Ok(c.clone());
         }
-        let invalid = |e: String| TopologyError::Invalid(e);
-        let schedule = generate(
-            candidate.algorithm,
-            collective,
-            self.world_size,
-            &candidate.params,
-        )
-        .map_err(|e| invalid(e.to_string()))?;
-        let verified =
-            verify(schedule, &VerifyOptions::default()).map_err(|e| invalid(e.to_string()))?;
-        let compiler = Arc::new(Compiler::new(Arc::new(verified)));
+        let compiler = Arc::new(Compiler::new(make()?));
         self.compilers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -441,7 +609,7 @@ impl TopologySelector {
         let (candidate, prediction) = ranked.swap_remove(pick);
         let runner_up = ranked
             .into_iter()
-            .filter(|(c, _)| c.algorithm != candidate.algorithm)
+            .filter(|(c, _)| c.family() != candidate.family())
             .min_by(|a, b| a.1.time_us.total_cmp(&b.1.time_us))
             .map(|(c, p)| (c, p.time_us));
         let verdict = Arc::new(Verdict {
@@ -470,8 +638,7 @@ impl Selector for TopologySelector {
         }
         match self.verdict(collective, bytes) {
             Ok(v) => Some(Selection {
-                algorithm: v.candidate.algorithm,
-                params: v.candidate.params.clone(),
+                choice: v.candidate.choice.clone(),
                 max_chunk_bytes: Some(v.candidate.max_chunk_bytes),
                 why: format!("selected on `{}`: {}", self.topology.name, v.explain()),
             }),

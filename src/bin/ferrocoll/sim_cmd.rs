@@ -143,10 +143,10 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
             continue;
         }
         let evaluated = selector.evaluate(collective, size).map_err(e)?;
-        for &a in &wanted {
+        for a in &families(&wanted, all, &evaluated) {
             // Comparing all, the chosen algorithm shows the very plan
             // `auto` runs; otherwise each algorithm its fastest variant.
-            if all && a == verdict.candidate.algorithm {
+            if all && a == verdict.candidate.family() {
                 rows.push(Row {
                     size,
                     label: verdict.candidate.to_string(),
@@ -157,7 +157,7 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
             }
             let best: Option<&(Candidate, Prediction)> = evaluated
                 .iter()
-                .filter(|(c, _)| c.algorithm == a)
+                .filter(|(c, _)| c.family() == a)
                 .min_by(|x, y| x.1.time_us.total_cmp(&y.1.time_us));
             match best {
                 Some((c, p)) => rows.push(Row {
@@ -179,6 +179,18 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         print_bound(args, &full, gpus, &rows)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The rows' families: the wanted algorithms and, comparing all, what the
+/// selector synthesized for this topology.
+fn families(wanted: &[Algorithm], all: bool, evaluated: &[(Candidate, Prediction)]) -> Vec<String> {
+    let mut families: Vec<String> = wanted.iter().map(|a| a.name().to_owned()).collect();
+    for (c, _) in evaluated.iter().filter(|_| all) {
+        if c.algorithm().is_none() && !families.iter().any(|f| f == c.family()) {
+            families.push(c.family().to_owned());
+        }
+    }
+    families
 }
 
 /// For the collectives it bounds, the members' throughput bound and the

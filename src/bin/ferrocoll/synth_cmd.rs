@@ -1,14 +1,15 @@
-//! `ferrocoll synth`: rings packed into the topology in hand (or the
-//! devices `--gpus` keeps), written as a schedule file — proven before it
-//! is written, simulated, and set against the members' throughput bound.
-//! `auto` runs the same packing for the ring candidates of this topology.
+//! `ferrocoll synth`: rings and spanning trees packed into the topology in
+//! hand (or the devices `--gpus` keeps), and the hierarchical all-reduce
+//! across its machines, written as a schedule file — proven before it is
+//! written, simulated, and set against the members' throughput bound.
+//! `auto` considers the same schedules (`ferrocoll_topo::select`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use ferrocoll::algorithms::forest;
+use ferrocoll::algorithms::{forest, hierarchical};
 use ferrocoll::plan::Compiler;
 use ferrocoll::topo::graph::{NodeId, Topology};
 use ferrocoll::topo::search;
@@ -45,7 +46,8 @@ pub(crate) struct SynthArgs {
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     size: usize,
     /// What to synthesize: rings, spanning trees (all-gather,
-    /// reduce-scatter, all-reduce), or both, writing the faster.
+    /// reduce-scatter, all-reduce), the hierarchical all-reduce (several
+    /// machines), or all that apply, writing the fastest.
     #[arg(long, value_enum, default_value_t = Kind::Best)]
     kind: Kind,
 }
@@ -57,7 +59,10 @@ pub(crate) enum Kind {
     Rings,
     /// Weighted spanning trees, one set per member.
     Trees,
-    /// Both; the one the simulator finds faster is written.
+    /// All-reduce across machines: reduce-scatter inside each, all-reduce
+    /// along the rails, all-gather inside each.
+    Hierarchical,
+    /// All that apply; the one the simulator finds fastest is written.
     Best,
 }
 
@@ -86,20 +91,40 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
     let cost = CostModel::default();
     let collective = args.op.with_root(args.root % n);
     let mut candidates = Vec::new();
-    if args.kind != Kind::Trees {
+    if matches!(args.kind, Kind::Rings | Kind::Best) {
         candidates.push(ring_candidate(&t, &devices, &cost, collective)?);
     }
-    if args.kind != Kind::Rings {
-        match best_trees(&t, &devices, &cost, collective, args.size)? {
-            Some(c) => candidates.push(c),
-            None if args.kind == Kind::Trees => {
-                return Err(format!(
-                    "no tree packing for {}: trees run all-gather, reduce-scatter and all-reduce",
-                    args.op
-                ));
-            }
-            None => {}
+    // A kind asked for by name must apply; under `best`, what does not
+    // apply is left out.
+    let mut add = |kind: Kind, found: Option<Candidate>, why: &str| match found {
+        Some(c) => {
+            candidates.push(c);
+            Ok(())
         }
+        None if args.kind == kind => Err(format!("no {why}")),
+        None => Ok(()),
+    };
+    if matches!(args.kind, Kind::Hierarchical | Kind::Best) {
+        let found = best_hierarchical(&t, &devices, &cost, collective, args.size)?;
+        add(
+            Kind::Hierarchical,
+            found,
+            &format!(
+                "hierarchical {}: it runs all-reduce on devices spread evenly over several machines",
+                args.op
+            ),
+        )?;
+    }
+    if matches!(args.kind, Kind::Trees | Kind::Best) {
+        let found = best_trees(&t, &devices, &cost, collective, args.size)?;
+        add(
+            Kind::Trees,
+            found,
+            &format!(
+                "tree packing for {}: trees run all-gather, reduce-scatter and all-reduce",
+                args.op
+            ),
+        )?;
     }
     println!("# ferrocoll synth: {} ({})", t.name, t.description);
     let ceiling = bound::report(&full, gpus)?;
@@ -226,6 +251,54 @@ fn best_trees(
         ));
         c.busbw = Some(busbw);
         c
+    }))
+}
+
+/// The hierarchical all-reduce on the machines the devices sit in, at the
+/// channel count the simulator finds fastest.
+fn best_hierarchical(
+    t: &Topology,
+    devices: &[NodeId],
+    cost: &CostModel,
+    collective: Collective,
+    size: usize,
+) -> Result<Option<Candidate>, String> {
+    if collective != Collective::AllReduce {
+        return Ok(None);
+    }
+    let Some(h) = search::hierarchy(t, devices, cost).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let n = devices.len() as u32;
+    let mut best: Option<(f64, ferrocoll::Verified, u32)> = None;
+    for channels in [1, 2, 4, 8] {
+        let mut schedule =
+            hierarchical::schedule(collective, n, &h, channels).map_err(|e| e.to_string())?;
+        schedule.name = format!("synth-hierarchical-{}x{channels}", t.name);
+        let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
+        let busbw = simulated(&verified, t, size)?;
+        if best.as_ref().is_none_or(|b| busbw > b.0) {
+            best = Some((busbw, verified, channels));
+        }
+    }
+    let name = |r: Rank| t.nodes[devices[r as usize]].name.as_str();
+    Ok(best.map(|(busbw, verified, channels)| Candidate {
+        verified,
+        summary: format!(
+            "hierarchical: {} machines of {}, {channels} channel(s) of three phases, the fastest of 1, 2, 4, 8",
+            h.nodes.len(),
+            h.nodes[0].len()
+        ),
+        detail: h
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(m, node)| {
+                let names: Vec<&str> = node.iter().map(|&r| name(r)).collect();
+                format!("machine {m} ring (rail = position): {}", names.join(" -> "))
+            })
+            .collect(),
+        busbw: Some(busbw),
     }))
 }
 

@@ -9,12 +9,14 @@
 //! | [`direct`] | every collective, including all-to-all and send/recv |
 //! | [`halving_doubling`] | all-reduce, reduce-scatter, all-gather, any world size |
 //! | [`forest`] | all-gather, reduce-scatter, all-reduce on a packing of spanning trees (synthesized, not an [`Algorithm`]) |
+//! | [`hierarchical`] | all-reduce on nodes: reduce-scatter inside each, all-reduce along rails, all-gather (synthesized, not an [`Algorithm`]) |
 //!
 //! A single rank needs no algorithm: every generator returns one local copy.
 
 pub mod direct;
 pub mod forest;
 pub mod halving_doubling;
+pub mod hierarchical;
 pub mod ring;
 pub mod tree;
 

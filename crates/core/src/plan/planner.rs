@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{CallShape, Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
 use crate::comm::CommError;
-use crate::select::{Rule, SharedSelector, select};
+use crate::select::{Choice, Rule, SharedSelector, select};
 use crate::types::Collective;
 use crate::verify::{Verified, VerifyOptions, verify};
 
@@ -110,6 +110,9 @@ enum ScheduleKey {
         params: AlgorithmParams,
     },
     Custom,
+    /// A selector's synthesized schedule, by the address of its `Arc`
+    /// (kept alive by the compiler cached under it, so never reused).
+    Synthesized(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -208,11 +211,12 @@ impl Planner {
             internal.is_none() && s.collective == shape.collective && s.world_size == n
         });
         let forced = internal.or(st.algorithm);
-        let (key, chunk, why) = match custom {
+        let (key, chunk, why, synthesized) = match custom {
             Some(_) => (
                 ScheduleKey::Custom,
                 None,
                 "the configured schedule".to_owned(),
+                None,
             ),
             None => {
                 let bytes = shape.size_bytes(n);
@@ -225,15 +229,24 @@ impl Planner {
                     bytes,
                     st.rule,
                 );
-                let key = ScheduleKey::Builtin {
-                    algorithm: s.algorithm,
-                    collective: shape.collective,
-                    params: s.params,
+                let (key, synthesized) = match s.choice {
+                    Choice::Builtin { algorithm, params } => (
+                        ScheduleKey::Builtin {
+                            algorithm,
+                            collective: shape.collective,
+                            params,
+                        },
+                        None,
+                    ),
+                    Choice::Synthesized(v) => {
+                        self.check_synthesized(&v, shape)?;
+                        (ScheduleKey::Synthesized(Arc::as_ptr(&v) as usize), Some(v))
+                    }
                 };
-                (key, s.max_chunk_bytes, s.why)
+                (key, s.max_chunk_bytes, s.why, synthesized)
             }
         };
-        let compiler = self.compiler(key)?;
+        let compiler = self.compiler(key, synthesized)?;
         let chunk = self.chunk_bytes(shape, chunk, &compiler);
         let plan = compiler
             .compile(
@@ -257,12 +270,33 @@ impl Planner {
         })
     }
 
+    /// A selector's schedule must be for this call: a selector that hands
+    /// out another collective's or group's schedule is a bug, and running
+    /// it would compute something else.
+    fn check_synthesized(&self, v: &Verified, shape: &CallShape) -> Result<(), CommError> {
+        let s = v.schedule();
+        if s.collective == shape.collective && s.world_size == self.world_size {
+            return Ok(());
+        }
+        Err(CommError::Plan(PlanError::Invalid(format!(
+            "the selector chose schedule `{}` ({} on {} ranks) for {} on {} ranks",
+            s.name, s.collective, s.world_size, shape.collective, self.world_size
+        ))))
+    }
+
     /// The compiler of a schedule, generating and proving it on first use.
-    fn compiler(&mut self, key: ScheduleKey) -> Result<Arc<Compiler>, CommError> {
+    fn compiler(
+        &mut self,
+        key: ScheduleKey,
+        synthesized: Option<Arc<Verified>>,
+    ) -> Result<Arc<Compiler>, CommError> {
         if let Some(c) = self.compilers.get(&key) {
             return Ok(c.clone());
         }
         let verified = match &key {
+            ScheduleKey::Synthesized(_) => {
+                synthesized.expect("synthesized keys come with their schedule")
+            }
             ScheduleKey::Custom => self
                 .settings
                 .schedule

@@ -176,7 +176,7 @@ fn no_simulated_schedule_beats_the_bound() {
                 let limit = match c {
                     Collective::AllGather => b.all_gather.busbw,
                     Collective::ReduceScatter => b.reduce_scatter.busbw,
-                    _ if candidate.algorithm == Algorithm::Ring => b.all_reduce,
+                    _ if candidate.algorithm() == Some(Algorithm::Ring) => b.all_reduce,
                     _ => b.all_reduce_any,
                 };
                 assert!(

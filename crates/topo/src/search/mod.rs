@@ -12,11 +12,15 @@
 //! parent and its children are neighbours on the fastest paths. [`trees`]
 //! packs weighted spanning trees, one set per member, for all-gather,
 //! reduce-scatter and all-reduce where rings cannot use every link.
+//! [`hierarchy`] groups the members of a multi-node topology by machine
+//! for the hierarchical all-reduce.
 
 mod arborescence;
+mod hierarchy;
 mod packing;
 mod ring;
 mod trees;
 
+pub use hierarchy::hierarchy;
 pub use ring::{EXHAUSTIVE_MAX_RANKS, HEURISTIC_BUDGET, MAX_RINGS, RingSet, rings, tree_order};
 pub use trees::{MAX_TREES_PER_ROOT, TreePacking, tree_packings, trees};

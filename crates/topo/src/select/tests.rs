@@ -12,10 +12,10 @@ fn selector(name: &str, n: u32) -> TopologySelector {
 }
 
 /// Steps on the critical path of an all-reduce, per algorithm, at `n`.
-fn is_latency_optimal(a: Algorithm) -> bool {
+fn is_latency_optimal(a: Option<Algorithm>) -> bool {
     matches!(
         a,
-        Algorithm::Direct | Algorithm::Tree | Algorithm::HalvingDoubling
+        Some(Algorithm::Direct | Algorithm::Tree | Algorithm::HalvingDoubling)
     )
 }
 
@@ -29,7 +29,7 @@ fn small_messages_pick_few_steps_and_large_ones_saturate_the_links() {
         let s = selector(name, n);
         let small = s.verdict(Collective::AllReduce, 4 << 10).unwrap();
         assert!(
-            is_latency_optimal(small.candidate.algorithm),
+            is_latency_optimal(small.candidate.algorithm()),
             "{name} 4K: {}",
             small.explain()
         );
@@ -48,8 +48,8 @@ fn on_pcie_large_all_reduce_is_a_ring_and_it_beats_direct() {
     let s = selector("pcie4-8gpu-2numa", 8);
     let plan = s.verdict(Collective::AllReduce, 256 << 20).unwrap();
     assert_eq!(
-        plan.candidate.algorithm,
-        Algorithm::Ring,
+        plan.candidate.algorithm(),
+        Some(Algorithm::Ring),
         "{}",
         plan.explain()
     );
@@ -57,7 +57,7 @@ fn on_pcie_large_all_reduce_is_a_ring_and_it_beats_direct() {
         .evaluate(Collective::AllReduce, 256 << 20)
         .unwrap()
         .into_iter()
-        .filter(|(c, _)| c.algorithm == Algorithm::Direct)
+        .filter(|(c, _)| c.algorithm() == Some(Algorithm::Direct))
         .map(|(_, p)| p.time_us)
         .fold(f64::INFINITY, f64::min);
     assert!(direct > 1.5 * plan.prediction.time_us, "direct {direct}");
@@ -68,7 +68,7 @@ fn on_the_cpu_host_the_choice_reaches_the_memory_ceiling() {
     let s = selector("host", 4);
     let small = s.verdict(Collective::AllReduce, 4 << 10).unwrap();
     assert!(
-        is_latency_optimal(small.candidate.algorithm),
+        is_latency_optimal(small.candidate.algorithm()),
         "{}",
         small.explain()
     );
@@ -130,4 +130,158 @@ fn the_selector_seam_answers_only_its_world_size() {
         ),
         Err(TopologyError::TooFewDevices { .. })
     ));
+}
+
+/// The best prediction of each family (`ring`, `trees`, ...) at `size`.
+fn best_of(s: &TopologySelector, c: Collective, size: usize, family: &str) -> Option<f64> {
+    s.evaluate(c, size)
+        .unwrap()
+        .into_iter()
+        .filter(|(cand, _)| cand.family() == family)
+        .map(|(_, p)| p.busbw)
+        .reduce(f64::max)
+}
+
+#[test]
+fn auto_runs_a_tree_packing_where_no_nvlink_ring_exists() {
+    use ferrocoll_core::comm::{Communicator, CommunicatorExt};
+    use ferrocoll_core::select::SharedSelector;
+    use std::collections::BTreeMap;
+    // DGX-1V GPUs 0-4: every ring crosses PCIe; trees keep to NVLink.
+    let t = presets::by_name("dgx1-v100", 0)
+        .unwrap()
+        .with_devices(&[0, 1, 2, 3, 4])
+        .unwrap();
+    let options = SelectOptions {
+        channel_multipliers: vec![1, 4],
+        chunk_sizes: vec![512 << 10],
+        ..SelectOptions::default()
+    };
+    let s = TopologySelector::new(t, 5, options).unwrap();
+    let large = s.verdict(Collective::AllReduce, 256 << 20).unwrap();
+    assert_eq!(large.candidate.family(), "trees", "{}", large.explain());
+    let ring = best_of(&s, Collective::AllReduce, 256 << 20, "ring").unwrap();
+    assert!(
+        large.prediction.busbw > 1.5 * ring,
+        "{} vs ring {ring}",
+        large.explain()
+    );
+    // Small enough to run here, large enough for trees to win.
+    let size = 8 << 20;
+    let v = s.verdict(Collective::AllReduce, size).unwrap();
+    assert_eq!(v.candidate.family(), "trees", "{}", v.explain());
+    for c in [Collective::AllGather, Collective::ReduceScatter] {
+        assert!(best_of(&s, c, size, "trees").is_some(), "{c}");
+    }
+    // The seam hands out the proven schedule itself, the same one each time.
+    let selection = s.select(Collective::AllReduce, 5, size).unwrap();
+    let Choice::Synthesized(trees) = &selection.choice else {
+        panic!("{selection:?}")
+    };
+    let again = s.select(Collective::AllReduce, 5, size).unwrap();
+    assert!(matches!(&again.choice, Choice::Synthesized(t) if Arc::ptr_eq(t, trees)));
+    // The CPU executor runs it (the link traffic is the trees' plan) and
+    // gets the serial answer.
+    let count = size / 4;
+    let plan = Compiler::new(trees.clone())
+        .compile(
+            &ferrocoll_core::plan::CallShape {
+                collective: Collective::AllReduce,
+                count,
+                dtype: DataType::F32,
+                op: ferrocoll_core::ReduceOp::Sum,
+                in_place: false,
+            },
+            ferrocoll_core::plan::Chunking::MaxBytes(512 << 10),
+            ferrocoll_core::verify::DEFAULT_SLOTS_PER_LINK,
+        )
+        .unwrap();
+    let config = ferrocoll_core::cpu::CpuConfig {
+        selector: Some(SharedSelector(Arc::new(s))),
+        ..Default::default()
+    };
+    let out = ferrocoll_core::cpu::run(5, &config, |comm| {
+        let input: Vec<f32> = (0..count)
+            .map(|i| (i % 7) as f32 + comm.rank() as f32)
+            .collect();
+        let mut output = vec![0.0f32; count];
+        comm.all_reduce(&input, &mut output, ferrocoll_core::ReduceOp::Sum)?;
+        let wrong = (0..count)
+            .filter(|&i| output[i] != (5 * (i % 7) + 10) as f32)
+            .count();
+        let traffic: BTreeMap<_, u64> = comm
+            .link_traffic()
+            .into_iter()
+            .map(|l| ((l.link.from, l.link.to, l.link.channel), l.bytes))
+            .collect();
+        Ok((wrong, traffic))
+    });
+    let mut moved: BTreeMap<_, u64> = BTreeMap::new();
+    for r in out {
+        let (wrong, traffic) = r.unwrap();
+        assert_eq!(wrong, 0);
+        for (k, b) in traffic {
+            *moved.entry(k).or_default() += b;
+        }
+    }
+    let planned: BTreeMap<_, u64> = plan
+        .links
+        .iter()
+        .map(|l| ((l.link.from, l.link.to, l.link.channel), l.bytes))
+        .collect();
+    assert_eq!(moved.len(), planned.len());
+    for (k, b) in planned {
+        assert!(moved.get(&k).is_some_and(|m| *m >= b), "link {k:?}");
+    }
+}
+
+#[test]
+fn across_machines_the_hierarchical_all_reduce_beats_the_flat_ring() {
+    // Two GPUs in each of two DGX A100s.
+    let t = presets::by_name("dgx-a100x2", 0)
+        .unwrap()
+        .with_devices(&[0, 1, 8, 9])
+        .unwrap();
+    let options = SelectOptions {
+        channel_multipliers: vec![1, 4],
+        chunk_sizes: vec![2 << 20],
+        ..SelectOptions::default()
+    };
+    let s = TopologySelector::new(t, 4, options).unwrap();
+    let size = 256 << 20;
+    let ring = best_of(&s, Collective::AllReduce, size, "ring").unwrap();
+    let hier = best_of(&s, Collective::AllReduce, size, "hierarchical").unwrap();
+    assert!(hier > 1.3 * ring, "hierarchical {hier} vs ring {ring}");
+    let v = s.verdict(Collective::AllReduce, size).unwrap();
+    assert!(v.candidate.algorithm().is_none(), "{}", v.explain());
+    // Not for other collectives, nor within one machine.
+    assert!(best_of(&s, Collective::AllGather, size, "hierarchical").is_none());
+    let one = selector("dgx-a100", 8);
+    assert!(
+        one.synthesized(Collective::AllReduce)
+            .iter()
+            .all(|(v, _)| v.schedule().name != "hierarchical")
+    );
+}
+
+#[test]
+fn synthesis_is_left_out_on_threads_and_when_algorithms_are_listed() {
+    let host = selector("host", 4);
+    assert!(host.synthesized(Collective::AllReduce).is_empty());
+    let listed = TopologySelector::new(
+        presets::by_name("dgx-a100x2", 0).unwrap(),
+        16,
+        SelectOptions {
+            algorithms: vec![Algorithm::Ring],
+            ..SelectOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(listed.synthesized(Collective::AllReduce).is_empty());
+    assert!(
+        listed
+            .candidates(Collective::AllReduce)
+            .iter()
+            .all(|c| c.algorithm() == Some(Algorithm::Ring))
+    );
 }

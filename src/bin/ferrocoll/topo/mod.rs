@@ -156,17 +156,25 @@ fn show(args: &TopoArgs, full: Topology) -> Result<ExitCode, String> {
             probe(args, &t, n)?;
             return Ok(ExitCode::SUCCESS);
         }
-        println!("#\n# all-reduce of 1 GiB on {n} ranks, best variant of each algorithm:");
+        println!(
+            "#\n# all-reduce of 1 GiB on {n} ranks, best variant of each algorithm and of what was synthesized:"
+        );
         let reduced = report_selector(&t, n).transpose().map_err(e)?;
         let all = reduced
             .as_ref()
             .unwrap_or(&selector)
             .evaluate(Collective::AllReduce, 1 << 30)
             .map_err(e)?;
-        for a in Algorithm::ALL {
+        let mut families: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        for (c, _) in &all {
+            if c.algorithm().is_none() && !families.contains(&c.family()) {
+                families.push(c.family());
+            }
+        }
+        for f in families {
             let best = all
                 .iter()
-                .filter(|(c, _)| c.algorithm == a)
+                .filter(|(c, _)| c.family() == f)
                 .min_by(|x, y| x.1.time_us.total_cmp(&y.1.time_us));
             if let Some((c, p)) = best {
                 let b = p.bottleneck().map_or("none".to_owned(), |l| {

@@ -162,7 +162,7 @@ fn shapes_that_are_not_spanning_trees_are_typed_errors() {
 
 #[test]
 fn random_forests_run_on_the_cpu_executor_with_nothing_wrong() {
-    use crate::conformance::{Case, check_case};
+    use crate::conformance::check_schedule_on_threads;
     use crate::types::{DataType, ReduceOp};
     let mut rng = SplitMix64(11);
     for n in [1, 2, 3, 5, 8] {
@@ -174,36 +174,14 @@ fn random_forests_run_on_the_cpu_executor_with_nothing_wrong() {
             let forest = random_forest(&mut rng, n, c == Collective::AllReduce);
             let s = schedule(c, n, &forest).unwrap();
             let verified = std::sync::Arc::new(verify(s, &VerifyOptions::default()).unwrap());
-            let harness = crate::conformance::CpuThreads {
-                config: crate::cpu::CpuConfig {
-                    schedule: Some(verified),
-                    max_chunk_bytes: 64,
-                    ..Default::default()
-                },
-            };
-            for (dtype, op) in [
+            let kinds = [
                 (DataType::F32, ReduceOp::Sum),
                 (DataType::I64, ReduceOp::Max),
                 (DataType::Bf16, ReduceOp::Avg),
                 (DataType::U8, ReduceOp::Min),
-            ] {
-                for count in [0, 1, 37, 1000] {
-                    for in_place in [false, true] {
-                        let case = Case {
-                            collective: c,
-                            algorithm: None,
-                            world_size: n,
-                            count,
-                            dtype,
-                            op,
-                            in_place,
-                            seed: rng.next_u64(),
-                        };
-                        check_case(&harness, &case)
-                            .unwrap_or_else(|e| panic!("{case:?}: {e}\n{forest:?}"));
-                    }
-                }
-            }
+            ];
+            check_schedule_on_threads(verified, &kinds, &mut rng)
+                .unwrap_or_else(|e| panic!("{e}\n{forest:?}"));
         }
     }
 }
