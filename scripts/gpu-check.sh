@@ -1,90 +1,130 @@
 #!/usr/bin/env bash
-# GPU checks of the CUDA executor, for a machine with a GPU but no Rust.
+# One prepared GPU check for a single-GPU machine (one H200, CUDA 13 driver,
+# NCCL in some Python environment, no Rust toolchain): binaries are built
+# here and carried, the run fits in 7 minutes, every step has its own
+# timeout, at most 7 files land in $OUT, and a summary table comes last.
 #
 #   scripts/gpu-check.sh --build   (here) build the release CLI and the CUDA
-#                                  conformance test into target/gpu-bundle
-#   bash scripts/gpu-check.sh      (on the GPU machine, carrying
-#                                  target/gpu-bundle) run everything and
-#                                  print a short table last
+#                                  and NCCL conformance tests, stripped, into
+#                                  target/gpu-bundle (or $BUNDLE)
+#   bash scripts/gpu-check.sh      (on the GPU machine, carrying the bundle)
 #
-# What it runs: nvidia-smi topo -m read back by `ferrocoll topo --smi`;
-# NVML discovery and the measured P2P probe (`topo --discover --probe`);
-# the conformance kit on the CUDA executor (1–8 ranks on device 0, every
-# algorithm and collective, every dtype and op, the host relay) with
-# FERROCOLL_REQUIRE_GPU=1 so nothing skips; the kit on NCCL; and
-# `bench --backend cuda --compare nccl` all-reduce, 1 MiB..1 GiB, with 2, 4
-# and 8 ranks on one GPU, beside the bound a device-to-device copy measured
-# in the same run allows, and NCCL's busbw on the same data.
+# Steps (file):
+#   1 environment: `ferrocoll info`, `nvidia-smi topo -m` read back (info.txt)
+#   2 conformance kit on the CUDA executor, K ranks on GPU 0 (conformance.txt)
+#   3 a count above 2^31 elements (large.txt)
+#   4 latency floor 8 B - 64 KiB, 1, 2 and 8 ranks, beside NCCL (latency.txt)
+#   5 bandwidth 16 - 256 MiB, 2 and 8 ranks, against the device copy bound
+#     measured in the same run, beside NCCL (bandwidth.txt)
+#   6 bf16 at aligned and unaligned sizes (bf16.txt)
+#   7 NCCL with several ranks on the GPU (NCCL >= 2.30 and
+#     NCCL_MULTI_RANK_GPU_ENABLE=1): its conformance and bench (nccl.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUNDLE=target/gpu-bundle
+BUNDLE="${BUNDLE:-target/gpu-bundle}"
 
 if [ "${1:-}" = "--build" ]; then
   set -e
   cargo build --release -q
   mkdir -p "$BUNDLE"
   for t in cuda_conformance nccl_conformance; do
-    cargo test --release -q --workspace --no-run --message-format=json-render-diagnostics \
-      | grep -o "\"executable\":\"[^\"]*$t[^\"]*\"" | head -n 1 | cut -d'"' -f4 > /tmp/ferrocoll-test-path
-    cp "$(cat /tmp/ferrocoll-test-path)" "$BUNDLE/$t"
+    path=$(cargo test --release -q --workspace --no-run --message-format=json-render-diagnostics \
+      | grep -o "\"executable\":\"[^\"]*$t[^\"]*\"" | head -n 1 | cut -d'"' -f4)
+    cp "$path" "$BUNDLE/$t"
   done
   cp target/release/ferrocoll "$BUNDLE/"
-  # The device tool carries at most 64 MiB: drop the debug line tables.
-  command -v strip > /dev/null && strip "$BUNDLE/ferrocoll" "$BUNDLE/cuda_conformance" "$BUNDLE/nccl_conformance"
+  # What travels to the device machine is capped at 64 MiB: no debug info.
+  command -v strip > /dev/null && strip "$BUNDLE"/ferrocoll "$BUNDLE"/*_conformance
   cp cuda/reduce.cu "$BUNDLE/"
-  ls -la "$BUNDLE"
+  du -sh "$BUNDLE"
   exit 0
 fi
 
 OUT="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUT"
+START=$SECONDS
+BUDGET="${GPU_CHECK_BUDGET:-400}"
+FC="$BUNDLE/ferrocoll"
+summary=()
+
+# A step gets its own limit, never more than what is left of the budget.
+step() {
+  local name=$1 limit=$2 file=$3
+  shift 3
+  local left=$((BUDGET - (SECONDS - START)))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then
+    summary+=("$(printf '%-34s %s' "$name" "skipped: out of time")")
+    return
+  fi
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s)" | tee -a "$OUT/$file"
+  timeout --kill-after=5 "$limit" "$@" >> "$OUT/$file" 2>&1
+  local rc=$?
+  local verdict="rc $rc"
+  [ "$rc" -eq 124 ] && verdict="timed out"
+  summary+=("$(printf '%-34s %-10s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$file")")
+}
+
+# Libraries from Python environments that are not on PATH (an unactivated
+# venv or conda env): the binaries search PATH's Pythons themselves.
+find_lib() {
+  timeout 20 find / -xdev -maxdepth 9 -name "$1" -path '*nvidia*' 2> /dev/null | head -n 1
+}
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+if ! "$FC" info --no-measure 2> /dev/null | grep -q '^nccl  .* at /'; then
+  nccl=$(find_lib 'libnccl.so.2')
+  [ -n "$nccl" ] && export FERROCOLL_NCCL_LIB="$nccl"
+fi
+if ! "$FC" info --no-measure 2> /dev/null | grep -q '^nvrtc .* at /'; then
+  nvrtc=$(find_lib 'libnvrtc.so.1*')
+  [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 export FERROCOLL_CUDA_INCLUDE="${FERROCOLL_CUDA_INCLUDE:-/usr/local/cuda/include}"
 export FERROCOLL_REQUIRE_GPU=1
-status=()
-
-echo "== nvidia-smi topo -m, read back"
-nvidia-smi topo -m > "$OUT/smi.txt" 2>&1
-"$BUNDLE/ferrocoll" topo --smi "$OUT/smi.txt" > "$OUT/topo_smi.txt" 2>&1
-status+=("topo --smi: rc $?")
-
-echo "== NVML discovery and the measured probe"
-timeout 120 "$BUNDLE/ferrocoll" topo --discover --probe > "$OUT/topo_probe.txt" 2>&1
-status+=("topo --discover --probe: rc $?")
-tail -n 20 "$OUT/topo_probe.txt"
-
-echo "== conformance kit on the CUDA executor"
-timeout 300 "$BUNDLE/cuda_conformance" --test-threads=1 > "$OUT/conformance.txt" 2>&1
-conformance=$?
-status+=("conformance: rc $conformance")
-grep -E "test |cases passed|panicked|SKIPPED" "$OUT/conformance.txt" | tail -n 12
-
-echo "== conformance kit on NCCL (several ranks on one GPU need NCCL >= 2.30)"
 export NCCL_MULTI_RANK_GPU_ENABLE=1
-timeout 120 "$BUNDLE/nccl_conformance" --test-threads=1 > "$OUT/nccl_conformance.txt" 2>&1
-status+=("nccl conformance: rc $?")
-grep -E "test |cases passed|panicked|SKIPPED" "$OUT/nccl_conformance.txt" | tail -n 4
 
-echo "== bench --backend cuda --compare nccl, all-reduce, ranks on device 0"
-for n in 2 4 8; do
-  timeout 150 "$BUNDLE/ferrocoll" bench --backend cuda --compare nccl --devices 0 --ranks "$n" \
-    -b 1M -e 1G -f 4 -n 10 -w 3 --membw > "$OUT/bench_$n.txt" 2>&1 \
-    || timeout 150 "$BUNDLE/ferrocoll" bench --backend cuda --devices 0 --ranks "$n" \
-      -b 1M -e 1G -f 4 -n 10 -w 3 --membw > "$OUT/bench_$n.txt" 2>&1
-  status+=("bench $n ranks: rc $?")
+step "environment (ferrocoll info)" 30 info.txt "$FC" info
+step "nvidia-smi topo -m, read back" 15 info.txt bash -c \
+  'nvidia-smi topo -m > "$0/smi.tmp"; cat "$0/smi.tmp"; "$1" topo --smi "$0/smi.tmp"; rc=$?; rm -f "$0/smi.tmp"; exit $rc' \
+  "$OUT" "$FC"
+
+step "conformance, CUDA executor" 120 conformance.txt \
+  "$BUNDLE/cuda_conformance" --test-threads=1
+
+bench=("$FC" bench --devices 0)
+step "count > 2^31 (uint8, 2 ranks)" 45 large.txt \
+  "${bench[@]}" --backend cuda --ranks 2 -d uint8 -b 2200000000 -e 2200000000 -n 1 -w 0
+
+for n in 1 2 8; do
+  step "latency 8B-64K, $n rank(s)" 25 latency.txt \
+    "${bench[@]}" --backend cuda --compare nccl --ranks "$n" -b 8 -e 64K -f 8 -n 20 -w 5
 done
+for n in 2 8; do
+  step "bandwidth 16M-256M, $n ranks" 50 bandwidth.txt \
+    "${bench[@]}" --backend cuda --compare nccl --ranks "$n" -b 16M -e 256M -f 4 -n 5 -w 2 --membw
+done
+step "bf16 aligned, 4 ranks" 15 bf16.txt \
+  "${bench[@]}" --backend cuda --ranks 4 -d bf16 -b 64M -e 64M -n 5 -w 1
+step "bf16 unaligned, 4 ranks" 15 bf16.txt \
+  "${bench[@]}" --backend cuda --ranks 4 -d bf16 -b 67108870 -e 67108870 -n 5 -w 1
+
+step "NCCL conformance, ranks on 1 GPU" 40 nccl.txt \
+  "$BUNDLE/nccl_conformance" --test-threads=1
+step "NCCL bench, 4 ranks on 1 GPU" 30 nccl.txt \
+  "${bench[@]}" --backend nccl --ranks 4 -b 8 -e 256M -f 16 -n 5 -w 2
 
 echo
-echo "== summary"
-printf '%s\n' "${status[@]}"
+echo "== summary ($((SECONDS - START)) s; files in $OUT)"
+grep -E '^(cuda driver|nvrtc|nccl|gpus) ' "$OUT/info.txt" || true
+grep -hE 'cases passed|test result' "$OUT/conformance.txt" "$OUT/nccl.txt" 2> /dev/null | tail -n 4
+printf '%s\n' "${summary[@]}"
 echo
-echo "ranks        size   busbw(GB/s)   bound(GB/s)   busbw/bound   #wrong   (ferrocoll rows, then NCCL's)"
-for n in 2 4 8; do
-  f="$OUT/bench_$n.txt"
-  bound=$(grep -o 'at n=[0-9]*: [0-9.]* GB/s' "$f" | awk '{print $3}')
-  grep -E '^ +[0-9]+ ' "$f" | awk -v n="$n" -v b="${bound:-0}" \
-    '{ r = (b > 0) ? $8 / b : 0; printf "%5d %11d %13.1f %13.1f %13.3f %8d\n", n, $1, $8, b, r, $9 }'
-  grep -E '^# +[0-9]+ B: ferrocoll' "$f" || true
-done
+echo "rows: size, time (us), busbw (GB/s), #wrong (out of place); the bound and NCCL's figures as bench prints them"
+for f in latency bandwidth bf16 large; do
+  echo "-- $f"
+  grep -hE '^== |ceiling|B: ferrocoll|^ +[0-9]+ ' "$OUT/$f.txt" 2> /dev/null \
+    | awk '$1 ~ /^[0-9]+$/ { printf "  %12s B %11s us %9s GB/s  wrong %s\n", $1, $6, $8, $9; next } { print }'
+done | head -n 90

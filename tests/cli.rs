@@ -381,3 +381,39 @@ fn plan_prints_a_call_and_the_simulator_reads_it_back() {
     let out = ferrocoll(&["verify", "--algo", "auto"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `info` answers on any machine: the build and CPU always, and each of
+/// the CUDA driver, NVRTC and NCCL either with its version and file or
+/// with why it is missing — never an error exit.
+#[test]
+fn info_reports_what_is_here_and_what_is_not() {
+    let out = ferrocoll(&["info", "--no-measure"]);
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for key in [
+        "ferrocoll ",
+        "cpu ",
+        "cuda driver ",
+        "nvrtc ",
+        "nccl ",
+        "gpus ",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no `{key}` line: {text}"));
+        assert!(line.len() > key.len() + 4, "{line}");
+    }
+    for key in ["cuda driver", "nvrtc", "nccl"] {
+        let line = text.lines().find(|l| l.starts_with(key)).unwrap();
+        let rest = line[key.len()..].trim_start();
+        assert!(
+            rest.starts_with("none: ") || rest.contains(" at /") || rest.starts_with("CUDA "),
+            "{line}"
+        );
+    }
+}

@@ -27,9 +27,8 @@ pub enum Choice {
         params: AlgorithmParams,
     },
     /// A schedule the selector synthesized for its topology (a tree
-    /// packing, a hierarchical all-reduce), already proven. Planners key
-    /// their caches by the `Arc`'s address, so a selector hands out the
-    /// same `Arc` for the same schedule.
+    /// packing, a hierarchical all-reduce), already proven. Planners cache
+    /// its compiled form by its content and what it was proven for.
     Synthesized(Arc<Verified>),
 }
 
@@ -39,6 +38,14 @@ impl Choice {
         match self {
             Choice::Builtin { algorithm, .. } => Some(*algorithm),
             Choice::Synthesized(_) => None,
+        }
+    }
+
+    /// The channels it runs on.
+    pub fn channels(&self) -> u32 {
+        match self {
+            Choice::Builtin { params, .. } => params.channels,
+            Choice::Synthesized(v) => v.schedule().channel_count() as u32,
         }
     }
 

@@ -88,6 +88,7 @@ impl CudaConfig {
             schedule: self.schedule.clone(),
             rule: device_rule,
             one_shot_bytes: 0,
+            max_channels: None,
         }
     }
 }

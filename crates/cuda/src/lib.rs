@@ -14,6 +14,7 @@ pub mod device;
 mod enqueue;
 pub mod error;
 mod group;
+pub mod info;
 pub mod kernels;
 mod link_probe;
 pub mod probe;

@@ -170,6 +170,8 @@ impl ProcessConfig {
             // Shared memory publishes inputs in its staging, TCP with the
             // call's announcement.
             one_shot_bytes: self.one_shot_bytes,
+            // Shared memory lays out its slots per channel at setup.
+            max_channels: (self.transport == TransportKind::Shm).then_some(self.max_channels),
         }
     }
 

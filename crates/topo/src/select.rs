@@ -207,7 +207,7 @@ pub struct TopologySelector {
     /// The schedules synthesized per collective (each with its channel
     /// multiplier), found on first use and kept: planners key their plans
     /// by these `Arc`s.
-    synthesized: Mutex<HashMap<Collective, Synthesized>>,
+    synthesized: Mutex<HashMap<Collective, Arc<OnceLock<Synthesized>>>>,
 }
 
 /// Schedules synthesized for one collective, each with its channel
@@ -422,10 +422,18 @@ impl TopologySelector {
     /// The schedules synthesized for `collective` on this topology, made
     /// and proven on first use. One that cannot be made is left out (and
     /// logged): the built-in candidates remain.
+    ///
+    /// Packing and proving take up to seconds: the lock is held only to
+    /// find the collective's cell, so other collectives do not wait.
     pub fn synthesized(&self, collective: Collective) -> Synthesized {
-        let mut map = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(collective)
-            .or_insert_with(|| Arc::new(self.synthesize(collective)))
+        let cell = self
+            .synthesized
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(collective)
+            .or_default()
+            .clone();
+        cell.get_or_init(|| Arc::new(self.synthesize(collective)))
             .clone()
     }
 

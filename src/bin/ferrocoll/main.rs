@@ -4,6 +4,7 @@
 
 mod bench;
 mod estimate_cmd;
+mod info_cmd;
 mod launch;
 mod plan_cmd;
 mod rendezvous_cmd;
@@ -51,7 +52,7 @@ enum Command {
     Topo(topo::TopoArgs),
     /// Predict the bench table on a topology, with the bottleneck link of each row.
     Sim(sim_cmd::SimArgs),
-    /// Pack rings into a topology (or some of its GPUs) and write the proven schedule.
+    /// Synthesize rings, tree packings or the hierarchical all-reduce for a topology (or some of its GPUs); write the proven schedule.
     Synth(synth_cmd::SynthArgs),
     /// Gradient-sync time per training step and its share of the step.
     Estimate(estimate_cmd::EstimateArgs),
@@ -62,6 +63,8 @@ enum Command {
     LaunchWatchdog(launch::watchdog::WatchdogArgs),
     /// Check the env:// bootstrap: every rank meets at rank 0's store (run under `launch`).
     Rendezvous(rendezvous_cmd::RendezvousArgs),
+    /// What a bug report needs: build, CPU and memory bandwidth, CUDA driver, NVRTC, NCCL, GPUs and their links.
+    Info(info_cmd::InfoArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         Command::Launch(args) => launch::run(&args),
         Command::LaunchWatchdog(args) => launch::watchdog::run(&args),
         Command::Rendezvous(args) => rendezvous_cmd::run(&args),
+        Command::Info(args) => info_cmd::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -105,7 +105,10 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
         None => Ok(()),
     };
     if matches!(args.kind, Kind::Hierarchical | Kind::Best) {
-        let found = best_hierarchical(&t, &devices, &cost, collective, args.size)?;
+        let found = skip_under_best(
+            args.kind,
+            best_hierarchical(&t, &devices, &cost, collective, args.size),
+        )?;
         add(
             Kind::Hierarchical,
             found,
@@ -116,7 +119,10 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
         )?;
     }
     if matches!(args.kind, Kind::Trees | Kind::Best) {
-        let found = best_trees(&t, &devices, &cost, collective, args.size)?;
+        let found = skip_under_best(
+            args.kind,
+            best_trees(&t, &devices, &cost, collective, args.size),
+        )?;
         add(
             Kind::Trees,
             found,
@@ -158,6 +164,22 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
         args.output.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Under `--kind best` a kind that fails is left out with a note (the
+/// others may still be written); asked for by name, its error is the
+/// answer.
+fn skip_under_best(
+    kind: Kind,
+    found: Result<Option<Candidate>, String>,
+) -> Result<Option<Candidate>, String> {
+    match found {
+        Err(e) if kind == Kind::Best => {
+            eprintln!("note: left out: {e}");
+            Ok(None)
+        }
+        other => other,
+    }
 }
 
 /// A synthesized schedule, proven, with what to print about it.

@@ -283,7 +283,7 @@ impl Place<'_> {
 /// of a part (`1/L` of a block) per rank.
 pub fn traffic_blocks(per_node: u32, nodes: u32) -> u64 {
     let (l, m) = (u64::from(per_node), u64::from(nodes));
-    2 * m * (l - 1) + 2 * (m - 1)
+    2 * m * l.saturating_sub(1) + 2 * m.saturating_sub(1)
 }
 
 #[cfg(test)]

@@ -143,6 +143,7 @@ impl CpuConfig {
             schedule: self.schedule.clone(),
             rule: host_rule,
             one_shot_bytes: self.one_shot_bytes,
+            max_channels: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{CallShape, Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
 use crate::comm::CommError;
-use crate::select::{Choice, Rule, SharedSelector, select};
+use crate::select::{Choice, Rule, Selection, SharedSelector, select};
 use crate::types::Collective;
 use crate::verify::{Verified, VerifyOptions, verify};
 
@@ -37,6 +37,10 @@ pub struct PlannerSettings {
     /// World size × published bytes up to which calls take the one-shot
     /// protocol (0: never). Only executors that implement it set it.
     pub one_shot_bytes: usize,
+    /// The most channels the executor's links were set up for (`None`:
+    /// any). A selector's choice past it is set aside for the rule, with
+    /// the reason in the call's log line, rather than failing the call.
+    pub max_channels: Option<u32>,
 }
 
 impl PlannerSettings {
@@ -110,9 +114,14 @@ enum ScheduleKey {
         params: AlgorithmParams,
     },
     Custom,
-    /// A selector's synthesized schedule, by the address of its `Arc`
-    /// (kept alive by the compiler cached under it, so never reused).
-    Synthesized(usize),
+    /// A selector's synthesized schedule, by content (a selector that
+    /// makes a fresh `Arc` per call still finds one compiler per schedule)
+    /// and by what it was proven for.
+    Synthesized {
+        hash: u64,
+        slots_per_link: u32,
+        in_place: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -220,7 +229,7 @@ impl Planner {
             ),
             None => {
                 let bytes = shape.size_bytes(n);
-                let s = select(
+                let mut s = select(
                     forced,
                     st.selector.as_ref(),
                     st.channels,
@@ -229,6 +238,25 @@ impl Planner {
                     bytes,
                     st.rule,
                 );
+                let channels = s.choice.channels();
+                if let Some(max) = st.max_channels.filter(|&m| channels > m) {
+                    let rule = select(
+                        forced,
+                        None,
+                        st.channels,
+                        shape.collective,
+                        n,
+                        bytes,
+                        st.rule,
+                    );
+                    s = Selection {
+                        why: format!(
+                            "{} needs {channels} channels, past the {max} this group was set up for; {}",
+                            s.choice, rule.why
+                        ),
+                        ..rule
+                    };
+                }
                 let (key, synthesized) = match s.choice {
                     Choice::Builtin { algorithm, params } => (
                         ScheduleKey::Builtin {
@@ -240,7 +268,12 @@ impl Planner {
                     ),
                     Choice::Synthesized(v) => {
                         self.check_synthesized(&v, shape)?;
-                        (ScheduleKey::Synthesized(Arc::as_ptr(&v) as usize), Some(v))
+                        let key = ScheduleKey::Synthesized {
+                            hash: super::stable_hash(v.schedule()),
+                            slots_per_link: v.slots_per_link(),
+                            in_place: v.supports_in_place(),
+                        };
+                        (key, Some(v))
                     }
                 };
                 (key, s.max_chunk_bytes, s.why, synthesized)
@@ -294,7 +327,7 @@ impl Planner {
             return Ok(c.clone());
         }
         let verified = match &key {
-            ScheduleKey::Synthesized(_) => {
+            ScheduleKey::Synthesized { .. } => {
                 synthesized.expect("synthesized keys come with their schedule")
             }
             ScheduleKey::Custom => self

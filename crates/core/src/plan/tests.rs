@@ -409,6 +409,7 @@ fn the_planner_caches_per_call_and_honours_the_settings() {
         schedule: None,
         rule: host_rule,
         one_shot_bytes: 0,
+        max_channels: None,
     };
     let mut p = Planner::new(4, settings.clone());
     let s = shape(Collective::AllReduce, 100, false);
@@ -621,4 +622,80 @@ fn every_executor_gets_at_least_the_slots_any_of_its_schedules_needs() {
     )
     .unwrap();
     assert_eq!(link_slots(2, Some(&five)), 5);
+}
+
+/// A selector that always answers the same.
+#[derive(Debug)]
+struct Fixed(crate::select::Choice);
+
+impl crate::select::Selector for Fixed {
+    fn select(&self, _: Collective, _: u32, _: usize) -> Option<crate::select::Selection> {
+        Some(crate::select::Selection {
+            choice: self.0.clone(),
+            max_chunk_bytes: None,
+            why: "fixed".into(),
+        })
+    }
+}
+
+fn planner_with(choice: crate::select::Choice, max_channels: Option<u32>) -> Planner {
+    Planner::new(
+        4,
+        PlannerSettings {
+            algorithm: None,
+            selector: Some(crate::select::SharedSelector(Arc::new(Fixed(choice)))),
+            channels: 1,
+            max_chunk_bytes: 1 << 20,
+            max_message_bytes: None,
+            slots_per_link: 2,
+            schedule: None,
+            rule: host_rule,
+            one_shot_bytes: 0,
+            max_channels,
+        },
+    )
+}
+
+#[test]
+fn synthesized_choices_run_and_what_the_executor_cannot_hold_falls_back() {
+    use crate::select::Choice;
+    let mut mine = generate(
+        Algorithm::Ring,
+        Collective::AllReduce,
+        4,
+        &AlgorithmParams {
+            channels: 3,
+            ..AlgorithmParams::default()
+        },
+    )
+    .unwrap();
+    mine.name = "mine".into();
+    let mine = Arc::new(verify(mine, &VerifyOptions::default()).unwrap());
+    let ar = shape(Collective::AllReduce, 100, false);
+    let mut p = planner_with(Choice::Synthesized(mine.clone()), None);
+    assert_eq!(p.plan(&ar).unwrap().plan.schedule, "mine");
+    // A schedule for another collective is refused, not run.
+    let ag = shape(Collective::AllGather, 100, false);
+    assert!(matches!(
+        p.plan(&ag),
+        Err(crate::comm::CommError::Plan(PlanError::Invalid(why))) if why.contains("mine")
+    ));
+    // Past the executor's channels, the rule runs and the log line says why.
+    let mut narrow = planner_with(Choice::Synthesized(mine), Some(2));
+    let planned = narrow.plan(&ar).unwrap();
+    assert_eq!(planned.plan.schedule, "direct");
+    assert!(
+        planned.why.contains("3 channels, past the 2"),
+        "{}",
+        planned.why
+    );
+    let wide_ring = Choice::Builtin {
+        algorithm: Algorithm::Ring,
+        params: AlgorithmParams {
+            channels: 8,
+            ..AlgorithmParams::default()
+        },
+    };
+    let planned = planner_with(wide_ring, Some(4)).plan(&ar).unwrap();
+    assert!(planned.plan.channels <= 4, "{}", planned.why);
 }

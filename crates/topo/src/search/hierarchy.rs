@@ -4,9 +4,13 @@
 //!
 //! Machines are taken to be alike (the presets' clusters, a real
 //! cluster's nodes): the ring is searched on the first machine and every
-//! other machine's members follow it by local index, so member `k` of
-//! every machine sits at the same ring position — the same rail, and in a
-//! rail-optimized network the same leaf switch.
+//! other machine's members follow it in device order, so the `k`-th
+//! member of every machine sits at the same ring position. Where the
+//! allocation takes the same GPUs of every machine, that is the same GPU
+//! — the same NIC, rail and, in a rail-optimized network, leaf switch;
+//! otherwise (GPUs 4-7 of one machine with 0-3 of another) the rail
+//! crosses leaf switches, which is correct and simulated as it is, only
+//! slower.
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::algorithms::hierarchical::Hierarchy;
@@ -94,6 +98,8 @@ mod tests {
         let d = two.devices();
         let uneven: Vec<NodeId> = d[..11].to_vec();
         assert_eq!(hierarchy(&two, &uneven, &cost).unwrap(), None);
+        // GPUs 4-7 of one machine with 0-3 of the other: paired in
+        // device order (n0-GPU4 with n1-GPU0), across rails.
         let even: Vec<NodeId> = d[4..12].to_vec();
         let h = hierarchy(&two, &even, &cost).unwrap().unwrap();
         assert_eq!(h.nodes.len(), 2);

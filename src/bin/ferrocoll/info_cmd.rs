@@ -1,0 +1,177 @@
+//! `ferrocoll info`: what a bug report needs — ferrocoll's build, the CPU
+//! and its measured memory bandwidth, and, where they exist, the CUDA
+//! driver, NVRTC and NCCL (version and the file loaded), the visible GPUs,
+//! their peer-to-peer matrix and link graph. What is missing is said, and
+//! the command still exits 0: a machine without a GPU is a fine answer.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use ferrocoll::cuda::info::{self, DriverFacts};
+use ferrocoll::topo::probe::host;
+use ferrocoll::topo::render;
+
+#[derive(Args, Debug)]
+pub(crate) struct InfoArgs {
+    /// Skip the memory-bandwidth measurement (about a tenth of a second).
+    #[arg(long)]
+    no_measure: bool,
+}
+
+pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
+    println!(
+        "ferrocoll     {} ({} build for {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("FERROCOLL_BUILD_PROFILE"),
+        env!("FERROCOLL_BUILD_TARGET")
+    );
+    println!("os            {}", os());
+    println!("cpu           {}", cpu());
+    if !args.no_measure {
+        let m = host::measured();
+        println!(
+            "memory        {}; measured {:.1} GB/s on {} cores ({:.1} GB/s one core)",
+            memory_total(),
+            m.memory_gbps,
+            m.cores,
+            m.core_gbps
+        );
+    }
+    let driver = info::driver();
+    match &driver {
+        Ok(d) => println!(
+            "cuda driver   CUDA {}.{}{}",
+            d.version.0,
+            d.version.1,
+            at(loaded("libcuda.so"))
+        ),
+        Err(e) => println!("cuda driver   none: {e}"),
+    }
+    match info::nvrtc_version() {
+        Ok((major, minor)) => println!("nvrtc         {major}.{minor}{}", at(loaded("libnvrtc"))),
+        Err(e) => println!("nvrtc         none: {e}"),
+    }
+    match ferrocoll::nccl::version() {
+        Ok((a, b, c)) => println!("nccl          {a}.{b}.{c}{}", at(loaded("libnccl"))),
+        Err(e) => println!("nccl          none: {e}"),
+    }
+    match &driver {
+        Ok(d) => gpus(d),
+        Err(_) => println!("gpus          none visible (no GPU on this machine, or no driver)"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The GPUs, their peer-to-peer matrix and, through NVML, their links.
+fn gpus(d: &DriverFacts) {
+    println!("gpus          {}", d.devices.len());
+    for g in &d.devices {
+        println!(
+            "  {}: {}, {:.1} GiB, sm_{}{}, {} SMs, PCI {}",
+            g.ordinal,
+            g.name,
+            g.memory_bytes as f64 / f64::from(1u32 << 30),
+            g.compute.0,
+            g.compute.1,
+            g.multiprocessors,
+            g.pci
+        );
+    }
+    println!("peer-to-peer  (row reads/writes column's memory directly)");
+    print!("     ");
+    for b in 0..d.p2p.len() {
+        print!("{b:>4}");
+    }
+    println!();
+    for (a, row) in d.p2p.iter().enumerate() {
+        print!("  {a:>3}");
+        for &ok in row {
+            print!("{:>4}", if ok { "yes" } else { "no" });
+        }
+        println!();
+    }
+    match ferrocoll::topo::sources::nvml::discover() {
+        Ok(t) => match render::smi_matrix(&t) {
+            Ok(m) => print!("links (NVML)\n{m}"),
+            Err(e) => println!("links         not drawn: {e}"),
+        },
+        Err(e) => println!("links         NVML: {e}"),
+    }
+}
+
+/// ` at PATH`, or nothing where the file is not known.
+fn at(path: Option<PathBuf>) -> String {
+    path.map_or(String::new(), |p| format!(" at {}", p.display()))
+}
+
+/// The file of a loaded shared library whose name starts with `stem`, from
+/// the process's own memory map (libraries are opened at run time, so this
+/// is the one in use, wherever the search found it).
+fn loaded(stem: &str) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            std::path::Path::new(p)
+                .file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with(stem))
+        })
+        .map(PathBuf::from)
+}
+
+fn os() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned());
+    match (
+        read("/proc/sys/kernel/ostype"),
+        read("/proc/sys/kernel/osrelease"),
+    ) {
+        (Ok(t), Ok(r)) => format!("{t} {r}"),
+        _ => std::env::consts::OS.to_owned(),
+    }
+}
+
+/// The CPU's model, logical CPUs, and the vector extensions the host
+/// kernels choose from.
+fn cpu() -> String {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let model = field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+    let logical = text.lines().filter(|l| l.starts_with("processor")).count();
+    let flags = field("flags").unwrap_or_default();
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    let vector: Vec<&str> = ["avx512f", "avx2", "neon"]
+        .into_iter()
+        .filter(|f| has(f))
+        .collect();
+    format!(
+        "{model}, {logical} logical CPUs{}",
+        if vector.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", vector.join(" "))
+        }
+    )
+}
+
+fn memory_total() -> String {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            let kb: f64 = t
+                .lines()
+                .find(|l| l.starts_with("MemTotal:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some(format!("{:.1} GiB", kb / f64::from(1u32 << 20)))
+        })
+        .unwrap_or_else(|| "size unknown".to_owned())
+}
