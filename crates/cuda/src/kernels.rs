@@ -22,6 +22,10 @@ use crate::probe;
 /// The kernel source, embedded at build time.
 pub const SOURCE: &str = include_str!("../../../cuda/reduce.cu");
 
+/// The device interpreter (executor v2, in progress), compiled together
+/// with [`SOURCE`], whose element operations it uses.
+pub const INTERPRETER: &str = include_str!("../../../cuda/interpret.cu");
+
 /// Inputs and outputs one kernel launch takes at most (`MAX_INPUTS`,
 /// `MAX_OUTPUTS` in the source).
 pub const MAX_POINTERS: usize = 8;
@@ -143,6 +147,27 @@ pub fn ptx(arch: &'static str) -> Result<Ptx, CudaError> {
 
 /// Compile the kernels for `arch` now (no cache).
 pub fn compile(arch: &'static str) -> Result<Ptx, CudaError> {
+    compile_source(arch, SOURCE.to_owned(), "reduce.cu")
+}
+
+/// Compile the device interpreter for `arch` (with the kernels it builds
+/// on).
+pub fn compile_interpreter(arch: &'static str) -> Result<Ptx, CudaError> {
+    compile_source(arch, format!("{SOURCE}\n{INTERPRETER}"), "interpret.cu")
+}
+
+/// The interpreter's entry points: one per (op, type); `avg` runs the sum.
+pub fn interpreter_kernels() -> Vec<String> {
+    let mut out = Vec::new();
+    for op in ["sum", "prod", "min", "max"] {
+        for t in DataType::ALL {
+            out.push(format!("ferrocoll_run_{op}_{}", type_suffix(t)));
+        }
+    }
+    out
+}
+
+fn compile_source(arch: &'static str, source: String, name: &str) -> Result<Ptx, CudaError> {
     if !probe::nvrtc_present() {
         return Err(CudaError::BackendUnavailable {
             reason: "libnvrtc is not installed or not on LD_LIBRARY_PATH".into(),
@@ -164,10 +189,10 @@ pub fn compile(arch: &'static str) -> Result<Ptx, CudaError> {
             .map(|p| p.to_string_lossy().into_owned())
             .collect(),
         options: vec!["--std=c++17".into()],
-        name: Some("reduce.cu".into()),
+        name: Some(name.into()),
         ..CompileOptions::default()
     };
-    compile_ptx_with_opts(SOURCE, options).map_err(|e| CudaError::Compile {
+    compile_ptx_with_opts(source, options).map_err(|e| CudaError::Compile {
         arch: arch.to_string(),
         log: e.to_string(),
     })
@@ -212,6 +237,30 @@ mod tests {
                 Ok(ptx) => {
                     let text = ptx.to_src();
                     for name in all_kernels() {
+                        assert!(
+                            text.contains(&format!(".entry {name}(")),
+                            "{arch}: {name} missing from the PTX"
+                        );
+                    }
+                }
+                Err(CudaError::BackendUnavailable { reason }) if !required => {
+                    println!("SKIPPED: {reason}");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// As above, for the device interpreter.
+    #[test]
+    fn the_interpreter_compiles_to_ptx_for_sm80_and_sm90() {
+        let required = std::env::var("FERROCOLL_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        for arch in ["compute_80", "compute_90"] {
+            match compile_interpreter(arch) {
+                Ok(ptx) => {
+                    let text = ptx.to_src();
+                    for name in interpreter_kernels() {
                         assert!(
                             text.contains(&format!(".entry {name}(")),
                             "{arch}: {name} missing from the PTX"

@@ -18,6 +18,7 @@ pub mod info;
 pub mod kernels;
 mod link_probe;
 pub mod probe;
+pub mod program;
 
 pub use communicator::{CudaCommunicator, CudaElement, group, run};
 pub use config::{CudaConfig, device_rule};

@@ -1,0 +1,564 @@
+//! The device protocol on CPU threads: one thread per (rank, channel)
+//! stands in for a thread block, each rank's inbox and counters are plain
+//! memory every thread may reach (as peer-mapped device memory is), and
+//! each block walks its records exactly as the kernel does — wait for its
+//! `after`s, for every message it receives to be posted and every slot it
+//! sends into to be free; check the peer's hello before its first store to
+//! it; combine; write; store into the peers' inboxes; publish. Counters
+//! live in a [`Fabric`] that outlasts calls, as the device's do.
+//!
+//! It is a test rig, not an executor: it exists so that offsets, slot
+//! reuse across calls, the counters and the agreement check are exercised
+//! on every machine, and a change to the protocol is caught here before it
+//! reaches a GPU.
+
+use std::cell::UnsafeCell;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ferrocoll_core::Rank;
+use ferrocoll_core::comm::CommError;
+use ferrocoll_core::types::Reduce;
+
+use super::{BufferId, DeviceProgram, Layout, Local, Op, RankProgram};
+
+/// Memory other threads write into, ordered by the counters.
+struct Arena(UnsafeCell<Box<[u64]>>);
+
+// SAFETY: every access to an arena's bytes is ordered by the protocol's
+// counters (a store into a slot happens before the release of `posted`
+// that the reader acquires; a read happens before the release of
+// `consumed` that the next writer of the slot acquires), so no two threads
+// touch the same bytes without a happens-before between them — which is
+// exactly what the tests of this module check.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    fn new(bytes: u64) -> Self {
+        Arena(UnsafeCell::new(
+            vec![0u64; bytes.div_ceil(8) as usize].into(),
+        ))
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: the box is never reallocated; only its contents change.
+        unsafe { (*self.0.get()).as_mut_ptr().cast() }
+    }
+}
+
+fn words(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+/// One rank's device memory that peers reach.
+struct Peer {
+    inbox: Arena,
+    /// By (channel, sender): messages stored into this inbox, ever.
+    posted: Box<[AtomicU64]>,
+    /// By (channel, receiver): messages of this rank's the receiver has read, ever.
+    consumed: Box<[AtomicU64]>,
+    /// By channel: (call sequence << 32) | the plan hash's low half.
+    hello: Box<[AtomicU64]>,
+}
+
+/// The rank's own running totals, touched between calls only.
+#[derive(Default)]
+struct Totals {
+    sent: Vec<u64>,
+    received: Vec<u64>,
+    calls: u32,
+}
+
+/// The memory of a group of emulated devices, kept across calls.
+pub struct Fabric {
+    layout: Layout,
+    peers: Vec<Peer>,
+    totals: Vec<Mutex<Totals>>,
+    abort: AtomicBool,
+    failure: Mutex<Option<(Rank, String)>>,
+    timeout: Duration,
+}
+
+/// One rank's buffers for a call, in the element type of the call.
+pub struct Buffers<'a, T> {
+    /// The input (empty in place).
+    pub input: &'a [T],
+    /// The output (in place: the one buffer).
+    pub output: &'a mut [T],
+}
+
+impl Fabric {
+    /// Inboxes and counters for `layout`; every wait gives up after `timeout`.
+    pub fn new(layout: Layout, timeout: Duration) -> Self {
+        let n = layout.link_words();
+        Fabric {
+            layout,
+            peers: (0..layout.world_size)
+                .map(|_| Peer {
+                    inbox: Arena::new(layout.inbox_bytes()),
+                    posted: words(n),
+                    consumed: words(n),
+                    hello: words(layout.max_channels as usize),
+                })
+                .collect(),
+            totals: (0..layout.world_size)
+                .map(|_| {
+                    Mutex::new(Totals {
+                        sent: vec![0; n],
+                        received: vec![0; n],
+                        calls: 0,
+                    })
+                })
+                .collect(),
+            abort: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            timeout,
+        }
+    }
+
+    /// Run one call: rank `r` runs its part of `programs[r]` (the same
+    /// program on every rank, unless a test makes them disagree) on
+    /// `buffers[r]`. A failed call fails the fabric: its counters no longer
+    /// match between ranks, as a device's would not.
+    pub fn call<T: Reduce>(
+        &self,
+        programs: &[&DeviceProgram],
+        buffers: Vec<Buffers<'_, T>>,
+    ) -> Vec<Result<(), CommError>> {
+        let n = self.layout.world_size as usize;
+        assert!(
+            programs.len() == n && buffers.len() == n,
+            "one program and buffers per rank"
+        );
+        if let Some((rank, reason)) = self.failed() {
+            return (0..n)
+                .map(|_| {
+                    Err(CommError::PeerFailed {
+                        rank,
+                        reason: reason.clone(),
+                    })
+                })
+                .collect();
+        }
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = buffers
+                .into_iter()
+                .enumerate()
+                .map(|(r, b)| {
+                    let program = programs[r];
+                    scope.spawn(move || self.rank_call(r as Rank, program, b))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(self.fail(0, "a block panicked".into())))
+                })
+                .collect()
+        })
+    }
+
+    fn failed(&self) -> Option<(Rank, String)> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Record the first failure and stop every block.
+    fn fail(&self, rank: Rank, reason: String) -> CommError {
+        let mut first = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert((rank, reason.clone()));
+        self.abort.store(true, Ordering::Release);
+        CommError::PeerFailed { rank, reason }
+    }
+
+    fn rank_call<T: Reduce>(
+        &self,
+        rank: Rank,
+        program: &DeviceProgram,
+        buffers: Buffers<'_, T>,
+    ) -> Result<(), CommError> {
+        let me = &program.ranks[rank as usize];
+        let size = std::mem::size_of::<T>() as u64;
+        if size as usize != program.dtype.size_bytes() {
+            return Err(CommError::DtypeMismatch {
+                input: program.dtype,
+                output: program.dtype,
+            });
+        }
+        for (what, got, needed) in [
+            (
+                "input",
+                buffers.input.len() as u64 * size,
+                program.input_bytes,
+            ),
+            (
+                "output",
+                buffers.output.len() as u64 * size,
+                program.output_bytes,
+            ),
+        ] {
+            if got != needed {
+                return Err(CommError::BufferSize {
+                    what,
+                    got: (got / size) as usize,
+                    needed: (needed / size) as usize,
+                });
+            }
+        }
+        let seq = {
+            let mut t = self.totals[rank as usize]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            t.calls = t.calls.wrapping_add(1);
+            t.calls
+        };
+        let hello = (u64::from(seq) << 32) | (program.hash & 0xffff_ffff);
+        for h in self.peers[rank as usize].hello.iter() {
+            h.store(hello, Ordering::Release);
+        }
+        let scratch = Arena::new(program.scratch_bytes);
+        let memory = Memory {
+            input: buffers.input.as_ptr().cast(),
+            output: buffers.output.as_mut_ptr().cast(),
+            scratch: scratch.ptr(),
+        };
+        let done: Vec<AtomicU32> = me.channels.iter().map(|_| AtomicU32::new(0)).collect();
+        let (base_sent, base_received) = {
+            let t = self.totals[rank as usize]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            (t.sent.clone(), t.received.clone())
+        };
+        let results: Vec<Result<(), CommError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..me.channels.len() as u32)
+                .map(|channel| {
+                    let block = Block {
+                        fabric: self,
+                        program,
+                        me,
+                        rank,
+                        channel,
+                        hello,
+                        memory: &memory,
+                        done: &done,
+                        base_sent: &base_sent,
+                        base_received: &base_received,
+                    };
+                    scope.spawn(move || block.run::<T>())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(self.fail(rank, "a block panicked".into())))
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<(), CommError>>()?;
+        if let Some(d) = &me.divide {
+            // SAFETY: every block of this rank has finished; the region is
+            // inside the caller's output (the plan was checked against it).
+            unsafe { divide::<T>(&memory, me, d, program.layout.world_size) };
+        }
+        let mut t = self.totals[rank as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for c in &me.sent {
+            t.sent[c.word as usize] += c.count;
+        }
+        for c in &me.received {
+            t.received[c.word as usize] += c.count;
+        }
+        Ok(())
+    }
+}
+
+/// A call's local buffers, as raw bytes.
+struct Memory {
+    input: *const u8,
+    output: *mut u8,
+    scratch: *mut u8,
+}
+
+// SAFETY: blocks of one rank touch disjoint bytes of these buffers or are
+// ordered by `after` waits (the verifier proves races between channels
+// absent), which the emulation honours with acquire/release progress words.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    fn base(&self, b: BufferId) -> *mut u8 {
+        match b {
+            // In place, plans name only the output; an input region is
+            // read only.
+            BufferId::Input => self.input.cast_mut(),
+            BufferId::Output => self.output,
+            BufferId::Scratch => self.scratch,
+            BufferId::None => std::ptr::null_mut(),
+        }
+    }
+}
+
+/// One emulated thread block: a rank's channel.
+struct Block<'a> {
+    fabric: &'a Fabric,
+    program: &'a DeviceProgram,
+    me: &'a RankProgram,
+    rank: Rank,
+    channel: u32,
+    hello: u64,
+    memory: &'a Memory,
+    done: &'a [AtomicU32],
+    base_sent: &'a [u64],
+    base_received: &'a [u64],
+}
+
+impl Block<'_> {
+    fn layout(&self) -> &Layout {
+        &self.fabric.layout
+    }
+
+    fn run<T: Reduce>(&self) -> Result<(), CommError> {
+        let span = self.me.channels[self.channel as usize];
+        let mut greeted = vec![false; self.layout().world_size as usize];
+        for i in 0..span.count {
+            let op = &self.me.ops[(span.first + i) as usize];
+            self.fire::<T>(op, &mut greeted)?;
+            self.done[self.channel as usize].store(i + 1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn fire<T: Reduce>(&self, op: &Op, greeted: &mut [bool]) -> Result<(), CommError> {
+        let layout = *self.layout();
+        let slots = u64::from(layout.slots);
+        for a in self.span(&self.me.afters, op.after) {
+            self.wait(
+                || self.done[a.channel as usize].load(Ordering::Acquire) > a.index,
+                "an earlier instruction of another channel",
+            )?;
+        }
+        let recv: Vec<(u32, u64)> = self
+            .span(&self.me.ends, op.recv)
+            .map(|e| {
+                (
+                    e.peer,
+                    self.base_received[layout.link_word(self.channel, e.peer)] + e.index,
+                )
+            })
+            .collect();
+        let send: Vec<(u32, u64)> = self
+            .span(&self.me.ends, op.send)
+            .map(|e| {
+                (
+                    e.peer,
+                    self.base_sent[layout.link_word(self.channel, e.peer)] + e.index,
+                )
+            })
+            .collect();
+        let mine = &self.fabric.peers[self.rank as usize];
+        for &(p, g) in &recv {
+            let posted = &mine.posted[layout.link_word(self.channel, p)];
+            self.wait(
+                || posted.load(Ordering::Acquire) > g,
+                "a message to be posted",
+            )?;
+        }
+        for &(q, g) in &send {
+            let consumed = &mine.consumed[layout.link_word(self.channel, q)];
+            self.wait(
+                || consumed.load(Ordering::Acquire) + slots > g,
+                "a free slot",
+            )?;
+            if !greeted[q as usize] {
+                self.greet(q)?;
+                greeted[q as usize] = true;
+            }
+        }
+        let value = self.value::<T>(op, &recv);
+        for &(p, g) in &recv {
+            self.fabric.peers[p as usize].consumed[layout.link_word(self.channel, self.rank)]
+                .store(g + 1, Ordering::Release);
+        }
+        let bytes = op.bytes as usize;
+        if let Some(w) = op.write.get() {
+            // SAFETY: the region lies in this rank's buffer (the plan was
+            // compiled for these lengths); `value` is a separate vector.
+            unsafe { self.scatter(w, value.as_ptr().cast(), bytes) };
+        }
+        for &(q, g) in &send {
+            let peer = &self.fabric.peers[q as usize];
+            let at = layout.slot_offset(self.channel, self.rank, (g % slots) as u32);
+            // SAFETY: the slot is inside the peer's inbox (offsets come from
+            // the layout the plan was checked against) and free: its
+            // previous message was consumed (acquired above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    value.as_ptr().cast::<u8>(),
+                    peer.inbox.ptr().add(at as usize),
+                    bytes,
+                );
+            }
+            peer.posted[layout.link_word(self.channel, self.rank)].store(g + 1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// The peer's hello for this channel must be this call's, with this
+    /// plan's hash, before any of this rank's data lands in its memory.
+    fn greet(&self, peer: u32) -> Result<(), CommError> {
+        let word = &self.fabric.peers[peer as usize].hello[self.channel as usize];
+        let seq = (self.hello >> 32) as u32;
+        // Sequence numbers wrap; a peer ahead of this call ran another one.
+        let reached =
+            || ((word.load(Ordering::Acquire) >> 32) as u32).wrapping_sub(seq) as i32 >= 0;
+        self.wait(reached, "the peer to start the call")?;
+        let theirs = word.load(Ordering::Acquire);
+        if theirs == self.hello {
+            return Ok(());
+        }
+        let e = CommError::Mismatch {
+            call: u64::from(seq),
+            rank: self.rank,
+            other: peer,
+            expected: format!("plan {:08x}", theirs & 0xffff_ffff),
+            got: format!("plan {:08x}", self.hello & 0xffff_ffff),
+        };
+        self.fabric.fail(self.rank, e.to_string());
+        Err(e)
+    }
+
+    /// The combined value: the received messages in order, then the read.
+    fn value<T: Reduce>(&self, op: &Op, recv: &[(u32, u64)]) -> Vec<T> {
+        let layout = self.layout();
+        let len = op.bytes as usize / std::mem::size_of::<T>();
+        let mine = &self.fabric.peers[self.rank as usize];
+        let mut inputs: Vec<Vec<T>> = recv
+            .iter()
+            .map(|&(p, g)| {
+                let at = layout.slot_offset(self.channel, p, (g % u64::from(layout.slots)) as u32);
+                // SAFETY: the message was posted (acquired) and its slot is
+                // not rewritten before this rank publishes `consumed`; slots
+                // are 16-byte aligned and hold `op.bytes` bytes.
+                unsafe {
+                    std::slice::from_raw_parts(mine.inbox.ptr().add(at as usize).cast::<T>(), len)
+                        .to_vec()
+                }
+            })
+            .collect();
+        if let Some(r) = op.read.get() {
+            let mut local: Vec<T> = Vec::with_capacity(len);
+            // SAFETY: the region lies in this rank's buffer and holds
+            // `op.bytes` bytes; `local` has room for them.
+            unsafe {
+                self.gather(r, local.as_mut_ptr().cast(), op.bytes as usize);
+                local.set_len(len);
+            }
+            inputs.push(local);
+        }
+        let mut value = inputs.remove(0);
+        if !inputs.is_empty() {
+            let mut srcs: Vec<*const T> = vec![value.as_ptr()];
+            srcs.extend(inputs.iter().map(|v| v.as_ptr()));
+            // SAFETY: every source holds `len` elements; the destination
+            // is the first source exactly, as `reduce` allows.
+            unsafe { T::reduce(self.program.op, &srcs, value.as_mut_ptr(), len) };
+        }
+        value
+    }
+
+    /// Copy a region's pieces, in order, to `dst`.
+    ///
+    /// # Safety
+    /// The region is inside this rank's buffers; `dst` has `bytes` bytes.
+    unsafe fn gather(&self, r: &Local, dst: *mut u8, bytes: usize) {
+        let base = self.memory.base(r.buffer);
+        let mut at = 0;
+        for p in self.span(&self.me.pieces, r.pieces) {
+            debug_assert!(at + p.bytes as usize <= bytes);
+            // SAFETY: forwarded from the caller.
+            unsafe { std::ptr::copy(base.add(p.offset as usize), dst.add(at), p.bytes as usize) };
+            at += p.bytes as usize;
+        }
+    }
+
+    /// Copy `src` into a region's pieces, in order.
+    ///
+    /// # Safety
+    /// As [`Block::gather`].
+    unsafe fn scatter(&self, r: &Local, src: *const u8, bytes: usize) {
+        let base = self.memory.base(r.buffer);
+        let mut at = 0;
+        for p in self.span(&self.me.pieces, r.pieces) {
+            debug_assert!(at + p.bytes as usize <= bytes);
+            // SAFETY: forwarded from the caller.
+            unsafe { std::ptr::copy(src.add(at), base.add(p.offset as usize), p.bytes as usize) };
+            at += p.bytes as usize;
+        }
+    }
+
+    fn span<'t, R>(&self, table: &'t [R], s: super::Span) -> impl Iterator<Item = &'t R> {
+        table[s.first as usize..(s.first + s.count) as usize].iter()
+    }
+
+    /// Spin until `ready`, as a block polls a flag: giving up when another
+    /// block failed, or after the fabric's timeout.
+    fn wait(&self, ready: impl Fn() -> bool, what: &str) -> Result<(), CommError> {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        while !ready() {
+            if self.fabric.abort.load(Ordering::Acquire) {
+                let (rank, reason) = self
+                    .fabric
+                    .failed()
+                    .unwrap_or((self.rank, "aborted".into()));
+                return Err(CommError::PeerFailed { rank, reason });
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+                if started.elapsed() > self.fabric.timeout {
+                    let what = format!("{what} on channel {}", self.channel);
+                    self.fabric
+                        .fail(self.rank, format!("timed out waiting for {what}"));
+                    return Err(CommError::Timeout {
+                        rank: self.rank,
+                        timeout: self.fabric.timeout,
+                        what,
+                    });
+                }
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+}
+
+/// Divide the elements of `d` by `n`, the end of `Avg`.
+///
+/// # Safety
+/// The region is inside the rank's buffers and nothing else touches them.
+unsafe fn divide<T: Reduce>(memory: &Memory, me: &RankProgram, d: &Local, n: u32) {
+    let base = memory.base(d.buffer);
+    let size = std::mem::size_of::<T>();
+    for p in &me.pieces[d.pieces.first as usize..(d.pieces.first + d.pieces.count) as usize] {
+        // SAFETY: forwarded from the caller; offsets are multiples of the
+        // element size in a buffer of `T`.
+        let xs = unsafe {
+            std::slice::from_raw_parts_mut(
+                base.add(p.offset as usize).cast::<T>(),
+                p.bytes as usize / size,
+            )
+        };
+        for x in xs {
+            *x = x.divide(n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,276 @@
+//! The device protocol on threads, end to end: every built-in algorithm
+//! and collective through the conformance kit (each case run twice on one
+//! fabric, so the second call's messages start mid-ring in every slot),
+//! every dtype and op, and the failures: a rank that calls another plan,
+//! a rank that never calls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, applicable, generate};
+use ferrocoll_core::conformance::{
+    Case, Harness, KitElement, SplitMix64, check_case, in_place_buffer,
+};
+use ferrocoll_core::plan::{CallShape, Chunking, Compiler, ExecutionPlan};
+use ferrocoll_core::verify::{VerifyOptions, verify};
+use ferrocoll_core::{Collective, DataType, ReduceOp};
+
+use super::*;
+use crate::program::Span;
+
+/// The plan of `case` with small chunks, so calls run many segments.
+fn plan_of(case: &Case, channels: u32) -> ExecutionPlan {
+    let algorithm = case.algorithm.unwrap_or(Algorithm::Ring);
+    let params = AlgorithmParams {
+        channels: if algorithm == Algorithm::HalvingDoubling {
+            1
+        } else {
+            channels
+        },
+        ..AlgorithmParams::default()
+    };
+    let s = generate(algorithm, case.collective, case.world_size, &params).unwrap();
+    let compiler = Compiler::new(Arc::new(verify(s, &VerifyOptions::default()).unwrap()));
+    let shape = CallShape {
+        collective: case.collective,
+        count: case.count,
+        dtype: case.dtype,
+        op: case.op,
+        in_place: case.in_place,
+    };
+    compiler.compile(&shape, Chunking::MaxBytes(48), 2).unwrap()
+}
+
+/// Slots as small as the plan allows.
+fn layout_for(plan: &ExecutionPlan, slots: u32) -> Layout {
+    let largest = plan.links.iter().map(|l| l.largest).max().unwrap_or(0);
+    Layout {
+        world_size: plan.world_size,
+        max_channels: plan.channels.max(1),
+        slots,
+        slot_bytes: largest.div_ceil(16).max(1) * 16,
+    }
+}
+
+struct Emulated {
+    channels: u32,
+}
+
+impl Harness for Emulated {
+    fn run<T: KitElement>(
+        &self,
+        case: &Case,
+        inputs: &[Vec<T>],
+        outputs: Vec<Vec<T>>,
+    ) -> Result<Vec<Vec<T>>, String> {
+        let plan = plan_of(case, self.channels);
+        let program =
+            DeviceProgram::lower(&plan, layout_for(&plan, 2)).map_err(|e| e.to_string())?;
+        let fabric = Fabric::new(program.layout, Duration::from_secs(20));
+        let programs: Vec<&DeviceProgram> = vec![&program; case.world_size as usize];
+        // Twice: the second call's counters start where the first left them.
+        let mut results = Vec::new();
+        for _ in 0..2 {
+            // In place the one buffer holds the input where the call
+            // defines (what `call_case` does for communicators).
+            let mut outs: Vec<Vec<T>> = if case.in_place {
+                (0..case.world_size)
+                    .map(|r| {
+                        in_place_buffer(
+                            case.collective,
+                            r,
+                            case.count,
+                            &inputs[r as usize],
+                            outputs[r as usize].clone(),
+                        )
+                    })
+                    .collect()
+            } else {
+                outputs.clone()
+            };
+            let buffers = outs
+                .iter_mut()
+                .zip(inputs)
+                .map(|(o, i)| Buffers {
+                    input: if case.in_place { &[] } else { i.as_slice() },
+                    output: o.as_mut_slice(),
+                })
+                .collect();
+            for (r, x) in fabric.call(&programs, buffers).into_iter().enumerate() {
+                x.map_err(|e| format!("rank {r}: {e}"))?;
+            }
+            if case.in_place && case.collective == Collective::ReduceScatter {
+                for (r, o) in outs.iter_mut().enumerate() {
+                    *o = o[r * case.count..(r + 1) * case.count].to_vec();
+                }
+            }
+            results.push(outs);
+        }
+        Ok(results.pop().expect("two calls"))
+    }
+}
+
+#[test]
+fn every_algorithm_and_collective_runs_through_the_device_protocol() {
+    let mut rng = SplitMix64(17);
+    for (algorithm, kind) in applicable() {
+        for n in [1, 2, 3, 4, 5, 8] {
+            for (count, in_place) in [(0, false), (1, true), (37, false), (300, true)] {
+                let case = Case {
+                    collective: kind.with_root(n / 2),
+                    algorithm: Some(algorithm),
+                    world_size: n,
+                    count,
+                    dtype: DataType::F32,
+                    op: ReduceOp::Sum,
+                    in_place,
+                    seed: rng.next_u64(),
+                };
+                if in_place && case.collective.in_place_alias(0).is_none() {
+                    continue;
+                }
+                check_case(&Emulated { channels: 2 }, &case)
+                    .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_dtype_and_op_runs_through_the_device_protocol() {
+    let mut rng = SplitMix64(23);
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            for collective in [Collective::AllReduce, Collective::ReduceScatter] {
+                let case = Case {
+                    collective,
+                    algorithm: Some(Algorithm::Ring),
+                    world_size: 3,
+                    count: 101,
+                    dtype,
+                    op,
+                    in_place: false,
+                    seed: rng.next_u64(),
+                };
+                check_case(&Emulated { channels: 3 }, &case)
+                    .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            }
+        }
+    }
+}
+
+/// Each rank's f32 buffers, out of place.
+fn f32_buffers<'a>(outputs: &'a mut [Vec<f32>], inputs: &'a [Vec<f32>]) -> Vec<Buffers<'a, f32>> {
+    outputs
+        .iter_mut()
+        .zip(inputs)
+        .map(|(o, i)| Buffers {
+            input: i,
+            output: o,
+        })
+        .collect()
+}
+
+fn all_reduce(count: usize) -> Case {
+    Case {
+        collective: Collective::AllReduce,
+        algorithm: Some(Algorithm::Ring),
+        world_size: 3,
+        count,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        in_place: false,
+        seed: 1,
+    }
+}
+
+#[test]
+fn a_rank_that_calls_another_plan_fails_every_rank_before_its_data_lands() {
+    let ours = plan_of(&all_reduce(300), 1);
+    let theirs = plan_of(&all_reduce(299), 1);
+    let layout = layout_for(&ours, 2);
+    let a = DeviceProgram::lower(&ours, layout).unwrap();
+    let b = DeviceProgram::lower(&theirs, layout).unwrap();
+    let fabric = Fabric::new(layout, Duration::from_secs(20));
+    let inputs = [vec![1.0f32; 300], vec![1.0f32; 299], vec![1.0f32; 300]];
+    let mut outputs = [vec![0.0f32; 300], vec![0.0f32; 299], vec![0.0f32; 300]];
+    let buffers = f32_buffers(&mut outputs, &inputs);
+    let started = std::time::Instant::now();
+    let results = fabric.call(&[&a, &b, &a], buffers);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "it waited out the timeout"
+    );
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
+        "{results:?}"
+    );
+    // Nothing of rank 1's landed in rank 2's output, nor the other way.
+    assert!(outputs[2].iter().all(|&x| x == 0.0 || x == 1.0));
+    // The fabric is failed for good: counters no longer agree.
+    let again = fabric.call(&[&a, &a, &a], f32_buffers(&mut outputs, &inputs));
+    assert!(
+        again
+            .iter()
+            .all(|r| matches!(r, Err(CommError::PeerFailed { .. })))
+    );
+}
+
+#[test]
+fn a_rank_that_never_sends_times_the_others_out_with_the_reason() {
+    let plan = plan_of(&all_reduce(64), 1);
+    let layout = layout_for(&plan, 2);
+    let p = DeviceProgram::lower(&plan, layout).unwrap();
+    // Rank 2's part emptied: it returns at once, as a rank whose kernel
+    // never ran would leave its peers waiting.
+    let mut silent = p.clone();
+    silent.ranks[2] = RankProgram {
+        channels: vec![Span::default()],
+        ..RankProgram::default()
+    };
+    let fabric = Fabric::new(layout, Duration::from_millis(300));
+    let inputs = vec![vec![1.0f32; 64]; 3];
+    let mut outputs = vec![vec![0.0f32; 64]; 3];
+    let buffers = f32_buffers(&mut outputs, &inputs);
+    let results = fabric.call(&[&p, &p, &silent], buffers);
+    assert!(results[..2].iter().all(Result::is_err), "{results:?}");
+    assert!(
+        results[..2]
+            .iter()
+            .any(|r| matches!(r, Err(CommError::Timeout { .. }))),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn plans_that_do_not_fit_the_layout_are_typed_errors() {
+    let plan = plan_of(&all_reduce(300), 2);
+    let fits = layout_for(&plan, 2);
+    assert!(DeviceProgram::lower(&plan, fits).is_ok());
+    let cases = [
+        Layout {
+            world_size: 4,
+            ..fits
+        },
+        Layout {
+            max_channels: 1,
+            ..fits
+        },
+        Layout { slots: 1, ..fits },
+        Layout {
+            slot_bytes: 16,
+            ..fits
+        },
+        Layout {
+            slot_bytes: fits.slot_bytes + 8,
+            ..fits
+        },
+        Layout { slots: 0, ..fits },
+    ];
+    for layout in cases {
+        assert!(DeviceProgram::lower(&plan, layout).is_err(), "{layout:?}");
+    }
+}

@@ -1,0 +1,465 @@
+//! The device program: an [`ExecutionPlan`] lowered to flat, fixed-size
+//! records that a persistent kernel (one thread block per channel) walks
+//! from device memory, and the memory layout its peers share — where each
+//! link's slots and sequence counters live.
+//!
+//! Nothing here decides what moves where: every offset, length, peer and
+//! message number is the plan's. The lowering only flattens the plan's
+//! vectors into index ranges (the device cannot chase `Vec`s) and checks
+//! that the plan fits the layout the communicator set up.
+//!
+//! # The protocol the records drive
+//!
+//! Every rank owns an *inbox*: for each (channel, sender) a ring of
+//! `slots` slots of `slot_bytes`, written by the sender straight into the
+//! receiver's memory (over NVLink/P2P on a GPU). Two counters per link
+//! order it, each written by one side only and never reset, so a call
+//! needs no host work between calls:
+//!
+//! - `posted[c][from]`, in the receiver's memory: messages the sender has
+//!   finished storing on the link, ever;
+//! - `consumed[c][to]`, in the sender's memory: messages the receiver has
+//!   finished reading, ever.
+//!
+//! Message `i` of a call on a link is message `g = base + i` of the link's
+//! life, where `base` counts the link's messages in earlier calls — both
+//! ends count the same plans, so they agree. It occupies slot `g % slots`;
+//! the sender stores it once `consumed ≥ g + 1 − slots` and then publishes
+//! `posted = g + 1` (release); the receiver reads it once `posted ≥ g + 1`
+//! (acquire) and then publishes `consumed = g + 1`.
+//!
+//! Before its first store to a peer in a call, a block compares the
+//! peer's *hello* word for its channel — the call's sequence number and the
+//! plan's hash, which every block writes first thing — with its own: ranks
+//! that disagree on the call fail it with a mismatch before any of their
+//! data lands in the other's memory. [`emulate`] runs this protocol with
+//! threads standing in for blocks, so offsets, slot reuse and the counters
+//! are tested on machines without a GPU.
+
+pub mod emulate;
+
+use ferrocoll_core::plan::{ExecutionPlan, Region};
+use ferrocoll_core::schedule::Buffer;
+use thiserror::Error;
+
+/// What the communicator set up: one inbox ring per (channel, sender).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Ranks.
+    pub world_size: u32,
+    /// Channels a plan may use.
+    pub max_channels: u32,
+    /// Slots per link.
+    pub slots: u32,
+    /// Bytes per slot: the largest message a plan may send (a multiple of
+    /// 16, so every slot starts aligned for any element and vector store).
+    pub slot_bytes: u64,
+}
+
+impl Layout {
+    /// Index of a per-(channel, peer) word: `posted` by sender, `consumed`
+    /// by receiver, `hello` and progress words by channel.
+    pub fn link_word(&self, channel: u32, peer: u32) -> usize {
+        (channel * self.world_size + peer) as usize
+    }
+
+    /// Words of one counter array of a rank.
+    pub fn link_words(&self) -> usize {
+        (self.max_channels * self.world_size) as usize
+    }
+
+    /// Byte offset of a slot in the receiver's inbox.
+    pub fn slot_offset(&self, channel: u32, from: u32, slot: u32) -> u64 {
+        (u64::from(channel * self.world_size + from) * u64::from(self.slots) + u64::from(slot))
+            * self.slot_bytes
+    }
+
+    /// Bytes of one rank's inbox.
+    pub fn inbox_bytes(&self) -> u64 {
+        self.link_words() as u64 * u64::from(self.slots) * self.slot_bytes
+    }
+}
+
+/// Why a plan does not fit the layout.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProgramError {
+    /// The plan's world size differs from the communicator's.
+    #[error("the plan is for {plan} ranks; this communicator has {layout}")]
+    WorldSize {
+        /// The plan's.
+        plan: u32,
+        /// The layout's.
+        layout: u32,
+    },
+    /// More channels than the inboxes were set up for.
+    #[error("the plan uses {plan} channels; the device buffers were set up for {layout}")]
+    Channels {
+        /// The plan's.
+        plan: u32,
+        /// The layout's.
+        layout: u32,
+    },
+    /// A message larger than a slot, or fewer slots than the plan assumes.
+    #[error("{0}")]
+    Slots(String),
+    /// More records than the 32-bit indices of the device format hold.
+    #[error("the plan is too large for the device format: {0}")]
+    TooLarge(String),
+}
+
+/// A run of records in one of a rank's tables: `count` from `first`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Span {
+    /// The first record.
+    pub first: u32,
+    /// How many.
+    pub count: u32,
+}
+
+/// Which buffer a region is in, as the device encodes it.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferId {
+    /// The caller's input.
+    Input = 0,
+    /// The caller's output (in place: the one buffer).
+    Output = 1,
+    /// The communicator's scratch.
+    Scratch = 2,
+    /// No region: the instruction does not read (or write).
+    None = 3,
+}
+
+impl From<Buffer> for BufferId {
+    fn from(b: Buffer) -> Self {
+        match b {
+            Buffer::Input => BufferId::Input,
+            Buffer::Output => BufferId::Output,
+            Buffer::Scratch => BufferId::Scratch,
+        }
+    }
+}
+
+/// A local region: its buffer and its pieces in the rank's piece table
+/// (`BufferId::None`: no region — the device format has no `Option`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Local {
+    /// The buffer.
+    pub buffer: BufferId,
+    /// Its pieces, whose concatenation is the value.
+    pub pieces: Span,
+}
+
+impl Local {
+    /// No region.
+    pub const NONE: Local = Local {
+        buffer: BufferId::None,
+        pieces: Span { first: 0, count: 0 },
+    };
+
+    /// The region, if there is one.
+    pub fn get(&self) -> Option<&Local> {
+        (self.buffer != BufferId::None).then_some(self)
+    }
+}
+
+/// `bytes` bytes from byte `offset` of a buffer.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Byte offset.
+    pub offset: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// One end of a message: the peer and the message's number on the link
+/// within the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    /// The rank at the other end.
+    pub peer: u32,
+    /// Its number on the link in this call, from 0.
+    pub index: u64,
+}
+
+/// Instruction `index` of `channel` (same rank) must have fired.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct After {
+    /// The channel.
+    pub channel: u32,
+    /// The instruction's index on it.
+    pub index: u32,
+}
+
+/// One instruction: receive, combine with a local read, write, send.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Op {
+    /// Bytes of the value.
+    pub bytes: u64,
+    /// Messages to combine, in order (ends in the rank's table).
+    pub recv: Span,
+    /// The local read combined after them ([`Local::NONE`]: none).
+    pub read: Local,
+    /// Where the value is stored ([`Local::NONE`]: nowhere).
+    pub write: Local,
+    /// Messages carrying the value.
+    pub send: Span,
+    /// Instructions of other channels to wait for.
+    pub after: Span,
+}
+
+/// Messages a rank moves on one link in a call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    /// The link, by [`Layout::link_word`].
+    pub word: u64,
+    /// Its messages in one call.
+    pub count: u64,
+}
+
+/// One rank's records.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RankProgram {
+    /// `channels[c]`: channel `c`'s instructions in `ops`.
+    pub channels: Vec<Span>,
+    /// Every instruction, channel after channel.
+    pub ops: Vec<Op>,
+    /// Pieces of every region.
+    pub pieces: Vec<Piece>,
+    /// Ends of every message.
+    pub ends: Vec<End>,
+    /// Every wait.
+    pub afters: Vec<After>,
+    /// With `Avg`: the region to divide by the world size at the end.
+    pub divide: Option<Local>,
+    /// Messages this rank sends per (channel, receiver) in a call: what
+    /// the link's `base` grows by.
+    pub sent: Vec<Count>,
+    /// Messages this rank receives per (channel, sender), likewise.
+    pub received: Vec<Count>,
+}
+
+/// A plan lowered for a layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceProgram {
+    /// The plan's hash: what the hello words carry.
+    pub hash: u64,
+    /// The element type.
+    pub dtype: ferrocoll_core::DataType,
+    /// The reduction (with `Avg`, the sum; `divide` finishes it).
+    pub op: ferrocoll_core::ReduceOp,
+    /// The layout it was lowered for.
+    pub layout: Layout,
+    /// Bytes of each rank's input, output and scratch.
+    pub input_bytes: u64,
+    /// See `input_bytes`.
+    pub output_bytes: u64,
+    /// See `input_bytes`.
+    pub scratch_bytes: u64,
+    /// Per rank.
+    pub ranks: Vec<RankProgram>,
+}
+
+impl DeviceProgram {
+    /// Lower `plan` for `layout`, or say why it does not fit.
+    pub fn lower(plan: &ExecutionPlan, layout: Layout) -> Result<Self, ProgramError> {
+        check(plan, &layout)?;
+        let ranks = plan
+            .ranks
+            .iter()
+            .map(|r| lower_rank(r, &layout))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(DeviceProgram {
+            hash: plan.hash,
+            dtype: plan.dtype,
+            op: plan.op,
+            layout,
+            input_bytes: plan.input_bytes,
+            output_bytes: plan.output_bytes,
+            scratch_bytes: plan.scratch_bytes,
+            ranks,
+        })
+    }
+}
+
+fn check(plan: &ExecutionPlan, layout: &Layout) -> Result<(), ProgramError> {
+    if layout.slots == 0 || layout.slot_bytes == 0 || layout.slot_bytes % 16 != 0 {
+        return Err(ProgramError::Slots(format!(
+            "{} slots of {} bytes: a layout needs at least one slot of a positive multiple of 16 bytes",
+            layout.slots, layout.slot_bytes
+        )));
+    }
+    if plan.world_size != layout.world_size {
+        return Err(ProgramError::WorldSize {
+            plan: plan.world_size,
+            layout: layout.world_size,
+        });
+    }
+    if plan.channels > layout.max_channels {
+        return Err(ProgramError::Channels {
+            plan: plan.channels,
+            layout: layout.max_channels,
+        });
+    }
+    if plan.slots_per_link > layout.slots {
+        return Err(ProgramError::Slots(format!(
+            "the plan needs {} slots per link; the device buffers hold {}",
+            plan.slots_per_link, layout.slots
+        )));
+    }
+    if let Some(l) = plan.links.iter().find(|l| l.largest > layout.slot_bytes) {
+        return Err(ProgramError::Slots(format!(
+            "a message of {} bytes on link {}->{} channel {} does not fit a slot of {} (cut the chunks smaller)",
+            l.largest, l.link.from, l.link.to, l.link.channel, layout.slot_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// A table's next index, or why the device format cannot hold it.
+fn next_index<T>(table: &[T], what: &str) -> Result<u32, ProgramError> {
+    u32::try_from(table.len()).map_err(|_| ProgramError::TooLarge(format!("over 2^32 {what}")))
+}
+
+fn lower_rank(
+    plan: &ferrocoll_core::plan::RankPlan,
+    layout: &Layout,
+) -> Result<RankProgram, ProgramError> {
+    let mut p = RankProgram::default();
+    let mut sent = std::collections::BTreeMap::new();
+    let mut received = std::collections::BTreeMap::new();
+    for (c, instructions) in plan.channels.iter().enumerate() {
+        let first = next_index(&p.ops, "instructions")?;
+        for ins in instructions {
+            let recv = ends(&mut p, &ins.recv)?;
+            let send = ends(&mut p, &ins.send)?;
+            for m in &ins.recv {
+                let n = received
+                    .entry(layout.link_word(c as u32, m.peer))
+                    .or_insert(0);
+                *n = (*n).max(m.index + 1);
+            }
+            for m in &ins.send {
+                let n = sent.entry(layout.link_word(c as u32, m.peer)).or_insert(0);
+                *n = (*n).max(m.index + 1);
+            }
+            let after_first = next_index(&p.afters, "waits")?;
+            p.afters.extend(ins.after.iter().map(|w| After {
+                channel: w.channel,
+                index: w.index,
+            }));
+            let read = ins
+                .read
+                .as_ref()
+                .map_or(Ok(Local::NONE), |r| local(&mut p, r))?;
+            let write = ins
+                .write
+                .as_ref()
+                .map_or(Ok(Local::NONE), |r| local(&mut p, r))?;
+            p.ops.push(Op {
+                bytes: ins.bytes,
+                recv,
+                read,
+                write,
+                send,
+                after: Span {
+                    first: after_first,
+                    count: ins.after.len() as u32,
+                },
+            });
+        }
+        p.channels.push(Span {
+            first,
+            count: instructions.len() as u32,
+        });
+    }
+    p.divide = plan.divide.as_ref().map(|r| local(&mut p, r)).transpose()?;
+    let counts = |m: std::collections::BTreeMap<usize, u64>| {
+        m.into_iter()
+            .map(|(word, count)| Count {
+                word: word as u64,
+                count,
+            })
+            .collect()
+    };
+    p.sent = counts(sent);
+    p.received = counts(received);
+    Ok(p)
+}
+
+fn ends(
+    p: &mut RankProgram,
+    messages: &[ferrocoll_core::plan::Message],
+) -> Result<Span, ProgramError> {
+    let first = next_index(&p.ends, "message ends")?;
+    p.ends.extend(messages.iter().map(|m| End {
+        peer: m.peer,
+        index: m.index,
+    }));
+    Ok(Span {
+        first,
+        count: messages.len() as u32,
+    })
+}
+
+fn local(p: &mut RankProgram, r: &Region) -> Result<Local, ProgramError> {
+    let first = next_index(&p.pieces, "pieces")?;
+    p.pieces.extend(r.pieces.iter().map(|x| Piece {
+        offset: x.offset,
+        bytes: x.bytes,
+    }));
+    Ok(Local {
+        buffer: r.buffer.into(),
+        pieces: Span {
+            first,
+            count: r.pieces.len() as u32,
+        },
+    })
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The records are what `cuda/interpret.cu` reads: the same sizes and
+    /// field offsets as its `Fc*` structs under the CUDA ABI (naturally
+    /// aligned, as `#[repr(C)]` lays them out).
+    #[test]
+    fn records_match_the_device_structs() {
+        assert_eq!(size_of::<Span>(), 8);
+        assert_eq!(size_of::<Local>(), 12);
+        assert_eq!(size_of::<Piece>(), 16);
+        assert_eq!(size_of::<End>(), 16);
+        assert_eq!(size_of::<After>(), 8);
+        assert_eq!(size_of::<Count>(), 16);
+        assert_eq!(size_of::<Op>(), 56);
+        assert_eq!(offset_of!(Op, recv), 8);
+        assert_eq!(offset_of!(Op, read), 16);
+        assert_eq!(offset_of!(Op, write), 28);
+        assert_eq!(offset_of!(Op, send), 40);
+        assert_eq!(offset_of!(Op, after), 48);
+        assert_eq!(offset_of!(End, index), 8);
+        let src = crate::kernels::INTERPRETER;
+        for decl in [
+            "struct FcSpan { u32 first, count; };",
+            "struct FcLocal { u32 buffer; FcSpan pieces; };",
+            "struct FcPiece { u64 offset, bytes; };",
+            "struct FcEnd { u32 peer; u64 index; };",
+            "struct FcAfter { u32 channel, index; };",
+            "struct FcOp { u64 bytes; FcSpan recv; FcLocal read; FcLocal write; FcSpan send; FcSpan after; };",
+            "struct FcCount { u64 word, count; };",
+        ] {
+            assert!(src.contains(decl), "{decl}");
+        }
+        assert_eq!(BufferId::None as u32, 3);
+        assert!(src.contains("#define FC_NONE 3u"));
+    }
+}
