@@ -28,8 +28,9 @@ struct FcCount { u64 word, count; };
 
 #define FC_NONE 3u
 #define FC_MAX_RANKS 64
-#define FC_MAX_FANIN 8
-#define FC_MAX_FANOUT 8
+// One message per peer and instruction at most (program::MAX_RANKS).
+#define FC_MAX_FANIN FC_MAX_RANKS
+#define FC_MAX_FANOUT FC_MAX_RANKS
 
 // This rank's program, in its device memory.
 struct FcTables {
@@ -195,13 +196,22 @@ __device__ void fc_interpret(const FcCall &a) {
             go = 1;
             for (u32 k = 0; go && k < op.after.count; ++k) {
                 const FcAfter w = a.t.afters[op.after.first + k];
-                go = fc_wait(a, [&] { return fc_load_acquire(a.done + w.channel) >= ((call << 32) | (w.index + 1)); });
+                // The same call (its number wraps), past the instruction.
+                go = fc_wait(a, [&] {
+                    const u64 d = fc_load_acquire(a.done + w.channel);
+                    return (d >> 32) == call && (u32)d > w.index;
+                });
             }
             for (u32 k = 0; go && k < op.recv.count; ++k) {
                 const FcEnd e = a.t.ends[op.recv.first + k];
                 const u64 g = a.base_received[fc_word(a, c, e.peer)] + e.index;
                 const u64 *posted = a.peers.posted[a.rank] + fc_word(a, c, e.peer);
-                go = fc_wait(a, [&] { return fc_load_acquire(posted) > g; });
+                // A sender on another plan may never post: its hello says so.
+                if (!greeted[e.peer]) {
+                    go = fc_greet(a, c, e.peer);
+                    greeted[e.peer] = 1;
+                }
+                go = go && fc_wait(a, [&] { return fc_load_acquire(posted) > g; });
                 in[k] = (const T *)(a.peers.inbox[a.rank] + fc_slot(a, c, e.peer, g));
             }
             for (u32 k = 0; go && k < op.send.count; ++k) {

@@ -12,7 +12,6 @@
 //! on every machine, and a change to the protocol is caught here before it
 //! reaches a GPU.
 
-use std::cell::UnsafeCell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -23,8 +22,13 @@ use ferrocoll_core::types::Reduce;
 
 use super::{BufferId, DeviceProgram, Layout, Local, Op, RankProgram};
 
-/// Memory other threads write into, ordered by the counters.
-struct Arena(UnsafeCell<Box<[u64]>>);
+/// Memory other threads write into, ordered by the counters: a raw
+/// allocation, so that no reference to the whole of it ever exists while
+/// threads write their parts.
+struct Arena {
+    ptr: *mut u64,
+    words: usize,
+}
 
 // SAFETY: every access to an arena's bytes is ordered by the protocol's
 // counters (a store into a slot happens before the release of `posted`
@@ -34,16 +38,26 @@ struct Arena(UnsafeCell<Box<[u64]>>);
 // exactly what the tests of this module check.
 unsafe impl Sync for Arena {}
 
+// SAFETY: the arena owns its allocation; sending it moves that ownership.
+unsafe impl Send for Arena {}
+
 impl Arena {
     fn new(bytes: u64) -> Self {
-        Arena(UnsafeCell::new(
-            vec![0u64; bytes.div_ceil(8) as usize].into(),
-        ))
+        let words = bytes.div_ceil(8) as usize;
+        let ptr = Box::into_raw(vec![0u64; words].into_boxed_slice()).cast::<u64>();
+        Arena { ptr, words }
     }
 
     fn ptr(&self) -> *mut u8 {
-        // SAFETY: the box is never reallocated; only its contents change.
-        unsafe { (*self.0.get()).as_mut_ptr().cast() }
+        self.ptr.cast()
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `words` came from `Box::into_raw` of a boxed
+        // slice of that length, freed once, here.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words)) });
     }
 }
 
@@ -127,10 +141,30 @@ impl Fabric {
         buffers: Vec<Buffers<'_, T>>,
     ) -> Vec<Result<(), CommError>> {
         let n = self.layout.world_size as usize;
-        assert!(
-            programs.len() == n && buffers.len() == n,
-            "one program and buffers per rank"
-        );
+        // The walk trusts every index and length of the records: check
+        // them (their fields are public) before any thread starts.
+        let problem = if programs.len() != n || buffers.len() != n {
+            Some((
+                0,
+                format!(
+                    "{} programs and {} buffers for {n} ranks",
+                    programs.len(),
+                    buffers.len()
+                ),
+            ))
+        } else {
+            programs.iter().enumerate().find_map(|(r, p)| {
+                let why = if p.layout != self.layout {
+                    Some("a program lowered for another layout".to_owned())
+                } else {
+                    p.validate().err().map(|e| e.to_string())
+                };
+                why.map(|w| (r as Rank, format!("rank {r}: {w}")))
+            })
+        };
+        if let Some((rank, why)) = problem {
+            self.fail(rank, why);
+        }
         if let Some((rank, reason)) = self.failed() {
             return (0..n)
                 .map(|_| {
@@ -183,31 +217,36 @@ impl Fabric {
     ) -> Result<(), CommError> {
         let me = &program.ranks[rank as usize];
         let size = std::mem::size_of::<T>() as u64;
-        if size as usize != program.dtype.size_bytes() {
-            return Err(CommError::DtypeMismatch {
-                input: program.dtype,
+        let problem = if T::DATA_TYPE != program.dtype {
+            Some(CommError::DtypeMismatch {
+                input: T::DATA_TYPE,
                 output: program.dtype,
-            });
-        }
-        for (what, got, needed) in [
-            (
-                "input",
-                buffers.input.len() as u64 * size,
-                program.input_bytes,
-            ),
-            (
-                "output",
-                buffers.output.len() as u64 * size,
-                program.output_bytes,
-            ),
-        ] {
-            if got != needed {
-                return Err(CommError::BufferSize {
-                    what,
-                    got: (got / size) as usize,
-                    needed: (needed / size) as usize,
-                });
-            }
+            })
+        } else {
+            [
+                (
+                    "input",
+                    buffers.input.len() as u64 * size,
+                    program.input_bytes,
+                ),
+                (
+                    "output",
+                    buffers.output.len() as u64 * size,
+                    program.output_bytes,
+                ),
+            ]
+            .into_iter()
+            .find(|&(_, got, needed)| got != needed)
+            .map(|(what, got, needed)| CommError::BufferSize {
+                what,
+                got: (got / size) as usize,
+                needed: (needed / size) as usize,
+            })
+        };
+        if let Some(e) = problem {
+            // Peers must not wait out the timeout for this rank.
+            self.fail(rank, e.to_string());
+            return Err(e);
         }
         let seq = {
             let mut t = self.totals[rank as usize]
@@ -216,7 +255,7 @@ impl Fabric {
             t.calls = t.calls.wrapping_add(1);
             t.calls
         };
-        let hello = (u64::from(seq) << 32) | (program.hash & 0xffff_ffff);
+        let hello = (u64::from(seq) << 32) | (program.agreement() & 0xffff_ffff);
         for h in self.peers[rank as usize].hello.iter() {
             h.store(hello, Ordering::Release);
         }
@@ -362,6 +401,12 @@ impl Block<'_> {
             .collect();
         let mine = &self.fabric.peers[self.rank as usize];
         for &(p, g) in &recv {
+            // A sender that called another plan may never post: its hello
+            // says so sooner than a timeout would.
+            if !greeted[p as usize] {
+                self.greet(p)?;
+                greeted[p as usize] = true;
+            }
             let posted = &mine.posted[layout.link_word(self.channel, p)];
             self.wait(
                 || posted.load(Ordering::Acquire) > g,
@@ -380,6 +425,10 @@ impl Block<'_> {
             }
         }
         let value = self.value::<T>(op, &recv);
+        // Tests widen the window between the data and its announcement, so
+        // an announcement made too early shows as wrong data.
+        #[cfg(test)]
+        std::thread::yield_now();
         for &(p, g) in &recv {
             self.fabric.peers[p as usize].consumed[layout.link_word(self.channel, self.rank)]
                 .store(g + 1, Ordering::Release);
@@ -403,6 +452,8 @@ impl Block<'_> {
                     bytes,
                 );
             }
+            #[cfg(test)]
+            std::thread::yield_now();
             peer.posted[layout.link_word(self.channel, self.rank)].store(g + 1, Ordering::Release);
         }
         Ok(())
@@ -421,12 +472,13 @@ impl Block<'_> {
         if theirs == self.hello {
             return Ok(());
         }
+        let show = |h: u64| format!("call {} of plan {:08x}", h >> 32, h & 0xffff_ffff);
         let e = CommError::Mismatch {
             call: u64::from(seq),
             rank: self.rank,
             other: peer,
-            expected: format!("plan {:08x}", theirs & 0xffff_ffff),
-            got: format!("plan {:08x}", self.hello & 0xffff_ffff),
+            expected: show(theirs),
+            got: show(self.hello),
         };
         self.fabric.fail(self.rank, e.to_string());
         Err(e)

@@ -42,6 +42,11 @@ use ferrocoll_core::plan::{ExecutionPlan, Region};
 use ferrocoll_core::schedule::Buffer;
 use thiserror::Error;
 
+/// Ranks a device program may have: the kernel's per-peer tables
+/// (`FC_MAX_RANKS` in `cuda/interpret.cu`), which also bound the messages
+/// one instruction receives or sends (one per peer).
+pub const MAX_RANKS: u32 = 64;
+
 /// What the communicator set up: one inbox ring per (channel, sender).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
@@ -102,9 +107,13 @@ pub enum ProgramError {
     /// A message larger than a slot, or fewer slots than the plan assumes.
     #[error("{0}")]
     Slots(String),
-    /// More records than the 32-bit indices of the device format hold.
+    /// More records than the 32-bit indices of the device format hold, or
+    /// more ranks than [`MAX_RANKS`].
     #[error("the plan is too large for the device format: {0}")]
     TooLarge(String),
+    /// The plan, or a program edited after lowering, contradicts itself.
+    #[error("invalid device program: {0}")]
+    Invalid(String),
 }
 
 /// A run of records in one of a rank's tables: `count` from `first`.
@@ -270,13 +279,15 @@ pub struct DeviceProgram {
 impl DeviceProgram {
     /// Lower `plan` for `layout`, or say why it does not fit.
     pub fn lower(plan: &ExecutionPlan, layout: Layout) -> Result<Self, ProgramError> {
+        plan.check()
+            .map_err(|e| ProgramError::Invalid(e.to_string()))?;
         check(plan, &layout)?;
         let ranks = plan
             .ranks
             .iter()
             .map(|r| lower_rank(r, &layout))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(DeviceProgram {
+        let program = DeviceProgram {
             hash: plan.hash,
             dtype: plan.dtype,
             op: plan.op,
@@ -285,7 +296,159 @@ impl DeviceProgram {
             output_bytes: plan.output_bytes,
             scratch_bytes: plan.scratch_bytes,
             ranks,
-        })
+        };
+        // Each link's messages per call are the plan's own count.
+        for l in &plan.links {
+            let word = layout.link_word(l.link.channel, l.link.to) as u64;
+            let sent = program.ranks[l.link.from as usize]
+                .sent
+                .iter()
+                .find(|c| c.word == word)
+                .map_or(0, |c| c.count);
+            if sent != l.messages {
+                return Err(ProgramError::Invalid(format!(
+                    "link {}->{} channel {}: {} messages lowered, the plan has {}",
+                    l.link.from, l.link.to, l.link.channel, sent, l.messages
+                )));
+            }
+        }
+        program.validate()?;
+        Ok(program)
+    }
+
+    /// What the hello words compare: the plan and the layout it was
+    /// lowered for (ranks that set up different slots would compute
+    /// different slot offsets for the same plan).
+    pub fn agreement(&self) -> u64 {
+        let l = &self.layout;
+        let mut h = self.hash;
+        for x in [
+            u64::from(l.world_size),
+            u64::from(l.max_channels),
+            u64::from(l.slots),
+            l.slot_bytes,
+        ] {
+            h = (h ^ x).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
+        }
+        h
+    }
+
+    /// Every index, peer, piece and length within bounds: what a walk of
+    /// the records (the emulation's, the kernel's) relies on. The fields
+    /// are public, so a program edited after lowering is checked again
+    /// before it runs.
+    pub fn validate(&self) -> Result<(), ProgramError> {
+        let l = &self.layout;
+        let bad = |why: String| Err(ProgramError::Invalid(why));
+        if l.world_size == 0 || l.world_size > MAX_RANKS {
+            return Err(ProgramError::TooLarge(format!(
+                "{} ranks; the device tables hold 1..={MAX_RANKS}",
+                l.world_size
+            )));
+        }
+        if self.ranks.len() != l.world_size as usize {
+            return bad(format!(
+                "{} rank programs for {} ranks",
+                self.ranks.len(),
+                l.world_size
+            ));
+        }
+        let sizes = [self.input_bytes, self.output_bytes, self.scratch_bytes];
+        for (r, p) in self.ranks.iter().enumerate() {
+            if let Err(why) = p.validate(l, &sizes) {
+                return bad(format!("rank {r}: {why}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RankProgram {
+    fn validate(&self, l: &Layout, sizes: &[u64; 3]) -> Result<(), String> {
+        let within = |s: Span, len: usize, what: &str| {
+            if u64::from(s.first) + u64::from(s.count) > len as u64 {
+                return Err(format!("{what} {}..+{} past {len}", s.first, s.count));
+            }
+            Ok(())
+        };
+        if self.channels.len() > l.max_channels as usize {
+            return Err(format!(
+                "{} channels, the layout has {}",
+                self.channels.len(),
+                l.max_channels
+            ));
+        }
+        for &c in &self.channels {
+            within(c, self.ops.len(), "instructions")?;
+        }
+        let region = |r: &Local, bytes: u64| -> Result<(), String> {
+            let Some(r) = r.get() else { return Ok(()) };
+            within(r.pieces, self.pieces.len(), "pieces")?;
+            let size = sizes[r.buffer as usize];
+            let pieces =
+                &self.pieces[r.pieces.first as usize..(r.pieces.first + r.pieces.count) as usize];
+            if pieces
+                .iter()
+                .any(|p| p.offset.checked_add(p.bytes).is_none_or(|end| end > size))
+            {
+                return Err(format!(
+                    "a piece past the {size} bytes of buffer {:?}",
+                    r.buffer
+                ));
+            }
+            let total: u64 = pieces.iter().map(|p| p.bytes).sum();
+            if total != bytes {
+                return Err(format!("a region of {total} bytes for a value of {bytes}"));
+            }
+            Ok(())
+        };
+        for op in &self.ops {
+            within(op.recv, self.ends.len(), "message ends")?;
+            within(op.send, self.ends.len(), "message ends")?;
+            within(op.after, self.afters.len(), "waits")?;
+            region(&op.read, op.bytes)?;
+            region(&op.write, op.bytes)?;
+            let ends = [op.recv, op.send]
+                .into_iter()
+                .flat_map(|s| self.ends[s.first as usize..(s.first + s.count) as usize].iter());
+            if ends.clone().any(|e| e.peer >= l.world_size) {
+                return Err("a message to a rank past the world size".into());
+            }
+            if (op.recv.count + op.send.count > 0) && op.bytes > l.slot_bytes {
+                return Err(format!(
+                    "a message of {} bytes in slots of {}",
+                    op.bytes, l.slot_bytes
+                ));
+            }
+            if op.recv.count == 0 && op.read.get().is_none() {
+                return Err("an instruction with no input".into());
+            }
+            let afters =
+                &self.afters[op.after.first as usize..(op.after.first + op.after.count) as usize];
+            if afters
+                .iter()
+                .any(|a| a.channel as usize >= self.channels.len())
+            {
+                return Err("a wait on a channel this rank does not run".into());
+            }
+        }
+        if let Some(d) = &self.divide {
+            let bytes = self
+                .pieces
+                .get(d.pieces.first as usize..(d.pieces.first + d.pieces.count) as usize)
+                .map_or(0, |p| p.iter().map(|x| x.bytes).sum());
+            region(d, bytes)?;
+        }
+        for c in self.sent.iter().chain(&self.received) {
+            if c.word >= l.link_words() as u64 {
+                return Err(format!(
+                    "a link count for word {} of {}",
+                    c.word,
+                    l.link_words()
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -459,6 +622,7 @@ mod layout_tests {
         ] {
             assert!(src.contains(decl), "{decl}");
         }
+        assert!(src.contains(&format!("#define FC_MAX_RANKS {MAX_RANKS}")));
         assert_eq!(BufferId::None as u32, 3);
         assert!(src.contains("#define FC_NONE 3u"));
     }

@@ -16,7 +16,7 @@ use ferrocoll_core::verify::{VerifyOptions, verify};
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 
 use super::*;
-use crate::program::Span;
+use crate::program::{ProgramError, Span};
 
 /// The plan of `case` with small chunks, so calls run many segments.
 fn plan_of(case: &Case, channels: u32) -> ExecutionPlan {
@@ -69,8 +69,15 @@ impl Harness for Emulated {
         let fabric = Fabric::new(program.layout, Duration::from_secs(20));
         let programs: Vec<&DeviceProgram> = vec![&program; case.world_size as usize];
         // Twice: the second call's counters start where the first left them.
+        // The first call moves other values, so a read of a stale slot in
+        // the second shows as a wrong element.
+        let other = Case {
+            seed: case.seed ^ 0x9e37_79b9,
+            ..*case
+        };
+        let first_inputs = ferrocoll_core::conformance::case_inputs::<T>(&other);
         let mut results = Vec::new();
-        for _ in 0..2 {
+        for inputs in [first_inputs.as_slice(), inputs] {
             // In place the one buffer holds the input where the call
             // defines (what `call_case` does for communicators).
             let mut outs: Vec<Vec<T>> = if case.in_place {
@@ -272,5 +279,62 @@ fn plans_that_do_not_fit_the_layout_are_typed_errors() {
     ];
     for layout in cases {
         assert!(DeviceProgram::lower(&plan, layout).is_err(), "{layout:?}");
+    }
+}
+
+#[test]
+fn an_instruction_receiving_from_many_peers_runs() {
+    // Direct all-reduce on 12 ranks: each rank combines 11 messages in one
+    // instruction (past the 8 pointers the v1 kernels take per launch).
+    let case = Case {
+        collective: Collective::AllReduce,
+        algorithm: Some(Algorithm::Direct),
+        world_size: 12,
+        count: 50,
+        dtype: DataType::I32,
+        op: ReduceOp::Sum,
+        in_place: false,
+        seed: 3,
+    };
+    let plan = plan_of(&case, 1);
+    assert!(
+        plan.ranks[0].channels[0].iter().any(|i| i.recv.len() == 11),
+        "the case must fan in 11 messages"
+    );
+    check_case(&Emulated { channels: 1 }, &case).unwrap();
+}
+
+#[test]
+fn more_ranks_than_the_device_tables_hold_is_a_typed_error() {
+    let case = Case {
+        world_size: 65,
+        ..all_reduce(65)
+    };
+    let plan = plan_of(&case, 1);
+    assert!(matches!(
+        DeviceProgram::lower(&plan, layout_for(&plan, 2)),
+        Err(ProgramError::TooLarge(_))
+    ));
+}
+
+#[test]
+fn an_edited_program_is_refused_before_any_thread_walks_it() {
+    let plan = plan_of(&all_reduce(64), 1);
+    let layout = layout_for(&plan, 2);
+    let good = DeviceProgram::lower(&plan, layout).unwrap();
+    let mut past = good.clone();
+    past.ranks[1].pieces[0].offset = 1 << 40;
+    let mut peer = good.clone();
+    peer.ranks[0].ends[0].peer = 7;
+    let mut other_layout = good.clone();
+    other_layout.layout.slots = 3;
+    for bad in [&past, &peer, &other_layout] {
+        assert!(bad.validate().is_err() || bad.layout != layout);
+        let fabric = Fabric::new(layout, Duration::from_secs(20));
+        let inputs = vec![vec![1.0f32; 64]; 3];
+        let mut outputs = vec![vec![0.0f32; 64]; 3];
+        let results = fabric.call(&[&good, bad, &good], f32_buffers(&mut outputs, &inputs));
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+        assert!(outputs.iter().flatten().all(|&x| x == 0.0), "nothing ran");
     }
 }
