@@ -201,6 +201,16 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// The tests write scripts and run them: while one test's script is
+    /// still open for writing, a process another test forks inherits the
+    /// descriptor, and running the script fails with "text file busy" (a
+    /// flake under load). One test at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A fake `python3` in a fresh folder, running `body` as a shell script.
     fn fake_python(tag: &str, body: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("nccl-search-{}-{tag}", std::process::id()));
@@ -213,6 +223,7 @@ mod tests {
 
     #[test]
     fn a_python_on_path_is_asked_where_its_wheel_is() {
+        let _serial = serial();
         let dir = fake_python(
             "answers",
             "echo /opt/env/lib/python3.11/site-packages/nvidia/nccl/lib; echo not-a-path",
@@ -230,6 +241,7 @@ mod tests {
 
     #[test]
     fn a_failing_or_hanging_python_names_nothing() {
+        let _serial = serial();
         let failing = fake_python("fails", "echo /x; exit 3");
         assert!(from_pythons(failing.as_os_str()).is_empty());
         // A relative folder on PATH is never searched.
@@ -247,6 +259,7 @@ mod tests {
     /// wheel need not be installed: site-packages are named either way).
     #[test]
     fn the_query_runs_in_a_real_python() {
+        let _serial = serial();
         let Some(path) = std::env::var_os("PATH") else {
             return;
         };

@@ -156,7 +156,9 @@ impl Compiler {
                 Layout::with_max_chunk_bytes(call.count, cpb, call.dtype.size_bytes(), max)
                     .segments()
             }
-            Chunking::Segments(k) => Layout::new(call.count, cpb, k).segments(),
+            Chunking::Segments(k) => {
+                Layout::aligned(call.count, cpb, k, call.dtype.size_bytes()).segments()
+            }
         }
     }
 
@@ -217,7 +219,7 @@ fn layout(s: &Schedule, call: &CallShape, chunking: Chunking) -> Result<Layout, 
         Chunking::MaxBytes(max) => {
             Layout::with_max_chunk_bytes(call.count, s.chunks_per_block, elem, max)
         }
-        Chunking::Segments(k) => Layout::new(call.count, s.chunks_per_block, k),
+        Chunking::Segments(k) => Layout::aligned(call.count, s.chunks_per_block, k, elem),
     };
     let instructions = (s.step_count() as u64).saturating_mul(u64::from(layout.segments()));
     if instructions > MAX_PLAN_INSTRUCTIONS {

@@ -11,6 +11,13 @@
 //! and which tile `0..count` exactly; when `count` is smaller than the number
 //! of parts some parts are empty, and plans move empty chunks as
 //! zero-length messages so that every rank stays in step.
+//!
+//! Compiled plans cut at [`ALIGN_BYTES`] within each block instead
+//! ([`partition_aligned`]), where parts are large enough for that to cost
+//! nothing: a boundary in the middle of a 16-byte word sends every vector
+//! kernel (a CPU's, a GPU's 16-byte loads and stores of f16 and bf16) down
+//! its element-by-element path for the whole chunk. Block starts are
+//! aligned only where the block's bytes are a multiple of 16.
 
 use std::ops::Range;
 
@@ -28,12 +35,50 @@ pub fn partition(count: usize, parts: usize, i: usize) -> Range<usize> {
     start(i)..start(i + 1)
 }
 
+/// Bytes chunk boundaries are aligned to inside a block: one vector load
+/// or store on CPUs and GPUs.
+pub const ALIGN_BYTES: usize = 16;
+
+/// Part `i` of `0..count` cut into `parts` contiguous parts whose starts
+/// (all but the end of the last) are multiples of `granule`: each
+/// [`partition`] boundary rounded down to one. Sizes differ by less than
+/// `granule` + 1; some parts may be empty.
+///
+/// # Panics
+/// As [`partition`], and if `granule` is 0.
+pub fn partition_aligned(count: usize, parts: usize, i: usize, granule: usize) -> Range<usize> {
+    assert!(
+        i < parts && granule > 0,
+        "part {i} of {parts}, granule {granule}"
+    );
+    let start = |k: usize| {
+        if k == parts {
+            count
+        } else {
+            let s = partition(count, parts, k).start;
+            s - s % granule
+        }
+    };
+    start(i)..start(i + 1)
+}
+
 /// The chunk-to-element map of one collective call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     count: usize,
     chunks_per_block: u32,
     segments: u32,
+    /// Elements each part boundary is a multiple of (1: unaligned).
+    granule: usize,
+}
+
+/// Parts average at least this many granules before boundaries are
+/// aligned: below, rounding would unbalance them for no gain.
+const MIN_GRANULES_PER_PART: usize = 4;
+
+/// Elements in [`ALIGN_BYTES`] of `elem_bytes`-byte elements (at least 1).
+fn granule_of(elem_bytes: usize) -> usize {
+    (ALIGN_BYTES / elem_bytes.max(1)).max(1)
 }
 
 impl Layout {
@@ -49,11 +94,31 @@ impl Layout {
             count,
             chunks_per_block,
             segments: segments.max(1),
+            granule: 1,
+        }
+    }
+
+    /// [`Layout::new`] with part boundaries at [`ALIGN_BYTES`] of
+    /// `elem_bytes`-byte elements, where parts are large enough.
+    pub fn aligned(count: usize, chunks_per_block: u32, segments: u32, elem_bytes: usize) -> Self {
+        let l = Layout::new(count, chunks_per_block, segments);
+        let parts = l.segments as usize * chunks_per_block as usize;
+        let g = granule_of(elem_bytes);
+        Layout {
+            granule: if count / parts >= MIN_GRANULES_PER_PART * g {
+                g
+            } else {
+                1
+            },
+            ..l
         }
     }
 
     /// A layout whose chunks hold at most `max_chunk_bytes` bytes (of
-    /// `elem_bytes`-byte elements): as few segments as that allows.
+    /// `elem_bytes`-byte elements): as few segments as that allows, with
+    /// boundaries at [`ALIGN_BYTES`] where chunks hold enough elements
+    /// (rounding a boundary down can lengthen a part by up to a granule
+    /// less one element, so the parts are planned that much shorter).
     pub fn with_max_chunk_bytes(
         count: usize,
         chunks_per_block: u32,
@@ -61,13 +126,29 @@ impl Layout {
         max_chunk_bytes: usize,
     ) -> Self {
         let max_chunk_elems = (max_chunk_bytes / elem_bytes.max(1)).max(1);
-        let parts_needed = count.div_ceil(max_chunk_elems);
+        let g = granule_of(elem_bytes);
+        let (granule, per_part) = if max_chunk_elems >= MIN_GRANULES_PER_PART * g {
+            (g, max_chunk_elems - (g - 1))
+        } else {
+            (1, max_chunk_elems)
+        };
+        let parts_needed = count.div_ceil(per_part);
         let segments = parts_needed.div_ceil(chunks_per_block as usize).max(1);
-        Layout::new(
+        let l = Layout::new(
             count,
             chunks_per_block,
             u32::try_from(segments).unwrap_or(u32::MAX),
-        )
+        );
+        let parts = l.segments as usize * chunks_per_block as usize;
+        Layout {
+            // Few elements per part: aligning would unbalance them.
+            granule: if count / parts >= MIN_GRANULES_PER_PART * granule {
+                granule
+            } else {
+                1
+            },
+            ..l
+        }
     }
 
     /// Segments the schedule runs over.
@@ -81,7 +162,7 @@ impl Layout {
         let block = chunk as usize / cpb;
         let part = segment as usize * cpb + chunk as usize % cpb;
         let parts = self.segments as usize * cpb;
-        let r = partition(self.count, parts, part);
+        let r = partition_aligned(self.count, parts, part, self.granule);
         block * self.count + r.start..block * self.count + r.end
     }
 
@@ -129,8 +210,52 @@ mod tests {
         assert_eq!(Layout::with_max_chunk_bytes(0, 4, 4, 64).segments(), 1);
     }
 
+    #[test]
+    fn compiled_layouts_cut_at_16_bytes_where_chunks_are_large() {
+        // 1000 f16 over 6 parts: unaligned, boundaries at 166, 333, 500...
+        let l = Layout::aligned(1000, 6, 1, 2);
+        for c in 0..6 {
+            let r = l.chunk_range(0, c);
+            assert_eq!(r.start % 8, 0, "{r:?}");
+        }
+        assert_eq!(l.chunk_range(0, 5).end, 1000);
+        // Tiny parts stay balanced.
+        let tiny = Layout::aligned(20, 6, 1, 2);
+        assert_eq!(tiny.chunk_range(0, 1), partition(20, 6, 1));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn aligned_partitions_tile_and_align(
+            count in 0usize..5000, parts in 1usize..300, granule in 1usize..17,
+        ) {
+            let mut next = 0;
+            for i in 0..parts {
+                let r = partition_aligned(count, parts, i, granule);
+                prop_assert_eq!(r.start, next);
+                prop_assert!(r.end >= r.start);
+                prop_assert_eq!(r.start % granule, 0);
+                prop_assert!(r.len() < count.div_ceil(parts) + granule);
+                next = r.end;
+            }
+            prop_assert_eq!(next, count);
+        }
+
+        #[test]
+        fn max_chunk_bytes_holds_with_alignment(
+            count in 0usize..20_000, elem in prop::sample::select(vec![1usize, 2, 4, 8]),
+            max in 1usize..4096, cpb in 1u32..12,
+        ) {
+            let l = Layout::with_max_chunk_bytes(count, cpb, elem, max);
+            for s in 0..l.segments().min(4) {
+                for c in 0..cpb {
+                    let len = l.chunk_range(s, c).len();
+                    prop_assert!(len * elem <= max.max(elem), "{} elements of {} bytes over {}", len, elem, max);
+                }
+            }
+        }
 
         #[test]
         fn partition_tiles_exactly(count in 0usize..5000, parts in 1usize..300) {
