@@ -471,6 +471,19 @@ fn synth_writes_the_hierarchical_all_reduce_across_machines() {
         "{}",
         stdout(&out)
     );
+    let zero = ferrocoll(&[
+        "synth",
+        "--topo",
+        "dgx-a100x2",
+        "--kind",
+        "hierarchical",
+        "--size",
+        "0",
+        "-o",
+        path,
+    ]);
+    assert!(!zero.status.success());
+    assert!(stderr(&zero).contains("--size"), "{}", stderr(&zero));
     for (topo, gpus, op) in [
         ("dgx-a100", "0-3", "all-reduce"),
         ("dgx-a100x2", "0,1,8", "all-reduce"),

@@ -77,6 +77,9 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
             args.op
         ));
     }
+    if args.size == 0 {
+        return Err("--size must be more than 0: candidates are compared at that size".into());
+    }
     let full = source::load(&args.topo, source::DEFAULT_HOST_RANKS)?;
     let gpus = Gpus::of(&args.gpus);
     let t = bound::members_of(&full, gpus)?;
