@@ -120,7 +120,6 @@ impl Compiler {
                 blocks(call.collective.output_blocks(n)),
             )
         };
-        let parts = layout.segments() as usize * s.chunks_per_block as usize;
         let mut plan = ExecutionPlan {
             version: PLAN_FORMAT_VERSION,
             schedule: s.name.clone(),
@@ -134,7 +133,7 @@ impl Compiler {
             channels: s.channel_count() as u32,
             chunks_per_block: s.chunks_per_block,
             segments: layout.segments(),
-            chunk_bytes: call.count.div_ceil(parts) as u64 * elem,
+            chunk_bytes: layout.longest_chunk() as u64 * elem,
             slots_per_link,
             input_bytes,
             output_bytes,

@@ -14,7 +14,7 @@
 //!
 //! Compiled plans cut at [`ALIGN_BYTES`] within each block instead
 //! ([`partition_aligned`]), where parts are large enough for that to cost
-//! nothing: a boundary in the middle of a 16-byte word sends every vector
+//! nothing (no extra segment, no chunk past a byte budget): a boundary in the middle of a 16-byte word sends every vector
 //! kernel (a CPU's, a GPU's 16-byte loads and stores of f16 and bf16) down
 //! its element-by-element path for the whole chunk. Block starts are
 //! aligned only where the block's bytes are a multiple of 16.
@@ -41,8 +41,9 @@ pub const ALIGN_BYTES: usize = 16;
 
 /// Part `i` of `0..count` cut into `parts` contiguous parts whose starts
 /// (all but the end of the last) are multiples of `granule`: each
-/// [`partition`] boundary rounded down to one. Sizes differ by less than
-/// `granule` + 1; some parts may be empty.
+/// [`partition`] boundary rounded down to one. A part is at most the
+/// longest balanced part rounded up to the granule (the last: plus less
+/// than a granule); some parts may be empty.
 ///
 /// # Panics
 /// As [`partition`], and if `granule` is 0.
@@ -101,24 +102,13 @@ impl Layout {
     /// [`Layout::new`] with part boundaries at [`ALIGN_BYTES`] of
     /// `elem_bytes`-byte elements, where parts are large enough.
     pub fn aligned(count: usize, chunks_per_block: u32, segments: u32, elem_bytes: usize) -> Self {
-        let l = Layout::new(count, chunks_per_block, segments);
-        let parts = l.segments as usize * chunks_per_block as usize;
-        let g = granule_of(elem_bytes);
-        Layout {
-            granule: if count / parts >= MIN_GRANULES_PER_PART * g {
-                g
-            } else {
-                1
-            },
-            ..l
-        }
+        Layout::new(count, chunks_per_block, segments).align(elem_bytes, usize::MAX)
     }
 
     /// A layout whose chunks hold at most `max_chunk_bytes` bytes (of
     /// `elem_bytes`-byte elements): as few segments as that allows, with
-    /// boundaries at [`ALIGN_BYTES`] where chunks hold enough elements
-    /// (rounding a boundary down can lengthen a part by up to a granule
-    /// less one element, so the parts are planned that much shorter).
+    /// boundaries at [`ALIGN_BYTES`] where that keeps every chunk within
+    /// the budget (rounding boundaries can lengthen a part).
     pub fn with_max_chunk_bytes(
         count: usize,
         chunks_per_block: u32,
@@ -126,29 +116,45 @@ impl Layout {
         max_chunk_bytes: usize,
     ) -> Self {
         let max_chunk_elems = (max_chunk_bytes / elem_bytes.max(1)).max(1);
-        let g = granule_of(elem_bytes);
-        let (granule, per_part) = if max_chunk_elems >= MIN_GRANULES_PER_PART * g {
-            (g, max_chunk_elems - (g - 1))
-        } else {
-            (1, max_chunk_elems)
-        };
-        let parts_needed = count.div_ceil(per_part);
+        let parts_needed = count.div_ceil(max_chunk_elems);
         let segments = parts_needed.div_ceil(chunks_per_block as usize).max(1);
-        let l = Layout::new(
+        Layout::new(
             count,
             chunks_per_block,
             u32::try_from(segments).unwrap_or(u32::MAX),
-        );
-        let parts = l.segments as usize * chunks_per_block as usize;
+        )
+        .align(elem_bytes, max_chunk_elems)
+    }
+
+    /// Align the boundaries to [`ALIGN_BYTES`] where parts hold enough
+    /// granules to stay balanced and no part grows past `max_part`
+    /// elements; otherwise keep them balanced to one element.
+    fn align(self, elem_bytes: usize, max_part: usize) -> Self {
+        let g = granule_of(elem_bytes);
+        let parts = (self.segments as usize).saturating_mul(self.chunks_per_block as usize);
+        let longest = self.count.div_ceil(parts);
+        // A part between two rounded boundaries is a multiple of the
+        // granule no longer than the longest balanced part rounded up; the
+        // last ends at `count`.
+        let last = self.count - {
+            let s = partition(self.count, parts, parts - 1).start;
+            s - s % g
+        };
+        let fits = longest.div_ceil(g) * g <= max_part && last <= max_part;
+        let balanced = self.count / parts >= MIN_GRANULES_PER_PART * g;
         Layout {
-            // Few elements per part: aligning would unbalance them.
-            granule: if count / parts >= MIN_GRANULES_PER_PART * granule {
-                granule
-            } else {
-                1
-            },
-            ..l
+            granule: if g > 1 && fits && balanced { g } else { 1 },
+            ..self
         }
+    }
+
+    /// Elements of the longest chunk.
+    pub fn longest_chunk(&self) -> usize {
+        let parts = (self.segments as usize).saturating_mul(self.chunks_per_block as usize);
+        (0..parts)
+            .map(|i| partition_aligned(self.count, parts, i, self.granule).len())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Segments the schedule runs over.
@@ -211,6 +217,16 @@ mod tests {
     }
 
     #[test]
+    fn an_exact_fit_keeps_its_segments_and_is_aligned() {
+        // 4096 f32 in 16 KiB chunks: one segment, as before alignment.
+        let l = Layout::with_max_chunk_bytes(4096, 1, 4, 16384);
+        assert_eq!(l.segments(), 1);
+        let ring = Layout::with_max_chunk_bytes(1 << 20, 8, 4, 512 << 10);
+        assert_eq!(ring.segments(), 1);
+        assert_eq!(ring.longest_chunk(), 1 << 17);
+    }
+
+    #[test]
     fn compiled_layouts_cut_at_16_bytes_where_chunks_are_large() {
         // 1000 f16 over 6 parts: unaligned, boundaries at 166, 333, 500...
         let l = Layout::aligned(1000, 6, 1, 2);
@@ -237,7 +253,12 @@ mod tests {
                 prop_assert_eq!(r.start, next);
                 prop_assert!(r.end >= r.start);
                 prop_assert_eq!(r.start % granule, 0);
-                prop_assert!(r.len() < count.div_ceil(parts) + granule);
+                let longest = count.div_ceil(parts).div_ceil(granule) * granule;
+                if i + 1 < parts {
+                    prop_assert!(r.len() <= longest);
+                } else {
+                    prop_assert!(r.len() < count.div_ceil(parts) + granule);
+                }
                 next = r.end;
             }
             prop_assert_eq!(next, count);
@@ -249,6 +270,12 @@ mod tests {
             max in 1usize..4096, cpb in 1u32..12,
         ) {
             let l = Layout::with_max_chunk_bytes(count, cpb, elem, max);
+            // Alignment never costs a segment.
+            prop_assert_eq!(
+                l.segments() as usize,
+                count.div_ceil((max / elem).max(1)).div_ceil(cpb as usize).max(1)
+            );
+            prop_assert!(l.longest_chunk() * elem <= max.max(elem));
             for s in 0..l.segments().min(4) {
                 for c in 0..cpb {
                     let len = l.chunk_range(s, c).len();
