@@ -9,6 +9,28 @@ fn ferrocoll(args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
+/// A fresh folder for one test's files, removed when the test ends
+/// (passing or not).
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("ferrocoll-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -328,10 +350,9 @@ fn topo_and_sim_print_the_throughput_bound_of_the_members() {
 /// file then runs through `sim` and `verify`.
 #[test]
 fn synth_writes_a_proven_ring_packing_that_reaches_the_bound() {
-    let dir = std::env::temp_dir().join(format!("ferrocoll-synth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("dgx1.json");
-    let path = file.to_str().unwrap();
+    let dir = Scratch::new("synth");
+    let file = dir.file("dgx1.json");
+    let path = file.as_str();
     let out = ferrocoll(&["synth", "--topo", "dgx1-v100", "-o", path, "--size", "256M"]);
     let text = stdout(&out);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -371,7 +392,6 @@ fn synth_writes_a_proven_ring_packing_that_reaches_the_bound() {
         "{}",
         stderr(&out)
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// On GPUs 0-4 of a DGX-1V no NVLink ring exists: `synth` writes its
@@ -379,10 +399,9 @@ fn synth_writes_a_proven_ring_packing_that_reaches_the_bound() {
 /// rings stay at 0.6 of it, and the file runs through `verify` and `sim`.
 #[test]
 fn synth_writes_trees_where_no_nvlink_ring_exists() {
-    let dir = std::env::temp_dir().join(format!("ferrocoll-synth-trees-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("trees.json");
-    let path = file.to_str().unwrap();
+    let dir = Scratch::new("synth-trees");
+    let file = dir.file("trees.json");
+    let path = file.as_str();
     let out = ferrocoll(&[
         "synth",
         "--topo",
@@ -427,7 +446,6 @@ fn synth_writes_trees_where_no_nvlink_ring_exists() {
     ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("no tree packing"), "{}", stderr(&out));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Across two machines `synth --kind hierarchical` writes the
@@ -435,10 +453,9 @@ fn synth_writes_trees_where_no_nvlink_ring_exists() {
 /// or for another collective, it says why not.
 #[test]
 fn synth_writes_the_hierarchical_all_reduce_across_machines() {
-    let dir = std::env::temp_dir().join(format!("ferrocoll-synth-hier-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("hier.json");
-    let path = file.to_str().unwrap();
+    let dir = Scratch::new("synth-hier");
+    let file = dir.file("hier.json");
+    let path = file.as_str();
     let synth = |topo: &str, gpus: &str, op: &str| {
         ferrocoll(&[
             "synth",
@@ -493,5 +510,4 @@ fn synth_writes_the_hierarchical_all_reduce_across_machines() {
         assert!(!out.status.success(), "{topo} {gpus} {op}");
         assert!(stderr(&out).contains("no hierarchical"), "{}", stderr(&out));
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -143,10 +143,7 @@ impl Candidate {
 
     /// The channels it runs on.
     pub fn channels(&self) -> u32 {
-        match &self.choice {
-            Choice::Builtin { params, .. } => params.channels,
-            Choice::Synthesized(v) => v.schedule().channel_count() as u32,
-        }
+        self.choice.channels()
     }
 }
 

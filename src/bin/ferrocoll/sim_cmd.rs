@@ -183,7 +183,11 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
 
 /// The rows' families: the wanted algorithms and, comparing all, what the
 /// selector synthesized for this topology.
-fn families(wanted: &[Algorithm], all: bool, evaluated: &[(Candidate, Prediction)]) -> Vec<String> {
+pub(crate) fn families(
+    wanted: &[Algorithm],
+    all: bool,
+    evaluated: &[(Candidate, Prediction)],
+) -> Vec<String> {
     let mut families: Vec<String> = wanted.iter().map(|a| a.name().to_owned()).collect();
     for (c, _) in evaluated.iter().filter(|_| all) {
         if c.algorithm().is_none() && !families.iter().any(|f| f == c.family()) {

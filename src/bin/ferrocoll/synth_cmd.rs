@@ -97,43 +97,23 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
     if matches!(args.kind, Kind::Rings | Kind::Best) {
         candidates.push(ring_candidate(&t, &devices, &cost, collective)?);
     }
-    // A kind asked for by name must apply; under `best`, what does not
-    // apply is left out.
-    let mut add = |kind: Kind, found: Option<Candidate>, why: &str| match found {
-        Some(c) => {
-            candidates.push(c);
-            Ok(())
-        }
-        None if args.kind == kind => Err(format!("no {why}")),
-        None => Ok(()),
-    };
     if matches!(args.kind, Kind::Hierarchical | Kind::Best) {
-        let found = skip_under_best(
-            args.kind,
-            best_hierarchical(&t, &devices, &cost, collective, args.size),
-        )?;
-        add(
-            Kind::Hierarchical,
-            found,
-            &format!(
+        let found = best_hierarchical(&t, &devices, &cost, collective, args.size);
+        candidates.extend(of_kind(args.kind, Kind::Hierarchical, found, || {
+            format!(
                 "hierarchical {}: it runs all-reduce on devices spread evenly over several machines",
                 args.op
-            ),
-        )?;
+            )
+        })?);
     }
     if matches!(args.kind, Kind::Trees | Kind::Best) {
-        let found = skip_under_best(
-            args.kind,
-            best_trees(&t, &devices, &cost, collective, args.size),
-        )?;
-        add(
-            Kind::Trees,
-            found,
-            &format!(
+        let found = best_trees(&t, &devices, &cost, collective, args.size);
+        candidates.extend(of_kind(args.kind, Kind::Trees, found, || {
+            format!(
                 "tree packing for {}: trees run all-gather, reduce-scatter and all-reduce",
                 args.op
-            ),
-        )?;
+            )
+        })?);
     }
     println!("# ferrocoll synth: {} ({})", t.name, t.description);
     let ceiling = bound::report(&full, gpus)?;
@@ -169,18 +149,22 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Under `--kind best` a kind that fails is left out with a note (the
-/// others may still be written); asked for by name, its error is the
-/// answer.
-fn skip_under_best(
+/// The candidate of `kind`, as `asked` wants it: a kind asked for by name
+/// must apply (its error, or "no {why}", is the answer); under `best` a
+/// kind that fails is left out with a note and one that does not apply is
+/// skipped.
+fn of_kind(
+    asked: Kind,
     kind: Kind,
     found: Result<Option<Candidate>, String>,
+    why: impl FnOnce() -> String,
 ) -> Result<Option<Candidate>, String> {
     match found {
-        Err(e) if kind == Kind::Best => {
+        Err(e) if asked == Kind::Best => {
             eprintln!("note: left out: {e}");
             Ok(None)
         }
+        Ok(None) if asked == kind => Err(format!("no {}", why())),
         other => other,
     }
 }

@@ -363,3 +363,6 @@ impl Planner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -165,13 +165,7 @@ fn show(args: &TopoArgs, full: Topology) -> Result<ExitCode, String> {
             .unwrap_or(&selector)
             .evaluate(Collective::AllReduce, 1 << 30)
             .map_err(e)?;
-        let mut families: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-        for (c, _) in &all {
-            if c.algorithm().is_none() && !families.contains(&c.family()) {
-                families.push(c.family());
-            }
-        }
-        for f in families {
+        for f in &crate::sim_cmd::families(&Algorithm::ALL, true, &all) {
             let best = all
                 .iter()
                 .filter(|(c, _)| c.family() == f)

@@ -1,0 +1,188 @@
+//! The planner: its cache, the settings it honours, the slots it gives
+//! links, and the choices a selector hands it (synthesized schedules, and
+//! those the executor cannot hold).
+
+use std::sync::Arc;
+
+use super::*;
+use crate::algorithms::{Algorithm, AlgorithmParams, generate};
+use crate::plan::tests::{shape, verified};
+use crate::select::host_rule;
+use crate::types::CollectiveKind;
+use crate::verify::{VerifyOptions, verify};
+
+#[test]
+fn the_planner_caches_per_call_and_honours_the_settings() {
+    let settings = PlannerSettings {
+        algorithm: None,
+        selector: None,
+        channels: 1,
+        max_chunk_bytes: 1 << 20,
+        max_message_bytes: None,
+        slots_per_link: 2,
+        schedule: None,
+        rule: host_rule,
+        one_shot_bytes: 0,
+        max_channels: None,
+    };
+    let mut p = Planner::new(4, settings.clone());
+    let s = shape(Collective::AllReduce, 100, false);
+    let a = p.plan(&s).unwrap();
+    let b = p.plan(&s).unwrap();
+    assert!(Arc::ptr_eq(&a.plan, &b.plan));
+    assert_eq!(a.plan.schedule, "direct");
+    let ring = p.plan_with(&s, Algorithm::Ring).unwrap();
+    assert_eq!(ring.plan.schedule, "ring");
+    p.set_algorithm(Some(Algorithm::Tree));
+    assert_eq!(p.plan(&s).unwrap().plan.schedule, "tree");
+    // A transport's message bound cuts chunks so the widest step fits.
+    let mut bounded = Planner::new(
+        4,
+        PlannerSettings {
+            max_message_bytes: Some(64),
+            ..settings.clone()
+        },
+    );
+    let plan = bounded
+        .plan(&shape(Collective::AllReduce, 10_000, false))
+        .unwrap()
+        .plan;
+    assert!(
+        plan.links.iter().all(|l| l.largest <= 64),
+        "{:?}",
+        plan.links
+    );
+    // The configured schedule wins where it applies, but not over an
+    // executor's own choice.
+    let custom = Arc::new(verified(
+        Algorithm::Ring,
+        Collective::Broadcast { root: 2 },
+        4,
+    ));
+    let mut with = Planner::new(
+        4,
+        PlannerSettings {
+            schedule: Some(custom),
+            ..settings
+        },
+    );
+    let bc = shape(Collective::Broadcast { root: 2 }, 10, false);
+    assert_eq!(&*with.plan(&bc).unwrap().why, "the configured schedule");
+    assert_eq!(
+        with.plan_with(&bc, Algorithm::Direct)
+            .unwrap()
+            .plan
+            .schedule,
+        "direct"
+    );
+    assert!(matches!(
+        with.plan(&shape(Collective::AllToAll, 4, true)),
+        Err(crate::comm::CommError::InPlaceUnsupported { .. })
+    ));
+    let _ = CollectiveKind::ALL;
+}
+
+#[test]
+fn every_executor_gets_at_least_the_slots_any_of_its_schedules_needs() {
+    assert_eq!(link_slots(1, None), 2, "built-ins are proven with 2");
+    assert_eq!(link_slots(4, None), 4);
+    let star = crate::Schedule::from_json(include_str!(
+        "../../../../../examples/schedules/star_all_reduce_3.json"
+    ))
+    .unwrap();
+    let opts = VerifyOptions {
+        slots_per_link: 1,
+        ..VerifyOptions::default()
+    };
+    let one = verify(star.clone(), &opts).unwrap();
+    assert_eq!(
+        link_slots(1, Some(&one)),
+        2,
+        "a schedule proven with 1 still runs beside built-ins"
+    );
+    let five = verify(
+        star,
+        &VerifyOptions {
+            slots_per_link: 5,
+            ..VerifyOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(link_slots(2, Some(&five)), 5);
+}
+
+/// A selector that always answers the same.
+#[derive(Debug)]
+struct Fixed(crate::select::Choice);
+
+impl crate::select::Selector for Fixed {
+    fn select(&self, _: Collective, _: u32, _: usize) -> Option<crate::select::Selection> {
+        Some(crate::select::Selection {
+            choice: self.0.clone(),
+            max_chunk_bytes: None,
+            why: "fixed".into(),
+        })
+    }
+}
+
+fn planner_with(choice: crate::select::Choice, max_channels: Option<u32>) -> Planner {
+    Planner::new(
+        4,
+        PlannerSettings {
+            algorithm: None,
+            selector: Some(crate::select::SharedSelector(Arc::new(Fixed(choice)))),
+            channels: 1,
+            max_chunk_bytes: 1 << 20,
+            max_message_bytes: None,
+            slots_per_link: 2,
+            schedule: None,
+            rule: host_rule,
+            one_shot_bytes: 0,
+            max_channels,
+        },
+    )
+}
+
+#[test]
+fn synthesized_choices_run_and_what_the_executor_cannot_hold_falls_back() {
+    use crate::select::Choice;
+    let mut mine = generate(
+        Algorithm::Ring,
+        Collective::AllReduce,
+        4,
+        &AlgorithmParams {
+            channels: 3,
+            ..AlgorithmParams::default()
+        },
+    )
+    .unwrap();
+    mine.name = "mine".into();
+    let mine = Arc::new(verify(mine, &VerifyOptions::default()).unwrap());
+    let ar = shape(Collective::AllReduce, 100, false);
+    let mut p = planner_with(Choice::Synthesized(mine.clone()), None);
+    assert_eq!(p.plan(&ar).unwrap().plan.schedule, "mine");
+    // A schedule for another collective is refused, not run.
+    let ag = shape(Collective::AllGather, 100, false);
+    assert!(matches!(
+        p.plan(&ag),
+        Err(crate::comm::CommError::Plan(PlanError::Invalid(why))) if why.contains("mine")
+    ));
+    // Past the executor's channels, the rule runs and the log line says why.
+    let mut narrow = planner_with(Choice::Synthesized(mine), Some(2));
+    let planned = narrow.plan(&ar).unwrap();
+    assert_eq!(planned.plan.schedule, "direct");
+    assert!(
+        planned.why.contains("3 channels, past the 2"),
+        "{}",
+        planned.why
+    );
+    let wide_ring = Choice::Builtin {
+        algorithm: Algorithm::Ring,
+        params: AlgorithmParams {
+            channels: 8,
+            ..AlgorithmParams::default()
+        },
+    };
+    let planned = planner_with(wide_ring, Some(4)).plan(&ar).unwrap();
+    assert!(planned.plan.channels <= 4, "{}", planned.why);
+}
