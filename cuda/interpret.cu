@@ -1,20 +1,25 @@
-// ferrocoll's device interpreter (CUDA executor v2, in progress): one
-// persistent launch per call and rank, one thread block per channel, each
-// walking its channel's records of the device program
-// (crates/cuda/src/program/mod.rs, whose #[repr(C)] structs these mirror)
-// and moving data with stores straight into peers' inboxes.
+// ferrocoll's device interpreter (CUDA executor v2): one persistent launch
+// per call and rank, one thread block per channel, each walking its
+// channel's records of the device program (crates/cuda/src/program, whose
+// #[repr(C)] structs these mirror) and moving data with stores straight
+// into peers' inboxes.
 //
 // The protocol is the one crates/cuda/src/program/emulate.rs runs on CPU
 // threads in every `cargo test`: per link, the sender stores message g into
 // the receiver's slot g % slots once `consumed >= g + 1 - slots`, then
-// publishes `posted = g + 1` in the receiver's memory; the receiver combines
+// publishes `posted = g + 1` in the receiver's window; the receiver combines
 // once `posted >= g + 1`, then publishes `consumed = g + 1` in the
-// sender's. Before its first store into a peer in a call, a block compares
-// the peer's hello word for its channel with its own.
+// sender's. Before its first store into (or wait on) a peer in a call, a
+// block compares the peer's hello word for its channel with its own.
+//
+// Everything that changes from call to call lives in device memory — the
+// call number, the links' message totals, each channel's progress — and
+// advances inside the kernel, so the launch's parameters are the same for
+// every call of a plan: a captured graph replays correctly, and the host
+// does no work between calls.
 //
 // Compiled with reduce.cu (its Acc, Sum, Prod, Min and Max) by NVRTC;
-// `cargo test` checks that it compiles for sm_80 and sm_90. It has not yet
-// run on a GPU.
+// `cargo test` checks that it compiles for sm_80 and sm_90.
 
 typedef unsigned int u32;
 
@@ -32,6 +37,14 @@ struct FcCount { u64 word, count; };
 #define FC_MAX_FANIN FC_MAX_RANKS
 #define FC_MAX_FANOUT FC_MAX_RANKS
 
+// A rank's word on the group's failure board: the reason, and the rank it
+// concerns in bits 8.. (program::params::Failure decodes it).
+#define FC_MISMATCH 1
+#define FC_TIMEOUT 2
+#define FC_PEER_FAILED 3
+// Written by the host to stop a rank's blocks.
+#define FC_ABORTED 4
+
 // This rank's program, in its device memory.
 struct FcTables {
     const FcSpan *channels;
@@ -40,32 +53,27 @@ struct FcTables {
     const FcEnd *ends;
     const FcAfter *afters;
     const FcCount *sent;
-    u32 sent_count;
     const FcCount *received;
-    u32 received_count;
+    u32 sent_count, received_count;
 };
 
-// Every rank's shared memory, mapped into this rank's address space.
-struct FcPeers {
-    unsigned char *inbox[FC_MAX_RANKS];
-    u64 *posted[FC_MAX_RANKS];     // by (channel, sender)
-    u64 *consumed[FC_MAX_RANKS];   // by (channel, receiver)
-    u64 *hello[FC_MAX_RANKS];      // by channel
-};
-
+// One launch's parameters (program::params::Params).
 struct FcCall {
     FcTables t;
-    FcPeers peers;
+    // Every rank's window (inbox, posted, consumed, hello), mapped here.
+    unsigned char *window[FC_MAX_RANKS];
     unsigned char *buffer[3];      // input, output, scratch
-    u64 *base_sent;                // by link word, this rank's; blocks add their call's counts
-    u64 *base_received;
-    u64 *done;                     // by channel: (call << 32) | instructions fired
-    u64 hello;                     // (call << 32) | the plan hash's low half
-    u32 rank, world, slots, max_channels;
+    // This rank's private words: calls and done by channel, then the
+    // messages sent and received by link word, ever.
+    u64 *state;
+    // The group's failure board, one word per rank (host-mapped: the host
+    // reads it without waiting for the stream, and writes it to abort).
+    int *board;
+    u64 posted_at, consumed_at, hello_at;   // byte offsets in a window
     u64 slot_bytes;
-    int *failed;                   // this rank's: 1 mismatch, 2 timeout, 3 a peer failed
-    int *peer_failed[FC_MAX_RANKS];
-    u64 spin_limit;                // polls before a wait gives up
+    u64 timeout_ns;                // the longest one wait may last
+    u32 hash;                      // the program's agreement, low half
+    u32 rank, world, slots, max_channels;
 };
 
 __device__ __forceinline__ u64 fc_load_acquire(const u64 *p) {
@@ -78,31 +86,51 @@ __device__ __forceinline__ void fc_store_release(u64 *p, u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-__device__ __forceinline__ u32 fc_word(const FcCall &a, u32 channel, u32 peer) { return channel * a.world + peer; }
-
-__device__ __forceinline__ u64 fc_slot(const FcCall &a, u32 channel, u32 from, u64 g) {
-    return ((u64)fc_word(a, channel, from) * a.slots + g % a.slots) * a.slot_bytes;
+__device__ __forceinline__ u64 fc_now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
-// Whether this rank or a peer has failed the call.
+__device__ __forceinline__ u32 fc_word(const FcCall &a, u32 channel, u32 peer) { return channel * a.world + peer; }
+
+__device__ __forceinline__ u64 *fc_posted(const FcCall &a, u32 owner) { return (u64 *)(a.window[owner] + a.posted_at); }
+__device__ __forceinline__ u64 *fc_consumed(const FcCall &a, u32 owner) { return (u64 *)(a.window[owner] + a.consumed_at); }
+__device__ __forceinline__ u64 *fc_hello(const FcCall &a, u32 owner) { return (u64 *)(a.window[owner] + a.hello_at); }
+
+__device__ __forceinline__ unsigned char *fc_slot(const FcCall &a, u32 owner, u32 channel, u32 from, u64 g) {
+    return a.window[owner] + ((u64)fc_word(a, channel, from) * a.slots + g % a.slots) * a.slot_bytes;
+}
+
+__device__ void fc_fail(const FcCall &a, int reason, u32 about) {
+    atomicCAS_system(a.board + a.rank, 0, reason | (int)(about << 8));
+}
+
+// Whether this rank or a peer has failed the call (or the host aborted).
 __device__ bool fc_failed(const FcCall &a) {
-    if (*(volatile int *)a.failed) return true;
+    if (*(volatile int *)(a.board + a.rank)) return true;
     for (u32 r = 0; r < a.world; ++r)
-        if (*(volatile int *)a.peer_failed[r]) {
-            atomicCAS(a.failed, 0, 3);
+        if (*(volatile int *)(a.board + r)) {
+            fc_fail(a, FC_PEER_FAILED, r);
             return true;
         }
     return false;
 }
 
-// Spin (thread 0) until ready(); false once a rank failed or the wait ran out.
+// Spin (thread 0) until ready(); false once a rank failed or the wait
+// outlasted the timeout (measured on the GPU's global timer, so it holds
+// whatever the clock rate).
 template <typename Ready>
-__device__ bool fc_wait(const FcCall &a, Ready ready) {
-    for (u64 spins = 0; !ready(); ++spins) {
+__device__ bool fc_wait(const FcCall &a, u32 peer, Ready ready) {
+    u64 start = 0;
+    for (u32 spins = 0; !ready(); ++spins) {
         if (spins % 1024 == 0) {
             if (fc_failed(a)) return false;
-            if (spins > a.spin_limit) {
-                atomicCAS(a.failed, 0, 2);
+            const u64 now = fc_now();
+            if (spins == 0) {
+                start = now;
+            } else if (now - start > a.timeout_ns) {
+                fc_fail(a, FC_TIMEOUT, peer);
                 return false;
             }
         }
@@ -111,12 +139,13 @@ __device__ bool fc_wait(const FcCall &a, Ready ready) {
 }
 
 // The peer's hello for this channel must be this call's with this plan.
-__device__ bool fc_greet(const FcCall &a, u32 channel, u32 peer) {
-    const u64 *word = a.peers.hello[peer] + channel;
-    const u32 call = (u32)(a.hello >> 32);
-    if (!fc_wait(a, [&] { return (int)((u32)(fc_load_acquire(word) >> 32) - call) >= 0; })) return false;
-    if (fc_load_acquire(word) == a.hello) return true;
-    atomicCAS(a.failed, 0, 1);
+__device__ bool fc_greet(const FcCall &a, u32 channel, u32 peer, u64 hello) {
+    const u64 *word = fc_hello(a, peer) + channel;
+    const u32 call = (u32)(hello >> 32);
+    // Call numbers wrap; a peer ahead of this call ran another one.
+    if (!fc_wait(a, peer, [&] { return (int)((u32)(fc_load_acquire(word) >> 32) - call) >= 0; })) return false;
+    if (fc_load_acquire(word) == hello) return true;
+    fc_fail(a, FC_MISMATCH, peer);
     return false;
 }
 
@@ -135,39 +164,86 @@ __device__ unsigned char *fc_locate(const FcCall &a, const FcLocal &r, u64 at, u
     return 0;
 }
 
-// One instruction's data pass, every thread of the block: the received
-// messages in order, then the local read, combined; stored to the write
-// region and into every receiver's slot. Runs of contiguous bytes are
-// taken where the read and write pieces both hold.
+// `n` 16-byte vectors: the received messages (from byte `at` of each) in
+// order, then the local read, combined; stored to `store` and into every
+// receiver's slot. One input is a copy of the bits.
 template <typename T, template <typename> class Op>
-__device__ void fc_move(const FcCall &a, const FcOp &op, const T *const *in, int fanin, T *const *out, int fanout) {
+__device__ void fc_vectors(unsigned char *const *in, int fanin, const uint4 *local, uint4 *store,
+                           unsigned char *const *out, int fanout, u64 at, u64 n) {
     typedef typename Acc<T>::type A;
+    const int per = 16 / sizeof(T);
+    for (u64 v = threadIdx.x; v < n; v += blockDim.x) {
+        uint4 result = fanin == 0 ? local[v] : reinterpret_cast<const uint4 *>(in[0] + at)[v];
+        if (fanin + (local != 0) > 1) {
+            T *r = reinterpret_cast<T *>(&result);
+            A acc[16 / sizeof(T)];
+            for (int j = 0; j < per; ++j) acc[j] = Acc<T>::load(r[j]);
+            for (int k = 1; k < fanin; ++k) {
+                const uint4 next = reinterpret_cast<const uint4 *>(in[k] + at)[v];
+                const T *b = reinterpret_cast<const T *>(&next);
+                for (int j = 0; j < per; ++j) acc[j] = Op<A>::apply(acc[j], Acc<T>::load(b[j]));
+            }
+            if (fanin > 0 && local) {
+                const uint4 next = local[v];
+                const T *b = reinterpret_cast<const T *>(&next);
+                for (int j = 0; j < per; ++j) acc[j] = Op<A>::apply(acc[j], Acc<T>::load(b[j]));
+            }
+            for (int j = 0; j < per; ++j) r[j] = Acc<T>::store(acc[j]);
+        }
+        if (store) store[v] = result;
+        for (int k = 0; k < fanout; ++k) reinterpret_cast<uint4 *>(out[k] + at)[v] = result;
+    }
+}
+
+// The same, element by element, for runs that are not 16-byte aligned.
+template <typename T, template <typename> class Op>
+__device__ void fc_elements(unsigned char *const *in, int fanin, const T *local, T *store,
+                            unsigned char *const *out, int fanout, u64 at, u64 n) {
+    typedef typename Acc<T>::type A;
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+        T value;
+        if (fanin == 0) {
+            value = local[i];
+        } else if (fanin == 1 && !local) {
+            value = reinterpret_cast<const T *>(in[0] + at)[i];
+        } else {
+            A acc = Acc<T>::load(reinterpret_cast<const T *>(in[0] + at)[i]);
+            for (int k = 1; k < fanin; ++k) acc = Op<A>::apply(acc, Acc<T>::load(reinterpret_cast<const T *>(in[k] + at)[i]));
+            if (local) acc = Op<A>::apply(acc, Acc<T>::load(local[i]));
+            value = Acc<T>::store(acc);
+        }
+        if (store) store[i] = value;
+        for (int k = 0; k < fanout; ++k) reinterpret_cast<T *>(out[k] + at)[i] = value;
+    }
+}
+
+// One instruction's data pass, every thread of the block, a contiguous run
+// of the read and write regions at a time; 16 bytes per access where every
+// pointer of the run allows it (slots are 16-byte aligned and the plan's
+// chunk boundaries are cut at 16 bytes, so most runs do).
+template <typename T, template <typename> class Op>
+__device__ void fc_move(const FcCall &a, const FcOp &op, unsigned char *const *in, int fanin,
+                        unsigned char *const *out, int fanout) {
     for (u64 at = 0; at < op.bytes;) {
         u64 run = op.bytes - at, r;
-        const T *local = 0;
-        T *store = 0;
+        unsigned char *local = 0, *store = 0;
         if (op.read.buffer != FC_NONE) {
-            local = (const T *)fc_locate(a, op.read, at, &r);
+            local = fc_locate(a, op.read, at, &r);
             run = min(run, r);
         }
         if (op.write.buffer != FC_NONE) {
-            store = (T *)fc_locate(a, op.write, at, &r);
+            store = fc_locate(a, op.write, at, &r);
             run = min(run, r);
         }
-        const u64 base = at / sizeof(T), n = run / sizeof(T);
-        for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
-            T value;
-            if (fanin == 0) {
-                value = local[i];
-            } else {
-                A acc = Acc<T>::load(in[0][base + i]);
-                for (int k = 1; k < fanin; ++k) acc = Op<A>::apply(acc, Acc<T>::load(in[k][base + i]));
-                if (local) acc = Op<A>::apply(acc, Acc<T>::load(local[i]));
-                value = (fanin == 1 && !local) ? in[0][base + i] : Acc<T>::store(acc);
-            }
-            if (store) store[i] = value;
-            for (int k = 0; k < fanout; ++k) out[k][base + i] = value;
-        }
+        u64 bits = (u64)local | (u64)store | at;
+        for (int k = 0; k < fanin; ++k) bits |= (u64)in[k];
+        for (int k = 0; k < fanout; ++k) bits |= (u64)out[k];
+        const u64 vectors = bits % 16 == 0 ? run / 16 : 0, head = vectors * 16;
+        if (vectors)
+            fc_vectors<T, Op>(in, fanin, (const uint4 *)local, (uint4 *)store, out, fanout, at, vectors);
+        if (run > head)
+            fc_elements<T, Op>(in, fanin, (const T *)(local ? local + head : 0), (T *)(store ? store + head : 0),
+                               out, fanout, at + head, (run - head) / sizeof(T));
         at += run;
     }
 }
@@ -176,18 +252,23 @@ template <typename T, template <typename> class Op>
 __device__ void fc_interpret(const FcCall &a) {
     const u32 c = blockIdx.x;
     const FcSpan span = a.t.channels[c];
-    const u64 call = a.hello >> 32;
-    __shared__ const T *in[FC_MAX_FANIN];
-    __shared__ T *out[FC_MAX_FANOUT];
+    u64 *calls = a.state, *done = a.state + a.max_channels;
+    u64 *base_sent = done + a.max_channels, *base_received = base_sent + (u64)a.max_channels * a.world;
+    // The previous call of this rank finished before this launch began
+    // (stream order, and the communicator's event between its streams).
+    const u64 call = (u32)(calls[c] + 1);
+    const u64 hello = (call << 32) | a.hash;
+    __shared__ unsigned char *in[FC_MAX_FANIN];
+    __shared__ unsigned char *out[FC_MAX_FANOUT];
     __shared__ int go;
     __shared__ unsigned char greeted[FC_MAX_RANKS];
     for (u32 r = threadIdx.x; r < FC_MAX_RANKS; r += blockDim.x) greeted[r] = 0;
     // Hello first: this block's channel, and block 0 the channels this plan
     // leaves idle, so a peer whose plan uses them still finds this call's.
     if (threadIdx.x == 0) {
-        fc_store_release(a.peers.hello[a.rank] + c, a.hello);
+        fc_store_release(fc_hello(a, a.rank) + c, hello);
         if (c == 0)
-            for (u32 k = gridDim.x; k < a.max_channels; ++k) fc_store_release(a.peers.hello[a.rank] + k, a.hello);
+            for (u32 k = gridDim.x; k < a.max_channels; ++k) fc_store_release(fc_hello(a, a.rank) + k, hello);
     }
     __syncthreads();
     for (u32 i = 0; i < span.count; ++i) {
@@ -197,33 +278,33 @@ __device__ void fc_interpret(const FcCall &a) {
             for (u32 k = 0; go && k < op.after.count; ++k) {
                 const FcAfter w = a.t.afters[op.after.first + k];
                 // The same call (its number wraps), past the instruction.
-                go = fc_wait(a, [&] {
-                    const u64 d = fc_load_acquire(a.done + w.channel);
+                go = fc_wait(a, a.rank, [&] {
+                    const u64 d = fc_load_acquire(done + w.channel);
                     return (d >> 32) == call && (u32)d > w.index;
                 });
             }
             for (u32 k = 0; go && k < op.recv.count; ++k) {
                 const FcEnd e = a.t.ends[op.recv.first + k];
-                const u64 g = a.base_received[fc_word(a, c, e.peer)] + e.index;
-                const u64 *posted = a.peers.posted[a.rank] + fc_word(a, c, e.peer);
+                const u64 g = base_received[fc_word(a, c, e.peer)] + e.index;
+                const u64 *posted = fc_posted(a, a.rank) + fc_word(a, c, e.peer);
                 // A sender on another plan may never post: its hello says so.
                 if (!greeted[e.peer]) {
-                    go = fc_greet(a, c, e.peer);
+                    go = fc_greet(a, c, e.peer, hello);
                     greeted[e.peer] = 1;
                 }
-                go = go && fc_wait(a, [&] { return fc_load_acquire(posted) > g; });
-                in[k] = (const T *)(a.peers.inbox[a.rank] + fc_slot(a, c, e.peer, g));
+                go = go && fc_wait(a, e.peer, [&] { return fc_load_acquire(posted) > g; });
+                in[k] = fc_slot(a, a.rank, c, e.peer, g);
             }
             for (u32 k = 0; go && k < op.send.count; ++k) {
                 const FcEnd e = a.t.ends[op.send.first + k];
-                const u64 g = a.base_sent[fc_word(a, c, e.peer)] + e.index;
-                const u64 *consumed = a.peers.consumed[a.rank] + fc_word(a, c, e.peer);
-                go = fc_wait(a, [&] { return fc_load_acquire(consumed) + a.slots > g; });
+                const u64 g = base_sent[fc_word(a, c, e.peer)] + e.index;
+                const u64 *consumed = fc_consumed(a, a.rank) + fc_word(a, c, e.peer);
+                go = fc_wait(a, e.peer, [&] { return fc_load_acquire(consumed) + a.slots > g; });
                 if (go && !greeted[e.peer]) {
-                    go = fc_greet(a, c, e.peer);
+                    go = fc_greet(a, c, e.peer, hello);
                     greeted[e.peer] = 1;
                 }
-                out[k] = (T *)(a.peers.inbox[e.peer] + fc_slot(a, c, a.rank, g));
+                out[k] = fc_slot(a, e.peer, c, a.rank, g);
             }
         }
         __syncthreads();
@@ -236,23 +317,27 @@ __device__ void fc_interpret(const FcCall &a) {
             __threadfence_system();
             for (u32 k = 0; k < op.recv.count; ++k) {
                 const FcEnd e = a.t.ends[op.recv.first + k];
-                const u64 g = a.base_received[fc_word(a, c, e.peer)] + e.index;
-                fc_store_release(a.peers.consumed[e.peer] + fc_word(a, c, a.rank), g + 1);
+                const u64 g = base_received[fc_word(a, c, e.peer)] + e.index;
+                fc_store_release(fc_consumed(a, e.peer) + fc_word(a, c, a.rank), g + 1);
             }
             for (u32 k = 0; k < op.send.count; ++k) {
                 const FcEnd e = a.t.ends[op.send.first + k];
-                const u64 g = a.base_sent[fc_word(a, c, e.peer)] + e.index;
-                fc_store_release(a.peers.posted[e.peer] + fc_word(a, c, a.rank), g + 1);
+                const u64 g = base_sent[fc_word(a, c, e.peer)] + e.index;
+                fc_store_release(fc_posted(a, e.peer) + fc_word(a, c, a.rank), g + 1);
             }
-            fc_store_release(a.done + c, (call << 32) | (i + 1));
+            fc_store_release(done + c, (call << 32) | (i + 1));
         }
     }
-    // The links of this channel count this call's messages for the next.
+    // The links of this channel count this call's messages for the next,
+    // and the channel (block 0: the idle ones too) its call.
     if (threadIdx.x == 0) {
         for (u32 k = 0; k < a.t.sent_count; ++k)
-            if (a.t.sent[k].word / a.world == c) a.base_sent[a.t.sent[k].word] += a.t.sent[k].count;
+            if (a.t.sent[k].word / a.world == c) base_sent[a.t.sent[k].word] += a.t.sent[k].count;
         for (u32 k = 0; k < a.t.received_count; ++k)
-            if (a.t.received[k].word / a.world == c) a.base_received[a.t.received[k].word] += a.t.received[k].count;
+            if (a.t.received[k].word / a.world == c) base_received[a.t.received[k].word] += a.t.received[k].count;
+        calls[c] = call;
+        if (c == 0)
+            for (u32 k = gridDim.x; k < a.max_channels; ++k) calls[k] = call;
     }
 }
 

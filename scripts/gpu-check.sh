@@ -9,16 +9,21 @@
 #                                  target/gpu-bundle (or $BUNDLE)
 #   bash scripts/gpu-check.sh      (on the GPU machine, carrying the bundle)
 #
-# Steps (file):
+# Steps (file), most important first (a step that would overrun the budget
+# is skipped and says so):
 #   1 environment: `ferrocoll info`, `nvidia-smi topo -m` read back (info.txt)
-#   2 conformance kit on the CUDA executor, K ranks on GPU 0 (conformance.txt)
-#   3 a count above 2^31 elements (large.txt)
-#   4 latency floor 8 B - 64 KiB, 1, 2 and 8 ranks, beside NCCL (latency.txt)
-#   5 bandwidth 16 - 256 MiB, 2 and 8 ranks, against the device copy bound
-#     measured in the same run, beside NCCL (bandwidth.txt)
-#   6 bf16 at aligned and unaligned sizes (bf16.txt)
+#   2 conformance kit on the device interpreter (executor v2), K ranks on
+#     GPU 0, plus its mismatch, silent-rank and graph-replay tests
+#     (conformance.txt)
+#   3 latency floor 8 B - 64 KiB, 1, 2 and 8 ranks, v2 beside NCCL (latency.txt)
+#   4 bandwidth 16 - 256 MiB, 2, 4 and 8 ranks, v2 against the device copy
+#     bound measured in the same run, beside NCCL; v1 at 8 ranks beside it
+#     (bandwidth.txt)
+#   5 bf16 at aligned and unaligned sizes on v2 (bf16.txt)
+#   6 a count above 2^31 elements on v2 (large.txt)
 #   7 NCCL with several ranks on the GPU (NCCL >= 2.30 and
-#     NCCL_MULTI_RANK_GPU_ENABLE=1): its conformance and bench (nccl.txt)
+#     NCCL_MULTI_RANK_GPU_ENABLE=1): its conformance and bench (nccl.txt);
+#     then executor v1's conformance (conformance.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE="${BUNDLE:-target/gpu-bundle}"
@@ -35,7 +40,7 @@ if [ "${1:-}" = "--build" ]; then
   cp target/release/ferrocoll "$BUNDLE/"
   # What travels to the device machine is capped at 64 MiB: no debug info.
   command -v strip > /dev/null && strip "$BUNDLE"/ferrocoll "$BUNDLE"/*_conformance
-  cp cuda/reduce.cu "$BUNDLE/"
+  cp cuda/reduce.cu cuda/interpret.cu "$BUNDLE/"
   du -sh "$BUNDLE"
   exit 0
 fi
@@ -91,30 +96,34 @@ step "nvidia-smi topo -m, read back" 15 info.txt bash -c \
   'nvidia-smi topo -m > "$0/smi.tmp"; cat "$0/smi.tmp"; "$1" topo --smi "$0/smi.tmp"; rc=$?; rm -f "$0/smi.tmp"; exit $rc' \
   "$OUT" "$FC"
 
-step "conformance, CUDA executor" 120 conformance.txt \
-  "$BUNDLE/cuda_conformance" --test-threads=1
+step "conformance, device interpreter" 110 conformance.txt \
+  "$BUNDLE/cuda_conformance" --test-threads=1 interpreter
 
 bench=("$FC" bench --devices 0)
-step "count > 2^31 (uint8, 2 ranks)" 45 large.txt \
-  "${bench[@]}" --backend cuda --ranks 2 -d uint8 -b 2200000000 -e 2200000000 -n 1 -w 0
-
 for n in 1 2 8; do
-  step "latency 8B-64K, $n rank(s)" 25 latency.txt \
-    "${bench[@]}" --backend cuda --compare nccl --ranks "$n" -b 8 -e 64K -f 8 -n 20 -w 5
+  step "v2 latency 8B-64K, $n rank(s)" 20 latency.txt \
+    "${bench[@]}" --backend cuda-v2 --compare nccl --ranks "$n" -b 8 -e 64K -f 8 -n 20 -w 5
 done
-for n in 2 8; do
-  step "bandwidth 16M-256M, $n ranks" 50 bandwidth.txt \
-    "${bench[@]}" --backend cuda --compare nccl --ranks "$n" -b 16M -e 256M -f 4 -n 5 -w 2 --membw
+for n in 2 4 8; do
+  step "v2 bandwidth 16M-256M, $n ranks" 35 bandwidth.txt \
+    "${bench[@]}" --backend cuda-v2 --compare nccl --ranks "$n" --channels $((32 / n)) \
+    -b 16M -e 256M -f 4 -n 5 -w 2 --membw
 done
-step "bf16 aligned, 4 ranks" 15 bf16.txt \
-  "${bench[@]}" --backend cuda --ranks 4 -d bf16 -b 64M -e 64M -n 5 -w 1
-step "bf16 unaligned, 4 ranks" 15 bf16.txt \
-  "${bench[@]}" --backend cuda --ranks 4 -d bf16 -b 67108870 -e 67108870 -n 5 -w 1
+step "v1 bandwidth 16M-256M, 8 ranks" 35 bandwidth.txt \
+  "${bench[@]}" --backend cuda --ranks 8 -b 16M -e 256M -f 4 -n 5 -w 2
+step "v2 bf16 aligned, 4 ranks" 15 bf16.txt \
+  "${bench[@]}" --backend cuda-v2 --ranks 4 --channels 8 -d bf16 -b 64M -e 64M -n 5 -w 1
+step "v2 bf16 unaligned, 4 ranks" 15 bf16.txt \
+  "${bench[@]}" --backend cuda-v2 --ranks 4 --channels 8 -d bf16 -b 67108870 -e 67108870 -n 5 -w 1
+step "v2 count > 2^31 (uint8, 2 ranks)" 40 large.txt \
+  "${bench[@]}" --backend cuda-v2 --ranks 2 --channels 16 -d uint8 -b 2200000000 -e 2200000000 -n 1 -w 0
 
 step "NCCL conformance, ranks on 1 GPU" 40 nccl.txt \
   "$BUNDLE/nccl_conformance" --test-threads=1
-step "NCCL bench, 4 ranks on 1 GPU" 30 nccl.txt \
+step "NCCL bench, 4 ranks on 1 GPU" 25 nccl.txt \
   "${bench[@]}" --backend nccl --ranks 4 -b 8 -e 256M -f 16 -n 5 -w 2
+step "conformance, CUDA executor v1" 60 conformance.txt \
+  "$BUNDLE/cuda_conformance" --test-threads=1 --skip interpreter
 
 echo
 echo "== summary ($((SECONDS - START)) s; files in $OUT)"

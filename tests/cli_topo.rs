@@ -250,34 +250,44 @@ fn estimate_reproduces_the_seed_articles_arithmetic() {
 }
 
 #[test]
-fn the_cuda_backend_without_a_gpu_is_a_clear_error() {
-    let out = ferrocoll(&[
-        "bench",
-        "--backend",
-        "cuda",
-        "--ranks",
-        "2",
-        "-b",
-        "1K",
-        "-e",
-        "1K",
-    ]);
-    if out.status.success() {
-        // A machine with a GPU: the bench ran and checked its results.
-        assert!(
-            stdout(&out).contains("Out of bounds values : 0 OK"),
-            "{}",
-            stdout(&out)
-        );
-        return;
+fn the_cuda_backends_without_a_gpu_are_a_clear_error() {
+    for backend in ["cuda", "cuda-v2"] {
+        let out = ferrocoll(&[
+            "bench",
+            "--backend",
+            backend,
+            "--ranks",
+            "2",
+            "--channels",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+        ]);
+        if out.status.success() {
+            // A machine with a GPU: the bench ran and checked its results.
+            assert!(
+                stdout(&out).contains("Out of bounds values : 0 OK"),
+                "{}",
+                stdout(&out)
+            );
+            assert!(stdout(&out).contains("2 channel(s)"), "{}", stdout(&out));
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{backend}");
+        let err = stderr(&out);
+        assert!(err.contains("CUDA backend unavailable"), "{backend}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
     }
-    assert_eq!(out.status.code(), Some(2));
-    let err = stderr(&out);
-    assert!(err.contains("CUDA backend unavailable"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
     let out = ferrocoll(&["topo", "--preset", "dgx-h100", "--probe"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("unavailable"), "{}", stderr(&out));
+    // Channels past what a plan may use are refused by the parser.
+    for bad in ["0", "65"] {
+        let out = ferrocoll(&["bench", "--channels", bad]);
+        assert_eq!(out.status.code(), Some(2), "--channels {bad}");
+    }
 }
 
 /// The throughput bound beside each algorithm, for the whole machine and

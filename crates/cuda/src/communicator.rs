@@ -61,43 +61,16 @@ where
     F: Fn(&mut CudaCommunicator) -> Result<R, CommError> + Sync,
 {
     let comms = group(devices, config)?;
-    let f = &f;
-    Ok(std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|mut comm| {
-                scope.spawn(move || {
-                    let shared = comm.shared.clone();
-                    let rank = comm.rank;
-                    let out =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut comm)));
-                    let out = out.unwrap_or_else(|_| {
-                        Err(CommError::PeerFailed {
-                            rank,
-                            reason: "panicked".into(),
-                        })
-                    });
-                    if let Err(e) = &out
-                        && !matches!(e, CommError::PeerFailed { .. })
-                    {
-                        shared.fail(rank, &e.to_string());
-                    }
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(CommError::backend(
-                        "cuda",
-                        CudaError::Invalid("a rank thread died".into()),
-                    ))
-                })
-            })
-            .collect()
-    }))
+    Ok(crate::threads::run_ranks(
+        comms,
+        |c| c.rank,
+        &f,
+        |c, e| {
+            if !matches!(e, CommError::PeerFailed { .. }) {
+                c.shared.fail(c.rank, &e.to_string());
+            }
+        },
+    ))
 }
 
 fn size_error(what: &'static str, got: usize, needed: usize) -> CommError {

@@ -157,20 +157,8 @@ impl Device {
             return Ok(());
         }
         let f = self.function(&kernels::divide_kernel(dtype))?;
-        let (mut ptr, mut len, mut d) = (data, n as u64, divisor);
-        let mut params: [*mut c_void; 3] = [
-            (&mut ptr as *mut u64).cast(),
-            (&mut len as *mut u64).cast(),
-            (&mut d as *mut u64).cast(),
-        ];
-        let blocks = (n as u64).div_ceil(u64::from(THREADS)).clamp(1, MAX_BLOCKS) as u32;
-        // SAFETY: the parameters match `ferrocoll_div_*(T*, u64, u64)` and
-        // live until the call returns (the driver copies them); the pointer
-        // is the caller's.
-        unsafe {
-            result::launch_kernel(f, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)?
-        };
-        Ok(())
+        // SAFETY: forwarded from the caller.
+        unsafe { launch_divide(f, stream, data, n as u64, divisor) }
     }
 
     /// # Safety
@@ -219,4 +207,31 @@ pub unsafe fn free(device: &Device, ptr: u64) {
         // SAFETY: forwarded from the caller.
         let _ = unsafe { result::free_sync(ptr) };
     }
+}
+
+/// Enqueue `ferrocoll_div_*` (`f`) over `n` elements at `data`.
+///
+/// # Safety
+/// `f` is a division kernel of the elements' type; `data` addresses `n`
+/// of them on the current context's device, live until the launch
+/// completes.
+pub(crate) unsafe fn launch_divide(
+    f: sys::CUfunction,
+    stream: sys::CUstream,
+    data: u64,
+    n: u64,
+    divisor: u64,
+) -> Result<(), CudaError> {
+    let (mut ptr, mut len, mut d) = (data, n, divisor);
+    let mut params: [*mut c_void; 3] = [
+        (&mut ptr as *mut u64).cast(),
+        (&mut len as *mut u64).cast(),
+        (&mut d as *mut u64).cast(),
+    ];
+    let blocks = n.div_ceil(u64::from(THREADS)).clamp(1, MAX_BLOCKS) as u32;
+    // SAFETY: the parameters match `ferrocoll_div_*(T*, u64, u64)` and
+    // live until the call returns (the driver copies them); the pointer
+    // is the caller's.
+    unsafe { result::launch_kernel(f, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)? };
+    Ok(())
 }

@@ -23,6 +23,19 @@ pub enum CudaError {
     /// A driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(String),
+    /// Ranks sharing a GPU need every block of theirs resident at once
+    /// (the interpreter's blocks wait on each other); these cannot be.
+    #[error(
+        "device {device}: the group's ranks need {blocks} thread blocks resident at once; the GPU holds {capacity} of the interpreter's (use fewer ranks or channels on it)"
+    )]
+    NotResident {
+        /// The CUDA ordinal.
+        device: usize,
+        /// Blocks the group needs there: its ranks' channels.
+        blocks: u64,
+        /// Blocks per SM times SMs.
+        capacity: u64,
+    },
     /// A bad argument: device list, buffer sizes, rank.
     #[error("{0}")]
     Invalid(String),

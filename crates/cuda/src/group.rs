@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaStream, sys};
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::plan::{CallShape, Planned, Planner};
@@ -87,7 +87,7 @@ impl Shared {
         let mut access: HashMap<(usize, usize), bool> = HashMap::new();
         for &a in &ordinals {
             for &b in &ordinals {
-                let ok = a == b || (config.p2p && enable_peer(&opened[&a], &opened[&b])?);
+                let ok = a == b || (config.p2p && enable_peer(&opened[&a].ctx, &opened[&b].ctx)?);
                 access.insert((a, b), ok);
             }
         }
@@ -199,11 +199,11 @@ impl Shared {
 }
 
 /// Enable peer access from `a` to `b` (and back) if the hardware allows it.
-fn enable_peer(a: &Device, b: &Device) -> Result<bool, CudaError> {
+pub(crate) fn enable_peer(a: &CudaContext, b: &CudaContext) -> Result<bool, CudaError> {
     let mut can = 0;
     // SAFETY: both devices come from opened contexts; the out-pointer is a
     // live local.
-    unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.ctx.cu_device(), b.ctx.cu_device()).result()? };
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()).result()? };
     if can == 0 {
         return Ok(false);
     }
@@ -212,23 +212,22 @@ fn enable_peer(a: &Device, b: &Device) -> Result<bool, CudaError> {
     let attribute = |which: sys::CUdevice_P2PAttribute| {
         let mut v = 0;
         // SAFETY: live devices; a local out-pointer.
-        let r = unsafe {
-            sys::cuDeviceGetP2PAttribute(&mut v, which, a.ctx.cu_device(), b.ctx.cu_device())
-        };
+        let r =
+            unsafe { sys::cuDeviceGetP2PAttribute(&mut v, which, a.cu_device(), b.cu_device()) };
         (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
     };
     tracing::debug!(
         "peer {} -> {}: performance rank {:?}, native atomics {:?}",
-        a.ordinal,
-        b.ordinal,
+        a.ordinal(),
+        b.ordinal(),
         attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK),
         attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED),
     );
     for (from, to) in [(a, b), (b, a)] {
-        from.bind()?;
+        from.bind_to_thread()?;
         // SAFETY: `to`'s context is alive; enabling twice only reports
         // "already enabled", which is not an error here.
-        let r = unsafe { sys::cuCtxEnablePeerAccess(to.ctx.cu_ctx(), 0) };
+        let r = unsafe { sys::cuCtxEnablePeerAccess(to.cu_ctx(), 0) };
         if r != sys::CUresult::CUDA_SUCCESS
             && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
         {
@@ -236,8 +235,8 @@ fn enable_peer(a: &Device, b: &Device) -> Result<bool, CudaError> {
             // peer access; its messages take the host relay.
             tracing::debug!(
                 "peer access {} -> {} refused: {r:?}",
-                from.ordinal,
-                to.ordinal
+                from.ordinal(),
+                to.ordinal()
             );
             return Ok(false);
         }

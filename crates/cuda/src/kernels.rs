@@ -22,8 +22,8 @@ use crate::probe;
 /// The kernel source, embedded at build time.
 pub const SOURCE: &str = include_str!("../../../cuda/reduce.cu");
 
-/// The device interpreter (executor v2, in progress), compiled together
-/// with [`SOURCE`], whose element operations it uses.
+/// The device interpreter (executor v2), compiled together with
+/// [`SOURCE`], whose element operations it uses.
 pub const INTERPRETER: &str = include_str!("../../../cuda/interpret.cu");
 
 /// Inputs and outputs one kernel launch takes at most (`MAX_INPUTS`,
@@ -48,13 +48,21 @@ pub fn type_suffix(t: DataType) -> &'static str {
 
 /// The reduce-copy kernel for `op` on `t` (avg reduces as a sum).
 pub fn reduce_kernel(t: DataType, op: ReduceOp) -> String {
-    let op = match op {
+    format!("ferrocoll_{}_{}", op_name(op), type_suffix(t))
+}
+
+/// The interpreter's entry point for a type and op (`avg` runs the sum).
+pub fn interpreter_kernel(t: DataType, op: ReduceOp) -> String {
+    format!("ferrocoll_run_{}_{}", op_name(op), type_suffix(t))
+}
+
+fn op_name(op: ReduceOp) -> &'static str {
+    match op {
         ReduceOp::Sum | ReduceOp::Avg => "sum",
         ReduceOp::Prod => "prod",
         ReduceOp::Min => "min",
         ReduceOp::Max => "max",
-    };
-    format!("ferrocoll_{op}_{}", type_suffix(t))
+    }
 }
 
 /// The kernel dividing by the rank count, avg's last pass.
@@ -132,16 +140,32 @@ pub fn include_dirs() -> Vec<PathBuf> {
 /// The kernels compiled to PTX for `arch` (`compute_80`, `compute_90`),
 /// once per process.
 pub fn ptx(arch: &'static str) -> Result<Ptx, CudaError> {
-    static CACHE: OnceLock<Mutex<HashMap<&'static str, String>>> = OnceLock::new();
+    cached(arch, "reduce", compile)
+}
+
+/// The device interpreter (with the kernels it builds on) compiled to PTX
+/// for `arch`, once per process.
+pub fn interpreter_ptx(arch: &'static str) -> Result<Ptx, CudaError> {
+    cached(arch, "interpret", compile_interpreter)
+}
+
+fn cached(
+    arch: &'static str,
+    which: &'static str,
+    compile: fn(&'static str) -> Result<Ptx, CudaError>,
+) -> Result<Ptx, CudaError> {
+    type Cache = Mutex<HashMap<(&'static str, &'static str), String>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(src) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(arch) {
+    let key = (arch, which);
+    if let Some(src) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(Ptx::from_src(src.clone()));
     }
     let compiled = compile(arch)?.to_src();
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(arch, compiled.clone());
+        .insert(key, compiled.clone());
     Ok(Ptx::from_src(compiled))
 }
 
@@ -159,9 +183,9 @@ pub fn compile_interpreter(arch: &'static str) -> Result<Ptx, CudaError> {
 /// The interpreter's entry points: one per (op, type); `avg` runs the sum.
 pub fn interpreter_kernels() -> Vec<String> {
     let mut out = Vec::new();
-    for op in ["sum", "prod", "min", "max"] {
+    for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
         for t in DataType::ALL {
-            out.push(format!("ferrocoll_run_{op}_{}", type_suffix(t)));
+            out.push(interpreter_kernel(t, op));
         }
     }
     out

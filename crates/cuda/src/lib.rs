@@ -15,10 +15,12 @@ mod enqueue;
 pub mod error;
 mod group;
 pub mod info;
+pub mod interpreter;
 pub mod kernels;
 mod link_probe;
 pub mod probe;
 pub mod program;
+mod threads;
 
 pub use communicator::{CudaCommunicator, CudaElement, group, run};
 pub use config::{CudaConfig, device_rule};

@@ -1,14 +1,23 @@
-//! The conformance kit on the CUDA executor, and its behaviour without
-//! CUDA. On a machine without a GPU the device tests print `SKIPPED:` and
-//! pass; `FERROCOLL_REQUIRE_GPU=1` turns that into a failure.
-//! `FERROCOLL_CUDA_DEVICES=0,1` picks the devices ranks go round (default:
-//! every rank on device 0, as on a single-GPU machine).
+//! The conformance kit on both CUDA executors — v1 (kernels and copies
+//! enqueued per step) and the device interpreter (v2, tests named
+//! `interpreter_*`) — the failures a group must report rather than hang
+//! on, a call captured in a CUDA graph and replayed, and the behaviour
+//! without CUDA. On a machine without a GPU the device tests print
+//! `SKIPPED:` and pass; `FERROCOLL_REQUIRE_GPU=1` turns that into a
+//! failure. `FERROCOLL_CUDA_DEVICES=0,1` picks the devices ranks go round
+//! (default: every rank on device 0, as on a single-GPU machine). The
+//! interpreter's protocol also runs on CPU threads in the crate's unit
+//! tests.
 
 use std::time::Duration;
 
+use cudarc::driver::{CudaSlice, sys};
+use ferrocoll_core::comm::{CommError, CommunicatorExt};
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, run_on_threads};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
+use ferrocoll_cuda::interpreter::{self, InterpreterCommunicator};
 use ferrocoll_cuda::{CudaConfig, CudaError, probe};
+use ferrocoll_device::DeviceCommunicator;
 
 /// Whether a skip must be a failure (`FERROCOLL_REQUIRE_GPU=1`, set by
 /// scripts/gpu-check.sh on the GPU machine).
@@ -59,7 +68,7 @@ impl Harness for Cuda {
     }
 }
 
-fn run_all(cases: Vec<Case>, harness: &Cuda) {
+fn run_all(cases: Vec<Case>, harness: &impl Harness) {
     let total = cases.len();
     for case in cases {
         if let Err(e) = check_case(harness, &case) {
@@ -73,12 +82,9 @@ fn supported() -> Vec<(Algorithm, CollectiveKind)> {
     ferrocoll_core::algorithms::applicable().collect()
 }
 
-#[test]
-fn every_algorithm_and_collective_with_2_4_8_ranks() {
-    if let Some(reason) = skip() {
-        println!("SKIPPED: {reason}");
-        return;
-    }
+/// Every algorithm and collective on 1, 2, 3, 4 and 8 ranks, odd and
+/// zero counts, in place and out.
+fn algorithm_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     let mut seed = 0;
     for (algorithm, kind) in supported() {
@@ -104,22 +110,13 @@ fn every_algorithm_and_collective_with_2_4_8_ranks() {
             }
         }
     }
-    // Small chunks: even short buffers cross several segments.
-    run_all(
-        cases,
-        &Cuda {
-            max_chunk_bytes: 256,
-            p2p: true,
-        },
-    );
+    cases
 }
 
-#[test]
-fn every_dtype_and_op() {
-    if let Some(reason) = skip() {
-        println!("SKIPPED: {reason}");
-        return;
-    }
+/// Every dtype and op through ring, direct and tree all-reduce; 1031
+/// elements put chunk boundaries off 16 bytes for every element size, so
+/// element-wise paths run beside the vector ones.
+fn dtype_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     let mut seed = 1000;
     for algorithm in [Algorithm::Ring, Algorithm::Direct, Algorithm::Tree] {
@@ -141,8 +138,33 @@ fn every_dtype_and_op() {
             }
         }
     }
+    cases
+}
+
+#[test]
+fn every_algorithm_and_collective_with_2_4_8_ranks() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    // Small chunks: even short buffers cross several segments.
     run_all(
-        cases,
+        algorithm_cases(),
+        &Cuda {
+            max_chunk_bytes: 256,
+            p2p: true,
+        },
+    );
+}
+
+#[test]
+fn every_dtype_and_op() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    run_all(
+        dtype_cases(),
         &Cuda {
             max_chunk_bytes: 1024,
             p2p: true,
@@ -182,7 +204,7 @@ fn the_host_relay_gives_the_same_results() {
 }
 
 #[test]
-fn without_cuda_every_entry_point_is_a_typed_error() {
+fn without_cuda_every_entry_point_of_both_executors_is_a_typed_error() {
     if probe::available().is_ok() {
         println!("SKIPPED: CUDA is present; this test is for machines without it");
         return;
@@ -195,4 +217,171 @@ fn without_cuda_every_entry_point_is_a_typed_error() {
         ferrocoll_cuda::run(&[0], &CudaConfig::default(), |_| Ok(())).expect_err("no CUDA here");
     assert!(err.to_string().contains("unavailable"), "{err}");
     assert!(ferrocoll_cuda::group(&[], &CudaConfig::default()).is_err());
+    let err = interpreter::group(&[0, 0], &CudaConfig::default())
+        .err()
+        .expect("no CUDA here");
+    assert!(matches!(err, CudaError::BackendUnavailable { .. }), "{err}");
+    let err = interpreter::run(&[0], &CudaConfig::default(), |_| Ok(())).expect_err("no CUDA");
+    assert!(err.to_string().contains("unavailable"), "{err}");
+    // A world the device tables cannot hold is refused before CUDA is asked.
+    let err = interpreter::group(&[0; 65], &CudaConfig::default())
+        .err()
+        .expect("too many ranks");
+    assert!(matches!(err, CudaError::Invalid(_)), "{err}");
+}
+
+// The device interpreter (executor v2).
+
+fn config(algorithm: Option<Algorithm>, max_chunk_bytes: usize, timeout: u64) -> CudaConfig {
+    CudaConfig {
+        timeout: Duration::from_secs(timeout),
+        algorithm,
+        channels: 2,
+        max_chunk_bytes,
+        ..CudaConfig::default()
+    }
+}
+
+struct Interpreter {
+    max_chunk_bytes: usize,
+}
+
+impl Harness for Interpreter {
+    fn run<T: KitElement>(
+        &self,
+        case: &Case,
+        inputs: &[Vec<T>],
+        outputs: Vec<Vec<T>>,
+    ) -> Result<Vec<Vec<T>>, String> {
+        let config = config(case.algorithm, self.max_chunk_bytes, 30);
+        run_on_threads(case, inputs, outputs, |f| {
+            interpreter::run(&devices(case.world_size), &config, f).map_err(|e| e.to_string())
+        })
+    }
+}
+
+#[test]
+fn interpreter_every_algorithm_and_collective() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    // Small slots: even short buffers cross several segments and reuse
+    // every slot.
+    run_all(
+        algorithm_cases(),
+        &Interpreter {
+            max_chunk_bytes: 256,
+        },
+    );
+}
+
+#[test]
+fn interpreter_every_dtype_and_op() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    run_all(
+        dtype_cases(),
+        &Interpreter {
+            max_chunk_bytes: 1024,
+        },
+    );
+}
+
+/// Run `f` on two ranks of a group with a short timeout.
+fn two_ranks(
+    f: impl Fn(&mut InterpreterCommunicator) -> Result<(), CommError> + Sync,
+) -> Vec<Result<(), CommError>> {
+    interpreter::run(&devices(2), &config(None, 4096, 3), f).expect("the group opens")
+}
+
+#[test]
+fn interpreter_ranks_calling_different_shapes_fail_with_a_mismatch_not_a_hang() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    let results = two_ranks(|c| {
+        let n = 100 + DeviceCommunicator::rank(c) as usize;
+        let mut out = vec![0f32; n];
+        CommunicatorExt::all_reduce(c, &vec![1f32; n], &mut out, ReduceOp::Sum)
+    });
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn interpreter_a_rank_that_never_calls_times_its_peer_out() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    let results = two_ranks(|c| {
+        if DeviceCommunicator::rank(c) == 1 {
+            return Ok(());
+        }
+        let mut out = vec![0f32; 64];
+        CommunicatorExt::all_reduce(c, &[1f32; 64], &mut out, ReduceOp::Sum)
+    });
+    assert!(results[1].is_ok());
+    assert!(
+        matches!(
+            &results[0],
+            Err(CommError::Timeout { .. } | CommError::PeerFailed { .. })
+        ),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn interpreter_a_captured_all_reduce_replays_with_new_inputs() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    let n = 4u32;
+    let count = 3000usize;
+    let results = interpreter::run(&devices(n), &config(None, 4096, 20), |c| {
+        let stream = c.stream().clone();
+        let backend = |e| CommError::backend("cuda", e);
+        let mut input: CudaSlice<f32> = stream.alloc_zeros(count).map_err(backend)?;
+        let mut output: CudaSlice<f32> = stream.alloc_zeros(count).map_err(backend)?;
+        // Warm up outside the capture: the plan is uploaded on first use.
+        DeviceCommunicator::all_reduce(c, &input, &mut output, ReduceOp::Sum, &stream)?;
+        c.synchronize(&stream)?;
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(backend)?;
+        DeviceCommunicator::all_reduce(c, &input, &mut output, ReduceOp::Sum, &stream)?;
+        let graph = stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(backend)?
+            .expect("a graph");
+        for replay in 1..=3u32 {
+            let mine = vec![(DeviceCommunicator::rank(c) + replay) as f32; count];
+            stream.memcpy_htod(&mine, &mut input).map_err(backend)?;
+            graph.launch().map_err(backend)?;
+            c.synchronize(&stream)?;
+            let got = stream.clone_dtoh(&output).map_err(backend)?;
+            let want = (0..n).map(|r| (r + replay) as f32).sum::<f32>();
+            if got.iter().any(|&x| x != want) {
+                return Err(CommError::backend(
+                    "test",
+                    CudaError::Invalid(format!("replay {replay}: {} != {want}", got[0])),
+                ));
+            }
+        }
+        Ok(())
+    })
+    .expect("the group opens");
+    for r in results {
+        r.unwrap();
+    }
 }

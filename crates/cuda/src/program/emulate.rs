@@ -13,14 +13,14 @@
 //! reaches a GPU.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::types::Reduce;
 
-use super::{BufferId, DeviceProgram, Layout, Local, Op, RankProgram};
+use super::{BufferId, DeviceProgram, Layout, Local, Op, RankProgram, State, Window};
 
 /// Memory other threads write into, ordered by the counters: a raw
 /// allocation, so that no reference to the whole of it ever exists while
@@ -65,30 +65,53 @@ fn words(n: usize) -> Box<[AtomicU64]> {
     (0..n).map(|_| AtomicU64::new(0)).collect()
 }
 
-/// One rank's device memory that peers reach.
+/// One rank's window: the memory peers reach, laid out by
+/// [`Layout::window`] as on the device.
 struct Peer {
-    inbox: Arena,
-    /// By (channel, sender): messages stored into this inbox, ever.
-    posted: Box<[AtomicU64]>,
-    /// By (channel, receiver): messages of this rank's the receiver has read, ever.
-    consumed: Box<[AtomicU64]>,
-    /// By channel: (call sequence << 32) | the plan hash's low half.
-    hello: Box<[AtomicU64]>,
+    window: Arena,
+    at: Window,
 }
 
-/// The rank's own running totals, touched between calls only.
-#[derive(Default)]
-struct Totals {
-    sent: Vec<u64>,
-    received: Vec<u64>,
-    calls: u32,
+impl Peer {
+    /// The word `index` of the counters at byte `at` of the window.
+    fn word(&self, at: u64, index: usize) -> &AtomicU64 {
+        debug_assert!(at + 8 * index as u64 + 8 <= self.at.bytes);
+        // SAFETY: the window is 8-byte aligned (a `u64` allocation) and
+        // `Layout::window` places every counter array at a multiple of 16
+        // inside it, clear of the inbox; counter words are only ever
+        // accessed atomically.
+        unsafe {
+            &*self
+                .window
+                .ptr()
+                .add(at as usize + 8 * index)
+                .cast::<AtomicU64>()
+        }
+    }
+
+    /// By (channel, sender): messages stored into this inbox, ever.
+    fn posted(&self, word: usize) -> &AtomicU64 {
+        self.word(self.at.posted, word)
+    }
+
+    /// By (channel, receiver): this rank's messages the receiver has
+    /// read, ever.
+    fn consumed(&self, word: usize) -> &AtomicU64 {
+        self.word(self.at.consumed, word)
+    }
+
+    /// By channel: (call << 32) | the program's agreement, low half.
+    fn hello(&self, channel: u32) -> &AtomicU64 {
+        self.word(self.at.hello, channel as usize)
+    }
 }
 
 /// The memory of a group of emulated devices, kept across calls.
 pub struct Fabric {
     layout: Layout,
     peers: Vec<Peer>,
-    totals: Vec<Mutex<Totals>>,
+    /// Each rank's private state, laid out by [`Layout::state`].
+    states: Vec<Box<[AtomicU64]>>,
     abort: AtomicBool,
     failure: Mutex<Option<(Rank, String)>>,
     timeout: Duration,
@@ -105,25 +128,17 @@ pub struct Buffers<'a, T> {
 impl Fabric {
     /// Inboxes and counters for `layout`; every wait gives up after `timeout`.
     pub fn new(layout: Layout, timeout: Duration) -> Self {
-        let n = layout.link_words();
+        let at = layout.window();
         Fabric {
             layout,
             peers: (0..layout.world_size)
                 .map(|_| Peer {
-                    inbox: Arena::new(layout.inbox_bytes()),
-                    posted: words(n),
-                    consumed: words(n),
-                    hello: words(layout.max_channels as usize),
+                    window: Arena::new(at.bytes),
+                    at,
                 })
                 .collect(),
-            totals: (0..layout.world_size)
-                .map(|_| {
-                    Mutex::new(Totals {
-                        sent: vec![0; n],
-                        received: vec![0; n],
-                        calls: 0,
-                    })
-                })
+            states: (0..layout.world_size)
+                .map(|_| words(layout.state().words))
                 .collect(),
             abort: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -248,45 +263,18 @@ impl Fabric {
             self.fail(rank, e.to_string());
             return Err(e);
         }
-        let seq = {
-            let mut t = self.totals[rank as usize]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            t.calls = t.calls.wrapping_add(1);
-            t.calls
-        };
-        let hello = (u64::from(seq) << 32) | (program.agreement() & 0xffff_ffff);
-        for h in self.peers[rank as usize].hello.iter() {
-            h.store(hello, Ordering::Release);
-        }
         let scratch = Arena::new(program.scratch_bytes);
         let memory = Memory {
             input: buffers.input.as_ptr().cast(),
             output: buffers.output.as_mut_ptr().cast(),
             scratch: scratch.ptr(),
         };
-        let done: Vec<AtomicU32> = me.channels.iter().map(|_| AtomicU32::new(0)).collect();
-        let (base_sent, base_received) = {
-            let t = self.totals[rank as usize]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            (t.sent.clone(), t.received.clone())
-        };
+        // As the kernel's blocks: one per channel of the plan, each
+        // reading and advancing its own words of the rank's state.
         let results: Vec<Result<(), CommError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..me.channels.len() as u32)
                 .map(|channel| {
-                    let block = Block {
-                        fabric: self,
-                        program,
-                        me,
-                        rank,
-                        channel,
-                        hello,
-                        memory: &memory,
-                        done: &done,
-                        base_sent: &base_sent,
-                        base_received: &base_received,
-                    };
+                    let block = Block::new(self, program, rank, channel, &memory);
                     scope.spawn(move || block.run::<T>())
                 })
                 .collect();
@@ -303,15 +291,6 @@ impl Fabric {
             // SAFETY: every block of this rank has finished; the region is
             // inside the caller's output (the plan was checked against it).
             unsafe { divide::<T>(&memory, me, d, program.layout.world_size) };
-        }
-        let mut t = self.totals[rank as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        for c in &me.sent {
-            t.sent[c.word as usize] += c.count;
-        }
-        for c in &me.received {
-            t.received[c.word as usize] += c.count;
         }
         Ok(())
     }
@@ -349,27 +328,102 @@ struct Block<'a> {
     me: &'a RankProgram,
     rank: Rank,
     channel: u32,
-    hello: u64,
     memory: &'a Memory,
-    done: &'a [AtomicU32],
-    base_sent: &'a [u64],
-    base_received: &'a [u64],
+    /// The rank's private state.
+    state: &'a [AtomicU64],
+    at: State,
+    /// This call's number (it wraps), and the hello word it makes.
+    call: u32,
+    hello: u64,
 }
 
-impl Block<'_> {
+impl<'a> Block<'a> {
+    fn new(
+        fabric: &'a Fabric,
+        program: &'a DeviceProgram,
+        rank: Rank,
+        channel: u32,
+        memory: &'a Memory,
+    ) -> Self {
+        let state = &fabric.states[rank as usize];
+        let at = fabric.layout.state();
+        // The previous call of the rank has finished (its blocks joined).
+        let call =
+            (state[at.calls + channel as usize].load(Ordering::Acquire) as u32).wrapping_add(1);
+        Block {
+            fabric,
+            program,
+            me: &program.ranks[rank as usize],
+            rank,
+            channel,
+            memory,
+            state,
+            at,
+            call,
+            hello: (u64::from(call) << 32) | (program.agreement() & 0xffff_ffff),
+        }
+    }
+
     fn layout(&self) -> &Layout {
         &self.fabric.layout
     }
 
+    fn done(&self, channel: u32) -> &AtomicU64 {
+        &self.state[self.at.done + channel as usize]
+    }
+
     fn run<T: Reduce>(&self) -> Result<(), CommError> {
+        let mine = &self.fabric.peers[self.rank as usize];
+        let channels = self.me.channels.len() as u32;
+        // Hello first: this channel's, and block 0 the idle channels', so
+        // a peer whose plan uses them still finds this call's.
+        mine.hello(self.channel)
+            .store(self.hello, Ordering::Release);
+        if self.channel == 0 {
+            for k in channels..self.layout().max_channels {
+                mine.hello(k).store(self.hello, Ordering::Release);
+            }
+        }
         let span = self.me.channels[self.channel as usize];
         let mut greeted = vec![false; self.layout().world_size as usize];
         for i in 0..span.count {
             let op = &self.me.ops[(span.first + i) as usize];
             self.fire::<T>(op, &mut greeted)?;
-            self.done[self.channel as usize].store(i + 1, Ordering::Release);
+            self.done(self.channel).store(
+                (u64::from(self.call) << 32) | u64::from(i + 1),
+                Ordering::Release,
+            );
         }
+        self.finish(channels);
         Ok(())
+    }
+
+    /// The channel's links count this call's messages for the next, and
+    /// the channel (block 0: the idle ones too) its call.
+    fn finish(&self, channels: u32) {
+        let layout = *self.layout();
+        let mine = |w: u64| w as usize / layout.world_size as usize == self.channel as usize;
+        for c in self.me.sent.iter().filter(|c| mine(c.word)) {
+            self.state[self.at.sent + c.word as usize].fetch_add(c.count, Ordering::Relaxed);
+        }
+        for c in self.me.received.iter().filter(|c| mine(c.word)) {
+            self.state[self.at.received + c.word as usize].fetch_add(c.count, Ordering::Relaxed);
+        }
+        let call = u64::from(self.call);
+        self.state[self.at.calls + self.channel as usize].store(call, Ordering::Release);
+        if self.channel == 0 {
+            for k in channels..layout.max_channels {
+                self.state[self.at.calls + k as usize].store(call, Ordering::Release);
+            }
+        }
+    }
+
+    fn base_sent(&self, word: usize) -> u64 {
+        self.state[self.at.sent + word].load(Ordering::Relaxed)
+    }
+
+    fn base_received(&self, word: usize) -> u64 {
+        self.state[self.at.received + word].load(Ordering::Relaxed)
     }
 
     fn fire<T: Reduce>(&self, op: &Op, greeted: &mut [bool]) -> Result<(), CommError> {
@@ -377,7 +431,11 @@ impl Block<'_> {
         let slots = u64::from(layout.slots);
         for a in self.span(&self.me.afters, op.after) {
             self.wait(
-                || self.done[a.channel as usize].load(Ordering::Acquire) > a.index,
+                || {
+                    // The same call (its number wraps), past the instruction.
+                    let d = self.done(a.channel).load(Ordering::Acquire);
+                    (d >> 32) as u32 == self.call && d as u32 > a.index
+                },
                 "an earlier instruction of another channel",
             )?;
         }
@@ -386,7 +444,7 @@ impl Block<'_> {
             .map(|e| {
                 (
                     e.peer,
-                    self.base_received[layout.link_word(self.channel, e.peer)] + e.index,
+                    self.base_received(layout.link_word(self.channel, e.peer)) + e.index,
                 )
             })
             .collect();
@@ -395,7 +453,7 @@ impl Block<'_> {
             .map(|e| {
                 (
                     e.peer,
-                    self.base_sent[layout.link_word(self.channel, e.peer)] + e.index,
+                    self.base_sent(layout.link_word(self.channel, e.peer)) + e.index,
                 )
             })
             .collect();
@@ -407,14 +465,14 @@ impl Block<'_> {
                 self.greet(p)?;
                 greeted[p as usize] = true;
             }
-            let posted = &mine.posted[layout.link_word(self.channel, p)];
+            let posted = mine.posted(layout.link_word(self.channel, p));
             self.wait(
                 || posted.load(Ordering::Acquire) > g,
                 "a message to be posted",
             )?;
         }
         for &(q, g) in &send {
-            let consumed = &mine.consumed[layout.link_word(self.channel, q)];
+            let consumed = mine.consumed(layout.link_word(self.channel, q));
             self.wait(
                 || consumed.load(Ordering::Acquire) + slots > g,
                 "a free slot",
@@ -430,7 +488,8 @@ impl Block<'_> {
         #[cfg(test)]
         std::thread::yield_now();
         for &(p, g) in &recv {
-            self.fabric.peers[p as usize].consumed[layout.link_word(self.channel, self.rank)]
+            self.fabric.peers[p as usize]
+                .consumed(layout.link_word(self.channel, self.rank))
                 .store(g + 1, Ordering::Release);
         }
         let bytes = op.bytes as usize;
@@ -441,20 +500,22 @@ impl Block<'_> {
         }
         for &(q, g) in &send {
             let peer = &self.fabric.peers[q as usize];
-            let at = layout.slot_offset(self.channel, self.rank, (g % slots) as u32);
+            let at =
+                peer.at.inbox + layout.slot_offset(self.channel, self.rank, (g % slots) as u32);
             // SAFETY: the slot is inside the peer's inbox (offsets come from
             // the layout the plan was checked against) and free: its
             // previous message was consumed (acquired above).
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     value.as_ptr().cast::<u8>(),
-                    peer.inbox.ptr().add(at as usize),
+                    peer.window.ptr().add(at as usize),
                     bytes,
                 );
             }
             #[cfg(test)]
             std::thread::yield_now();
-            peer.posted[layout.link_word(self.channel, self.rank)].store(g + 1, Ordering::Release);
+            peer.posted(layout.link_word(self.channel, self.rank))
+                .store(g + 1, Ordering::Release);
         }
         Ok(())
     }
@@ -462,9 +523,9 @@ impl Block<'_> {
     /// The peer's hello for this channel must be this call's, with this
     /// plan's hash, before any of this rank's data lands in its memory.
     fn greet(&self, peer: u32) -> Result<(), CommError> {
-        let word = &self.fabric.peers[peer as usize].hello[self.channel as usize];
-        let seq = (self.hello >> 32) as u32;
-        // Sequence numbers wrap; a peer ahead of this call ran another one.
+        let word = self.fabric.peers[peer as usize].hello(self.channel);
+        let seq = self.call;
+        // Call numbers wrap; a peer ahead of this call ran another one.
         let reached =
             || ((word.load(Ordering::Acquire) >> 32) as u32).wrapping_sub(seq) as i32 >= 0;
         self.wait(reached, "the peer to start the call")?;
@@ -492,12 +553,13 @@ impl Block<'_> {
         let mut inputs: Vec<Vec<T>> = recv
             .iter()
             .map(|&(p, g)| {
-                let at = layout.slot_offset(self.channel, p, (g % u64::from(layout.slots)) as u32);
+                let at = mine.at.inbox
+                    + layout.slot_offset(self.channel, p, (g % u64::from(layout.slots)) as u32);
                 // SAFETY: the message was posted (acquired) and its slot is
                 // not rewritten before this rank publishes `consumed`; slots
                 // are 16-byte aligned and hold `op.bytes` bytes.
                 unsafe {
-                    std::slice::from_raw_parts(mine.inbox.ptr().add(at as usize).cast::<T>(), len)
+                    std::slice::from_raw_parts(mine.window.ptr().add(at as usize).cast::<T>(), len)
                         .to_vec()
                 }
             })

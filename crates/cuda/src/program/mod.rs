@@ -37,6 +37,10 @@
 //! are tested on machines without a GPU.
 
 pub mod emulate;
+mod layout;
+pub mod params;
+
+pub use layout::{Layout, State, Window};
 
 use ferrocoll_core::plan::{ExecutionPlan, Region};
 use ferrocoll_core::schedule::Buffer;
@@ -46,44 +50,6 @@ use thiserror::Error;
 /// (`FC_MAX_RANKS` in `cuda/interpret.cu`), which also bound the messages
 /// one instruction receives or sends (one per peer).
 pub const MAX_RANKS: u32 = 64;
-
-/// What the communicator set up: one inbox ring per (channel, sender).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
-    /// Ranks.
-    pub world_size: u32,
-    /// Channels a plan may use.
-    pub max_channels: u32,
-    /// Slots per link.
-    pub slots: u32,
-    /// Bytes per slot: the largest message a plan may send (a multiple of
-    /// 16, so every slot starts aligned for any element and vector store).
-    pub slot_bytes: u64,
-}
-
-impl Layout {
-    /// Index of a per-(channel, peer) word: `posted` by sender, `consumed`
-    /// by receiver, `hello` and progress words by channel.
-    pub fn link_word(&self, channel: u32, peer: u32) -> usize {
-        (channel * self.world_size + peer) as usize
-    }
-
-    /// Words of one counter array of a rank.
-    pub fn link_words(&self) -> usize {
-        (self.max_channels * self.world_size) as usize
-    }
-
-    /// Byte offset of a slot in the receiver's inbox.
-    pub fn slot_offset(&self, channel: u32, from: u32, slot: u32) -> u64 {
-        (u64::from(channel * self.world_size + from) * u64::from(self.slots) + u64::from(slot))
-            * self.slot_bytes
-    }
-
-    /// Bytes of one rank's inbox.
-    pub fn inbox_bytes(&self) -> u64 {
-        self.link_words() as u64 * u64::from(self.slots) * self.slot_bytes
-    }
-}
 
 /// Why a plan does not fit the layout.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -14,7 +14,7 @@ use ferrocoll::topo::probe::membw::{self, MemoryBandwidth};
 use super::report::Row;
 use super::run::{self, Cpu};
 use super::setup::{Section, custom_schedule};
-use super::{Backend, BenchArgs, cuda, nccl, process};
+use super::{Backend, BenchArgs, cuda, cuda_v2, nccl, process};
 
 /// The executor of a run.
 pub(crate) enum Target {
@@ -25,11 +25,13 @@ pub(crate) enum Target {
         comm: Box<Mutex<ProcessCommunicator>>,
         config: ProcessConfig,
     },
-    /// The CUDA executor on these devices, with NCCL beside it if asked.
+    /// The CUDA executor on these devices (v1, or the device interpreter),
+    /// with NCCL beside it if asked.
     Cuda {
         devices: Vec<usize>,
         custom: Option<Arc<Verified>>,
         compare: bool,
+        interpreter: bool,
     },
     /// NCCL on these devices.
     Nccl { devices: Vec<usize> },
@@ -57,13 +59,13 @@ impl Target {
                 "--from-env joins an NCCL group across processes: use it with --backend nccl (the CPU executor's processes take --transport)".to_owned(),
             );
         }
-        if args.compare.is_some() && args.backend != Backend::Cuda {
-            return Err("--compare nccl runs beside --backend cuda only".to_owned());
+        if args.compare.is_some() && !matches!(args.backend, Backend::Cuda | Backend::CudaV2) {
+            return Err("--compare nccl runs beside --backend cuda or cuda-v2 only".to_owned());
         }
         let custom = custom_schedule(&args.algo, args.ranks)?;
         let target = match args.backend {
             Backend::Cpu => Target::Threads { custom },
-            Backend::Cuda => {
+            Backend::Cuda | Backend::CudaV2 => {
                 if args.compare.is_some() {
                     ferrocoll::nccl::version().map_err(|e| e.to_string())?;
                 }
@@ -71,6 +73,7 @@ impl Target {
                     devices: cuda::devices(args.ranks, args.devices.as_deref())?,
                     custom,
                     compare: args.compare.is_some(),
+                    interpreter: args.backend == Backend::CudaV2,
                 }
             }
             Backend::Nccl if args.from_env => {
@@ -207,6 +210,14 @@ impl Target {
                     comm,
                     schedule: process.schedule.as_deref(),
                 };
+                run::section(args, &backend, section, sizes, progress)
+            }
+            Target::Cuda {
+                devices,
+                interpreter: true,
+                ..
+            } => {
+                let backend = cuda_v2::CudaV2::new(devices.clone(), config);
                 run::section(args, &backend, section, sizes, progress)
             }
             Target::Cuda { devices, .. } => {

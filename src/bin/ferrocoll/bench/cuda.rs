@@ -68,6 +68,18 @@ pub(crate) fn devices(ranks: u32, list: Option<&str>) -> Result<Vec<usize>, Stri
         .collect())
 }
 
+/// A CUDA executor's settings for one section: the bench's timeout,
+/// algorithm, channels and schedule.
+pub(crate) fn cuda_config(cpu: &CpuConfig) -> CudaConfig {
+    CudaConfig {
+        timeout: cpu.timeout,
+        algorithm: cpu.algorithm,
+        channels: cpu.channels,
+        schedule: cpu.schedule.clone(),
+        ..CudaConfig::default()
+    }
+}
+
 /// The CUDA executor for one section.
 pub(crate) struct Cuda {
     devices: Vec<usize>,
@@ -76,14 +88,10 @@ pub(crate) struct Cuda {
 
 impl Cuda {
     pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig, _ranks: u32) -> Cuda {
-        let config = CudaConfig {
-            timeout: cpu.timeout,
-            algorithm: cpu.algorithm,
-            channels: cpu.channels,
-            schedule: cpu.schedule.clone(),
-            ..CudaConfig::default()
-        };
-        Cuda { devices, config }
+        Cuda {
+            devices,
+            config: cuda_config(cpu),
+        }
     }
 }
 

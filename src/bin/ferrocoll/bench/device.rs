@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use ferrocoll::comm::CommError;
+use ferrocoll::conformance::KitElement;
 
 /// A host slice's bytes.
 pub(crate) fn bytes_of<T>(data: &[T]) -> &[u8] {
@@ -47,4 +48,24 @@ pub(crate) fn download<T>(
 /// Wait for `stream`.
 pub(crate) fn sync(stream: &Arc<CudaStream>) -> Result<(), CommError> {
     stream.synchronize().map_err(backend)
+}
+
+/// A call's buffers in device memory, as bytes.
+pub(crate) struct Buffers {
+    pub input: CudaSlice<u8>,
+    pub output: CudaSlice<u8>,
+}
+
+/// `input` and `output` in new device memory on `stream`, waited for.
+pub(crate) fn place<T: KitElement>(
+    stream: &Arc<CudaStream>,
+    input: &[T],
+    output: &[T],
+) -> Result<Buffers, CommError> {
+    let b = Buffers {
+        input: upload(stream, bytes_of(input))?,
+        output: upload(stream, bytes_of(output))?,
+    };
+    sync(stream)?;
+    Ok(b)
 }

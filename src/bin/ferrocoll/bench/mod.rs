@@ -8,6 +8,7 @@
 
 mod backend;
 mod cuda;
+mod cuda_v2;
 mod device;
 mod limits;
 mod nccl;
@@ -34,6 +35,10 @@ pub(crate) enum Backend {
     Cpu,
     /// ferrocoll's schedules on GPUs.
     Cuda,
+    /// ferrocoll's device interpreter on GPUs (executor v2: one launch per
+    /// call, stores straight into peers' memory; not yet measured on a GPU).
+    #[value(name = "cuda-v2")]
+    CudaV2,
     /// NCCL on the same GPUs, for comparison.
     Nccl,
 }
@@ -134,11 +139,16 @@ pub(crate) struct BenchArgs {
     /// plans take their chunk size from here.
     #[arg(long, value_parser = parse_size)]
     max_chunk_bytes: Option<usize>,
+    /// Channels of each call (1 to 64): parallel rings or trees, each a
+    /// thread block per rank on `cuda-v2` and a stream on `cuda`. Giving
+    /// it, like `--max-chunk-bytes`, turns `auto` back into the fixed rule.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    channels: Option<u32>,
     /// Print the simulator's prediction for each row on this host's
     /// measured topology, and its error against the measurement.
     #[arg(long)]
     predict: bool,
-    /// With `--backend cuda`: also run NCCL on the same GPUs, sizes and
+    /// With `--backend cuda` or `cuda-v2`: also run NCCL on the same GPUs, sizes and
     /// data, print its rows and the busbw ratio per size; the plot shows
     /// both curves.
     #[arg(long, value_enum)]

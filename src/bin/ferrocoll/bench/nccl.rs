@@ -1,14 +1,14 @@
 //! `bench --backend nccl`: NCCL on the same GPUs and buffers, for the
 //! side-by-side comparison with `--backend cuda`.
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::DevicePtr;
 use ferrocoll::comm::CommError;
 use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
 use ferrocoll::{Collective, ReduceOp};
 
-use super::device::{bytes_of, download, sync, upload};
+use super::device::{Buffers, download, place};
 use super::run::{Backend, BenchRank};
 
 /// NCCL for one section.
@@ -43,23 +43,11 @@ impl Backend for Nccl {
     }
 }
 
-/// A call's buffers in device memory, as bytes.
-pub(crate) struct Buffers {
-    input: CudaSlice<u8>,
-    output: CudaSlice<u8>,
-}
-
 impl BenchRank for NcclCommunicator {
     type Buffers<T: KitElement> = Buffers;
 
     fn place<T: KitElement>(&mut self, input: &[T], output: Vec<T>) -> Result<Buffers, CommError> {
-        let stream = self.stream().clone();
-        let b = Buffers {
-            input: upload(&stream, bytes_of(input))?,
-            output: upload(&stream, bytes_of(&output))?,
-        };
-        sync(&stream)?;
-        Ok(b)
+        place(&self.stream().clone(), input, &output)
     }
 
     fn collective<T: KitElement>(

@@ -89,13 +89,15 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
         return;
     }
     println!(
-        "# executor: {}, max chunk {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
+        "# executor: {}, max chunk {} B, {} channel(s), {} slots per link, timeout {:?}, algorithm {algorithm}",
         match args.backend {
             super::Backend::Cpu => "cpu threads",
             super::Backend::Cuda => "cuda",
+            super::Backend::CudaV2 => "cuda device interpreter (v2)",
             super::Backend::Nccl => "nccl",
         },
         config.max_chunk_bytes,
+        config.channels,
         config.slots_per_link,
         config.timeout,
     );

@@ -50,6 +50,10 @@ impl Setup {
             return Err("need -b <= -e and -f >= 2".to_owned());
         }
         let mut config = cpu_config(CpuConfig::builtin(), args.max_chunk_bytes)?;
+        if let Some(channels) = args.channels {
+            config.channels = channels;
+            config.selector = None;
+        }
         let kinds: Vec<CollectiveKind> = match &custom {
             Some(v) => vec![v.schedule().collective.kind()],
             None => args.op.0.clone(),

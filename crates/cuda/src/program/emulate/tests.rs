@@ -66,54 +66,149 @@ impl Harness for Emulated {
         let plan = plan_of(case, self.channels);
         let program =
             DeviceProgram::lower(&plan, layout_for(&plan, 2)).map_err(|e| e.to_string())?;
-        let fabric = Fabric::new(program.layout, Duration::from_secs(20));
-        let programs: Vec<&DeviceProgram> = vec![&program; case.world_size as usize];
-        // Twice: the second call's counters start where the first left them.
-        // The first call moves other values, so a read of a stale slot in
-        // the second shows as a wrong element.
-        let other = Case {
-            seed: case.seed ^ 0x9e37_79b9,
-            ..*case
+        run_twice(&program, case, inputs, outputs)
+    }
+}
+
+/// The plans the device interpreter's group makes: its planner, with its
+/// settings, lowered for the layout its windows are set up with.
+struct GroupPlanned {
+    config: crate::CudaConfig,
+}
+
+impl Harness for GroupPlanned {
+    fn run<T: KitElement>(
+        &self,
+        case: &Case,
+        inputs: &[Vec<T>],
+        outputs: Vec<Vec<T>>,
+    ) -> Result<Vec<Vec<T>>, String> {
+        use crate::interpreter::setup;
+        let config = crate::CudaConfig {
+            algorithm: case.algorithm,
+            ..self.config.clone()
         };
-        let first_inputs = ferrocoll_core::conformance::case_inputs::<T>(&other);
-        let mut results = Vec::new();
-        for inputs in [first_inputs.as_slice(), inputs] {
-            // In place the one buffer holds the input where the call
-            // defines (what `call_case` does for communicators).
-            let mut outs: Vec<Vec<T>> = if case.in_place {
-                (0..case.world_size)
-                    .map(|r| {
-                        in_place_buffer(
-                            case.collective,
-                            r,
-                            case.count,
-                            &inputs[r as usize],
-                            outputs[r as usize].clone(),
-                        )
-                    })
-                    .collect()
-            } else {
-                outputs.clone()
-            };
-            let buffers = outs
-                .iter_mut()
-                .zip(inputs)
-                .map(|(o, i)| Buffers {
-                    input: if case.in_place { &[] } else { i.as_slice() },
-                    output: o.as_mut_slice(),
+        let layout = setup::layout(case.world_size, &config).map_err(|e| e.to_string())?;
+        let mut planner = ferrocoll_core::plan::Planner::new(
+            case.world_size,
+            setup::planner_settings(&config, &layout),
+        );
+        let shape = CallShape {
+            collective: case.collective,
+            count: case.count,
+            dtype: case.dtype,
+            op: case.op,
+            in_place: case.in_place,
+        };
+        let planned = planner.plan(&shape).map_err(|e| e.to_string())?;
+        let program = DeviceProgram::lower(&planned.plan, layout).map_err(|e| e.to_string())?;
+        run_twice(&program, case, inputs, outputs)
+    }
+}
+
+/// Run `case` twice on one fabric and return the second call's outputs.
+fn run_twice<T: KitElement>(
+    program: &DeviceProgram,
+    case: &Case,
+    inputs: &[Vec<T>],
+    outputs: Vec<Vec<T>>,
+) -> Result<Vec<Vec<T>>, String> {
+    let fabric = Fabric::new(program.layout, Duration::from_secs(20));
+    let programs: Vec<&DeviceProgram> = vec![&program; case.world_size as usize];
+    // Twice: the second call's counters start where the first left them.
+    // The first call moves other values, so a read of a stale slot in
+    // the second shows as a wrong element.
+    let other = Case {
+        seed: case.seed ^ 0x9e37_79b9,
+        ..*case
+    };
+    let first_inputs = ferrocoll_core::conformance::case_inputs::<T>(&other);
+    let mut results = Vec::new();
+    for inputs in [first_inputs.as_slice(), inputs] {
+        // In place the one buffer holds the input where the call
+        // defines (what `call_case` does for communicators).
+        let mut outs: Vec<Vec<T>> = if case.in_place {
+            (0..case.world_size)
+                .map(|r| {
+                    in_place_buffer(
+                        case.collective,
+                        r,
+                        case.count,
+                        &inputs[r as usize],
+                        outputs[r as usize].clone(),
+                    )
                 })
-                .collect();
-            for (r, x) in fabric.call(&programs, buffers).into_iter().enumerate() {
-                x.map_err(|e| format!("rank {r}: {e}"))?;
+                .collect()
+        } else {
+            outputs.clone()
+        };
+        let buffers = outs
+            .iter_mut()
+            .zip(inputs)
+            .map(|(o, i)| Buffers {
+                input: if case.in_place { &[] } else { i.as_slice() },
+                output: o.as_mut_slice(),
+            })
+            .collect();
+        for (r, x) in fabric.call(&programs, buffers).into_iter().enumerate() {
+            x.map_err(|e| format!("rank {r}: {e}"))?;
+        }
+        if case.in_place && case.collective == Collective::ReduceScatter {
+            for (r, o) in outs.iter_mut().enumerate() {
+                *o = o[r * case.count..(r + 1) * case.count].to_vec();
             }
-            if case.in_place && case.collective == Collective::ReduceScatter {
-                for (r, o) in outs.iter_mut().enumerate() {
-                    *o = o[r * case.count..(r + 1) * case.count].to_vec();
+        }
+        results.push(outs);
+    }
+    Ok(results.pop().expect("two calls"))
+}
+
+#[test]
+fn the_interpreter_groups_plans_run_through_the_device_protocol() {
+    // Slots of 64 bytes: every call past a few elements cuts many
+    // segments, and the group's planner must size them to fit.
+    let config = crate::CudaConfig {
+        channels: 2,
+        max_chunk_bytes: 64,
+        slots_per_link: 2,
+        ..crate::CudaConfig::default()
+    };
+    let mut rng = SplitMix64(29);
+    for n in [1, 2, 3, 5, 8] {
+        for kind in ferrocoll_core::CollectiveKind::ALL {
+            let collective = kind.with_root(n - 1);
+            for algorithm in [None, Some(Algorithm::Ring), Some(Algorithm::Direct)] {
+                for (count, in_place, dtype) in [
+                    (0, false, DataType::F32),
+                    (37, true, DataType::Bf16),
+                    (301, false, DataType::I64),
+                ] {
+                    let case = Case {
+                        collective,
+                        algorithm,
+                        world_size: n,
+                        count,
+                        dtype,
+                        op: ReduceOp::Avg,
+                        in_place,
+                        seed: rng.next_u64(),
+                    };
+                    if in_place && collective.in_place_alias(0).is_none() {
+                        continue;
+                    }
+                    if algorithm.is_some_and(|a| !applicable().any(|x| x == (a, kind))) {
+                        continue;
+                    }
+                    check_case(
+                        &GroupPlanned {
+                            config: config.clone(),
+                        },
+                        &case,
+                    )
+                    .unwrap_or_else(|e| panic!("{case:?}: {e}"));
                 }
             }
-            results.push(outs);
         }
-        Ok(results.pop().expect("two calls"))
     }
 }
 

@@ -1,0 +1,192 @@
+//! Opening a group: devices and peer access, the residency check, the
+//! layout and the memory every call reuses, the planner.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ferrocoll_core::comm::CommError;
+use ferrocoll_core::plan::{Planned, Planner, PlannerSettings};
+
+use super::engine::Engine;
+use super::memory::{Board, Current, DeviceBlock};
+use super::residency;
+use crate::config::CudaConfig;
+use crate::error::CudaError;
+use crate::group::enable_peer;
+use crate::probe;
+use crate::program::params::ABORTED;
+use crate::program::{DeviceProgram, Layout, MAX_RANKS};
+
+/// What the ranks of a group share; it outlives every launch of theirs.
+pub struct Group {
+    /// The settings.
+    pub config: CudaConfig,
+    /// What every rank's window was set up for.
+    pub layout: Layout,
+    /// Each rank's device.
+    pub engines: Vec<Arc<Engine>>,
+    /// Each rank's window (device addresses, valid in every rank's
+    /// context: one process, unified addressing, peer access on).
+    pub windows: Vec<DeviceBlock>,
+    /// Each rank's private state.
+    pub states: Vec<DeviceBlock>,
+    /// The failure board.
+    pub board: Board,
+    planner: Mutex<Planner>,
+    programs: Mutex<HashMap<u64, Arc<DeviceProgram>>>,
+}
+
+/// The layout a configuration asks for on `n` ranks: a ring of
+/// `slots_per_link` slots of `max_chunk_bytes` (rounded up to 16) per
+/// (channel, sender).
+pub fn layout(n: u32, config: &CudaConfig) -> Result<Layout, CudaError> {
+    if n == 0 || n > MAX_RANKS {
+        return Err(CudaError::Invalid(format!(
+            "the device interpreter runs 1..={MAX_RANKS} ranks, not {n}"
+        )));
+    }
+    Ok(Layout {
+        world_size: n,
+        max_channels: config.channels.max(1),
+        slots: config.slots_per_link.max(2),
+        slot_bytes: (config.max_chunk_bytes.max(16) as u64).next_multiple_of(16),
+    })
+}
+
+/// How the group plans: messages cut to fit a slot, selections no wider
+/// than the windows' channels.
+pub fn planner_settings(config: &CudaConfig, layout: &Layout) -> PlannerSettings {
+    PlannerSettings {
+        max_message_bytes: Some(layout.slot_bytes as usize),
+        max_channels: Some(layout.max_channels),
+        ..config.planner_settings()
+    }
+}
+
+impl Group {
+    /// Open `devices` (one entry per rank; a device may repeat) for
+    /// `config`, or say why not.
+    pub fn open(devices: &[usize], config: &CudaConfig) -> Result<Group, CudaError> {
+        let layout = layout(devices.len() as u32, config)?;
+        let count = probe::available()?;
+        if let Some(&bad) = devices.iter().find(|&&d| d >= count) {
+            return Err(CudaError::Invalid(format!(
+                "device {bad} does not exist; this machine has {count}"
+            )));
+        }
+        let mut opened: HashMap<usize, Arc<Engine>> = HashMap::new();
+        for &d in devices {
+            if let std::collections::hash_map::Entry::Vacant(e) = opened.entry(d) {
+                e.insert(Engine::shared(d)?);
+            }
+        }
+        connect(&opened)?;
+        for (&d, engine) in &opened {
+            let ranks = devices.iter().filter(|&&x| x == d).count() as u64;
+            let blocks = ranks * u64::from(layout.max_channels);
+            residency::check(d, blocks, engine.blocks_per_sm()?, engine.sms)?;
+        }
+        let engines: Vec<Arc<Engine>> = devices.iter().map(|d| opened[d].clone()).collect();
+        let window = layout.window().bytes;
+        let state = 8 * layout.state().words as u64;
+        let windows = engines
+            .iter()
+            .map(|e| DeviceBlock::zeroed(&e.ctx, window))
+            .collect::<Result<Vec<_>, _>>()?;
+        let states = engines
+            .iter()
+            .map(|e| DeviceBlock::zeroed(&e.ctx, state))
+            .collect::<Result<Vec<_>, _>>()?;
+        let board = Board::new(&engines[0].ctx, devices.len())?;
+        tracing::debug!(?devices, ?layout, window, "device interpreter group opened");
+        Ok(Group {
+            planner: Mutex::new(Planner::new(
+                devices.len() as u32,
+                planner_settings(config, &layout),
+            )),
+            config: config.clone(),
+            layout,
+            engines,
+            windows,
+            states,
+            board,
+            programs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The plan of a call.
+    pub fn plan(&self, shape: &ferrocoll_core::plan::CallShape) -> Result<Planned, CommError> {
+        self.planner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .plan(shape)
+    }
+
+    /// The plan lowered for the group's layout, once per plan.
+    pub fn program(&self, planned: &Planned) -> Result<Arc<DeviceProgram>, CommError> {
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = programs.get(&planned.signature) {
+            return Ok(p.clone());
+        }
+        let p =
+            DeviceProgram::lower(&planned.plan, self.layout).map_err(|e| CommError::Capacity {
+                what: e.to_string(),
+            })?;
+        let p = Arc::new(p);
+        programs.insert(planned.signature, p.clone());
+        Ok(p)
+    }
+
+    /// Every rank's window address.
+    pub fn window_addresses(&self) -> Vec<u64> {
+        self.windows.iter().map(|w| w.ptr).collect()
+    }
+
+    /// Whether another rank runs on `rank`'s device.
+    pub fn shares_device(&self, rank: usize) -> bool {
+        let d = self.engines[rank].ordinal;
+        self.engines.iter().filter(|e| e.ordinal == d).count() > 1
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Stop whatever still runs (a failed rank's peers may be spinning
+        // until their timeout), then wait for each device before the
+        // memory those launches use is freed.
+        for r in 0..self.engines.len() {
+            self.board.fail(r, ABORTED);
+        }
+        let mut seen = Vec::new();
+        for e in &self.engines {
+            if seen.contains(&e.ordinal) {
+                continue;
+            }
+            seen.push(e.ordinal);
+            if let Ok(_current) = Current::bind(&e.ctx)
+                && let Err(err) = e.ctx.synchronize()
+            {
+                tracing::warn!("device {} at group close: {err}", e.ordinal);
+            }
+        }
+    }
+}
+
+/// Peer access between every pair of the group's devices: the interpreter
+/// stores straight into peers' memory, so a pair without it is refused
+/// (executor v1's host relay covers such machines).
+fn connect(opened: &HashMap<usize, Arc<Engine>>) -> Result<(), CudaError> {
+    let mut ordinals: Vec<usize> = opened.keys().copied().collect();
+    ordinals.sort_unstable();
+    for (i, &a) in ordinals.iter().enumerate() {
+        for &b in &ordinals[i + 1..] {
+            if !enable_peer(&opened[&a].ctx, &opened[&b].ctx)? {
+                return Err(CudaError::Invalid(format!(
+                    "devices {a} and {b} have no peer access; the device interpreter needs it \
+                     between every pair (backend `cuda` relays through the host)"
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! Where the protocol's memory lies: the shared *window* every rank sets
+//! up once (its inbox and the counters peers write), and the rank's
+//! private *state* (the words that carry one call's progress into the
+//! next). The kernel and the emulation both address memory through these
+//! placements, so the emulation's tests check them too.
+
+/// What the communicator set up: one inbox ring per (channel, sender).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Ranks.
+    pub world_size: u32,
+    /// Channels a plan may use.
+    pub max_channels: u32,
+    /// Slots per link.
+    pub slots: u32,
+    /// Bytes per slot: the largest message a plan may send (a multiple of
+    /// 16, so every slot starts aligned for any element and vector store).
+    pub slot_bytes: u64,
+}
+
+/// Byte offsets of the parts of a rank's window: memory its peers write
+/// (over NVLink/P2P on a GPU) and read. Every part starts 16-byte aligned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The inbox: slots by (channel, sender, slot), from byte 0.
+    pub inbox: u64,
+    /// `posted` words by (channel, sender): written by the sender.
+    pub posted: u64,
+    /// `consumed` words by (channel, receiver): written by the receiver.
+    pub consumed: u64,
+    /// `hello` words by channel: written by the owner, read by peers.
+    pub hello: u64,
+    /// The whole window.
+    pub bytes: u64,
+}
+
+/// Word indices of a rank's private state, which only its own blocks
+/// touch: it carries a call's progress into the next without the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// By channel: the last call the channel ran.
+    pub calls: usize,
+    /// By channel: `(call << 32) | instructions fired` in that call.
+    pub done: usize,
+    /// By link word: messages this rank sent on the link, ever.
+    pub sent: usize,
+    /// By link word: messages it received on the link, ever.
+    pub received: usize,
+    /// Words in all.
+    pub words: usize,
+}
+
+impl Layout {
+    /// Index of a per-(channel, peer) word: `posted` by sender, `consumed`
+    /// by receiver, `hello` and progress words by channel.
+    pub fn link_word(&self, channel: u32, peer: u32) -> usize {
+        (channel * self.world_size + peer) as usize
+    }
+
+    /// Words of one counter array of a rank.
+    pub fn link_words(&self) -> usize {
+        (self.max_channels * self.world_size) as usize
+    }
+
+    /// Byte offset of a slot in the receiver's inbox.
+    pub fn slot_offset(&self, channel: u32, from: u32, slot: u32) -> u64 {
+        (u64::from(channel * self.world_size + from) * u64::from(self.slots) + u64::from(slot))
+            * self.slot_bytes
+    }
+
+    /// Bytes of one rank's inbox.
+    pub fn inbox_bytes(&self) -> u64 {
+        self.link_words() as u64 * u64::from(self.slots) * self.slot_bytes
+    }
+
+    /// Where the parts of a rank's window lie.
+    pub fn window(&self) -> Window {
+        let aligned = |bytes: u64| bytes.next_multiple_of(16);
+        let links = 8 * self.link_words() as u64;
+        let posted = aligned(self.inbox_bytes());
+        let consumed = posted + aligned(links);
+        let hello = consumed + aligned(links);
+        Window {
+            inbox: 0,
+            posted,
+            consumed,
+            hello,
+            bytes: hello + aligned(8 * u64::from(self.max_channels)),
+        }
+    }
+
+    /// Where the words of a rank's private state lie.
+    pub fn state(&self) -> State {
+        let channels = self.max_channels as usize;
+        let links = self.link_words();
+        State {
+            calls: 0,
+            done: channels,
+            sent: 2 * channels,
+            received: 2 * channels + links,
+            words: 2 * channels + 2 * links,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parts_of_a_window_and_of_the_state_do_not_overlap() {
+        for (world_size, max_channels, slots, slot_bytes) in [
+            (1, 1, 1, 16),
+            (3, 2, 2, 48),
+            (8, 32, 4, 1 << 20),
+            (64, 3, 5, 16),
+        ] {
+            let l = Layout {
+                world_size,
+                max_channels,
+                slots,
+                slot_bytes,
+            };
+            let w = l.window();
+            let links = 8 * l.link_words() as u64;
+            let parts = [
+                (w.inbox, l.inbox_bytes()),
+                (w.posted, links),
+                (w.consumed, links),
+                (w.hello, 8 * u64::from(max_channels)),
+            ];
+            for pair in parts.windows(2) {
+                assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{l:?}: {w:?}");
+            }
+            assert!(parts.iter().all(|&(at, _)| at % 16 == 0));
+            let (at, bytes) = parts[3];
+            assert!(at + bytes <= w.bytes);
+            // The last slot of the last link ends where the inbox does.
+            let last = l.slot_offset(max_channels - 1, world_size - 1, slots - 1) + slot_bytes;
+            assert_eq!(last, l.inbox_bytes());
+            let s = l.state();
+            let c = max_channels as usize;
+            assert_eq!(
+                (s.calls + c, s.done + c, s.sent + l.link_words()),
+                (s.done, s.sent, s.received)
+            );
+            assert_eq!(s.received + l.link_words(), s.words);
+        }
+    }
+}
