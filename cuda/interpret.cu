@@ -45,6 +45,10 @@ struct FcCount { u64 word, count; };
 // Written by the host to stop a rank's blocks.
 #define FC_ABORTED 4
 
+// How messages travel (program::Protocol).
+#define FC_SIMPLE 0
+#define FC_LL 1
+
 // This rank's program, in its device memory.
 struct FcTables {
     const FcSpan *channels;
@@ -69,11 +73,12 @@ struct FcCall {
     // The group's failure board, one word per rank (host-mapped: the host
     // reads it without waiting for the stream, and writes it to abort).
     int *board;
-    u64 posted_at, consumed_at, hello_at;   // byte offsets in a window
-    u64 slot_bytes;
+    u64 posted_at, consumed_at, hello_at, ll_at;   // byte offsets in a window
+    u64 slot_bytes, ll_slot_bytes;
     u64 timeout_ns;                // the longest one wait may last
     u32 hash;                      // the program's agreement, low half
     u32 rank, world, slots, max_channels;
+    u32 protocol;                  // FC_SIMPLE or FC_LL
 };
 
 __device__ __forceinline__ u64 fc_load_acquire(const u64 *p) {
@@ -99,8 +104,14 @@ __device__ __forceinline__ u64 *fc_consumed(const FcCall &a, u32 owner) { return
 __device__ __forceinline__ u64 *fc_hello(const FcCall &a, u32 owner) { return (u64 *)(a.window[owner] + a.hello_at); }
 
 __device__ __forceinline__ unsigned char *fc_slot(const FcCall &a, u32 owner, u32 channel, u32 from, u64 g) {
-    return a.window[owner] + ((u64)fc_word(a, channel, from) * a.slots + g % a.slots) * a.slot_bytes;
+    const u64 slot = (u64)fc_word(a, channel, from) * a.slots + g % a.slots;
+    if (a.protocol == FC_LL) return a.window[owner] + a.ll_at + slot * a.ll_slot_bytes;
+    return a.window[owner] + slot * a.slot_bytes;
 }
+
+// An LL message's flag (program::Protocol::ll_flag): never 0, never the
+// flag of the message that used the slot before.
+__device__ __forceinline__ u32 fc_ll_flag(u64 g) { return (u32)((g + 1) % 0xffffffffull) + 1; }
 
 __device__ void fc_fail(const FcCall &a, int reason, u32 about) {
     atomicCAS_system(a.board + a.rank, 0, reason | (int)(about << 8));
@@ -117,24 +128,28 @@ __device__ bool fc_failed(const FcCall &a) {
     return false;
 }
 
-// Spin (thread 0) until ready(); false once a rank failed or the wait
+// Called on every poll of a wait: false once a rank failed or the wait
 // outlasted the timeout (measured on the GPU's global timer, so it holds
 // whatever the clock rate).
+__device__ __forceinline__ bool fc_keep_waiting(const FcCall &a, u32 peer, u32 spins, u64 &start) {
+    if (spins % 1024 != 0) return true;
+    if (fc_failed(a)) return false;
+    const u64 now = fc_now();
+    if (spins == 0) {
+        start = now;
+    } else if (now - start > a.timeout_ns) {
+        fc_fail(a, FC_TIMEOUT, peer);
+        return false;
+    }
+    return true;
+}
+
+// Spin (thread 0) until ready(); false once the call failed.
 template <typename Ready>
 __device__ bool fc_wait(const FcCall &a, u32 peer, Ready ready) {
     u64 start = 0;
-    for (u32 spins = 0; !ready(); ++spins) {
-        if (spins % 1024 == 0) {
-            if (fc_failed(a)) return false;
-            const u64 now = fc_now();
-            if (spins == 0) {
-                start = now;
-            } else if (now - start > a.timeout_ns) {
-                fc_fail(a, FC_TIMEOUT, peer);
-                return false;
-            }
-        }
-    }
+    for (u32 spins = 0; !ready(); ++spins)
+        if (!fc_keep_waiting(a, peer, spins, start)) return false;
     return true;
 }
 
@@ -248,6 +263,99 @@ __device__ void fc_move(const FcCall &a, const FcOp &op, unsigned char *const *i
     }
 }
 
+// LL: one line is 8 data bytes with the message's flag beside each 4-byte
+// half, stored and loaded as one 16-byte access. Each 8-byte half lands
+// whole, so a reader that sees the flag twice has all 8 bytes — no fence
+// and no separate announcement.
+__device__ __forceinline__ void fc_ll_put(unsigned char *p, u64 data, u32 flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((u32)data), "r"(flag),
+                 "r"((u32)(data >> 32)), "r"(flag)
+                 : "memory");
+}
+
+// Wait (this thread) for the line at `p` to carry `flag`; false once the
+// call failed.
+__device__ bool fc_ll_get(const FcCall &a, u32 peer, const unsigned char *p, u32 flag, u64 *data) {
+    u64 start = 0;
+    for (u32 spins = 0;; ++spins) {
+        u32 d0, f0, d1, f1;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                     : "l"(p)
+                     : "memory");
+        if (f0 == flag && f1 == flag) {
+            *data = (u64)d0 | ((u64)d1 << 32);
+            return true;
+        }
+        if (!fc_keep_waiting(a, peer, spins, start)) return false;
+    }
+}
+
+// `n` (at most 8) bytes from byte `at` of a region's value, and back.
+__device__ u64 fc_gather8(const FcCall &a, const FcLocal &r, u64 at, u64 n) {
+    u64 v = 0, run;
+    unsigned char *b = (unsigned char *)&v;
+    for (u64 k = 0; k < n;) {
+        const unsigned char *p = fc_locate(a, r, at + k, &run);
+        if (!run) break;
+        for (u64 j = 0; j < run && k < n; ++j, ++k) b[k] = p[j];
+    }
+    return v;
+}
+
+__device__ void fc_scatter8(const FcCall &a, const FcLocal &r, u64 at, u64 n, u64 v) {
+    u64 run;
+    const unsigned char *b = (const unsigned char *)&v;
+    for (u64 k = 0; k < n;) {
+        unsigned char *p = fc_locate(a, r, at + k, &run);
+        if (!run) break;
+        for (u64 j = 0; j < run && k < n; ++j, ++k) p[j] = b[k];
+    }
+}
+
+// One instruction's data pass under LL, every thread its own lines:
+// received lines (each waited for by the thread that needs it) in order,
+// then the local read, combined, then stored and put into every
+// receiver's slot. False once the call failed.
+template <typename T, template <typename> class Op>
+__device__ bool fc_ll_move(const FcCall &a, const FcOp &op, unsigned char *const *in, const u32 *inflag,
+                           const u32 *inpeer, int fanin, unsigned char *const *out, const u32 *outflag,
+                           int fanout) {
+    typedef typename Acc<T>::type A;
+    const bool local = op.read.buffer != FC_NONE;
+    for (u64 l = threadIdx.x; l < (op.bytes + 7) / 8; l += blockDim.x) {
+        const u64 at = 8 * l, n = min((u64)8, op.bytes - at);
+        const int per = (int)(n / sizeof(T));
+        u64 value;
+        if (fanin == 0) {
+            value = fc_gather8(a, op.read, at, n);
+        } else if (!fc_ll_get(a, inpeer[0], in[0] + 16 * l, inflag[0], &value)) {
+            return false;
+        } else if (fanin > 1 || local) {
+            A acc[8 / sizeof(T)];
+            const T *first = reinterpret_cast<const T *>(&value);
+            for (int e = 0; e < per; ++e) acc[e] = Acc<T>::load(first[e]);
+            for (int k = 1; k <= fanin; ++k) {
+                u64 next;
+                if (k < fanin) {
+                    if (!fc_ll_get(a, inpeer[k], in[k] + 16 * l, inflag[k], &next)) return false;
+                } else if (local) {
+                    next = fc_gather8(a, op.read, at, n);
+                } else {
+                    break;
+                }
+                const T *b = reinterpret_cast<const T *>(&next);
+                for (int e = 0; e < per; ++e) acc[e] = Op<A>::apply(acc[e], Acc<T>::load(b[e]));
+            }
+            T *r = reinterpret_cast<T *>(&value);
+            for (int e = 0; e < per; ++e) r[e] = Acc<T>::store(acc[e]);
+        }
+        if (op.write.buffer != FC_NONE) fc_scatter8(a, op.write, at, n, value);
+        for (int k = 0; k < fanout; ++k) fc_ll_put(out[k] + 16 * l, value, outflag[k]);
+    }
+    return true;
+}
+
 template <typename T, template <typename> class Op>
 __device__ void fc_interpret(const FcCall &a) {
     const u32 c = blockIdx.x;
@@ -260,7 +368,9 @@ __device__ void fc_interpret(const FcCall &a) {
     const u64 hello = (call << 32) | a.hash;
     __shared__ unsigned char *in[FC_MAX_FANIN];
     __shared__ unsigned char *out[FC_MAX_FANOUT];
+    __shared__ u32 inflag[FC_MAX_FANIN], inpeer[FC_MAX_FANIN], outflag[FC_MAX_FANOUT];
     __shared__ int go;
+    const bool ll = a.protocol == FC_LL;
     __shared__ unsigned char greeted[FC_MAX_RANKS];
     for (u32 r = threadIdx.x; r < FC_MAX_RANKS; r += blockDim.x) greeted[r] = 0;
     // Hello first: this block's channel, and block 0 the channels this plan
@@ -292,8 +402,11 @@ __device__ void fc_interpret(const FcCall &a) {
                     go = fc_greet(a, c, e.peer, hello);
                     greeted[e.peer] = 1;
                 }
-                go = go && fc_wait(a, e.peer, [&] { return fc_load_acquire(posted) > g; });
+                // LL lines carry their own flags: each thread waits for its own.
+                go = go && (ll || fc_wait(a, e.peer, [&] { return fc_load_acquire(posted) > g; }));
                 in[k] = fc_slot(a, a.rank, c, e.peer, g);
+                inflag[k] = fc_ll_flag(g);
+                inpeer[k] = e.peer;
             }
             for (u32 k = 0; go && k < op.send.count; ++k) {
                 const FcEnd e = a.t.ends[op.send.first + k];
@@ -305,16 +418,25 @@ __device__ void fc_interpret(const FcCall &a) {
                     greeted[e.peer] = 1;
                 }
                 out[k] = fc_slot(a, e.peer, c, a.rank, g);
+                outflag[k] = fc_ll_flag(g);
             }
         }
         __syncthreads();
         if (!go) return;
-        fc_move<T, Op>(a, op, in, (int)op.recv.count, out, (int)op.send.count);
+        if (!ll) {
+            fc_move<T, Op>(a, op, in, (int)op.recv.count, out, (int)op.send.count);
+        } else if (!fc_ll_move<T, Op>(a, op, in, inflag, inpeer, (int)op.recv.count, out, outflag,
+                                      (int)op.send.count)) {
+            go = 0;
+        }
         __syncthreads();
+        if (!go) return;
         if (threadIdx.x == 0) {
             // Every thread's stores are done (the barrier); make them
             // visible to the peers before the counters that announce them.
-            __threadfence_system();
+            // (LL data announces itself; its `posted` only keeps the
+            // link's count for bulk messages of later calls.)
+            if (!ll) __threadfence_system();
             for (u32 k = 0; k < op.recv.count; ++k) {
                 const FcEnd e = a.t.ends[op.recv.first + k];
                 const u64 g = base_received[fc_word(a, c, e.peer)] + e.index;

@@ -15,7 +15,8 @@
 #   2 conformance kit on the device interpreter (executor v2), K ranks on
 #     GPU 0, plus its mismatch, silent-rank and graph-replay tests
 #     (conformance.txt)
-#   3 latency floor 8 B - 64 KiB, 1, 2 and 8 ranks, v2 beside NCCL (latency.txt)
+#   3 latency floor 8 B - 64 KiB, 1, 2 and 8 ranks, v2 beside NCCL; then
+#     8 B - 1 MiB all bulk and all LL, where the protocols cross (latency.txt)
 #   4 bandwidth 16 - 256 MiB, 2, 4 and 8 ranks, v2 against the device copy
 #     bound measured in the same run, beside NCCL; v1 at 8 ranks beside it
 #     (bandwidth.txt)
@@ -104,6 +105,10 @@ for n in 1 2 8; do
   step "v2 latency 8B-64K, $n rank(s)" 20 latency.txt \
     "${bench[@]}" --backend cuda-v2 --compare nccl --ranks "$n" -b 8 -e 64K -f 8 -n 20 -w 5
 done
+step "v2 latency 8B-1M, 8 ranks, bulk only" 20 latency.txt \
+  "${bench[@]}" --backend cuda-v2 --ll-max-bytes 0 --ranks 8 -b 8 -e 1M -f 8 -n 20 -w 5
+step "v2 latency 8B-1M, 8 ranks, LL to 1M" 20 latency.txt \
+  "${bench[@]}" --backend cuda-v2 --ll-max-bytes 1M --ranks 8 -b 8 -e 1M -f 8 -n 20 -w 5
 for n in 2 4 8; do
   step "v2 bandwidth 16M-256M, $n ranks" 35 bandwidth.txt \
     "${bench[@]}" --backend cuda-v2 --compare nccl --ranks "$n" --channels $((32 / n)) \

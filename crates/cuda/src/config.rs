@@ -7,6 +7,11 @@ use ferrocoll_core::plan::{DEVICE_CHUNK_BYTES, PlannerSettings};
 use ferrocoll_core::select::SharedSelector;
 use ferrocoll_core::{Algorithm, CollectiveKind, Verified};
 
+/// The largest call the device interpreter sends as LL by default: about
+/// where NCCL's LL gives way to its bulk protocols on NVLink. To be
+/// calibrated on a GPU (`scripts/gpu-check.sh` prints both sides of it).
+pub const DEFAULT_LL_MAX_BYTES: usize = 64 << 10;
+
 /// Settings every rank of a CUDA group shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaConfig {
@@ -31,6 +36,11 @@ pub struct CudaConfig {
     /// A schedule of your own for calls whose collective and world size
     /// match it.
     pub schedule: Option<Arc<Verified>>,
+    /// The device interpreter's small-message protocol: calls of up to
+    /// this many bytes per rank send their messages as LL lines (when each
+    /// fits an LL slot, which holds up to this much); 0 turns LL off.
+    /// Executor v1 has no LL and ignores it.
+    pub ll_max_bytes: usize,
 }
 
 impl Default for CudaConfig {
@@ -44,6 +54,7 @@ impl Default for CudaConfig {
             slots_per_link: 4,
             p2p: true,
             schedule: None,
+            ll_max_bytes: DEFAULT_LL_MAX_BYTES,
         }
     }
 }

@@ -244,6 +244,8 @@ fn config(algorithm: Option<Algorithm>, max_chunk_bytes: usize, timeout: u64) ->
 
 struct Interpreter {
     max_chunk_bytes: usize,
+    /// Calls up to this size take LL (0: every call the bulk protocol).
+    ll_max_bytes: usize,
 }
 
 impl Harness for Interpreter {
@@ -253,7 +255,10 @@ impl Harness for Interpreter {
         inputs: &[Vec<T>],
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
-        let config = config(case.algorithm, self.max_chunk_bytes, 30);
+        let config = CudaConfig {
+            ll_max_bytes: self.ll_max_bytes,
+            ..config(case.algorithm, self.max_chunk_bytes, 30)
+        };
         run_on_threads(case, inputs, outputs, |f| {
             interpreter::run(&devices(case.world_size), &config, f).map_err(|e| e.to_string())
         })
@@ -267,13 +272,16 @@ fn interpreter_every_algorithm_and_collective() {
         return;
     }
     // Small slots: even short buffers cross several segments and reuse
-    // every slot.
-    run_all(
-        algorithm_cases(),
-        &Interpreter {
-            max_chunk_bytes: 256,
-        },
-    );
+    // every slot; once in bulk, once as LL lines.
+    for ll_max_bytes in [0, 1 << 20] {
+        run_all(
+            algorithm_cases(),
+            &Interpreter {
+                max_chunk_bytes: 256,
+                ll_max_bytes,
+            },
+        );
+    }
 }
 
 #[test]
@@ -282,12 +290,15 @@ fn interpreter_every_dtype_and_op() {
         println!("SKIPPED: {reason}");
         return;
     }
-    run_all(
-        dtype_cases(),
-        &Interpreter {
-            max_chunk_bytes: 1024,
-        },
-    );
+    for ll_max_bytes in [0, 1 << 20] {
+        run_all(
+            dtype_cases(),
+            &Interpreter {
+                max_chunk_bytes: 1024,
+                ll_max_bytes,
+            },
+        );
+    }
 }
 
 /// Run `f` on two ranks of a group with a short timeout.

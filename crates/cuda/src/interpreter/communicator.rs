@@ -194,7 +194,7 @@ impl InterpreterCommunicator {
         }
         self.last_stream = s;
         self.calls += 1;
-        tracing::debug!(rank = self.rank, "{}", planned.describe());
+        tracing::debug!(rank = self.rank, protocol = ?program.protocol, "{}", planned.describe());
         Ok(())
     }
 

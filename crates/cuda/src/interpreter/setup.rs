@@ -15,7 +15,7 @@ use crate::error::CudaError;
 use crate::group::enable_peer;
 use crate::probe;
 use crate::program::params::ABORTED;
-use crate::program::{DeviceProgram, Layout, MAX_RANKS};
+use crate::program::{DeviceProgram, Layout, MAX_RANKS, Protocol};
 
 /// What the ranks of a group share; it outlives every launch of theirs.
 pub struct Group {
@@ -38,19 +38,44 @@ pub struct Group {
 
 /// The layout a configuration asks for on `n` ranks: a ring of
 /// `slots_per_link` slots of `max_chunk_bytes` (rounded up to 16) per
-/// (channel, sender).
+/// (channel, sender), and as many LL slots carrying up to `ll_max_bytes`
+/// (no more than a slot) each.
 pub fn layout(n: u32, config: &CudaConfig) -> Result<Layout, CudaError> {
     if n == 0 || n > MAX_RANKS {
         return Err(CudaError::Invalid(format!(
             "the device interpreter runs 1..={MAX_RANKS} ranks, not {n}"
         )));
     }
+    let slot_bytes = (config.max_chunk_bytes.max(16) as u64).next_multiple_of(16);
+    let ll_message = (config.ll_max_bytes as u64)
+        .min(slot_bytes)
+        .next_multiple_of(8);
     Ok(Layout {
         world_size: n,
         max_channels: config.channels.max(1),
         slots: config.slots_per_link.max(2),
-        slot_bytes: (config.max_chunk_bytes.max(16) as u64).next_multiple_of(16),
+        slot_bytes,
+        ll_slot_bytes: 2 * ll_message,
     })
+}
+
+/// How a plan's messages travel: LL for calls of up to `ll_max_bytes`
+/// whose every message fits an LL slot, the bulk protocol otherwise.
+pub fn protocol(
+    plan: &ferrocoll_core::plan::ExecutionPlan,
+    layout: &Layout,
+    config: &CudaConfig,
+) -> Protocol {
+    let small = plan.size_bytes() <= config.ll_max_bytes as u64;
+    let fits = plan
+        .links
+        .iter()
+        .all(|l| l.largest <= layout.ll_message_bytes());
+    if layout.ll_slot_bytes > 0 && small && fits {
+        Protocol::Ll
+    } else {
+        Protocol::Simple
+    }
 }
 
 /// How the group plans: messages cut to fit a slot, selections no wider
@@ -128,10 +153,12 @@ impl Group {
         if let Some(p) = programs.get(&planned.signature) {
             return Ok(p.clone());
         }
-        let p =
-            DeviceProgram::lower(&planned.plan, self.layout).map_err(|e| CommError::Capacity {
+        let protocol = protocol(&planned.plan, &self.layout, &self.config);
+        let p = DeviceProgram::lower(&planned.plan, self.layout, protocol).map_err(|e| {
+            CommError::Capacity {
                 what: e.to_string(),
-            })?;
+            }
+        })?;
         let p = Arc::new(p);
         programs.insert(planned.signature, p.clone());
         Ok(p)

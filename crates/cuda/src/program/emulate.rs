@@ -20,7 +20,9 @@ use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::types::Reduce;
 
-use super::{BufferId, DeviceProgram, Layout, Local, Op, RankProgram, State, Window};
+use super::{BufferId, DeviceProgram, Layout, Local, Op, Protocol, RankProgram, State, Window};
+
+mod ll;
 
 /// Memory other threads write into, ordered by the counters: a raw
 /// allocation, so that no reference to the whole of it ever exists while
@@ -465,11 +467,14 @@ impl<'a> Block<'a> {
                 self.greet(p)?;
                 greeted[p as usize] = true;
             }
-            let posted = mine.posted(layout.link_word(self.channel, p));
-            self.wait(
-                || posted.load(Ordering::Acquire) > g,
-                "a message to be posted",
-            )?;
+            // LL lines carry their own flags: the reads below wait.
+            if self.program.protocol == Protocol::Simple {
+                let posted = mine.posted(layout.link_word(self.channel, p));
+                self.wait(
+                    || posted.load(Ordering::Acquire) > g,
+                    "a message to be posted",
+                )?;
+            }
         }
         for &(q, g) in &send {
             let consumed = mine.consumed(layout.link_word(self.channel, q));
@@ -482,7 +487,11 @@ impl<'a> Block<'a> {
                 greeted[q as usize] = true;
             }
         }
-        let value = self.value::<T>(op, &recv);
+        let inputs = match self.program.protocol {
+            Protocol::Simple => self.slots_read::<T>(op, &recv),
+            Protocol::Ll => self.ll_read::<T>(op, &recv)?,
+        };
+        let value = self.value::<T>(op, inputs);
         // Tests widen the window between the data and its announcement, so
         // an announcement made too early shows as wrong data.
         #[cfg(test)]
@@ -500,6 +509,12 @@ impl<'a> Block<'a> {
         }
         for &(q, g) in &send {
             let peer = &self.fabric.peers[q as usize];
+            if self.program.protocol == Protocol::Ll {
+                self.ll_write(peer, g, bytes_of(&value));
+                peer.posted(layout.link_word(self.channel, self.rank))
+                    .store(g + 1, Ordering::Release);
+                continue;
+            }
             let at =
                 peer.at.inbox + layout.slot_offset(self.channel, self.rank, (g % slots) as u32);
             // SAFETY: the slot is inside the peer's inbox (offsets come from
@@ -545,13 +560,12 @@ impl<'a> Block<'a> {
         Err(e)
     }
 
-    /// The combined value: the received messages in order, then the read.
-    fn value<T: Reduce>(&self, op: &Op, recv: &[(u32, u64)]) -> Vec<T> {
+    /// The received messages, from the inbox's slots (each posted).
+    fn slots_read<T: Reduce>(&self, op: &Op, recv: &[(u32, u64)]) -> Vec<Vec<T>> {
         let layout = self.layout();
         let len = op.bytes as usize / std::mem::size_of::<T>();
         let mine = &self.fabric.peers[self.rank as usize];
-        let mut inputs: Vec<Vec<T>> = recv
-            .iter()
+        recv.iter()
             .map(|&(p, g)| {
                 let at = mine.at.inbox
                     + layout.slot_offset(self.channel, p, (g % u64::from(layout.slots)) as u32);
@@ -563,7 +577,12 @@ impl<'a> Block<'a> {
                         .to_vec()
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// The combined value: the received messages in order, then the read.
+    fn value<T: Reduce>(&self, op: &Op, mut inputs: Vec<Vec<T>>) -> Vec<T> {
+        let len = op.bytes as usize / std::mem::size_of::<T>();
         if let Some(r) = op.read.get() {
             let mut local: Vec<T> = Vec::with_capacity(len);
             // SAFETY: the region lies in this rank's buffer and holds
@@ -676,3 +695,9 @@ unsafe fn divide<T: Reduce>(memory: &Memory, me: &RankProgram, d: &Local, n: u32
 
 #[cfg(test)]
 mod tests;
+
+/// The bytes of a vector of elements.
+fn bytes_of<T: Reduce>(v: &[T]) -> &[u8] {
+    // SAFETY: every `Reduce` type is plain data without padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}

@@ -16,6 +16,11 @@ pub struct Layout {
     /// Bytes per slot: the largest message a plan may send (a multiple of
     /// 16, so every slot starts aligned for any element and vector store).
     pub slot_bytes: u64,
+    /// Bytes per slot of the small-message (LL) inbox, a multiple of 16
+    /// (0: no LL inbox). An LL message of `b` bytes takes `2 · ⌈b/8⌉ · 8`:
+    /// each 16-byte line carries 8 bytes of data and two copies of the
+    /// message's flag.
+    pub ll_slot_bytes: u64,
 }
 
 /// Byte offsets of the parts of a rank's window: memory its peers write
@@ -24,6 +29,8 @@ pub struct Layout {
 pub struct Window {
     /// The inbox: slots by (channel, sender, slot), from byte 0.
     pub inbox: u64,
+    /// The LL inbox: its slots in the same order.
+    pub ll: u64,
     /// `posted` words by (channel, sender): written by the sender.
     pub posted: u64,
     /// `consumed` words by (channel, receiver): written by the receiver.
@@ -73,15 +80,34 @@ impl Layout {
         self.link_words() as u64 * u64::from(self.slots) * self.slot_bytes
     }
 
+    /// Byte offset of a slot in the receiver's LL inbox.
+    pub fn ll_slot_offset(&self, channel: u32, from: u32, slot: u32) -> u64 {
+        (u64::from(channel * self.world_size + from) * u64::from(self.slots) + u64::from(slot))
+            * self.ll_slot_bytes
+    }
+
+    /// Bytes of one rank's LL inbox.
+    pub fn ll_inbox_bytes(&self) -> u64 {
+        self.link_words() as u64 * u64::from(self.slots) * self.ll_slot_bytes
+    }
+
+    /// The largest message an LL slot carries: 8 data bytes per 16-byte
+    /// line.
+    pub fn ll_message_bytes(&self) -> u64 {
+        self.ll_slot_bytes / 2
+    }
+
     /// Where the parts of a rank's window lie.
     pub fn window(&self) -> Window {
         let aligned = |bytes: u64| bytes.next_multiple_of(16);
         let links = 8 * self.link_words() as u64;
-        let posted = aligned(self.inbox_bytes());
+        let ll = aligned(self.inbox_bytes());
+        let posted = ll + aligned(self.ll_inbox_bytes());
         let consumed = posted + aligned(links);
         let hello = consumed + aligned(links);
         Window {
             inbox: 0,
+            ll,
             posted,
             consumed,
             hello,
@@ -109,22 +135,24 @@ mod tests {
 
     #[test]
     fn the_parts_of_a_window_and_of_the_state_do_not_overlap() {
-        for (world_size, max_channels, slots, slot_bytes) in [
-            (1, 1, 1, 16),
-            (3, 2, 2, 48),
-            (8, 32, 4, 1 << 20),
-            (64, 3, 5, 16),
+        for (world_size, max_channels, slots, slot_bytes, ll_slot_bytes) in [
+            (1, 1, 1, 16, 0),
+            (3, 2, 2, 48, 32),
+            (8, 32, 4, 1 << 20, 16 << 10),
+            (64, 3, 5, 16, 16),
         ] {
             let l = Layout {
                 world_size,
                 max_channels,
                 slots,
                 slot_bytes,
+                ll_slot_bytes,
             };
             let w = l.window();
             let links = 8 * l.link_words() as u64;
             let parts = [
                 (w.inbox, l.inbox_bytes()),
+                (w.ll, l.ll_inbox_bytes()),
                 (w.posted, links),
                 (w.consumed, links),
                 (w.hello, 8 * u64::from(max_channels)),
@@ -133,11 +161,15 @@ mod tests {
                 assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{l:?}: {w:?}");
             }
             assert!(parts.iter().all(|&(at, _)| at % 16 == 0));
-            let (at, bytes) = parts[3];
+            let (at, bytes) = parts[4];
             assert!(at + bytes <= w.bytes);
             // The last slot of the last link ends where the inbox does.
             let last = l.slot_offset(max_channels - 1, world_size - 1, slots - 1) + slot_bytes;
             assert_eq!(last, l.inbox_bytes());
+            if ll_slot_bytes > 0 {
+                let last = l.ll_slot_offset(max_channels - 1, world_size - 1, slots - 1);
+                assert_eq!(last + ll_slot_bytes, l.ll_inbox_bytes());
+            }
             let s = l.state();
             let c = max_channels as usize;
             assert_eq!(

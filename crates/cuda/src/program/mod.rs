@@ -221,6 +221,30 @@ pub struct RankProgram {
     pub received: Vec<Count>,
 }
 
+/// How messages travel.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// Into the inbox's slots, then announced by `posted` (after a fence):
+    /// one round trip per message, full bandwidth.
+    Simple = 0,
+    /// Into the LL inbox, 8 data bytes per 16-byte line, each half carrying
+    /// the message's flag: the receiver polls the data itself, with no
+    /// fence and no separate announcement — half the bandwidth, a fraction
+    /// of the latency (NCCL's LL protocol works the same way).
+    Ll = 1,
+}
+
+impl Protocol {
+    /// The flag of message `g` of a link (its number over the link's
+    /// life): never 0 (what an unused slot holds), and different from the
+    /// flag of every message that used the slot before it (`g − slots`,
+    /// `g − 2·slots`, …) while fewer than 2³² − 1 slots ring the link.
+    pub fn ll_flag(g: u64) -> u32 {
+        ((g + 1) % 0xffff_ffff) as u32 + 1
+    }
+}
+
 /// A plan lowered for a layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceProgram {
@@ -232,6 +256,8 @@ pub struct DeviceProgram {
     pub op: ferrocoll_core::ReduceOp,
     /// The layout it was lowered for.
     pub layout: Layout,
+    /// How its messages travel.
+    pub protocol: Protocol,
     /// Bytes of each rank's input, output and scratch.
     pub input_bytes: u64,
     /// See `input_bytes`.
@@ -243,11 +269,16 @@ pub struct DeviceProgram {
 }
 
 impl DeviceProgram {
-    /// Lower `plan` for `layout`, or say why it does not fit.
-    pub fn lower(plan: &ExecutionPlan, layout: Layout) -> Result<Self, ProgramError> {
+    /// Lower `plan` for `layout` with messages sent by `protocol`, or say
+    /// why it does not fit.
+    pub fn lower(
+        plan: &ExecutionPlan,
+        layout: Layout,
+        protocol: Protocol,
+    ) -> Result<Self, ProgramError> {
         plan.check()
             .map_err(|e| ProgramError::Invalid(e.to_string()))?;
-        check(plan, &layout)?;
+        check(plan, &layout, protocol)?;
         let ranks = plan
             .ranks
             .iter()
@@ -258,6 +289,7 @@ impl DeviceProgram {
             dtype: plan.dtype,
             op: plan.op,
             layout,
+            protocol,
             input_bytes: plan.input_bytes,
             output_bytes: plan.output_bytes,
             scratch_bytes: plan.scratch_bytes,
@@ -293,6 +325,8 @@ impl DeviceProgram {
             u64::from(l.max_channels),
             u64::from(l.slots),
             l.slot_bytes,
+            l.ll_slot_bytes,
+            self.protocol as u64,
         ] {
             h = (h ^ x).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
         }
@@ -320,8 +354,12 @@ impl DeviceProgram {
             ));
         }
         let sizes = [self.input_bytes, self.output_bytes, self.scratch_bytes];
+        let largest = match self.protocol {
+            Protocol::Simple => l.slot_bytes,
+            Protocol::Ll => l.ll_message_bytes(),
+        };
         for (r, p) in self.ranks.iter().enumerate() {
-            if let Err(why) = p.validate(l, &sizes) {
+            if let Err(why) = p.validate(l, &sizes, largest) {
                 return bad(format!("rank {r}: {why}"));
             }
         }
@@ -330,7 +368,7 @@ impl DeviceProgram {
 }
 
 impl RankProgram {
-    fn validate(&self, l: &Layout, sizes: &[u64; 3]) -> Result<(), String> {
+    fn validate(&self, l: &Layout, sizes: &[u64; 3], largest: u64) -> Result<(), String> {
         let within = |s: Span, len: usize, what: &str| {
             if u64::from(s.first) + u64::from(s.count) > len as u64 {
                 return Err(format!("{what} {}..+{} past {len}", s.first, s.count));
@@ -380,10 +418,10 @@ impl RankProgram {
             if ends.clone().any(|e| e.peer >= l.world_size) {
                 return Err("a message to a rank past the world size".into());
             }
-            if (op.recv.count + op.send.count > 0) && op.bytes > l.slot_bytes {
+            if (op.recv.count + op.send.count > 0) && op.bytes > largest {
                 return Err(format!(
-                    "a message of {} bytes in slots of {}",
-                    op.bytes, l.slot_bytes
+                    "a message of {} bytes where a slot carries {largest}",
+                    op.bytes
                 ));
             }
             if op.recv.count == 0 && op.read.get().is_none() {
@@ -418,11 +456,16 @@ impl RankProgram {
     }
 }
 
-fn check(plan: &ExecutionPlan, layout: &Layout) -> Result<(), ProgramError> {
-    if layout.slots == 0 || layout.slot_bytes == 0 || layout.slot_bytes % 16 != 0 {
+fn check(plan: &ExecutionPlan, layout: &Layout, protocol: Protocol) -> Result<(), ProgramError> {
+    if layout.slots == 0
+        || layout.slot_bytes == 0
+        || layout.slot_bytes % 16 != 0
+        || layout.ll_slot_bytes % 16 != 0
+    {
         return Err(ProgramError::Slots(format!(
-            "{} slots of {} bytes: a layout needs at least one slot of a positive multiple of 16 bytes",
-            layout.slots, layout.slot_bytes
+            "{} slots of {} bytes (LL: {}): a layout needs at least one slot of a positive \
+             multiple of 16 bytes, and LL slots of a multiple of 16",
+            layout.slots, layout.slot_bytes, layout.ll_slot_bytes
         )));
     }
     if plan.world_size != layout.world_size {
@@ -441,6 +484,21 @@ fn check(plan: &ExecutionPlan, layout: &Layout) -> Result<(), ProgramError> {
         return Err(ProgramError::Slots(format!(
             "the plan needs {} slots per link; the device buffers hold {}",
             plan.slots_per_link, layout.slots
+        )));
+    }
+    if protocol == Protocol::Ll
+        && let Some(l) = plan
+            .links
+            .iter()
+            .find(|l| l.largest > layout.ll_message_bytes())
+    {
+        return Err(ProgramError::Slots(format!(
+            "a message of {} bytes on link {}->{} channel {} does not fit an LL slot, which carries {}",
+            l.largest,
+            l.link.from,
+            l.link.to,
+            l.link.channel,
+            layout.ll_message_bytes()
         )));
     }
     if let Some(l) = plan.links.iter().find(|l| l.largest > layout.slot_bytes) {

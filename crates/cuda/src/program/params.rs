@@ -106,8 +106,12 @@ pub struct Params {
     pub consumed_at: u64,
     /// Offset of the `hello` words.
     pub hello_at: u64,
+    /// Offset of the LL inbox.
+    pub ll_at: u64,
     /// Bytes per slot.
     pub slot_bytes: u64,
+    /// Bytes per LL slot.
+    pub ll_slot_bytes: u64,
     /// The longest one wait may last, in nanoseconds.
     pub timeout_ns: u64,
     /// The low half of the program's agreement.
@@ -120,6 +124,8 @@ pub struct Params {
     pub slots: u32,
     /// Channels the window was set up for.
     pub max_channels: u32,
+    /// [`Protocol`] of the program's messages.
+    pub protocol: u32,
 }
 
 /// Where a rank's launch finds its memory: device addresses.
@@ -170,13 +176,16 @@ impl Params {
             posted_at: w.posted,
             consumed_at: w.consumed,
             hello_at: w.hello,
+            ll_at: w.ll,
             slot_bytes: l.slot_bytes,
+            ll_slot_bytes: l.ll_slot_bytes,
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             hash: program.agreement() as u32,
             rank,
             world: l.world_size,
             slots: l.slots,
             max_channels: l.max_channels,
+            protocol: program.protocol as u32,
         }
     }
 }
@@ -266,10 +275,13 @@ mod tests {
         assert_eq!(offset_of!(Params, state), 600);
         assert_eq!(offset_of!(Params, board), 608);
         assert_eq!(offset_of!(Params, posted_at), 616);
-        assert_eq!(offset_of!(Params, timeout_ns), 648);
-        assert_eq!(offset_of!(Params, hash), 656);
-        assert_eq!(offset_of!(Params, max_channels), 672);
-        assert_eq!(size_of::<Params>(), 680);
+        assert_eq!(offset_of!(Params, ll_at), 640);
+        assert_eq!(offset_of!(Params, slot_bytes), 648);
+        assert_eq!(offset_of!(Params, timeout_ns), 664);
+        assert_eq!(offset_of!(Params, hash), 672);
+        assert_eq!(offset_of!(Params, max_channels), 688);
+        assert_eq!(offset_of!(Params, protocol), 692);
+        assert_eq!(size_of::<Params>(), 696);
         let src: String = crate::kernels::INTERPRETER
             .split_whitespace()
             .collect::<Vec<_>>()
@@ -282,11 +294,12 @@ mod tests {
             "unsigned char *buffer[3];",
             "u64 *state;",
             "int *board;",
-            "u64 posted_at, consumed_at, hello_at;",
-            "u64 slot_bytes;",
+            "u64 posted_at, consumed_at, hello_at, ll_at;",
+            "u64 slot_bytes, ll_slot_bytes;",
             "u64 timeout_ns;",
             "u32 hash;",
-            "u32 rank, world, slots, max_channels; };",
+            "u32 rank, world, slots, max_channels;",
+            "u32 protocol;",
         ] {
             assert!(src.contains(decl), "{decl}");
         }
@@ -298,14 +311,19 @@ mod tests {
             "*state;",
             "*board;",
             "posted_at",
-            "slot_bytes;",
+            "slot_bytes,",
             "timeout_ns;",
             "u32 hash;",
             "u32 rank,",
+            "u32 protocol;",
         ];
         let at: Vec<usize> = order.iter().map(|d| src.find(d).unwrap_or(0)).collect();
         assert!(at.windows(2).all(|w| w[0] < w[1]), "{order:?} at {at:?}");
         assert!(src.contains(&format!("#define FC_ABORTED {ABORTED}")));
+        assert!(src.contains(&format!(
+            "#define FC_LL {}",
+            super::super::Protocol::Ll as u32
+        )));
     }
 
     /// Read `count` records of `T` back from byte `at` of a packed blob.
@@ -349,8 +367,9 @@ mod tests {
             max_channels: 3,
             slots: 2,
             slot_bytes: 256,
+            ll_slot_bytes: 512,
         };
-        let program = DeviceProgram::lower(&plan, layout).unwrap();
+        let program = DeviceProgram::lower(&plan, layout, super::super::Protocol::Ll).unwrap();
         for (rank, p) in program.ranks.iter().enumerate() {
             let (blob, at) = pack(p);
             assert_eq!(
@@ -407,9 +426,10 @@ mod tests {
             assert_eq!(x.hash, program.agreement() as u32);
             let w = layout.window();
             assert_eq!(
-                (x.posted_at, x.consumed_at, x.hello_at),
-                (w.posted, w.consumed, w.hello)
+                (x.posted_at, x.consumed_at, x.hello_at, x.ll_at),
+                (w.posted, w.consumed, w.hello, w.ll)
             );
+            assert_eq!((x.ll_slot_bytes, x.protocol), (512, 1));
         }
     }
 

@@ -59,6 +59,9 @@ impl Target {
                 "--from-env joins an NCCL group across processes: use it with --backend nccl (the CPU executor's processes take --transport)".to_owned(),
             );
         }
+        if args.ll_max_bytes.is_some() && args.backend != Backend::CudaV2 {
+            return Err("--ll-max-bytes sets the device interpreter's protocol: use it with --backend cuda-v2".to_owned());
+        }
         if args.compare.is_some() && !matches!(args.backend, Backend::Cuda | Backend::CudaV2) {
             return Err("--compare nccl runs beside --backend cuda or cuda-v2 only".to_owned());
         }
@@ -217,7 +220,7 @@ impl Target {
                 interpreter: true,
                 ..
             } => {
-                let backend = cuda_v2::CudaV2::new(devices.clone(), config);
+                let backend = cuda_v2::CudaV2::new(devices.clone(), config, args.ll_max_bytes);
                 run::section(args, &backend, section, sizes, progress)
             }
             Target::Cuda { devices, .. } => {

@@ -21,10 +21,14 @@ pub(crate) struct CudaV2 {
 }
 
 impl CudaV2 {
-    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig) -> CudaV2 {
+    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig, ll_max_bytes: Option<usize>) -> CudaV2 {
+        let base = super::cuda::cuda_config(cpu);
         CudaV2 {
             devices,
-            config: super::cuda::cuda_config(cpu),
+            config: CudaConfig {
+                ll_max_bytes: ll_max_bytes.unwrap_or(base.ll_max_bytes),
+                ..base
+            },
         }
     }
 }

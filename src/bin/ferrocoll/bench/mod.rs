@@ -144,6 +144,11 @@ pub(crate) struct BenchArgs {
     /// it, like `--max-chunk-bytes`, turns `auto` back into the fixed rule.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     channels: Option<u32>,
+    /// With `--backend cuda-v2`: calls of up to this many bytes per rank
+    /// send their messages with the small-message (LL) protocol; 0 sends
+    /// every call in bulk (default: the executor's, 64 KiB).
+    #[arg(long, value_parser = parse_size)]
+    ll_max_bytes: Option<usize>,
     /// Print the simulator's prediction for each row on this host's
     /// measured topology, and its error against the measurement.
     #[arg(long)]

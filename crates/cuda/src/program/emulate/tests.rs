@@ -16,7 +16,8 @@ use ferrocoll_core::verify::{VerifyOptions, verify};
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 
 use super::*;
-use crate::program::{ProgramError, Span};
+use crate::interpreter::setup;
+use crate::program::{ProgramError, Protocol, Span};
 
 /// The plan of `case` with small chunks, so calls run many segments.
 fn plan_of(case: &Case, channels: u32) -> ExecutionPlan {
@@ -41,7 +42,7 @@ fn plan_of(case: &Case, channels: u32) -> ExecutionPlan {
     compiler.compile(&shape, Chunking::MaxBytes(48), 2).unwrap()
 }
 
-/// Slots as small as the plan allows.
+/// Slots (and LL slots) as small as the plan allows.
 fn layout_for(plan: &ExecutionPlan, slots: u32) -> Layout {
     let largest = plan.links.iter().map(|l| l.largest).max().unwrap_or(0);
     Layout {
@@ -49,11 +50,13 @@ fn layout_for(plan: &ExecutionPlan, slots: u32) -> Layout {
         max_channels: plan.channels.max(1),
         slots,
         slot_bytes: largest.div_ceil(16).max(1) * 16,
+        ll_slot_bytes: (2 * largest).div_ceil(16).max(1) * 16,
     }
 }
 
 struct Emulated {
     channels: u32,
+    protocol: Protocol,
 }
 
 impl Harness for Emulated {
@@ -64,8 +67,8 @@ impl Harness for Emulated {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let plan = plan_of(case, self.channels);
-        let program =
-            DeviceProgram::lower(&plan, layout_for(&plan, 2)).map_err(|e| e.to_string())?;
+        let program = DeviceProgram::lower(&plan, layout_for(&plan, 2), self.protocol)
+            .map_err(|e| e.to_string())?;
         run_twice(&program, case, inputs, outputs)
     }
 }
@@ -83,7 +86,6 @@ impl Harness for GroupPlanned {
         inputs: &[Vec<T>],
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
-        use crate::interpreter::setup;
         let config = crate::CudaConfig {
             algorithm: case.algorithm,
             ..self.config.clone()
@@ -101,7 +103,9 @@ impl Harness for GroupPlanned {
             in_place: case.in_place,
         };
         let planned = planner.plan(&shape).map_err(|e| e.to_string())?;
-        let program = DeviceProgram::lower(&planned.plan, layout).map_err(|e| e.to_string())?;
+        let protocol = setup::protocol(&planned.plan, &layout, &config);
+        let program =
+            DeviceProgram::lower(&planned.plan, layout, protocol).map_err(|e| e.to_string())?;
         run_twice(&program, case, inputs, outputs)
     }
 }
@@ -166,14 +170,37 @@ fn run_twice<T: KitElement>(
 #[test]
 fn the_interpreter_groups_plans_run_through_the_device_protocol() {
     // Slots of 64 bytes: every call past a few elements cuts many
-    // segments, and the group's planner must size them to fit.
+    // segments, and the group's planner must size them to fit. Calls of
+    // up to 1 KiB per rank take LL, larger ones the bulk protocol.
     let config = crate::CudaConfig {
         channels: 2,
         max_chunk_bytes: 64,
         slots_per_link: 2,
+        ll_max_bytes: 1024,
         ..crate::CudaConfig::default()
     };
     let mut rng = SplitMix64(29);
+    let layout = setup::layout(3, &config).unwrap();
+    let mut planner =
+        ferrocoll_core::plan::Planner::new(3, setup::planner_settings(&config, &layout));
+    let mut shape = CallShape {
+        collective: Collective::AllReduce,
+        count: 256,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        in_place: false,
+    };
+    let planned = planner.plan(&shape).unwrap();
+    assert_eq!(
+        setup::protocol(&planned.plan, &layout, &config),
+        Protocol::Ll
+    );
+    shape.count = 257;
+    let planned = planner.plan(&shape).unwrap();
+    assert_eq!(
+        setup::protocol(&planned.plan, &layout, &config),
+        Protocol::Simple
+    );
     for n in [1, 2, 3, 5, 8] {
         for kind in ferrocoll_core::CollectiveKind::ALL {
             let collective = kind.with_root(n - 1);
@@ -182,6 +209,7 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
                     (0, false, DataType::F32),
                     (37, true, DataType::Bf16),
                     (301, false, DataType::I64),
+                    (57, false, DataType::U8),
                 ] {
                     let case = Case {
                         collective,
@@ -215,7 +243,7 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
 #[test]
 fn every_algorithm_and_collective_runs_through_the_device_protocol() {
     let mut rng = SplitMix64(17);
-    for (algorithm, kind) in applicable() {
+    for ((algorithm, kind), protocol) in applicable().flat_map(|a| PROTOCOLS.map(|p| (a, p))) {
         for n in [1, 2, 3, 4, 5, 8] {
             for (count, in_place) in [(0, false), (1, true), (37, false), (300, true)] {
                 let case = Case {
@@ -231,8 +259,14 @@ fn every_algorithm_and_collective_runs_through_the_device_protocol() {
                 if in_place && case.collective.in_place_alias(0).is_none() {
                     continue;
                 }
-                check_case(&Emulated { channels: 2 }, &case)
-                    .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+                check_case(
+                    &Emulated {
+                        channels: 2,
+                        protocol,
+                    },
+                    &case,
+                )
+                .unwrap_or_else(|e| panic!("{case:?}: {e}"));
             }
         }
     }
@@ -241,7 +275,10 @@ fn every_algorithm_and_collective_runs_through_the_device_protocol() {
 #[test]
 fn every_dtype_and_op_runs_through_the_device_protocol() {
     let mut rng = SplitMix64(23);
-    for dtype in DataType::ALL {
+    for (dtype, protocol) in DataType::ALL
+        .into_iter()
+        .flat_map(|d| PROTOCOLS.map(|p| (d, p)))
+    {
         for op in ReduceOp::ALL {
             for collective in [Collective::AllReduce, Collective::ReduceScatter] {
                 let case = Case {
@@ -254,12 +291,51 @@ fn every_dtype_and_op_runs_through_the_device_protocol() {
                     in_place: false,
                     seed: rng.next_u64(),
                 };
-                check_case(&Emulated { channels: 3 }, &case)
-                    .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+                check_case(
+                    &Emulated {
+                        channels: 3,
+                        protocol,
+                    },
+                    &case,
+                )
+                .unwrap_or_else(|e| panic!("{case:?}: {e}"));
             }
         }
     }
 }
+
+#[test]
+fn the_protocols_take_turns_on_one_fabric() {
+    // Both protocols share the links' counters and slot numbers (their
+    // slots are apart): calls switching between them must still line up.
+    let case = all_reduce(300);
+    let plan = plan_of(&case, 2);
+    let layout = layout_for(&plan, 2);
+    let simple = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
+    let ll = DeviceProgram::lower(&plan, layout, Protocol::Ll).unwrap();
+    let fabric = Fabric::new(layout, Duration::from_secs(20));
+    for (round, program) in [&simple, &ll, &ll, &simple, &ll, &simple]
+        .into_iter()
+        .enumerate()
+    {
+        let inputs: Vec<Vec<f32>> = (0..3).map(|r| vec![(round * 3 + r) as f32; 300]).collect();
+        let mut outputs = vec![vec![0f32; 300]; 3];
+        let results = fabric.call(&[program; 3], f32_buffers(&mut outputs, &inputs));
+        assert!(
+            results.iter().all(Result::is_ok),
+            "round {round}: {results:?}"
+        );
+        let want = (0..3).map(|r| (round * 3 + r) as f32).sum::<f32>();
+        assert!(
+            outputs.iter().flatten().all(|&x| x == want),
+            "round {round} ({:?})",
+            program.protocol
+        );
+    }
+}
+
+/// Both ways messages travel.
+const PROTOCOLS: [Protocol; 2] = [Protocol::Simple, Protocol::Ll];
 
 /// Each rank's f32 buffers, out of place.
 fn f32_buffers<'a>(outputs: &'a mut [Vec<f32>], inputs: &'a [Vec<f32>]) -> Vec<Buffers<'a, f32>> {
@@ -288,11 +364,17 @@ fn all_reduce(count: usize) -> Case {
 
 #[test]
 fn a_rank_that_calls_another_plan_fails_every_rank_before_its_data_lands() {
+    for protocol in PROTOCOLS {
+        another_plan_fails_every_rank(protocol);
+    }
+}
+
+fn another_plan_fails_every_rank(protocol: Protocol) {
     let ours = plan_of(&all_reduce(300), 1);
     let theirs = plan_of(&all_reduce(299), 1);
     let layout = layout_for(&ours, 2);
-    let a = DeviceProgram::lower(&ours, layout).unwrap();
-    let b = DeviceProgram::lower(&theirs, layout).unwrap();
+    let a = DeviceProgram::lower(&ours, layout, protocol).unwrap();
+    let b = DeviceProgram::lower(&theirs, layout, protocol).unwrap();
     let fabric = Fabric::new(layout, Duration::from_secs(20));
     let inputs = [vec![1.0f32; 300], vec![1.0f32; 299], vec![1.0f32; 300]];
     let mut outputs = [vec![0.0f32; 300], vec![0.0f32; 299], vec![0.0f32; 300]];
@@ -325,7 +407,7 @@ fn a_rank_that_calls_another_plan_fails_every_rank_before_its_data_lands() {
 fn a_rank_that_never_sends_times_the_others_out_with_the_reason() {
     let plan = plan_of(&all_reduce(64), 1);
     let layout = layout_for(&plan, 2);
-    let p = DeviceProgram::lower(&plan, layout).unwrap();
+    let p = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
     // Rank 2's part emptied: it returns at once, as a rank whose kernel
     // never ran would leave its peers waiting.
     let mut silent = p.clone();
@@ -351,7 +433,7 @@ fn a_rank_that_never_sends_times_the_others_out_with_the_reason() {
 fn plans_that_do_not_fit_the_layout_are_typed_errors() {
     let plan = plan_of(&all_reduce(300), 2);
     let fits = layout_for(&plan, 2);
-    assert!(DeviceProgram::lower(&plan, fits).is_ok());
+    assert!(DeviceProgram::lower(&plan, fits, Protocol::Simple).is_ok());
     let cases = [
         Layout {
             world_size: 4,
@@ -373,7 +455,10 @@ fn plans_that_do_not_fit_the_layout_are_typed_errors() {
         Layout { slots: 0, ..fits },
     ];
     for layout in cases {
-        assert!(DeviceProgram::lower(&plan, layout).is_err(), "{layout:?}");
+        assert!(
+            DeviceProgram::lower(&plan, layout, Protocol::Simple).is_err(),
+            "{layout:?}"
+        );
     }
 }
 
@@ -396,7 +481,16 @@ fn an_instruction_receiving_from_many_peers_runs() {
         plan.ranks[0].channels[0].iter().any(|i| i.recv.len() == 11),
         "the case must fan in 11 messages"
     );
-    check_case(&Emulated { channels: 1 }, &case).unwrap();
+    for protocol in PROTOCOLS {
+        check_case(
+            &Emulated {
+                channels: 1,
+                protocol,
+            },
+            &case,
+        )
+        .unwrap();
+    }
 }
 
 #[test]
@@ -407,7 +501,7 @@ fn more_ranks_than_the_device_tables_hold_is_a_typed_error() {
     };
     let plan = plan_of(&case, 1);
     assert!(matches!(
-        DeviceProgram::lower(&plan, layout_for(&plan, 2)),
+        DeviceProgram::lower(&plan, layout_for(&plan, 2), Protocol::Simple),
         Err(ProgramError::TooLarge(_))
     ));
 }
@@ -416,7 +510,7 @@ fn more_ranks_than_the_device_tables_hold_is_a_typed_error() {
 fn an_edited_program_is_refused_before_any_thread_walks_it() {
     let plan = plan_of(&all_reduce(64), 1);
     let layout = layout_for(&plan, 2);
-    let good = DeviceProgram::lower(&plan, layout).unwrap();
+    let good = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
     let mut past = good.clone();
     past.ranks[1].pieces[0].offset = 1 << 40;
     let mut peer = good.clone();
