@@ -1,7 +1,9 @@
 //! # ferrocoll-cuda
 //!
-//! The CUDA executor: the same verified schedules the CPU executor runs,
-//! as NVRTC-compiled reduce-copy kernels and peer copies on CUDA streams.
+//! The CUDA executors: the same verified schedules the CPU executor runs,
+//! as NVRTC-compiled reduce-copy kernels and peer copies on CUDA streams
+//! (v1, [`CudaCommunicator`]), and as a device program one persistent
+//! kernel per rank interprets ([`interpreter`], v2).
 //!
 //! Invariants: nothing here calls into the CUDA driver or NVRTC before
 //! [`probe`] has seen the library, so a machine without them gets a typed

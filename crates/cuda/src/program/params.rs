@@ -124,7 +124,7 @@ pub struct Params {
     pub slots: u32,
     /// Channels the window was set up for.
     pub max_channels: u32,
-    /// [`Protocol`] of the program's messages.
+    /// [`Protocol`](super::Protocol) of the program's messages.
     pub protocol: u32,
 }
 
