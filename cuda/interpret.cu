@@ -26,7 +26,7 @@ typedef unsigned int u32;
 struct FcSpan { u32 first, count; };
 struct FcLocal { u32 buffer; FcSpan pieces; };   // buffer 3: none
 struct FcPiece { u64 offset, bytes; };
-struct FcEnd { u32 peer; u64 index; };
+struct FcEnd { u32 peer, reserved; u64 index; };
 struct FcAfter { u32 channel, index; };
 struct FcOp { u64 bytes; FcSpan recv; FcLocal read; FcLocal write; FcSpan send; FcSpan after; };
 struct FcCount { u64 word, count; };
@@ -131,7 +131,7 @@ __device__ bool fc_failed(const FcCall &a) {
 // Called on every poll of a wait: false once a rank failed or the wait
 // outlasted the timeout (measured on the GPU's global timer, so it holds
 // whatever the clock rate).
-__device__ __forceinline__ bool fc_keep_waiting(const FcCall &a, u32 peer, u32 spins, u64 &start) {
+__device__ __forceinline__ bool fc_keep_waiting(const FcCall &a, u32 peer, u64 spins, u64 &start) {
     if (spins % 1024 != 0) return true;
     if (fc_failed(a)) return false;
     const u64 now = fc_now();
@@ -148,18 +148,24 @@ __device__ __forceinline__ bool fc_keep_waiting(const FcCall &a, u32 peer, u32 s
 template <typename Ready>
 __device__ bool fc_wait(const FcCall &a, u32 peer, Ready ready) {
     u64 start = 0;
-    for (u32 spins = 0; !ready(); ++spins)
+    for (u64 spins = 0; !ready(); ++spins)
         if (!fc_keep_waiting(a, peer, spins, start)) return false;
     return true;
 }
 
-// The peer's hello for this channel must be this call's with this plan.
-__device__ bool fc_greet(const FcCall &a, u32 channel, u32 peer, u64 hello) {
+// The peer's hello for this channel against this call's, once the peer
+// has reached this call (call numbers wrap). Before the first store into
+// the peer it must be this call's with this plan. Before the first wait
+// on it, a peer already past this call also passes: it has finished this
+// call, so whatever it sent here it sent after checking this rank's hello
+// itself (a sender never passes a receiver that is ahead), and if it sent
+// nothing the wait times out rather than takes another call's data.
+__device__ bool fc_greet(const FcCall &a, u32 channel, u32 peer, u64 hello, bool sending) {
     const u64 *word = fc_hello(a, peer) + channel;
     const u32 call = (u32)(hello >> 32);
-    // Call numbers wrap; a peer ahead of this call ran another one.
     if (!fc_wait(a, peer, [&] { return (int)((u32)(fc_load_acquire(word) >> 32) - call) >= 0; })) return false;
-    if (fc_load_acquire(word) == hello) return true;
+    const u64 theirs = fc_load_acquire(word);
+    if (theirs == hello || (!sending && (u32)(theirs >> 32) != call)) return true;
     fc_fail(a, FC_MISMATCH, peer);
     return false;
 }
@@ -277,7 +283,7 @@ __device__ __forceinline__ void fc_ll_put(unsigned char *p, u64 data, u32 flag) 
 // call failed.
 __device__ bool fc_ll_get(const FcCall &a, u32 peer, const unsigned char *p, u32 flag, u64 *data) {
     u64 start = 0;
-    for (u32 spins = 0;; ++spins) {
+    for (u64 spins = 0;; ++spins) {
         u32 d0, f0, d1, f1;
         asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
@@ -371,16 +377,21 @@ __device__ void fc_interpret(const FcCall &a) {
     __shared__ u32 inflag[FC_MAX_FANIN], inpeer[FC_MAX_FANIN], outflag[FC_MAX_FANOUT];
     __shared__ int go;
     const bool ll = a.protocol == FC_LL;
+    // Per peer: greeted before waiting on it (bit 0), before storing into it (bit 1).
     __shared__ unsigned char greeted[FC_MAX_RANKS];
     for (u32 r = threadIdx.x; r < FC_MAX_RANKS; r += blockDim.x) greeted[r] = 0;
-    // Hello first: this block's channel, and block 0 the channels this plan
-    // leaves idle, so a peer whose plan uses them still finds this call's.
+    // A call queued behind a failed one does nothing: its rank's counters
+    // stopped where the failure left them. Then hello: this block's
+    // channel, and block 0 the channels this plan leaves idle, so a peer
+    // whose plan uses them still finds this call's.
     if (threadIdx.x == 0) {
-        fc_store_release(fc_hello(a, a.rank) + c, hello);
-        if (c == 0)
+        go = !fc_failed(a);
+        if (go) fc_store_release(fc_hello(a, a.rank) + c, hello);
+        if (go && c == 0)
             for (u32 k = gridDim.x; k < a.max_channels; ++k) fc_store_release(fc_hello(a, a.rank) + k, hello);
     }
     __syncthreads();
+    if (!go) return;
     for (u32 i = 0; i < span.count; ++i) {
         const FcOp &op = a.t.ops[span.first + i];
         if (threadIdx.x == 0) {
@@ -398,9 +409,9 @@ __device__ void fc_interpret(const FcCall &a) {
                 const u64 g = base_received[fc_word(a, c, e.peer)] + e.index;
                 const u64 *posted = fc_posted(a, a.rank) + fc_word(a, c, e.peer);
                 // A sender on another plan may never post: its hello says so.
-                if (!greeted[e.peer]) {
-                    go = fc_greet(a, c, e.peer, hello);
-                    greeted[e.peer] = 1;
+                if (!(greeted[e.peer] & 1)) {
+                    go = fc_greet(a, c, e.peer, hello, false);
+                    greeted[e.peer] |= 1;
                 }
                 // LL lines carry their own flags: each thread waits for its own.
                 go = go && (ll || fc_wait(a, e.peer, [&] { return fc_load_acquire(posted) > g; }));
@@ -413,9 +424,9 @@ __device__ void fc_interpret(const FcCall &a) {
                 const u64 g = base_sent[fc_word(a, c, e.peer)] + e.index;
                 const u64 *consumed = fc_consumed(a, a.rank) + fc_word(a, c, e.peer);
                 go = fc_wait(a, e.peer, [&] { return fc_load_acquire(consumed) + a.slots > g; });
-                if (go && !greeted[e.peer]) {
-                    go = fc_greet(a, c, e.peer, hello);
-                    greeted[e.peer] = 1;
+                if (go && !(greeted[e.peer] & 2)) {
+                    go = fc_greet(a, c, e.peer, hello, true);
+                    greeted[e.peer] |= 2;
                 }
                 out[k] = fc_slot(a, e.peer, c, a.rank, g);
                 outflag[k] = fc_ll_flag(g);

@@ -4,44 +4,44 @@
 //! first call), and enqueues one launch on the caller's stream — no
 //! allocation, no host synchronization and no per-chunk host work.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
-use ferrocoll_core::plan::{CallShape, Planned};
+use ferrocoll_core::plan::CallShape;
 use ferrocoll_device::{DeviceCall, DeviceCommunicator};
 
 use super::error::InterpreterError;
-use super::memory::{Current, DeviceBlock};
+use super::loaded::Programs;
+use super::memory::Current;
 use super::setup::Group;
 use crate::error::CudaError;
-use crate::program::DeviceProgram;
-use crate::program::params::{ABORTED, Addresses, Failure, Packed, Params, pack};
+use crate::program::params::{ABORTED, Addresses, Params};
 
-/// A program's tables for this rank, in its device's memory, with the
-/// scratch its plan needs.
-struct Loaded {
-    program: Arc<DeviceProgram>,
-    packed: Packed,
-    tables: DeviceBlock,
-    scratch: DeviceBlock,
+/// How long launches stopped by a failure get to end before `synchronize`
+/// and drop give up on them (they poll the board every 1024 spins).
+const GRACE: Duration = Duration::from_secs(5);
+
+/// `after` from now, or as far as an `Instant` goes.
+fn deadline(after: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(1 << 30))
 }
 
 /// One rank of a device-interpreter group.
 pub struct InterpreterCommunicator {
     rank: Rank,
     group: Arc<Group>,
-    loaded: HashMap<u64, Loaded>,
-    /// Recorded after each launch; a launch on another stream than the
-    /// last call's waits for it, so calls of this rank run in order
-    /// whichever streams they are issued on.
+    programs: Programs,
+    /// Recorded after each launch, and waited for by the next: calls of
+    /// this rank run in order whichever streams they are issued on (two
+    /// launches of one rank at once would share its counters).
     last: sys::CUevent,
-    last_stream: sys::CUstream,
     /// A stream of the rank's own (non-blocking), for callers that have
-    /// none.
+    /// none, and where the rank's memory is released.
     stream: Arc<CudaStream>,
     calls: u64,
     failed: Option<CommError>,
@@ -60,9 +60,8 @@ impl InterpreterCommunicator {
         Ok(InterpreterCommunicator {
             rank,
             group,
-            loaded: HashMap::new(),
+            programs: Programs::default(),
             last,
-            last_stream: std::ptr::null_mut(),
             stream,
             calls: 0,
             failed: None,
@@ -92,23 +91,9 @@ impl InterpreterCommunicator {
         e
     }
 
-    /// The board's verdict: this rank's word, else the first peer's.
     fn board_error(&self) -> Option<CommError> {
-        let board = &self.group.board;
         let timeout = self.group.config.timeout;
-        if let Some(f) = Failure::decode(board.read(self.rank as usize)) {
-            return Some(f.error(self.rank, self.calls, timeout));
-        }
-        let (peer, word) = board.first_failed()?;
-        let reason = match Failure::decode(word) {
-            Some(Failure::Aborted) => "aborted".to_owned(),
-            Some(f) => f.error(peer as Rank, self.calls, timeout).to_string(),
-            None => "failed".to_owned(),
-        };
-        Some(CommError::PeerFailed {
-            rank: peer as Rank,
-            reason,
-        })
+        self.group.board.verdict(self.rank, self.calls, timeout)
     }
 
     fn issue(&mut self, call: &DeviceCall, stream: &CudaStream) -> Result<(), InterpreterError> {
@@ -129,22 +114,25 @@ impl InterpreterCommunicator {
             in_place: call.input.is_none(),
         };
         let planned = self.group.plan(&shape)?;
-        self.load(&planned, stream)?;
-        let loaded = &self.loaded[&planned.signature];
-        let program = &loaded.program;
-        let engine = &self.group.engines[rank];
+        let engine = self.group.engines[rank].clone();
+        let _current = Current::bind(&engine.ctx)?;
+        let release = (self.stream.cu_stream(), self.last);
+        let loaded = self
+            .programs
+            .get(&self.group, rank, &planned, stream, release)?;
+        let program = loaded.program.clone();
         let windows = self.group.window_addresses();
         let buffers = [
             call.input.unwrap_or(call.output),
             call.output,
-            loaded.scratch.ptr,
+            loaded.scratch,
         ];
         let params = Params::new(
-            program,
+            &program,
             self.rank,
             &loaded.packed,
             &Addresses {
-                tables: loaded.tables.ptr,
+                tables: loaded.tables,
                 windows: &windows,
                 buffers,
                 state: self.group.states[rank].ptr,
@@ -154,7 +142,6 @@ impl InterpreterCommunicator {
         );
         let me = &program.ranks[rank];
         let s = stream.cu_stream();
-        let _current = Current::bind(&engine.ctx)?;
         // Under capture the ordering event becomes an external node, so it
         // still orders (and can be waited on) when the graph replays.
         // SAFETY: the caller's live stream.
@@ -169,13 +156,11 @@ impl InterpreterCommunicator {
             (sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT, 0)
         };
         // SAFETY: the event and stream are this device's; the tables,
-        // windows, state, scratch and board live as long as the group and
-        // this communicator, which outlive the launch (drop waits for
-        // `last`); the caller vouches for the buffers (`enqueue`).
+        // windows, state, scratch and board outlive the launch (the group
+        // and the programs are released only after `last`); the caller
+        // vouches for the buffers (`enqueue`).
         unsafe {
-            if s != self.last_stream {
-                result::stream::wait_event(s, self.last, wait).map_err(CudaError::from)?;
-            }
+            result::stream::wait_event(s, self.last, wait).map_err(CudaError::from)?;
             if !me.channels.is_empty() {
                 engine.interpret(s, program.dtype, call.op, me.channels.len() as u32, &params)?;
             }
@@ -192,56 +177,13 @@ impl InterpreterCommunicator {
                 .result()
                 .map_err(CudaError::from)?;
         }
-        self.last_stream = s;
         self.calls += 1;
         tracing::debug!(rank = self.rank, protocol = ?program.protocol, "{}", planned.describe());
         Ok(())
     }
 
-    /// The program's tables and scratch in device memory, set up on the
-    /// shape's first call (which therefore must not be under capture).
-    fn load(&mut self, planned: &Planned, stream: &CudaStream) -> Result<(), InterpreterError> {
-        if self.loaded.contains_key(&planned.signature) {
-            return Ok(());
-        }
-        // SAFETY: the stream is live (the caller's).
-        let capture =
-            unsafe { result::stream::is_capturing(stream.cu_stream()) }.map_err(CudaError::from)?;
-        if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Err(CudaError::Invalid(
-                "this call's shape has not run before: its plan must be uploaded outside a graph \
-                 capture (run it once before capturing)"
-                    .into(),
-            )
-            .into());
-        }
-        let program = self.group.program(planned)?;
-        let (blob, packed) = pack(&program.ranks[self.rank as usize]);
-        let ctx: &Arc<CudaContext> = &self.group.engines[self.rank as usize].ctx;
-        let loaded = Loaded {
-            tables: DeviceBlock::alloc(ctx, blob.len() as u64)?,
-            scratch: DeviceBlock::alloc(ctx, program.scratch_bytes)?,
-            packed,
-            program,
-        };
-        let _current = Current::bind(ctx)?;
-        let s = stream.cu_stream();
-        // SAFETY: the blocks hold the blob's and the scratch's bytes; the
-        // copy is ordered before this call's launch on the same stream
-        // and, from pageable memory, returns once the blob is staged, so
-        // the blob may go. Nothing here waits for the device (peers on
-        // this GPU may be spinning in their launches of this call).
-        unsafe {
-            result::memcpy_htod_async(loaded.tables.ptr, &blob, s).map_err(CudaError::from)?;
-            let scratch = loaded.program.scratch_bytes.max(1) as usize;
-            result::memset_d8_async(loaded.scratch.ptr, 0, scratch, s).map_err(CudaError::from)?;
-        }
-        self.loaded.insert(planned.signature, loaded);
-        Ok(())
-    }
-
-    /// Wait for this rank's last launch, watching the board; `false` if
-    /// it did not end by `deadline`.
+    /// Wait for this rank's last launch; `false` if it did not end by
+    /// `deadline`.
     fn wait_last(&self, deadline: Instant) -> Result<bool, CudaError> {
         let _current = Current::bind(&self.group.engines[self.rank as usize].ctx)?;
         let mut pause = Duration::from_micros(20);
@@ -299,11 +241,18 @@ unsafe impl DeviceCommunicator for InterpreterCommunicator {
         }
     }
 
+    /// Waits for the stream even when the communicator has failed —
+    /// launches queued behind a failure return at once — so that the
+    /// caller may free the call's buffers once this returns (unless the
+    /// stream would not drain within the grace period: then it says so).
     fn synchronize(&mut self, stream: &CudaStream) -> Result<(), InterpreterError> {
-        self.live()?;
+        let timeout = self.group.config.timeout;
         // The kernels give up after the timeout themselves; the host
         // allows them a little longer to notice.
-        let deadline = Instant::now() + self.group.config.timeout + Duration::from_secs(1);
+        let mut until = match self.failed {
+            Some(_) => deadline(GRACE),
+            None => deadline(timeout.saturating_add(Duration::from_secs(1))),
+        };
         let _current = Current::bind(self.context())?;
         let mut pause = Duration::from_micros(10);
         loop {
@@ -316,16 +265,32 @@ unsafe impl DeviceCommunicator for InterpreterCommunicator {
                     return Err(self.fail(e.into()));
                 }
             }
-            if let Some(e) = self.board_error() {
-                return Err(self.fail(e.into()));
-            }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if self.failed.is_none() {
+                if let Some(e) = self.board_error() {
+                    self.fail(e.into());
+                    until = until.min(deadline(GRACE));
+                } else if now >= until {
+                    let what = "the stream's collectives".into();
+                    let rank = self.rank;
+                    self.fail(
+                        CommError::Timeout {
+                            rank,
+                            timeout,
+                            what,
+                        }
+                        .into(),
+                    );
+                    until = deadline(GRACE);
+                }
+            } else if now >= until {
                 let e = CommError::Timeout {
                     rank: self.rank,
-                    timeout: self.group.config.timeout,
-                    what: "the stream's collectives".into(),
+                    timeout: GRACE,
+                    what: "the stream to drain after a failure (its buffers may still be in use)"
+                        .into(),
                 };
-                return Err(self.fail(e.into()));
+                return Err(e.into());
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
@@ -344,16 +309,21 @@ unsafe impl DeviceCommunicator for InterpreterCommunicator {
 
 impl Drop for InterpreterCommunicator {
     fn drop(&mut self) {
-        // The tables and scratch may still be in use by the last launch:
-        // wait for it (it ends by its timeout at the latest; stopped
-        // sooner if it has not).
-        let deadline = Instant::now() + self.group.config.timeout;
-        if !matches!(self.wait_last(deadline), Ok(true)) {
+        // Wait for the last launch (it ends by its timeout at the latest;
+        // stopped sooner if it has not), then release the programs in
+        // stream order behind it.
+        if !matches!(
+            self.wait_last(deadline(self.group.config.timeout)),
+            Ok(true)
+        ) {
             self.group.board.fail(self.rank as usize, ABORTED);
-            let _ = self.wait_last(Instant::now() + Duration::from_secs(5));
+            let _ = self.wait_last(deadline(GRACE));
         }
         if let Ok(_current) = Current::bind(&self.group.engines[self.rank as usize].ctx) {
-            // SAFETY: created in `new`, destroyed once, after its last use.
+            self.programs
+                .release_all((self.stream.cu_stream(), self.last));
+            // SAFETY: the own stream's work (the frees) holds no reference
+            // to the event once enqueued; created in `new`, destroyed once.
             let _ = unsafe { result::event::destroy(self.last) };
         }
     }

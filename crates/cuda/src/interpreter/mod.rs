@@ -19,10 +19,12 @@
 //! and any run on a GPU — its protocol runs on CPU threads in
 //! [`crate::program::emulate`].
 
+mod board;
 mod communicator;
 mod engine;
 mod error;
 mod host;
+mod loaded;
 mod memory;
 mod residency;
 pub(crate) mod setup;

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::plan::{Planned, Planner, PlannerSettings};
 
+use super::board::Board;
 use super::engine::Engine;
-use super::memory::{Board, Current, DeviceBlock};
+use super::memory::{Current, DeviceBlock};
 use super::residency;
 use crate::config::CudaConfig;
 use crate::error::CudaError;
@@ -160,6 +161,11 @@ impl Group {
             }
         })?;
         let p = Arc::new(p);
+        // Ranks hold the programs they use; the group's map only saves
+        // lowering a plan once per rank: bounded like a rank's.
+        if programs.len() >= 4 * super::loaded::KEEP {
+            programs.clear();
+        }
         programs.insert(planned.signature, p.clone());
         Ok(p)
     }

@@ -387,7 +387,8 @@ impl<'a> Block<'a> {
             }
         }
         let span = self.me.channels[self.channel as usize];
-        let mut greeted = vec![false; self.layout().world_size as usize];
+        // Per peer: greeted before waiting on it, before storing into it.
+        let mut greeted = vec![[false; 2]; self.layout().world_size as usize];
         for i in 0..span.count {
             let op = &self.me.ops[(span.first + i) as usize];
             self.fire::<T>(op, &mut greeted)?;
@@ -428,7 +429,7 @@ impl<'a> Block<'a> {
         self.state[self.at.received + word].load(Ordering::Relaxed)
     }
 
-    fn fire<T: Reduce>(&self, op: &Op, greeted: &mut [bool]) -> Result<(), CommError> {
+    fn fire<T: Reduce>(&self, op: &Op, greeted: &mut [[bool; 2]]) -> Result<(), CommError> {
         let layout = *self.layout();
         let slots = u64::from(layout.slots);
         for a in self.span(&self.me.afters, op.after) {
@@ -463,9 +464,9 @@ impl<'a> Block<'a> {
         for &(p, g) in &recv {
             // A sender that called another plan may never post: its hello
             // says so sooner than a timeout would.
-            if !greeted[p as usize] {
-                self.greet(p)?;
-                greeted[p as usize] = true;
+            if !greeted[p as usize][0] {
+                self.greet(p, false)?;
+                greeted[p as usize][0] = true;
             }
             // LL lines carry their own flags: the reads below wait.
             if self.program.protocol == Protocol::Simple {
@@ -482,9 +483,9 @@ impl<'a> Block<'a> {
                 || consumed.load(Ordering::Acquire) + slots > g,
                 "a free slot",
             )?;
-            if !greeted[q as usize] {
-                self.greet(q)?;
-                greeted[q as usize] = true;
+            if !greeted[q as usize][1] {
+                self.greet(q, true)?;
+                greeted[q as usize][1] = true;
             }
         }
         let inputs = match self.program.protocol {
@@ -537,7 +538,13 @@ impl<'a> Block<'a> {
 
     /// The peer's hello for this channel must be this call's, with this
     /// plan's hash, before any of this rank's data lands in its memory.
-    fn greet(&self, peer: u32) -> Result<(), CommError> {
+    ///
+    /// Before a wait on the peer (not `sending`), a peer already past this
+    /// call passes too: it finished this call, so whatever it sent here it
+    /// sent after checking this rank's hello itself — a sender never passes
+    /// a receiver that is ahead — and if it sent nothing, the wait times
+    /// out rather than takes another call's data.
+    fn greet(&self, peer: u32, sending: bool) -> Result<(), CommError> {
         let word = self.fabric.peers[peer as usize].hello(self.channel);
         let seq = self.call;
         // Call numbers wrap; a peer ahead of this call ran another one.
@@ -545,7 +552,7 @@ impl<'a> Block<'a> {
             || ((word.load(Ordering::Acquire) >> 32) as u32).wrapping_sub(seq) as i32 >= 0;
         self.wait(reached, "the peer to start the call")?;
         let theirs = word.load(Ordering::Acquire);
-        if theirs == self.hello {
+        if theirs == self.hello || (!sending && (theirs >> 32) as u32 != seq) {
             return Ok(());
         }
         let show = |h: u64| format!("call {} of plan {:08x}", h >> 32, h & 0xffff_ffff);

@@ -157,6 +157,9 @@ pub struct Piece {
 pub struct End {
     /// The rank at the other end.
     pub peer: u32,
+    /// Always 0: the bytes `index`'s alignment leaves, named so that a
+    /// packed table has no uninitialised padding.
+    pub reserved: u32,
     /// Its number on the link in this call, from 0.
     pub index: u64,
 }
@@ -400,13 +403,21 @@ impl RankProgram {
                     r.buffer
                 ));
             }
-            let total: u64 = pieces.iter().map(|p| p.bytes).sum();
+            let total = pieces
+                .iter()
+                .fold(0u64, |sum, p| sum.saturating_add(p.bytes));
             if total != bytes {
                 return Err(format!("a region of {total} bytes for a value of {bytes}"));
             }
             Ok(())
         };
         for op in &self.ops {
+            if op.recv.count > MAX_RANKS || op.send.count > MAX_RANKS {
+                return Err(format!(
+                    "an instruction with {} messages in and {} out; the device holds {MAX_RANKS} each",
+                    op.recv.count, op.send.count
+                ));
+            }
             within(op.recv, self.ends.len(), "message ends")?;
             within(op.send, self.ends.len(), "message ends")?;
             within(op.after, self.afters.len(), "waits")?;
@@ -437,10 +448,13 @@ impl RankProgram {
             }
         }
         if let Some(d) = &self.divide {
-            let bytes = self
-                .pieces
-                .get(d.pieces.first as usize..(d.pieces.first + d.pieces.count) as usize)
-                .map_or(0, |p| p.iter().map(|x| x.bytes).sum());
+            if d.get().is_none() {
+                return Err("a division of no region".into());
+            }
+            within(d.pieces, self.pieces.len(), "pieces")?;
+            let bytes = self.pieces[d.pieces.first as usize..][..d.pieces.count as usize]
+                .iter()
+                .fold(0u64, |sum, p| sum.saturating_add(p.bytes));
             region(d, bytes)?;
         }
         for c in self.sent.iter().chain(&self.received) {
@@ -588,6 +602,7 @@ fn ends(
     let first = next_index(&p.ends, "message ends")?;
     p.ends.extend(messages.iter().map(|m| End {
         peer: m.peer,
+        reserved: 0,
         index: m.index,
     }));
     Ok(Span {
@@ -639,7 +654,7 @@ mod layout_tests {
             "struct FcSpan { u32 first, count; };",
             "struct FcLocal { u32 buffer; FcSpan pieces; };",
             "struct FcPiece { u64 offset, bytes; };",
-            "struct FcEnd { u32 peer; u64 index; };",
+            "struct FcEnd { u32 peer, reserved; u64 index; };",
             "struct FcAfter { u32 channel, index; };",
             "struct FcOp { u64 bytes; FcSpan recv; FcLocal read; FcLocal write; FcSpan send; FcSpan after; };",
             "struct FcCount { u64 word, count; };",

@@ -527,3 +527,62 @@ fn an_edited_program_is_refused_before_any_thread_walks_it() {
         assert!(outputs.iter().flatten().all(|&x| x == 0.0), "nothing ran");
     }
 }
+
+#[test]
+fn a_peer_already_in_its_next_call_is_not_a_mismatch() {
+    // Reduce to a late root: the other ranks only send, so they finish a
+    // call (and write the next call's hello) before the root has looked
+    // at theirs. The root must still take their messages.
+    for protocol in PROTOCOLS {
+        let case = Case {
+            collective: Collective::Reduce { root: 0 },
+            algorithm: Some(Algorithm::Direct),
+            world_size: 4,
+            count: 40,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            in_place: false,
+            seed: 1,
+        };
+        let plan = plan_of(&case, 1);
+        let program = DeviceProgram::lower(&plan, layout_for(&plan, 4), protocol).unwrap();
+        let fabric = Fabric::new(program.layout, Duration::from_secs(20));
+        let rounds = 6;
+        let outputs: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4u32)
+                .map(|rank| {
+                    let (fabric, program) = (&fabric, &program);
+                    scope.spawn(move || {
+                        (0..rounds)
+                            .map(|round| {
+                                if rank == 0 {
+                                    std::thread::sleep(Duration::from_millis(20));
+                                }
+                                let input = vec![(round * 10 + rank as usize) as f32; 40];
+                                let mut output = vec![0f32; 40];
+                                let buffers = Buffers {
+                                    input: &input,
+                                    output: &mut output,
+                                };
+                                fabric
+                                    .rank_call(rank, program, buffers)
+                                    .unwrap_or_else(|e| {
+                                        panic!("{protocol:?} rank {rank} round {round}: {e}")
+                                    });
+                                output
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (round, out) in outputs[0].iter().enumerate() {
+            let want = (0..4).map(|r| (round * 10 + r) as f32).sum::<f32>();
+            assert!(
+                out.iter().all(|&x| x == want),
+                "{protocol:?} round {round}: {out:?}"
+            );
+        }
+    }
+}
