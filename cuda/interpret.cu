@@ -131,13 +131,17 @@ __device__ bool fc_failed(const FcCall &a) {
 // Called on every poll of a wait: false once a rank failed or the wait
 // outlasted the timeout (measured on the GPU's global timer, so it holds
 // whatever the clock rate).
+// The board lives in host memory: it is read every 1024 polls, never on
+// the first miss (an LL line a thread polls a few times would otherwise
+// pay a sweep of PCIe reads per hop).
 __device__ __forceinline__ bool fc_keep_waiting(const FcCall &a, u32 peer, u64 spins, u64 &start) {
-    if (spins % 1024 != 0) return true;
-    if (fc_failed(a)) return false;
-    const u64 now = fc_now();
     if (spins == 0) {
-        start = now;
-    } else if (now - start > a.timeout_ns) {
+        start = fc_now();
+        return true;
+    }
+    if (spins % 1024 != 1023) return true;
+    if (fc_failed(a)) return false;
+    if (fc_now() - start > a.timeout_ns) {
         fc_fail(a, FC_TIMEOUT, peer);
         return false;
     }
@@ -270,13 +274,13 @@ __device__ void fc_move(const FcCall &a, const FcOp &op, unsigned char *const *i
 }
 
 // LL: one line is 8 data bytes with the message's flag beside each 4-byte
-// half, stored and loaded as one 16-byte access. Each 8-byte half lands
-// whole, so a reader that sees the flag twice has all 8 bytes — no fence
-// and no separate announcement.
+// half: two 64-bit words (data half low, flag high), stored and loaded as
+// one 16-byte access whose 64-bit elements each land whole. A reader that
+// sees the flag in both words has all 8 bytes — no fence and no separate
+// announcement.
 __device__ __forceinline__ void fc_ll_put(unsigned char *p, u64 data, u32 flag) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((u32)data), "r"(flag),
-                 "r"((u32)(data >> 32)), "r"(flag)
-                 : "memory");
+    const u64 lo = (data & 0xffffffffull) | ((u64)flag << 32), hi = (data >> 32) | ((u64)flag << 32);
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
 }
 
 // Wait (this thread) for the line at `p` to carry `flag`; false once the
@@ -284,13 +288,10 @@ __device__ __forceinline__ void fc_ll_put(unsigned char *p, u64 data, u32 flag) 
 __device__ bool fc_ll_get(const FcCall &a, u32 peer, const unsigned char *p, u32 flag, u64 *data) {
     u64 start = 0;
     for (u64 spins = 0;; ++spins) {
-        u32 d0, f0, d1, f1;
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                     : "l"(p)
-                     : "memory");
-        if (f0 == flag && f1 == flag) {
-            *data = (u64)d0 | ((u64)d1 << 32);
+        u64 lo, hi;
+        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
+        if ((u32)(lo >> 32) == flag && (u32)(hi >> 32) == flag) {
+            *data = (lo & 0xffffffffull) | (hi << 32);
             return true;
         }
         if (!fc_keep_waiting(a, peer, spins, start)) return false;
@@ -375,7 +376,6 @@ __device__ void fc_interpret(const FcCall &a) {
     __shared__ unsigned char *in[FC_MAX_FANIN];
     __shared__ unsigned char *out[FC_MAX_FANOUT];
     __shared__ u32 inflag[FC_MAX_FANIN], inpeer[FC_MAX_FANIN], outflag[FC_MAX_FANOUT];
-    __shared__ int go;
     const bool ll = a.protocol == FC_LL;
     // Per peer: greeted before waiting on it (bit 0), before storing into it (bit 1).
     __shared__ unsigned char greeted[FC_MAX_RANKS];
@@ -384,18 +384,21 @@ __device__ void fc_interpret(const FcCall &a) {
     // stopped where the failure left them. Then hello: this block's
     // channel, and block 0 the channels this plan leaves idle, so a peer
     // whose plan uses them still finds this call's.
+    // Whether to stop is agreed at each barrier (`__syncthreads_or`), so
+    // every thread leaves at the same barrier and none waits at one the
+    // others skipped.
+    int stop = 0;
     if (threadIdx.x == 0) {
-        go = !fc_failed(a);
-        if (go) fc_store_release(fc_hello(a, a.rank) + c, hello);
-        if (go && c == 0)
+        stop = fc_failed(a);
+        if (!stop) fc_store_release(fc_hello(a, a.rank) + c, hello);
+        if (!stop && c == 0)
             for (u32 k = gridDim.x; k < a.max_channels; ++k) fc_store_release(fc_hello(a, a.rank) + k, hello);
     }
-    __syncthreads();
-    if (!go) return;
+    if (__syncthreads_or(stop)) return;
     for (u32 i = 0; i < span.count; ++i) {
         const FcOp &op = a.t.ops[span.first + i];
+        bool go = true;
         if (threadIdx.x == 0) {
-            go = 1;
             for (u32 k = 0; go && k < op.after.count; ++k) {
                 const FcAfter w = a.t.afters[op.after.first + k];
                 // The same call (its number wraps), past the instruction.
@@ -432,16 +435,14 @@ __device__ void fc_interpret(const FcCall &a) {
                 outflag[k] = fc_ll_flag(g);
             }
         }
-        __syncthreads();
-        if (!go) return;
+        if (__syncthreads_or(!go)) return;
         if (!ll) {
             fc_move<T, Op>(a, op, in, (int)op.recv.count, out, (int)op.send.count);
-        } else if (!fc_ll_move<T, Op>(a, op, in, inflag, inpeer, (int)op.recv.count, out, outflag,
-                                      (int)op.send.count)) {
-            go = 0;
+        } else {
+            go = fc_ll_move<T, Op>(a, op, in, inflag, inpeer, (int)op.recv.count, out, outflag,
+                                   (int)op.send.count);
         }
-        __syncthreads();
-        if (!go) return;
+        if (__syncthreads_or(!go)) return;
         if (threadIdx.x == 0) {
             // Every thread's stores are done (the barrier); make them
             // visible to the peers before the counters that announce them.

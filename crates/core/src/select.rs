@@ -64,6 +64,26 @@ impl fmt::Display for Choice {
     }
 }
 
+/// How a device executor moves a call's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// In bulk: a slot's worth of data, then a flag announcing it (full
+    /// bandwidth, a flag round trip per message).
+    Simple,
+    /// With the flag in the data (NCCL's LL): no announcement to wait for,
+    /// a fraction of the bandwidth.
+    LowLatency,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            Protocol::Simple => "simple",
+            Protocol::LowLatency => "LL",
+        })
+    }
+}
+
 /// What was selected for one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {
@@ -71,6 +91,9 @@ pub struct Selection {
     pub choice: Choice,
     /// The pipelining grain for this call, if the selector has a view.
     pub max_chunk_bytes: Option<usize>,
+    /// How the messages travel, if the selector has a view (executors
+    /// with one protocol ignore it).
+    pub protocol: Option<Protocol>,
     /// Why, for the debug log line: the prediction and the runner-up.
     pub why: String,
 }
@@ -135,6 +158,7 @@ pub fn select(
                 return Selection {
                     choice: fixed(algorithm),
                     max_chunk_bytes: None,
+                    protocol: None,
                     why: "forced by configuration".to_owned(),
                 };
             }
@@ -151,6 +175,7 @@ pub fn select(
             Selection {
                 choice: fixed(algorithm),
                 max_chunk_bytes: None,
+                protocol: None,
                 why: why.to_owned(),
             }
         });

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ferrocoll_core::algorithms::{MAX_CHANNELS, forest, hierarchical};
 use ferrocoll_core::plan::{Compiler, DEVICE_CHUNK_BYTES, HOST_CHUNK_BYTES};
-use ferrocoll_core::select::{Choice, Selection, Selector};
+use ferrocoll_core::select::{Choice, Protocol, Selection, Selector};
 use ferrocoll_core::verify::{Verified, VerifyOptions, verify};
 use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, DataType, Rank, generate};
 
@@ -116,7 +116,19 @@ pub struct Candidate {
     pub max_chunk_bytes: usize,
     /// How many copies of its channel layout `params` holds.
     pub multiplier: u32,
+    /// How its messages travel, on GPUs (`None` on CPU threads, whose
+    /// executor has one way).
+    pub protocol: Option<Protocol>,
 }
+
+/// Calls up to this size also simulate every GPU candidate with the
+/// low-latency protocol: past it, LL's third to quarter of the bandwidth
+/// loses to the bulk protocol on every preset.
+pub const LL_CANDIDATE_MAX_BYTES: usize = 1 << 20;
+
+/// The grain of LL candidates: what an LL slot of the device
+/// interpreter's default layout carries (`ll_max_bytes`, 64 KiB).
+pub const LL_CHUNK_BYTES: usize = 64 << 10;
 
 impl fmt::Display for Candidate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -125,7 +137,11 @@ impl fmt::Display for Candidate {
         if channels > 1 {
             write!(f, " x{channels}")?;
         }
-        write!(f, " @{}", human_bytes(self.max_chunk_bytes))
+        write!(f, " @{}", human_bytes(self.max_chunk_bytes))?;
+        if self.protocol == Some(Protocol::LowLatency) {
+            write!(f, " LL")?;
+        }
+        Ok(())
     }
 }
 
@@ -387,6 +403,7 @@ impl TopologySelector {
         for (v, m) in self.synthesized(collective).iter() {
             choices.push((Choice::Synthesized(v.clone()), *m));
         }
+        let protocol = (!self.on_threads()).then_some(Protocol::Simple);
         let mut out = Vec::new();
         for (choice, multiplier) in choices {
             for &chunk in &self.chunk_sizes() {
@@ -394,9 +411,37 @@ impl TopologySelector {
                     choice: choice.clone(),
                     max_chunk_bytes: chunk,
                     multiplier,
+                    protocol,
                 });
             }
         }
+        out
+    }
+
+    /// Whether the ranks are CPU threads.
+    fn on_threads(&self) -> bool {
+        self.topology.nodes[self.devices[0]].kind == NodeKind::Thread
+    }
+
+    /// The candidates at `size`: on GPUs, calls up to
+    /// [`LL_CANDIDATE_MAX_BYTES`] also try each schedule with the
+    /// low-latency protocol (after the bulk ones: they win ties).
+    fn candidates_at(&self, collective: Collective, size: usize) -> Vec<Candidate> {
+        let mut out = self.candidates(collective);
+        if self.on_threads() || size > LL_CANDIDATE_MAX_BYTES {
+            return out;
+        }
+        let first = self.chunk_sizes()[0];
+        let ll: Vec<Candidate> = out
+            .iter()
+            .filter(|c| c.max_chunk_bytes == first)
+            .map(|c| Candidate {
+                max_chunk_bytes: LL_CHUNK_BYTES,
+                protocol: Some(Protocol::LowLatency),
+                ..c.clone()
+            })
+            .collect();
+        out.extend(ll);
         out
     }
 
@@ -498,12 +543,22 @@ impl TopologySelector {
         size: usize,
     ) -> Result<Prediction, TopologyError> {
         let compiler = self.compiler(candidate, collective)?;
+        let cost = match candidate.protocol {
+            Some(Protocol::LowLatency) => {
+                let reduces = matches!(
+                    collective,
+                    Collective::AllReduce | Collective::Reduce { .. }
+                );
+                self.options.cost.low_latency(reduces)
+            }
+            _ => self.options.cost.clone(),
+        };
         let options = SimOptions {
             max_chunk_bytes: Some(candidate.max_chunk_bytes),
             slots_per_link: self.options.slots_per_link,
             in_place: false,
             dtype: self.options.dtype,
-            cost: self.options.cost.clone(),
+            cost,
             placement: Some(self.devices.clone()),
         };
         sim::simulate(&compiler, &self.topology, size, &options)
@@ -564,7 +619,7 @@ impl TopologySelector {
         collective: Collective,
         size: usize,
     ) -> Result<Vec<(Candidate, Prediction)>, TopologyError> {
-        self.candidates(collective)
+        self.candidates_at(collective, size)
             .into_iter()
             .map(|c| {
                 let p = self.predict(&c, collective, size)?;
@@ -645,6 +700,7 @@ impl Selector for TopologySelector {
             Ok(v) => Some(Selection {
                 choice: v.candidate.choice.clone(),
                 max_chunk_bytes: Some(v.candidate.max_chunk_bytes),
+                protocol: v.candidate.protocol,
                 why: format!("selected on `{}`: {}", self.topology.name, v.explain()),
             }),
             Err(e) => {

@@ -73,6 +73,10 @@ pub struct Planned {
     /// The hash of the plan's [`signature`](ExecutionPlan::signature):
     /// what ranks compare to agree on the call.
     pub signature: u64,
+    /// The selector's protocol for the call, if it had a view (device
+    /// executors agree on the protocol they use through their own
+    /// handshake).
+    pub protocol: Option<crate::select::Protocol>,
 }
 
 impl Planned {
@@ -220,11 +224,12 @@ impl Planner {
             internal.is_none() && s.collective == shape.collective && s.world_size == n
         });
         let forced = internal.or(st.algorithm);
-        let (key, chunk, why, synthesized) = match custom {
+        let (key, chunk, why, synthesized, protocol) = match custom {
             Some(_) => (
                 ScheduleKey::Custom,
                 None,
                 "the configured schedule".to_owned(),
+                None,
                 None,
             ),
             None => {
@@ -276,7 +281,7 @@ impl Planner {
                         (key, Some(v))
                     }
                 };
-                (key, s.max_chunk_bytes, s.why, synthesized)
+                (key, s.max_chunk_bytes, s.why, synthesized, s.protocol)
             }
         };
         let compiler = self.compiler(key, synthesized)?;
@@ -300,6 +305,7 @@ impl Planner {
             signature: super::stable_hash(&plan.signature()),
             plan: Arc::new(plan),
             why: why.into(),
+            protocol,
         })
     }
 

@@ -116,10 +116,16 @@ impl InterpreterCommunicator {
         let planned = self.group.plan(&shape)?;
         let engine = self.group.engines[rank].clone();
         let _current = Current::bind(&engine.ctx)?;
+        let s = stream.cu_stream();
+        // Under capture the ordering event becomes an external node, so it
+        // still orders (and can be waited on) when the graph replays.
+        // SAFETY: the caller's live stream.
+        let capturing = unsafe { result::stream::is_capturing(s) }.map_err(CudaError::from)?
+            != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let release = (self.stream.cu_stream(), self.last);
         let loaded = self
             .programs
-            .get(&self.group, rank, &planned, stream, release)?;
+            .get(&self.group, rank, &planned, stream, capturing, release)?;
         let program = loaded.program.clone();
         let windows = self.group.window_addresses();
         let buffers = [
@@ -141,12 +147,6 @@ impl InterpreterCommunicator {
             self.group.config.timeout,
         );
         let me = &program.ranks[rank];
-        let s = stream.cu_stream();
-        // Under capture the ordering event becomes an external node, so it
-        // still orders (and can be waited on) when the graph replays.
-        // SAFETY: the caller's live stream.
-        let capturing = unsafe { result::stream::is_capturing(s) }.map_err(CudaError::from)?
-            != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let (wait, record) = if capturing {
             (
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL,

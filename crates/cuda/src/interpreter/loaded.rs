@@ -3,7 +3,8 @@
 //! allocations and copies on the caller's stream (a plain allocation could
 //! keep the GPU from running a peer's launch beside the one spinning for
 //! it), kept for later calls, the least recently used released past
-//! [`KEEP`].
+//! [`KEEP`] — except those a captured graph uses, which stay for the
+//! communicator's life (the graph may replay at any time).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +28,8 @@ pub struct Loaded {
     pub tables: u64,
     pub scratch: u64,
     used: u64,
+    /// Called under graph capture: never released before the rank.
+    pinned: bool,
 }
 
 /// A rank's loaded programs, by plan signature.
@@ -38,7 +41,7 @@ pub struct Programs {
 
 impl Programs {
     /// `planned`'s program for `rank`, loaded on `stream` if this is its
-    /// first call (refused under graph capture: the upload is not part of
+    /// first call (refused while `capturing`: the upload is not part of
     /// the call). The context must be current.
     pub fn get(
         &mut self,
@@ -46,14 +49,13 @@ impl Programs {
         rank: usize,
         planned: &Planned,
         stream: &CudaStream,
+        capturing: bool,
         release: (sys::CUstream, sys::CUevent),
     ) -> Result<&Loaded, InterpreterError> {
         self.uses += 1;
         if !self.map.contains_key(&planned.signature) {
             let s = stream.cu_stream();
-            // SAFETY: the caller's live stream.
-            let capture = unsafe { result::stream::is_capturing(s) }.map_err(CudaError::from)?;
-            if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            if capturing {
                 return Err(CudaError::Invalid(
                     "this call's shape has not run before: its plan is uploaded on its first \
                      call, which must not be under graph capture (run it once before capturing)"
@@ -73,6 +75,7 @@ impl Programs {
             .get_mut(&planned.signature)
             .expect("inserted above");
         loaded.used = self.uses;
+        loaded.pinned |= capturing;
         Ok(loaded)
     }
 
@@ -85,7 +88,12 @@ impl Programs {
     }
 
     fn evict(&mut self, release: (sys::CUstream, sys::CUevent)) {
-        let oldest = self.map.iter().min_by_key(|(_, l)| l.used).map(|(&k, _)| k);
+        let oldest = self
+            .map
+            .iter()
+            .filter(|(_, l)| !l.pinned)
+            .min_by_key(|(_, l)| l.used)
+            .map(|(&k, _)| k);
         if let Some(l) = oldest.and_then(|k| self.map.remove(&k)) {
             free(&l, release);
         }
@@ -120,6 +128,7 @@ fn upload(
             tables,
             scratch,
             used: 0,
+            pinned: false,
         };
         let filled = result::memcpy_htod_async(tables, &blob, s)
             .and_then(|()| result::memset_d8_async(scratch, 0, scratch_bytes, s));

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::plan::{Planned, Planner, PlannerSettings};
+use ferrocoll_core::select::Protocol as SelectedProtocol;
 
 use super::board::Board;
 use super::engine::Engine;
@@ -47,32 +48,49 @@ pub fn layout(n: u32, config: &CudaConfig) -> Result<Layout, CudaError> {
             "the device interpreter runs 1..={MAX_RANKS} ranks, not {n}"
         )));
     }
-    let slot_bytes = (config.max_chunk_bytes.max(16) as u64).next_multiple_of(16);
+    let too_large = || {
+        CudaError::Invalid(format!(
+            "max_chunk_bytes {} or ll_max_bytes {} is past what a device window can hold",
+            config.max_chunk_bytes, config.ll_max_bytes
+        ))
+    };
+    let slot_bytes = (config.max_chunk_bytes.max(16) as u64)
+        .checked_next_multiple_of(16)
+        .ok_or_else(too_large)?;
     let ll_message = (config.ll_max_bytes as u64)
         .min(slot_bytes)
-        .next_multiple_of(8);
-    Ok(Layout {
+        .checked_next_multiple_of(8)
+        .ok_or_else(too_large)?;
+    let layout = Layout {
         world_size: n,
         max_channels: config.channels.max(1),
         slots: config.slots_per_link.max(2),
         slot_bytes,
-        ll_slot_bytes: 2 * ll_message,
-    })
+        ll_slot_bytes: ll_message.checked_mul(2).ok_or_else(too_large)?,
+    };
+    layout
+        .check()
+        .map_err(|e| CudaError::Invalid(e.to_string()))?;
+    Ok(layout)
 }
 
-/// How a plan's messages travel: LL for calls of up to `ll_max_bytes`
-/// whose every message fits an LL slot, the bulk protocol otherwise.
-pub fn protocol(
-    plan: &ferrocoll_core::plan::ExecutionPlan,
-    layout: &Layout,
-    config: &CudaConfig,
-) -> Protocol {
-    let small = plan.size_bytes() <= config.ll_max_bytes as u64;
-    let fits = plan
-        .links
-        .iter()
-        .all(|l| l.largest <= layout.ll_message_bytes());
-    if layout.ll_slot_bytes > 0 && small && fits {
+/// How a call's messages travel: as the topology selector says when it
+/// had a view (`planned.protocol`, from simulating both), else LL for
+/// calls of up to `ll_max_bytes`; LL only where every message fits an LL
+/// slot.
+pub fn protocol(planned: &Planned, layout: &Layout, config: &CudaConfig) -> Protocol {
+    let plan = &planned.plan;
+    let fits = layout.ll_slot_bytes > 0
+        && plan
+            .links
+            .iter()
+            .all(|l| l.largest <= layout.ll_message_bytes());
+    let wanted = match planned.protocol {
+        Some(SelectedProtocol::LowLatency) => true,
+        Some(SelectedProtocol::Simple) => false,
+        None => plan.size_bytes() <= config.ll_max_bytes as u64,
+    };
+    if fits && wanted {
         Protocol::Ll
     } else {
         Protocol::Simple
@@ -154,7 +172,7 @@ impl Group {
         if let Some(p) = programs.get(&planned.signature) {
             return Ok(p.clone());
         }
-        let protocol = protocol(&planned.plan, &self.layout, &self.config);
+        let protocol = protocol(planned, &self.layout, &self.config);
         let p = DeviceProgram::lower(&planned.plan, self.layout, protocol).map_err(|e| {
             CommError::Capacity {
                 what: e.to_string(),

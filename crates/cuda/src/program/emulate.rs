@@ -128,10 +128,12 @@ pub struct Buffers<'a, T> {
 }
 
 impl Fabric {
-    /// Inboxes and counters for `layout`; every wait gives up after `timeout`.
-    pub fn new(layout: Layout, timeout: Duration) -> Self {
+    /// Inboxes and counters for `layout`; every wait gives up after
+    /// `timeout`. A layout no device could be set up with is refused.
+    pub fn new(layout: Layout, timeout: Duration) -> Result<Self, super::ProgramError> {
+        layout.check()?;
         let at = layout.window();
-        Fabric {
+        Ok(Fabric {
             layout,
             peers: (0..layout.world_size)
                 .map(|_| Peer {
@@ -145,7 +147,7 @@ impl Fabric {
             abort: AtomicBool::new(false),
             failure: Mutex::new(None),
             timeout,
-        }
+        })
     }
 
     /// Run one call: rank `r` runs its part of `programs[r]` (the same
@@ -375,6 +377,10 @@ impl<'a> Block<'a> {
     }
 
     fn run<T: Reduce>(&self) -> Result<(), CommError> {
+        // A call behind a failure does nothing, as the kernel's blocks.
+        if let Some((rank, reason)) = self.fabric.failed() {
+            return Err(CommError::PeerFailed { rank, reason });
+        }
         let mine = &self.fabric.peers[self.rank as usize];
         let channels = self.me.channels.len() as u32;
         // Hello first: this channel's, and block 0 the idle channels', so

@@ -4,6 +4,8 @@
 //! next). The kernel and the emulation both address memory through these
 //! placements, so the emulation's tests check them too.
 
+use super::{MAX_RANKS, ProgramError};
+
 /// What the communicator set up: one inbox ring per (channel, sender).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
@@ -58,6 +60,46 @@ pub struct State {
 }
 
 impl Layout {
+    /// Whether a device can be set up this way: 1..=[`MAX_RANKS`] ranks,
+    /// at least one channel and one slot, slots of a positive multiple of
+    /// 16 bytes (LL slots a multiple of 16), a window whose size a 64-bit
+    /// offset holds. Everything else here assumes it.
+    pub fn check(&self) -> Result<(), ProgramError> {
+        if self.world_size == 0 || self.world_size > MAX_RANKS {
+            return Err(ProgramError::TooLarge(format!(
+                "{} ranks; the device tables hold 1..={MAX_RANKS}",
+                self.world_size
+            )));
+        }
+        if self.max_channels == 0
+            || self.slots == 0
+            || self.slot_bytes == 0
+            || self.slot_bytes % 16 != 0
+            || self.ll_slot_bytes % 16 != 0
+        {
+            return Err(ProgramError::Slots(format!(
+                "{} channels, {} slots of {} bytes (LL: {}): a layout needs a channel, a slot \
+                 of a positive multiple of 16 bytes, and LL slots of a multiple of 16",
+                self.max_channels, self.slots, self.slot_bytes, self.ll_slot_bytes
+            )));
+        }
+        let ring = u64::from(self.max_channels)
+            .checked_mul(u64::from(self.world_size))
+            .and_then(|links| links.checked_mul(u64::from(self.slots)));
+        let bytes = ring.and_then(|r| {
+            let inbox = r.checked_mul(self.slot_bytes)?;
+            let ll = r.checked_mul(self.ll_slot_bytes)?;
+            inbox.checked_add(ll)?.checked_add(1 << 20)
+        });
+        if bytes.is_none() {
+            return Err(ProgramError::TooLarge(format!(
+                "a window of {} channels x {} ranks x {} slots of {} bytes (LL {}) is past 2^64 bytes",
+                self.max_channels, self.world_size, self.slots, self.slot_bytes, self.ll_slot_bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// Index of a per-(channel, peer) word: `posted` by sender, `consumed`
     /// by receiver, `hello` and progress words by channel.
     pub fn link_word(&self, channel: u32, peer: u32) -> usize {
@@ -177,6 +219,59 @@ mod tests {
                 (s.done, s.sent, s.received)
             );
             assert_eq!(s.received + l.link_words(), s.words);
+        }
+    }
+
+    #[test]
+    fn layouts_no_device_could_hold_are_typed_errors_not_panics() {
+        let fine = Layout {
+            world_size: 4,
+            max_channels: 2,
+            slots: 2,
+            slot_bytes: 64,
+            ll_slot_bytes: 32,
+        };
+        assert!(fine.check().is_ok());
+        for bad in [
+            Layout { slots: 0, ..fine },
+            Layout {
+                max_channels: 0,
+                ..fine
+            },
+            Layout {
+                world_size: 0,
+                ..fine
+            },
+            Layout {
+                world_size: MAX_RANKS + 1,
+                ..fine
+            },
+            Layout {
+                slot_bytes: 0,
+                ..fine
+            },
+            Layout {
+                slot_bytes: 24,
+                ..fine
+            },
+            Layout {
+                ll_slot_bytes: 4,
+                ..fine
+            },
+            Layout {
+                slot_bytes: u64::MAX - 15,
+                ..fine
+            },
+            Layout {
+                ll_slot_bytes: 1 << 62,
+                slots: u32::MAX,
+                ..fine
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+            let fabric =
+                crate::program::emulate::Fabric::new(bad, std::time::Duration::from_secs(1));
+            assert!(fabric.is_err(), "{bad:?}");
         }
     }
 }

@@ -241,8 +241,10 @@ pub enum Protocol {
 impl Protocol {
     /// The flag of message `g` of a link (its number over the link's
     /// life): never 0 (what an unused slot holds), and different from the
-    /// flag of every message that used the slot before it (`g − slots`,
-    /// `g − 2·slots`, …) while fewer than 2³² − 1 slots ring the link.
+    /// flag of the message that used the slot before it (`g − slots`).
+    /// Lines a shorter later message leaves untouched keep an older
+    /// message's flag, which equals this one only after
+    /// lcm(2³² − 1, slots) messages on the link (1.7 · 10¹⁰ at 4 slots).
     pub fn ll_flag(g: u64) -> u32 {
         ((g + 1) % 0xffff_ffff) as u32 + 1
     }
@@ -343,12 +345,7 @@ impl DeviceProgram {
     pub fn validate(&self) -> Result<(), ProgramError> {
         let l = &self.layout;
         let bad = |why: String| Err(ProgramError::Invalid(why));
-        if l.world_size == 0 || l.world_size > MAX_RANKS {
-            return Err(ProgramError::TooLarge(format!(
-                "{} ranks; the device tables hold 1..={MAX_RANKS}",
-                l.world_size
-            )));
-        }
+        l.check()?;
         if self.ranks.len() != l.world_size as usize {
             return bad(format!(
                 "{} rank programs for {} ranks",
@@ -471,17 +468,7 @@ impl RankProgram {
 }
 
 fn check(plan: &ExecutionPlan, layout: &Layout, protocol: Protocol) -> Result<(), ProgramError> {
-    if layout.slots == 0
-        || layout.slot_bytes == 0
-        || layout.slot_bytes % 16 != 0
-        || layout.ll_slot_bytes % 16 != 0
-    {
-        return Err(ProgramError::Slots(format!(
-            "{} slots of {} bytes (LL: {}): a layout needs at least one slot of a positive \
-             multiple of 16 bytes, and LL slots of a multiple of 16",
-            layout.slots, layout.slot_bytes, layout.ll_slot_bytes
-        )));
-    }
+    layout.check()?;
     if plan.world_size != layout.world_size {
         return Err(ProgramError::WorldSize {
             plan: plan.world_size,

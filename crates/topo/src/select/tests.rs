@@ -285,3 +285,49 @@ fn synthesis_is_left_out_on_threads_and_when_algorithms_are_listed() {
             .all(|c| c.algorithm() == Some(Algorithm::Ring))
     );
 }
+
+#[test]
+fn small_calls_on_gpus_take_the_low_latency_protocol_and_large_ones_the_bulk() {
+    let s = selector("dgx-h100", 8);
+    let small = s.verdict(Collective::AllReduce, 8 << 10).unwrap();
+    assert_eq!(
+        small.candidate.protocol,
+        Some(Protocol::LowLatency),
+        "{}",
+        small.explain()
+    );
+    assert!(small.explain().contains(" LL"), "{}", small.explain());
+    // LL's share of the links loses once bandwidth matters.
+    for size in [1 << 20, 256 << 20] {
+        let large = s.verdict(Collective::AllReduce, size).unwrap();
+        assert_eq!(
+            large.candidate.protocol,
+            Some(Protocol::Simple),
+            "{size}: {}",
+            large.explain()
+        );
+    }
+    let picked = s.select(Collective::AllReduce, 8, 8 << 10).unwrap();
+    assert_eq!(picked.protocol, Some(Protocol::LowLatency));
+    // At the same schedule and size, LL is predicted faster exactly when
+    // the call is latency-bound: its fixed costs are lower, its rate less.
+    let model = CostModel::default();
+    let ll = model.low_latency(true);
+    assert!(ll.gpu_call_us < model.gpu_call_us && ll.gpu_step_us <= model.gpu_step_us);
+    assert!(ll.nvlink_efficiency[3] < model.nvlink_efficiency[3]);
+    // CPU threads have one way to move messages: no protocol to choose.
+    let threads = s_threads();
+    let v = threads.verdict(Collective::AllReduce, 8 << 10).unwrap();
+    assert_eq!(v.candidate.protocol, None);
+}
+
+fn s_threads() -> TopologySelector {
+    let host = crate::probe::HostMeasurement {
+        cores: 4,
+        memory_gbps: 40.0,
+        core_gbps: 12.0,
+        handoff_us: 0.2,
+        oversubscribed_handoff_us: 5.0,
+    };
+    TopologySelector::new(presets::host(4, &host), 4, SelectOptions::default()).unwrap()
+}

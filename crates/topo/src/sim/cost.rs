@@ -58,6 +58,24 @@ pub const CPU_INTERCONNECT_EFFICIENCY: f64 = 1.0;
 /// (`src/graph/topo.h`, NET_BW).
 pub const NETWORK_EFFICIENCY: f64 = 12.0 / 12.5;
 
+/// Launch and set-up of one GPU collective sent with the low-latency
+/// protocol (flags in the data): NCCL's base latency for a ring with LL
+/// (`tuning.cc`, `baseLat`).
+pub const GPU_LL_CALL_US: f64 = 3.6;
+
+/// A step's synchronisation with the low-latency protocol beyond the
+/// wire: NCCL charges 0.47 µs per LL ring step over NVLink (`tuning.cc`,
+/// `hwLat`), less than the wire latency our links carry themselves.
+pub const GPU_LL_STEP_US: f64 = 0.0;
+
+/// The share of a link's payload rate the low-latency protocol gets:
+/// half its bytes are flags, and NCCL models its bus bandwidth at a
+/// quarter of the bulk protocol's for reducing collectives and a third for
+/// the others (`tuning.cc`, the LL branch of the bandwidth model).
+pub fn ll_share(reduces: bool) -> f64 {
+    if reduces { 0.25 } else { 1.0 / 3.0 }
+}
+
 /// Launch and set-up of one GPU collective: NCCL's model charges a base
 /// latency of 8.4 µs for a ring with its Simple protocol
 /// (NVIDIA/nccl `src/graph/tuning.cc`, `baseLat`).
@@ -97,6 +115,21 @@ impl Default for CostModel {
 }
 
 impl CostModel {
+    /// The same model for calls sent with the low-latency protocol: every
+    /// link at [`ll_share`] of its payload rate, NCCL's LL latencies.
+    pub fn low_latency(&self, reduces: bool) -> CostModel {
+        let share = ll_share(reduces);
+        CostModel {
+            nvlink_efficiency: self.nvlink_efficiency.map(|e| e * share),
+            pcie_efficiency: self.pcie_efficiency * share,
+            cpu_interconnect_efficiency: self.cpu_interconnect_efficiency * share,
+            network_efficiency: self.network_efficiency * share,
+            gpu_call_us: GPU_LL_CALL_US,
+            gpu_step_us: GPU_LL_STEP_US,
+            ..self.clone()
+        }
+    }
+
     /// Efficiencies in (0, 1] and overheads finite and non-negative.
     pub fn check(&self) -> Result<(), crate::TopologyError> {
         let fractions = self.nvlink_efficiency.iter().chain([

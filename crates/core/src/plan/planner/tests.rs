@@ -120,6 +120,7 @@ impl crate::select::Selector for Fixed {
         Some(crate::select::Selection {
             choice: self.0.clone(),
             max_chunk_bytes: None,
+            protocol: Some(crate::select::Protocol::LowLatency),
             why: "fixed".into(),
         })
     }
@@ -160,7 +161,10 @@ fn synthesized_choices_run_and_what_the_executor_cannot_hold_falls_back() {
     let mine = Arc::new(verify(mine, &VerifyOptions::default()).unwrap());
     let ar = shape(Collective::AllReduce, 100, false);
     let mut p = planner_with(Choice::Synthesized(mine.clone()), None);
-    assert_eq!(p.plan(&ar).unwrap().plan.schedule, "mine");
+    let planned = p.plan(&ar).unwrap();
+    assert_eq!(planned.plan.schedule, "mine");
+    // The selector's protocol travels with the plan.
+    assert_eq!(planned.protocol, Some(crate::select::Protocol::LowLatency));
     // A schedule for another collective is refused, not run.
     let ag = shape(Collective::AllGather, 100, false);
     assert!(matches!(
@@ -171,6 +175,10 @@ fn synthesized_choices_run_and_what_the_executor_cannot_hold_falls_back() {
     let mut narrow = planner_with(Choice::Synthesized(mine), Some(2));
     let planned = narrow.plan(&ar).unwrap();
     assert_eq!(planned.plan.schedule, "direct");
+    assert_eq!(
+        planned.protocol, None,
+        "the rule has no view of the protocol"
+    );
     assert!(
         planned.why.contains("3 channels, past the 2"),
         "{}",

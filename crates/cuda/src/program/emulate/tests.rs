@@ -103,7 +103,7 @@ impl Harness for GroupPlanned {
             in_place: case.in_place,
         };
         let planned = planner.plan(&shape).map_err(|e| e.to_string())?;
-        let protocol = setup::protocol(&planned.plan, &layout, &config);
+        let protocol = setup::protocol(&planned, &layout, &config);
         let program =
             DeviceProgram::lower(&planned.plan, layout, protocol).map_err(|e| e.to_string())?;
         run_twice(&program, case, inputs, outputs)
@@ -117,7 +117,7 @@ fn run_twice<T: KitElement>(
     inputs: &[Vec<T>],
     outputs: Vec<Vec<T>>,
 ) -> Result<Vec<Vec<T>>, String> {
-    let fabric = Fabric::new(program.layout, Duration::from_secs(20));
+    let fabric = Fabric::new(program.layout, Duration::from_secs(20)).unwrap();
     let programs: Vec<&DeviceProgram> = vec![&program; case.world_size as usize];
     // Twice: the second call's counters start where the first left them.
     // The first call moves other values, so a read of a stale slot in
@@ -191,14 +191,11 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
         in_place: false,
     };
     let planned = planner.plan(&shape).unwrap();
-    assert_eq!(
-        setup::protocol(&planned.plan, &layout, &config),
-        Protocol::Ll
-    );
+    assert_eq!(setup::protocol(&planned, &layout, &config), Protocol::Ll);
     shape.count = 257;
     let planned = planner.plan(&shape).unwrap();
     assert_eq!(
-        setup::protocol(&planned.plan, &layout, &config),
+        setup::protocol(&planned, &layout, &config),
         Protocol::Simple
     );
     for n in [1, 2, 3, 5, 8] {
@@ -313,7 +310,7 @@ fn the_protocols_take_turns_on_one_fabric() {
     let layout = layout_for(&plan, 2);
     let simple = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
     let ll = DeviceProgram::lower(&plan, layout, Protocol::Ll).unwrap();
-    let fabric = Fabric::new(layout, Duration::from_secs(20));
+    let fabric = Fabric::new(layout, Duration::from_secs(20)).unwrap();
     for (round, program) in [&simple, &ll, &ll, &simple, &ll, &simple]
         .into_iter()
         .enumerate()
@@ -375,7 +372,7 @@ fn another_plan_fails_every_rank(protocol: Protocol) {
     let layout = layout_for(&ours, 2);
     let a = DeviceProgram::lower(&ours, layout, protocol).unwrap();
     let b = DeviceProgram::lower(&theirs, layout, protocol).unwrap();
-    let fabric = Fabric::new(layout, Duration::from_secs(20));
+    let fabric = Fabric::new(layout, Duration::from_secs(20)).unwrap();
     let inputs = [vec![1.0f32; 300], vec![1.0f32; 299], vec![1.0f32; 300]];
     let mut outputs = [vec![0.0f32; 300], vec![0.0f32; 299], vec![0.0f32; 300]];
     let buffers = f32_buffers(&mut outputs, &inputs);
@@ -415,7 +412,7 @@ fn a_rank_that_never_sends_times_the_others_out_with_the_reason() {
         channels: vec![Span::default()],
         ..RankProgram::default()
     };
-    let fabric = Fabric::new(layout, Duration::from_millis(300));
+    let fabric = Fabric::new(layout, Duration::from_millis(300)).unwrap();
     let inputs = vec![vec![1.0f32; 64]; 3];
     let mut outputs = vec![vec![0.0f32; 64]; 3];
     let buffers = f32_buffers(&mut outputs, &inputs);
@@ -519,7 +516,7 @@ fn an_edited_program_is_refused_before_any_thread_walks_it() {
     other_layout.layout.slots = 3;
     for bad in [&past, &peer, &other_layout] {
         assert!(bad.validate().is_err() || bad.layout != layout);
-        let fabric = Fabric::new(layout, Duration::from_secs(20));
+        let fabric = Fabric::new(layout, Duration::from_secs(20)).unwrap();
         let inputs = vec![vec![1.0f32; 64]; 3];
         let mut outputs = vec![vec![0.0f32; 64]; 3];
         let results = fabric.call(&[&good, bad, &good], f32_buffers(&mut outputs, &inputs));
@@ -546,7 +543,7 @@ fn a_peer_already_in_its_next_call_is_not_a_mismatch() {
         };
         let plan = plan_of(&case, 1);
         let program = DeviceProgram::lower(&plan, layout_for(&plan, 4), protocol).unwrap();
-        let fabric = Fabric::new(program.layout, Duration::from_secs(20));
+        let fabric = Fabric::new(program.layout, Duration::from_secs(20)).unwrap();
         let rounds = 6;
         let outputs: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..4u32)
