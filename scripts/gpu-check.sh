@@ -21,7 +21,8 @@
 #     bound measured in the same run, beside NCCL; v1 at 8 ranks beside it
 #     (bandwidth.txt)
 #   5 bf16 at aligned and unaligned sizes on v2 (bf16.txt)
-#   6 a count above 2^31 elements on v2 (large.txt)
+#   6 a count above 2^31 elements on v2; two processes on the one GPU
+#     joining a v2 group must be refused with the reason (large.txt)
 #   7 NCCL with several ranks on the GPU (NCCL >= 2.30 and
 #     NCCL_MULTI_RANK_GPU_ENABLE=1): its conformance and bench (nccl.txt);
 #     then executor v1's conformance (conformance.txt)
@@ -123,6 +124,8 @@ step "v2 bf16 unaligned, 4 ranks" 15 bf16.txt \
 step "v2 count > 2^31 (uint8, 2 ranks)" 40 large.txt \
   "${bench[@]}" --backend cuda-v2 --ranks 2 --channels 16 -d uint8 -b 2200000000 -e 2200000000 -n 1 -w 0
 
+step "v2 across processes on 1 GPU: refused" 15 large.txt \
+  "$FC" launch -n 2 -- "$FC" bench --backend cuda-v2 --from-env -b 1K -e 1K
 step "NCCL conformance, ranks on 1 GPU" 40 nccl.txt \
   "$BUNDLE/nccl_conformance" --test-threads=1
 step "NCCL bench, 4 ranks on 1 GPU" 25 nccl.txt \

@@ -18,6 +18,12 @@ mod nccl;
 #[cfg(feature = "gpu-api")]
 pub use nccl::{NcclJoinError, exchange_unique_id, nccl_communicator_from_env};
 
+#[cfg(feature = "gpu-api")]
+mod interpreter;
+
+#[cfg(feature = "gpu-api")]
+pub use interpreter::{InterpreterJoinError, interpreter_communicator_from_env};
+
 use std::time::Duration;
 
 use ferrocoll_core::cpu::CpuConfig;

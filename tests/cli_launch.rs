@@ -541,16 +541,51 @@ fn nccl_bench_under_launch_without_nccl_fails_fast_with_the_reason() {
         return; // NCCL is here; the GPU check runs this path for real.
     }
     let bin = env!("CARGO_BIN_EXE_ferrocoll");
+    let text = gpu_bench_fails_fast(bin, "nccl", "3");
+    assert!(
+        text.contains("] error: rank 0 could not make the NCCL unique id: NCCL not found"),
+        "{text}"
+    );
+    assert!(!text.contains("closed the connection"), "{text}");
+}
+
+/// One process per GPU with the device interpreter, on a machine without
+/// CUDA: every rank fails with the reason, none waits out a timeout, and
+/// no board file is left in shared memory.
+#[test]
+fn device_interpreter_bench_under_launch_without_cuda_fails_fast_with_the_reason() {
+    if ferrocoll::cuda::probe::available().is_ok() {
+        return; // A GPU is here; the GPU check runs this path for real.
+    }
+    let bin = env!("CARGO_BIN_EXE_ferrocoll");
+    let boards = || {
+        std::fs::read_dir("/dev/shm").map_or(0, |d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().contains("board-"))
+                .count()
+        })
+    };
+    let before = boards();
+    let text = gpu_bench_fails_fast(bin, "cuda-v2", "2");
+    assert!(text.contains("] error: CUDA backend unavailable"), "{text}");
+    assert!(!text.contains("panicked"), "{text}");
+    assert_eq!(boards(), before, "{text}");
+}
+
+/// `launch -n ranks -- bench --backend backend --from-env` where the
+/// backend's library is missing: it must fail, within seconds; returns
+/// everything it printed.
+fn gpu_bench_fails_fast(bin: &str, backend: &str, ranks: &str) -> String {
     let started = Instant::now();
     let out = ferrocoll(&[
         "launch",
         "-n",
-        "3",
+        ranks,
         "--",
         bin,
         "bench",
         "--backend",
-        "nccl",
+        backend,
         "--from-env",
         "-b",
         "1K",
@@ -564,9 +599,5 @@ fn nccl_bench_under_launch_without_nccl_fails_fast_with_the_reason() {
     );
     assert!(!out.status.success(), "{text}");
     assert!(started.elapsed() < Duration::from_secs(15), "{text}");
-    assert!(
-        text.contains("] error: rank 0 could not make the NCCL unique id: NCCL not found"),
-        "{text}"
-    );
-    assert!(!text.contains("closed the connection"), "{text}");
+    text
 }

@@ -140,7 +140,7 @@ pub fn nccl_communicator_from_env(config: &NcclConfig) -> Result<NcclCommunicato
 /// The GPU a rank takes: `LOCAL_RANK` among those it sees — or the only
 /// one, when a scheduler shows each process a single GPU
 /// (`CUDA_VISIBLE_DEVICES=3`).
-fn device_for(local_rank: u32, visible: Option<&str>) -> usize {
+pub(crate) fn device_for(local_rank: u32, visible: Option<&str>) -> usize {
     match visible {
         Some(v) if v.split(',').filter(|d| !d.trim().is_empty()).count() == 1 => 0,
         _ => local_rank as usize,

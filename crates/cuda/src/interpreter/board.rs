@@ -4,6 +4,7 @@
 //! to stop a rank's blocks.
 
 use std::ffi::c_void;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
@@ -25,6 +26,16 @@ pub struct Board {
     /// The address kernels use.
     pub device: u64,
     ranks: usize,
+    backing: Backing,
+}
+
+/// Where a board's words live.
+enum Backing {
+    /// Page-locked memory of this process (every rank is a thread here).
+    Pinned,
+    /// A shared-memory file every process of the group maps, registered
+    /// with CUDA (`len` bytes mapped).
+    Mapped { len: usize },
 }
 
 // SAFETY: the board is plain shared memory whose words are only accessed
@@ -50,6 +61,7 @@ impl Board {
             host,
             device: 0,
             ranks,
+            backing: Backing::Pinned,
         };
         let mut device = 0;
         // SAFETY: `host` was allocated device-mapped; the out-pointer is a
@@ -99,12 +111,143 @@ impl Board {
 
 impl Drop for Board {
     fn drop(&mut self) {
-        // SAFETY: allocated by `malloc_host` and freed once; the group
-        // drops the board only after every launch has stopped.
-        if let Err(e) = unsafe { result::free_host(self.host) } {
-            tracing::warn!("freeing the failure board: {e}");
+        match self.backing {
+            Backing::Pinned => {
+                // SAFETY: allocated by `malloc_host` and freed once; the
+                // group drops the board only after its launches stopped.
+                if let Err(e) = unsafe { result::free_host(self.host) } {
+                    tracing::warn!("freeing the failure board: {e}");
+                }
+            }
+            Backing::Mapped { len } => {
+                // SAFETY: registered and mapped by `mapped`, undone once,
+                // after this process's launches stopped.
+                unsafe {
+                    let _ = sys::cuMemHostUnregister(self.host);
+                    unmap(self.host, len);
+                }
+            }
         }
     }
+}
+
+/// A fresh name for a group's board file, in tmpfs where the system has
+/// it; under a launcher's job id (`FERROCOLL_JOB_ID`) it carries the
+/// prefix the launcher removes after a job, should a process die in the
+/// moment between creating the file and unlinking it.
+pub fn file_for_new_group(job: Option<&str>) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let nonce: u64 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let pid = std::process::id();
+    match job {
+        Some(job) => dir.join(format!("ferrocoll-{job}.board-{pid}-{nonce:x}")),
+        None => dir.join(format!("ferrocoll-board-{pid}-{nonce:x}")),
+    }
+}
+
+impl Board {
+    /// A board in the shared-memory file at `path` (created here when
+    /// `create`, which must then not exist; opened otherwise), mapped and
+    /// registered with CUDA so this process's kernels reach it.
+    pub fn mapped(
+        ctx: &Arc<CudaContext>,
+        ranks: usize,
+        path: &Path,
+        create: bool,
+    ) -> Result<Board, CudaError> {
+        let len = (4 * ranks.max(1)).next_multiple_of(4096);
+        let io = |e: std::io::Error| CudaError::Invalid(format!("board {}: {e}", path.display()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(create)
+            .open(path)
+            .map_err(io)?;
+        if create {
+            file.set_len(len as u64).map_err(io)?;
+        } else if file.metadata().map_err(io)?.len() != len as u64 {
+            return Err(CudaError::Invalid(format!(
+                "board {} is not sized for {ranks} ranks",
+                path.display()
+            )));
+        }
+        let host = map(&file, len).map_err(io)?;
+        let _current = Current::bind(ctx)?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: `host` is a fresh page-aligned mapping of `len` bytes
+        // (a multiple of the page size), unregistered in `drop`.
+        let registered = unsafe { sys::cuMemHostRegister_v2(host, len, flags) }.result();
+        let mut device = 0;
+        let mapped = registered.and_then(|()| {
+            // SAFETY: `host` was just registered device-mapped; the
+            // out-pointer is a live local.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }.result()
+        });
+        if let Err(e) = mapped {
+            // SAFETY: undoing what this function did, once.
+            unsafe {
+                if registered.is_ok() {
+                    let _ = sys::cuMemHostUnregister(host);
+                }
+                unmap(host, len);
+            }
+            return Err(e.into());
+        }
+        Ok(Board {
+            host,
+            device,
+            ranks,
+            backing: Backing::Mapped { len },
+        })
+    }
+}
+
+/// Map `len` bytes of `file` shared.
+#[cfg(unix)]
+fn map(file: &std::fs::File, len: usize) -> std::io::Result<*mut c_void> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared read-write mapping of `len` bytes of an open
+    // file of that length; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
+#[cfg(not(unix))]
+fn map(_: &std::fs::File, _: usize) -> std::io::Result<*mut c_void> {
+    Err(std::io::Error::other(
+        "a shared board needs a Unix shared mapping",
+    ))
+}
+
+/// # Safety
+/// `p` and `len` are a mapping made by [`map`], unmapped once.
+unsafe fn unmap(p: *mut c_void, len: usize) {
+    #[cfg(unix)]
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        libc::munmap(p.cast(), len);
+    }
+    #[cfg(not(unix))]
+    let _ = (p, len);
 }
 
 /// The word that started a failure: a mismatch or timeout (`me`'s own

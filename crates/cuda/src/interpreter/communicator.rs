@@ -53,7 +53,7 @@ unsafe impl Send for InterpreterCommunicator {}
 
 impl InterpreterCommunicator {
     pub(super) fn new(rank: Rank, group: Arc<Group>) -> Result<Self, CudaError> {
-        let engine = &group.engines[rank as usize];
+        let engine = group.engine(rank as usize);
         let _current = Current::bind(&engine.ctx)?;
         let last = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
         let stream = engine.ctx.new_stream()?;
@@ -114,7 +114,7 @@ impl InterpreterCommunicator {
             in_place: call.input.is_none(),
         };
         let planned = self.group.plan(&shape)?;
-        let engine = self.group.engines[rank].clone();
+        let engine = self.group.engine(rank).clone();
         let _current = Current::bind(&engine.ctx)?;
         let s = stream.cu_stream();
         // Under capture the ordering event becomes an external node, so it
@@ -127,7 +127,6 @@ impl InterpreterCommunicator {
             .programs
             .get(&self.group, rank, &planned, stream, capturing, release)?;
         let program = loaded.program.clone();
-        let windows = self.group.window_addresses();
         let buffers = [
             call.input.unwrap_or(call.output),
             call.output,
@@ -139,9 +138,9 @@ impl InterpreterCommunicator {
             &loaded.packed,
             &Addresses {
                 tables: loaded.tables,
-                windows: &windows,
+                windows: self.group.window_addresses(),
                 buffers,
-                state: self.group.states[rank].ptr,
+                state: self.group.state(rank),
                 board: self.group.board.device,
             },
             self.group.config.timeout,
@@ -185,7 +184,7 @@ impl InterpreterCommunicator {
     /// Wait for this rank's last launch; `false` if it did not end by
     /// `deadline`.
     fn wait_last(&self, deadline: Instant) -> Result<bool, CudaError> {
-        let _current = Current::bind(&self.group.engines[self.rank as usize].ctx)?;
+        let _current = Current::bind(&self.group.engine(self.rank as usize).ctx)?;
         let mut pause = Duration::from_micros(20);
         loop {
             // SAFETY: the event is this communicator's and alive.
@@ -218,7 +217,7 @@ unsafe impl DeviceCommunicator for InterpreterCommunicator {
     }
 
     fn context(&self) -> &Arc<CudaContext> {
-        &self.group.engines[self.rank as usize].ctx
+        &self.group.engine(self.rank as usize).ctx
     }
 
     unsafe fn enqueue(
@@ -319,7 +318,7 @@ impl Drop for InterpreterCommunicator {
             self.group.board.fail(self.rank as usize, ABORTED);
             let _ = self.wait_last(deadline(GRACE));
         }
-        if let Ok(_current) = Current::bind(&self.group.engines[self.rank as usize].ctx) {
+        if let Ok(_current) = Current::bind(&self.group.engine(self.rank as usize).ctx) {
             self.programs
                 .release_all((self.stream.cu_stream(), self.last));
             // SAFETY: the own stream's work (the frees) holds no reference

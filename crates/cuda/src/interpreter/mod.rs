@@ -8,15 +8,18 @@
 //! each plan's tables on its first call — so a call is one launch on the
 //! caller's stream: capturable, with no allocation or host wait.
 //!
-//! Invariants: every rank of a group is a thread of this process, its
-//! devices pairwise peer-accessible and every rank's blocks resident at
-//! once (checked when the group opens); every wait on the device and on
+//! Ranks are threads of one process ([`group`], several may share a GPU)
+//! or one per process and GPU ([`ipc::join`], windows shared by CUDA IPC
+//! handles). Messages travel in bulk or, for small calls, as LL lines
+//! (`program::Protocol`).
+//!
+//! Invariants: ranks sharing a GPU are threads of one process, and every
+//! rank's blocks are resident at once (checked when the group opens);
+//! devices are pairwise peer-accessible; every wait on the device and on
 //! the host is bounded by the configured timeout; a failure anywhere is
 //! on the board, which every rank's blocks poll and every rank's `check`
-//! reads, so no rank waits out a dead peer.
-//!
-//! Not yet: one process per GPU (CUDA IPC), the small-message protocol,
-//! and any run on a GPU — its protocol runs on CPU threads in
+//! reads, so no rank waits out a dead peer. Nothing here has run on a
+//! GPU yet: the protocol runs on CPU threads in
 //! [`crate::program::emulate`].
 
 mod board;
@@ -24,6 +27,7 @@ mod communicator;
 mod engine;
 mod error;
 mod host;
+pub mod ipc;
 mod loaded;
 mod memory;
 mod residency;

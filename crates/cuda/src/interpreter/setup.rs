@@ -10,6 +10,7 @@ use ferrocoll_core::select::Protocol as SelectedProtocol;
 
 use super::board::Board;
 use super::engine::Engine;
+use super::ipc;
 use super::memory::{Current, DeviceBlock};
 use super::residency;
 use crate::config::CudaConfig;
@@ -19,21 +20,30 @@ use crate::probe;
 use crate::program::params::ABORTED;
 use crate::program::{DeviceProgram, Layout, MAX_RANKS, Protocol};
 
-/// What the ranks of a group share; it outlives every launch of theirs.
+/// What the ranks of a group in this process share; it outlives every
+/// launch of theirs.
 pub struct Group {
     /// The settings.
     pub config: CudaConfig,
     /// What every rank's window was set up for.
     pub layout: Layout,
-    /// Each rank's device.
-    pub engines: Vec<Arc<Engine>>,
-    /// Each rank's window (device addresses, valid in every rank's
-    /// context: one process, unified addressing, peer access on).
-    pub windows: Vec<DeviceBlock>,
-    /// Each rank's private state.
-    pub states: Vec<DeviceBlock>,
+    /// The device of each rank in this process (`None`: another process's).
+    engines: Vec<Option<Arc<Engine>>>,
+    /// Every rank's window as this process addresses it (one process:
+    /// unified addressing with peer access on; across processes: opened
+    /// from the owner's IPC handle).
+    windows: Vec<u64>,
+    /// The windows allocated here.
+    _owned: Vec<DeviceBlock>,
+    /// The windows of other processes' ranks, mapped here.
+    _opened: Vec<ipc::Opened>,
+    /// The private state of each rank in this process.
+    states: Vec<Option<DeviceBlock>>,
     /// The failure board.
     pub board: Board,
+    /// Across processes: where the ranks meet once more before their
+    /// windows go (`None`: every rank is a thread of this process).
+    closing: Option<Mutex<Box<dyn ipc::Exchange + Send>>>,
     planner: Mutex<Planner>,
     programs: Mutex<HashMap<u64, Arc<DeviceProgram>>>,
 }
@@ -132,14 +142,13 @@ impl Group {
         }
         let engines: Vec<Arc<Engine>> = devices.iter().map(|d| opened[d].clone()).collect();
         let window = layout.window().bytes;
-        let state = 8 * layout.state().words as u64;
-        let windows = engines
+        let owned = engines
             .iter()
             .map(|e| DeviceBlock::zeroed(&e.ctx, window))
             .collect::<Result<Vec<_>, _>>()?;
         let states = engines
             .iter()
-            .map(|e| DeviceBlock::zeroed(&e.ctx, state))
+            .map(|e| state_block(e, &layout).map(Some))
             .collect::<Result<Vec<_>, _>>()?;
         let board = Board::new(&engines[0].ctx, devices.len())?;
         tracing::debug!(?devices, ?layout, window, "device interpreter group opened");
@@ -150,12 +159,64 @@ impl Group {
             )),
             config: config.clone(),
             layout,
-            engines,
-            windows,
+            windows: owned.iter().map(|w| w.ptr).collect(),
+            engines: engines.into_iter().map(Some).collect(),
+            _owned: owned,
+            _opened: Vec::new(),
             states,
             board,
+            closing: None,
             programs: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// One rank of a group whose other ranks are other processes: `parts`
+    /// is what `ipc::join` set up.
+    pub(super) fn across_processes(config: &CudaConfig, parts: ipc::Parts) -> Group {
+        let ipc::Parts {
+            rank,
+            layout,
+            engine,
+            window,
+            state,
+            windows,
+            opened,
+            board,
+            exchange,
+        } = parts;
+        let n = layout.world_size as usize;
+        let mut engines = vec![None; n];
+        engines[rank] = Some(engine);
+        let mut states: Vec<Option<DeviceBlock>> = (0..n).map(|_| None).collect();
+        states[rank] = Some(state);
+        Group {
+            planner: Mutex::new(Planner::new(n as u32, planner_settings(config, &layout))),
+            config: config.clone(),
+            layout,
+            engines,
+            windows,
+            _owned: vec![window],
+            _opened: opened,
+            states,
+            board,
+            closing: Some(Mutex::new(exchange)),
+            programs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The device of `rank`, a rank of this process.
+    pub fn engine(&self, rank: usize) -> &Arc<Engine> {
+        self.engines[rank]
+            .as_ref()
+            .expect("communicators exist only for ranks of this process")
+    }
+
+    /// The address of `rank`'s private state (a rank of this process).
+    pub fn state(&self, rank: usize) -> u64 {
+        self.states[rank]
+            .as_ref()
+            .expect("communicators exist only for ranks of this process")
+            .ptr
     }
 
     /// The plan of a call.
@@ -189,27 +250,48 @@ impl Group {
     }
 
     /// Every rank's window address.
-    pub fn window_addresses(&self) -> Vec<u64> {
-        self.windows.iter().map(|w| w.ptr).collect()
+    pub fn window_addresses(&self) -> &[u64] {
+        &self.windows
     }
 
-    /// Whether another rank runs on `rank`'s device.
+    /// Whether another rank of this process runs on `rank`'s device.
     pub fn shares_device(&self, rank: usize) -> bool {
-        let d = self.engines[rank].ordinal;
-        self.engines.iter().filter(|e| e.ordinal == d).count() > 1
+        let d = self.engine(rank).ordinal;
+        self.engines
+            .iter()
+            .flatten()
+            .filter(|e| e.ordinal == d)
+            .count()
+            > 1
     }
+}
+
+/// A rank's zeroed private state.
+pub(super) fn state_block(engine: &Engine, layout: &Layout) -> Result<DeviceBlock, CudaError> {
+    DeviceBlock::zeroed(&engine.ctx, 8 * layout.state().words as u64)
 }
 
 impl Drop for Group {
     fn drop(&mut self) {
-        // Stop whatever still runs (a failed rank's peers may be spinning
-        // until their timeout), then wait for each device before the
-        // memory those launches use is freed.
-        for r in 0..self.engines.len() {
-            self.board.fail(r, ABORTED);
+        if let Some(exchange) = &self.closing {
+            // Other processes' ranks may still be finishing their last
+            // call, reading this window: meet them once more (bounded by
+            // the store's timeout) rather than stop them.
+            let mut exchange = exchange.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = exchange.all_gather("ferrocoll-interpreter/closing", &[]) {
+                tracing::warn!("closing the device group: {e}");
+            }
+        } else {
+            // Stop whatever still runs (a failed rank's peers may be
+            // spinning until their timeout).
+            for r in 0..self.engines.len() {
+                self.board.fail(r, ABORTED);
+            }
         }
+        // Then wait for each device before the memory those launches use
+        // is freed.
         let mut seen = Vec::new();
-        for e in &self.engines {
+        for e in self.engines.iter().flatten() {
             if seen.contains(&e.ordinal) {
                 continue;
             }

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 use ferrocoll::Verified;
 use ferrocoll::comm::Communicator;
 use ferrocoll::cpu::CpuConfig;
+use ferrocoll::cuda::interpreter::InterpreterCommunicator;
+use ferrocoll::device::DeviceCommunicator;
 use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
 use ferrocoll::process::{ProcessCommunicator, ProcessConfig};
 use ferrocoll::topo::probe::membw::{self, MemoryBandwidth};
@@ -38,6 +40,11 @@ pub(crate) enum Target {
     /// This process is one rank of an NCCL communicator over the processes
     /// `launch` started, one GPU each.
     NcclProcess { comm: Box<Mutex<NcclCommunicator>> },
+    /// This process is one rank of a device-interpreter group over the
+    /// processes `launch` started, one GPU each.
+    InterpreterProcess {
+        comm: Box<Mutex<InterpreterCommunicator>>,
+    },
 }
 
 impl Target {
@@ -54,9 +61,14 @@ impl Target {
             let target = Target::join(&mut args, transport)?;
             return Ok((target, args));
         }
-        if args.from_env && args.backend != Backend::Nccl {
+        if args.from_env && !matches!(args.backend, Backend::Nccl | Backend::CudaV2) {
             return Err(
-                "--from-env joins an NCCL group across processes: use it with --backend nccl (the CPU executor's processes take --transport)".to_owned(),
+                "--from-env joins a GPU group across processes: use it with --backend nccl or cuda-v2 (the CPU executor's processes take --transport)".to_owned(),
+            );
+        }
+        if args.from_env && args.devices.is_some() {
+            return Err(
+                "--from-env takes each rank's GPU from LOCAL_RANK: drop --devices".to_owned(),
             );
         }
         if args.ll_max_bytes.is_some() && args.backend != Backend::CudaV2 {
@@ -68,6 +80,32 @@ impl Target {
         let custom = custom_schedule(&args.algo, args.ranks)?;
         let target = match args.backend {
             Backend::Cpu => Target::Threads { custom },
+            Backend::CudaV2 if args.from_env => {
+                if args.compare.is_some() {
+                    return Err(
+                        "--compare runs NCCL in this process: not with --from-env".to_owned()
+                    );
+                }
+                let mut config = cuda::cuda_config(&CpuConfig {
+                    timeout: ProcessConfig::builtin()
+                        .with_env()
+                        .map_err(|e| e.to_string())?
+                        .timeout,
+                    ..CpuConfig::builtin()
+                });
+                if let Some(ll) = args.ll_max_bytes {
+                    config.ll_max_bytes = ll;
+                }
+                if let Some(channels) = args.channels {
+                    config.channels = channels;
+                }
+                let comm = ferrocoll::env::interpreter_communicator_from_env(&config)
+                    .map_err(|e| e.to_string())?;
+                args.ranks = DeviceCommunicator::size(&comm);
+                Target::InterpreterProcess {
+                    comm: Box::new(Mutex::new(comm)),
+                }
+            }
             Backend::Cuda | Backend::CudaV2 => {
                 if args.compare.is_some() {
                     ferrocoll::nccl::version().map_err(|e| e.to_string())?;
@@ -80,12 +118,6 @@ impl Target {
                 }
             }
             Backend::Nccl if args.from_env => {
-                if args.devices.is_some() {
-                    return Err(
-                        "--from-env takes each rank's GPU from LOCAL_RANK: drop --devices"
-                            .to_owned(),
-                    );
-                }
                 let config = NcclConfig {
                     timeout: ProcessConfig::builtin()
                         .with_env()
@@ -142,7 +174,9 @@ impl Target {
         match self {
             Target::Threads { custom } | Target::Cuda { custom, .. } => custom.clone(),
             Target::Processes { config, .. } => config.schedule.clone(),
-            Target::Nccl { .. } | Target::NcclProcess { .. } => None,
+            Target::Nccl { .. }
+            | Target::NcclProcess { .. }
+            | Target::InterpreterProcess { .. } => None,
         }
     }
 
@@ -150,7 +184,12 @@ impl Target {
     pub(crate) fn prints(&self) -> bool {
         match self {
             Target::Processes { comm, .. } => comm.lock().map_or(true, |c| c.rank() == 0),
-            Target::NcclProcess { comm } => comm.lock().map_or(true, |c| c.rank() == 0),
+            Target::NcclProcess { comm } => {
+                comm.lock().map_or(true, |c| Communicator::rank(&*c) == 0)
+            }
+            Target::InterpreterProcess { comm } => comm
+                .lock()
+                .map_or(true, |c| DeviceCommunicator::rank(&*c) == 0),
             _ => true,
         }
     }
@@ -175,6 +214,13 @@ impl Target {
                     .map_err(|_| "the communicator is poisoned")?
                     .context()
                     .ordinal();
+                cuda::device_bandwidth(device)
+            }
+            Target::InterpreterProcess { comm } => {
+                let device = DeviceCommunicator::context(
+                    &*comm.lock().map_err(|_| "the communicator is poisoned")?,
+                )
+                .ordinal();
                 cuda::device_bandwidth(device)
             }
             _ => Ok(membw::measure(
@@ -232,6 +278,13 @@ impl Target {
                 run::section(args, &backend, section, sizes, progress)
             }
             Target::NcclProcess { comm } => {
+                let backend = process::Process {
+                    comm: &**comm,
+                    schedule: None,
+                };
+                run::section(args, &backend, section, sizes, progress)
+            }
+            Target::InterpreterProcess { comm } => {
                 let backend = process::Process {
                     comm: &**comm,
                     schedule: None,

@@ -1,0 +1,96 @@
+//! The device interpreter across processes: each process one rank on its
+//! own GPU (as `ferrocoll launch` starts them), joined through the
+//! `env://` store.
+
+use std::time::{Duration, Instant};
+
+use ferrocoll_cuda::interpreter::InterpreterCommunicator;
+use ferrocoll_cuda::interpreter::ipc::{self, Exchange};
+use ferrocoll_cuda::{CudaConfig, CudaError};
+use ferrocoll_rendezvous::Store;
+use thiserror::Error;
+
+use super::{EnvError, bootstrap_from_env};
+
+/// Why a process could not join a device-interpreter group.
+#[derive(Debug, Error)]
+pub enum InterpreterJoinError {
+    /// The `env://` variables or the rendezvous.
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    /// Setting up the rank: CUDA, the GPU, or a peer that failed to.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
+
+/// The ranks' bytes through the store: each under `key/rank`.
+struct StoreExchange {
+    store: Store,
+    rank: u32,
+    world: u32,
+}
+
+const LEFT: &str = "ferrocoll-interpreter/left";
+
+impl Exchange for StoreExchange {
+    fn all_gather(&mut self, key: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+        let err = |e: ferrocoll_rendezvous::StoreError| format!("{key}: {e}");
+        self.store
+            .set(&format!("{key}/{}", self.rank), mine)
+            .map_err(err)?;
+        (0..self.world)
+            .map(|r| self.store.wait(&format!("{key}/{r}")).map_err(err))
+            .collect()
+    }
+}
+
+impl Drop for StoreExchange {
+    fn drop(&mut self) {
+        // Rank 0 serves the store: it stays up (a few seconds at most)
+        // until every other rank is done with it, so a peer reads why a
+        // join failed, or meets the others to close, rather than finding
+        // the store gone.
+        if self.rank != 0 {
+            let _ = self.store.add(LEFT, 1);
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let others = i64::from(self.world.saturating_sub(1));
+        while Instant::now() < deadline {
+            match self.store.add(LEFT, 0) {
+                Ok(n) if n < others => std::thread::sleep(Duration::from_millis(10)),
+                _ => return,
+            }
+        }
+    }
+}
+
+/// This process's rank of a device-interpreter group over the processes
+/// the `env://` variables describe, on GPU `LOCAL_RANK` (or the only one
+/// it sees). Each process holds one rank on its own GPU; ranks sharing a
+/// GPU belong in one process (`ferrocoll::cuda::interpreter::group`).
+pub fn interpreter_communicator_from_env(
+    config: &CudaConfig,
+) -> Result<InterpreterCommunicator, InterpreterJoinError> {
+    let b = bootstrap_from_env(config.timeout.max(Duration::from_secs(1)))?;
+    let job = ferrocoll_core::settings::EnvOverrides::read()
+        .map_err(EnvError::from)?
+        .job_id;
+    let device = super::nccl::device_for(
+        b.local_rank,
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+    );
+    let exchange = Box::new(StoreExchange {
+        store: b.store,
+        rank: b.rank,
+        world: b.world_size,
+    });
+    Ok(ipc::join(
+        b.rank,
+        b.world_size,
+        device,
+        config,
+        exchange,
+        job.as_deref(),
+    )?)
+}
