@@ -23,17 +23,37 @@ pub enum InterpreterJoinError {
     Cuda(#[from] CudaError),
 }
 
-/// The ranks' bytes through the store: each under `key/rank`.
+/// The ranks' bytes through the store: each under `prefix/key/rank`,
+/// where the prefix numbers the groups these processes joined (a rank's
+/// n-th join meets the others' n-th), so no group reads another's keys.
 struct StoreExchange {
     store: Store,
     rank: u32,
     world: u32,
+    prefix: String,
 }
 
-const LEFT: &str = "ferrocoll-interpreter/left";
+impl StoreExchange {
+    fn new(mut store: Store, rank: u32, world: u32) -> Result<Self, InterpreterJoinError> {
+        let joins = store
+            .add(&format!("ferrocoll-interpreter/joins/{rank}"), 1)
+            .map_err(EnvError::Rendezvous)?;
+        Ok(StoreExchange {
+            store,
+            rank,
+            world,
+            prefix: format!("ferrocoll-interpreter/{joins}"),
+        })
+    }
+
+    fn left(&self) -> String {
+        format!("{}/left", self.prefix)
+    }
+}
 
 impl Exchange for StoreExchange {
     fn all_gather(&mut self, key: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+        let key = format!("{}/{key}", self.prefix);
         let err = |e: ferrocoll_rendezvous::StoreError| format!("{key}: {e}");
         self.store
             .set(&format!("{key}/{}", self.rank), mine)
@@ -50,14 +70,15 @@ impl Drop for StoreExchange {
         // until every other rank is done with it, so a peer reads why a
         // join failed, or meets the others to close, rather than finding
         // the store gone.
+        let left = self.left();
         if self.rank != 0 {
-            let _ = self.store.add(LEFT, 1);
+            let _ = self.store.add(&left, 1);
             return;
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         let others = i64::from(self.world.saturating_sub(1));
         while Instant::now() < deadline {
-            match self.store.add(LEFT, 0) {
+            match self.store.add(&left, 0) {
                 Ok(n) if n < others => std::thread::sleep(Duration::from_millis(10)),
                 _ => return,
             }
@@ -80,11 +101,7 @@ pub fn interpreter_communicator_from_env(
         b.local_rank,
         std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
     );
-    let exchange = Box::new(StoreExchange {
-        store: b.store,
-        rank: b.rank,
-        world: b.world_size,
-    });
+    let exchange = Box::new(StoreExchange::new(b.store, b.rank, b.world_size)?);
     Ok(ipc::join(
         b.rank,
         b.world_size,

@@ -36,10 +36,11 @@ pub struct CudaConfig {
     /// A schedule of your own for calls whose collective and world size
     /// match it.
     pub schedule: Option<Arc<Verified>>,
-    /// The device interpreter's small-message protocol: calls of up to
-    /// this many bytes per rank send their messages as LL lines (when each
-    /// fits an LL slot, which holds up to this much); 0 turns LL off.
-    /// Executor v1 has no LL and ignores it.
+    /// The device interpreter's small-message (LL) protocol: an LL slot
+    /// carries messages of up to this many bytes (0 turns LL off). Without
+    /// a topology selector, calls of up to this size take LL; with one,
+    /// the selector chooses per size, and LL runs where every message
+    /// fits. Executor v1 has no LL and ignores it.
     pub ll_max_bytes: usize,
 }
 

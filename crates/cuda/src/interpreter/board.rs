@@ -27,6 +27,8 @@ pub struct Board {
     pub device: u64,
     ranks: usize,
     backing: Backing,
+    /// The context it was registered or allocated in (bound to undo it).
+    ctx: Arc<CudaContext>,
 }
 
 /// Where a board's words live.
@@ -62,6 +64,7 @@ impl Board {
             device: 0,
             ranks,
             backing: Backing::Pinned,
+            ctx: ctx.clone(),
         };
         let mut device = 0;
         // SAFETY: `host` was allocated device-mapped; the out-pointer is a
@@ -111,19 +114,27 @@ impl Board {
 
 impl Drop for Board {
     fn drop(&mut self) {
+        let current = Current::bind(&self.ctx);
+        if let Err(e) = &current {
+            tracing::warn!("releasing the failure board: {e}");
+        }
         match self.backing {
             Backing::Pinned => {
-                // SAFETY: allocated by `malloc_host` and freed once; the
-                // group drops the board only after its launches stopped.
+                // SAFETY: allocated by `malloc_host` in `ctx` (bound above)
+                // and freed once; the group drops the board only after its
+                // launches stopped.
                 if let Err(e) = unsafe { result::free_host(self.host) } {
                     tracing::warn!("freeing the failure board: {e}");
                 }
             }
             Backing::Mapped { len } => {
-                // SAFETY: registered and mapped by `mapped`, undone once,
-                // after this process's launches stopped.
+                // SAFETY: registered (in `ctx`, bound above) and mapped by
+                // `mapped`, undone once, after this process's launches
+                // stopped.
                 unsafe {
-                    let _ = sys::cuMemHostUnregister(self.host);
+                    if let Err(e) = sys::cuMemHostUnregister(self.host).result() {
+                        tracing::warn!("unregistering the failure board: {e}");
+                    }
                     unmap(self.host, len);
                 }
             }
@@ -162,14 +173,29 @@ impl Board {
         path: &Path,
         create: bool,
     ) -> Result<Board, CudaError> {
-        let len = (4 * ranks.max(1)).next_multiple_of(4096);
+        let len = (4 * ranks.max(1)).next_multiple_of(page_size());
         let io = |e: std::io::Error| CudaError::Invalid(format!("board {}: {e}", path.display()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(create)
-            .open(path)
-            .map_err(io)?;
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).write(true).create_new(create);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(path).map_err(io)?;
+        let made = Board::map_file(ctx, ranks, path, create, &file, len);
+        if made.is_err() && create {
+            let _ = std::fs::remove_file(path);
+        }
+        made
+    }
+
+    fn map_file(
+        ctx: &Arc<CudaContext>,
+        ranks: usize,
+        path: &Path,
+        create: bool,
+        file: &std::fs::File,
+        len: usize,
+    ) -> Result<Board, CudaError> {
+        let io = |e: std::io::Error| CudaError::Invalid(format!("board {}: {e}", path.display()));
         if create {
             file.set_len(len as u64).map_err(io)?;
         } else if file.metadata().map_err(io)?.len() != len as u64 {
@@ -178,7 +204,7 @@ impl Board {
                 path.display()
             )));
         }
-        let host = map(&file, len).map_err(io)?;
+        let host = map(file, len).map_err(io)?;
         let _current = Current::bind(ctx)?;
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
         // SAFETY: `host` is a fresh page-aligned mapping of `len` bytes
@@ -205,8 +231,22 @@ impl Board {
             device,
             ranks,
             backing: Backing::Mapped { len },
+            ctx: ctx.clone(),
         })
     }
+}
+
+/// The host's page size: what a registered mapping is rounded to.
+fn page_size() -> usize {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf reads a system constant.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if p > 0 {
+            return p as usize;
+        }
+    }
+    4096
 }
 
 /// Map `len` bytes of `file` shared.

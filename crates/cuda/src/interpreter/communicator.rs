@@ -43,6 +43,8 @@ pub struct InterpreterCommunicator {
     /// A stream of the rank's own (non-blocking), for callers that have
     /// none, and where the rank's memory is released.
     stream: Arc<CudaStream>,
+    /// Owns `last` (destroyed after this rank's drop has waited for it).
+    _own: Own,
     calls: u64,
     failed: Option<CommError>,
 }
@@ -51,21 +53,58 @@ pub struct InterpreterCommunicator {
 // the thread that holds `&mut self` (or drops it).
 unsafe impl Send for InterpreterCommunicator {}
 
+/// A rank's ordering event and own stream, made before the rank joins a
+/// group (so that a failure to make them is one the ranks agree on).
+pub(super) struct Own {
+    ctx: Arc<CudaContext>,
+    last: sys::CUevent,
+    stream: Arc<CudaStream>,
+}
+
+// SAFETY: the raw event is used only by the communicator that holds it,
+// one thread at a time (`&mut self`), and destroyed once.
+unsafe impl Send for Own {}
+
+impl Own {
+    pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Own, CudaError> {
+        let _current = Current::bind(ctx)?;
+        let stream = ctx.new_stream()?;
+        let last = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+        Ok(Own {
+            ctx: ctx.clone(),
+            last,
+            stream,
+        })
+    }
+}
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        if let Ok(_current) = Current::bind(&self.ctx) {
+            // SAFETY: created in `new`, destroyed once, after its last use
+            // (the communicator's drop waited for it).
+            let _ = unsafe { result::event::destroy(self.last) };
+        }
+    }
+}
+
 impl InterpreterCommunicator {
     pub(super) fn new(rank: Rank, group: Arc<Group>) -> Result<Self, CudaError> {
-        let engine = group.engine(rank as usize);
-        let _current = Current::bind(&engine.ctx)?;
-        let last = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
-        let stream = engine.ctx.new_stream()?;
-        Ok(InterpreterCommunicator {
+        let own = Own::new(&group.engine(rank as usize).ctx)?;
+        Ok(InterpreterCommunicator::with(rank, group, own))
+    }
+
+    pub(super) fn with(rank: Rank, group: Arc<Group>, own: Own) -> Self {
+        InterpreterCommunicator {
             rank,
             group,
             programs: Programs::default(),
-            last,
-            stream,
+            last: own.last,
+            stream: own.stream.clone(),
+            _own: own,
             calls: 0,
             failed: None,
-        })
+        }
     }
 
     /// The rank's own stream (each rank of a group has a different one,
@@ -321,9 +360,6 @@ impl Drop for InterpreterCommunicator {
         if let Ok(_current) = Current::bind(&self.group.engine(self.rank as usize).ctx) {
             self.programs
                 .release_all((self.stream.cu_stream(), self.last));
-            // SAFETY: the own stream's work (the frees) holds no reference
-            // to the event once enqueued; created in `new`, destroyed once.
-            let _ = unsafe { result::event::destroy(self.last) };
         }
     }
 }

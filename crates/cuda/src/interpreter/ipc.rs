@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, sys};
 use ferrocoll_core::Rank;
 
 use super::board::Board;
-use super::communicator::InterpreterCommunicator;
+use super::communicator::{InterpreterCommunicator, Own};
 use super::engine::Engine;
 use super::memory::{Current, DeviceBlock};
 use super::residency;
@@ -67,6 +67,7 @@ const KEY: &str = "ferrocoll-interpreter";
 /// succeeded, else the first failure (the same error on every rank).
 fn agree(
     exchange: &mut dyn Exchange,
+    world: usize,
     step: &str,
     mine: Result<Vec<u8>, String>,
 ) -> Result<Vec<Vec<u8>>, CudaError> {
@@ -77,6 +78,12 @@ fn agree(
     let all = exchange
         .all_gather(&format!("{KEY}/{step}"), &tagged)
         .map_err(|e| CudaError::Invalid(format!("joining the device group ({step}): {e}")))?;
+    if all.len() != world {
+        return Err(CudaError::Invalid(format!(
+            "joining the device group ({step}): the exchange returned {} ranks' bytes for {world}",
+            all.len()
+        )));
+    }
     let mut out = Vec::with_capacity(all.len());
     for (r, blob) in all.into_iter().enumerate() {
         match blob.strip_prefix(b"ok:") {
@@ -104,32 +111,65 @@ fn describe(layout: &Layout) -> String {
     )
 }
 
-/// Check what every rank published at the hello step: the same layout,
-/// and no two ranks on one GPU (processes time-slice a GPU, and the
+/// What a rank says of itself at the hello step: its host, process and
+/// GPU (PCI bus id), and its layout — `host|pid|gpu|layout`.
+fn hello_of(gpu: &str, layout: &Layout) -> String {
+    format!(
+        "{}|{}|{gpu}|{}",
+        host_name(),
+        std::process::id(),
+        describe(layout)
+    )
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "?".into(), |h| h.trim().to_owned())
+}
+
+/// Check what every rank published at the hello step — every pair, so
+/// every rank reaches the same verdict: the same layout; no two ranks in
+/// one process (those are threads of one group: `interpreter::group`);
+/// no two processes on one GPU (processes take turns on a GPU, and the
 /// interpreter's blocks spin on each other).
-pub(super) fn check_hello(me: usize, hello: &[Vec<u8>]) -> Result<(), CudaError> {
-    let split = |b: &[u8]| {
-        let s = String::from_utf8_lossy(b).into_owned();
-        match s.split_once('|') {
-            Some((gpu, layout)) => (gpu.to_owned(), layout.to_owned()),
-            None => (String::new(), s),
-        }
-    };
-    let (gpu, layout) = split(&hello[me]);
-    for (r, h) in hello.iter().enumerate() {
-        let (their_gpu, their_layout) = split(h);
-        if their_layout != layout {
-            return Err(CudaError::Invalid(format!(
-                "rank {r} set up {their_layout}, rank {me} {layout}: every rank of a device group \
-                 needs the same channels, slots and sizes"
-            )));
-        }
-        if r != me && their_gpu == gpu {
-            return Err(CudaError::Invalid(format!(
-                "ranks {me} and {r} are both on GPU {gpu}: ranks sharing a GPU must be threads of \
-                 one process (`interpreter::group`), since processes take turns on a GPU and the \
-                 interpreter's blocks wait on each other"
-            )));
+pub(super) fn check_hello(hello: &[Vec<u8>]) -> Result<(), CudaError> {
+    let parts: Vec<Vec<String>> = hello
+        .iter()
+        .map(|b| {
+            String::from_utf8_lossy(b)
+                .splitn(4, '|')
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect();
+    let field = |r: usize, i: usize| parts[r].get(i).map_or("", String::as_str);
+    for a in 0..parts.len() {
+        for b in a + 1..parts.len() {
+            if field(a, 3) != field(b, 3) {
+                return Err(CudaError::Invalid(format!(
+                    "rank {a} set up {}, rank {b} {}: every rank of a device group needs the same \
+                     channels, slots and sizes",
+                    field(a, 3),
+                    field(b, 3)
+                )));
+            }
+            if field(a, 0) != field(b, 0) {
+                continue;
+            }
+            if field(a, 1) == field(b, 1) {
+                return Err(CudaError::Invalid(format!(
+                    "ranks {a} and {b} are in one process: ranks of one process are threads of \
+                     one group (`interpreter::group`)"
+                )));
+            }
+            if field(a, 2) == field(b, 2) {
+                return Err(CudaError::Invalid(format!(
+                    "ranks {a} and {b} are both on GPU {}: ranks sharing a GPU must be threads of \
+                     one process (`interpreter::group`), since processes take turns on a GPU and \
+                     the interpreter's blocks wait on each other",
+                    field(a, 2)
+                )));
+            }
         }
     }
     Ok(())
@@ -163,6 +203,7 @@ pub fn join(
         return Err(CudaError::Invalid(format!("rank {rank} of {world}")));
     }
     let me = rank as usize;
+    let n = world as usize;
     let ex = exchange.as_mut();
     // Everything this process can find wrong on its own, agreed first.
     let local = (|| {
@@ -176,17 +217,18 @@ pub fn join(
         let engine = Engine::shared(device)?;
         let blocks = u64::from(layout.max_channels);
         residency::check(device, blocks, engine.blocks_per_sm()?, engine.sms)?;
-        let hello = format!("{}|{}", bus_id(&engine)?, describe(&layout));
-        Ok((layout, engine, hello))
+        let state = setup::state_block(&engine, &layout)?;
+        let own = Own::new(&engine.ctx)?;
+        let hello = hello_of(&bus_id(&engine)?, &layout);
+        Ok((layout, engine, state, own, hello))
     })();
-    let mine = local.as_ref().map(|l| l.2.clone().into_bytes());
-    let hello = agree(ex, "hello", mine.map_err(|e| e.to_string()));
+    let mine = local.as_ref().map(|l| l.4.clone().into_bytes());
+    let hello = agree(ex, n, "hello", mine.map_err(|e| e.to_string()));
     // This rank's own failure keeps its type; a peer's arrives as text.
-    let (layout, engine, _) = local?;
-    check_hello(me, &hello?)?;
-    let board = share_board(ex, me, &engine, world, job)?;
-    let (window, windows, opened) = share_windows(ex, me, &engine, &layout)?;
-    let state = setup::state_block(&engine, &layout)?;
+    let (layout, engine, state, own, _) = local?;
+    check_hello(&hello?)?;
+    let board = share_board(ex, n, me, &engine, job)?;
+    let (window, windows, opened) = share_windows(ex, n, me, &engine, &layout)?;
     let parts = Parts {
         rank: me,
         layout,
@@ -204,7 +246,9 @@ pub fn join(
         device,
         "device interpreter rank joined across processes"
     );
-    InterpreterCommunicator::new(rank, Arc::new(Group::across_processes(config, parts)))
+    // Nothing below can fail: every rank that got here, all did.
+    let group = Arc::new(Group::across_processes(config, parts));
+    Ok(InterpreterCommunicator::with(rank, group, own))
 }
 
 /// Rank 0 creates the board's file; every rank maps and registers it; once
@@ -212,41 +256,47 @@ pub fn join(
 /// outlives the group even if a process is killed later.
 fn share_board(
     ex: &mut dyn Exchange,
+    world: usize,
     me: usize,
     engine: &Engine,
-    world: u32,
     job: Option<&str>,
 ) -> Result<Board, CudaError> {
     let path = super::board::file_for_new_group(job);
-    let created = (me == 0).then(|| Board::mapped(&engine.ctx, world as usize, &path, true));
+    // Rank 0 removes the name however this ends: once every rank mapped
+    // it, or on any failure.
+    let _unlink = (me == 0).then(|| Unlink(path.clone()));
+    let created = (me == 0).then(|| Board::mapped(&engine.ctx, world, &path, true));
     let named = match &created {
         Some(Err(e)) => Err(e.to_string()),
         _ => Ok(path.to_string_lossy().into_owned().into_bytes()),
     };
-    let names = agree(ex, "board", named)?;
+    let names = agree(ex, world, "board", named)?;
     let path = std::path::PathBuf::from(String::from_utf8_lossy(&names[0]).into_owned());
     let board = match created {
         Some(made) => made,
-        None => Board::mapped(&engine.ctx, world as usize, &path, false),
+        None => Board::mapped(&engine.ctx, world, &path, false),
     };
-    let mapped = agree(
-        ex,
-        "board-mapped",
-        board
-            .as_ref()
-            .map(|_| Vec::new())
-            .map_err(|e| e.to_string()),
-    );
-    if me == 0 {
-        let _ = std::fs::remove_file(&path);
-    }
-    mapped?;
+    let mapped = board
+        .as_ref()
+        .map(|_| Vec::new())
+        .map_err(|e| e.to_string());
+    agree(ex, world, "board-mapped", mapped)?;
     board
+}
+
+/// Removes a file when dropped.
+struct Unlink(std::path::PathBuf);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Allocate this rank's window, publish its IPC handle, open every peer's.
 fn share_windows(
     ex: &mut dyn Exchange,
+    world: usize,
     me: usize,
     engine: &Engine,
     layout: &Layout,
@@ -262,6 +312,7 @@ fn share_windows(
     });
     let handles = agree(
         ex,
+        world,
         "windows",
         exported
             .as_ref()
@@ -301,11 +352,8 @@ fn share_windows(
         }
         Ok(())
     })();
-    agree(
-        ex,
-        "windows-opened",
-        opening.map(|()| Vec::new()).map_err(|e| e.to_string()),
-    )?;
+    let opened_all = opening.map(|()| Vec::new()).map_err(|e| e.to_string());
+    agree(ex, world, "windows-opened", opened_all)?;
     Ok((window, windows, opened))
 }
 
@@ -379,28 +427,64 @@ mod tests {
             } else {
                 Ok(vec![rank as u8])
             };
-            agree(ex, "step", mine)
+            agree(ex, 3, "step", mine)
         });
         for r in &out {
             let e = r.as_ref().unwrap_err().to_string();
             assert!(e.contains("rank 2") && e.contains("no GPU here"), "{e}");
         }
-        let out = ranks(3, |rank, ex| agree(ex, "step", Ok(vec![rank as u8; rank])));
+        let out = ranks(3, |rank, ex| {
+            agree(ex, 3, "step", Ok(vec![rank as u8; rank]))
+        });
         for r in out {
             assert_eq!(r.unwrap(), vec![vec![], vec![1], vec![2, 2]]);
         }
     }
 
     #[test]
-    fn ranks_must_share_a_layout_and_not_a_gpu() {
-        let hello = |gpu: &str, layout: &str| format!("{gpu}|{layout}").into_bytes();
-        let fine = [hello("0000:1b:00.0", "L"), hello("0000:43:00.0", "L")];
-        assert!(check_hello(0, &fine).is_ok());
-        let two_on_one = [hello("0000:1b:00.0", "L"), hello("0000:1b:00.0", "L")];
-        let e = check_hello(1, &two_on_one).unwrap_err().to_string();
-        assert!(e.contains("both on GPU 0000:1b:00.0"), "{e}");
-        let other_layout = [hello("0000:1b:00.0", "L"), hello("0000:43:00.0", "M")];
-        let e = check_hello(0, &other_layout).unwrap_err().to_string();
-        assert!(e.contains("rank 1 set up M"), "{e}");
+    fn every_rank_reaches_the_same_verdict_on_the_hello() {
+        let hello = |host: &str, pid: u32, gpu: &str, layout: &str| {
+            format!("{host}|{pid}|{gpu}|{layout}").into_bytes()
+        };
+        let fine = [
+            hello("a", 1, "0000:1b:00.0", "L"),
+            hello("a", 2, "0000:43:00.0", "L"),
+            // Another host may have a GPU at the same bus id.
+            hello("b", 1, "0000:1b:00.0", "L"),
+        ];
+        assert!(check_hello(&fine).is_ok());
+        // Ranks 1 and 2 share a GPU: every rank's check says so, rank 0's
+        // included (it is not one of them).
+        let shared = [
+            hello("a", 1, "0000:1b:00.0", "L"),
+            hello("a", 2, "0000:43:00.0", "L"),
+            hello("a", 3, "0000:43:00.0", "L"),
+        ];
+        let e = check_hello(&shared).unwrap_err().to_string();
+        assert!(
+            e.contains("ranks 1 and 2 are both on GPU 0000:43:00.0"),
+            "{e}"
+        );
+        let one_process = [hello("a", 7, "x", "L"), hello("a", 7, "y", "L")];
+        let e = check_hello(&one_process).unwrap_err().to_string();
+        assert!(e.contains("in one process"), "{e}");
+        let other_layout = [hello("a", 1, "x", "L"), hello("a", 2, "y", "M")];
+        let e = check_hello(&other_layout).unwrap_err().to_string();
+        assert!(e.contains("rank 0 set up L, rank 1 M"), "{e}");
+        assert!(check_hello(&[b"garbage".to_vec(), hello("a", 1, "x", "L")]).is_err());
+    }
+
+    #[test]
+    fn an_exchange_that_returns_the_wrong_number_of_ranks_is_an_error() {
+        struct Short;
+        impl Exchange for Short {
+            fn all_gather(&mut self, _: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+                Ok(vec![mine.to_vec()])
+            }
+        }
+        let e = agree(&mut Short, 2, "step", Ok(vec![]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("1 ranks' bytes for 2"), "{e}");
     }
 }

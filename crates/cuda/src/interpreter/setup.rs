@@ -273,23 +273,15 @@ pub(super) fn state_block(engine: &Engine, layout: &Layout) -> Result<DeviceBloc
 
 impl Drop for Group {
     fn drop(&mut self) {
-        if let Some(exchange) = &self.closing {
-            // Other processes' ranks may still be finishing their last
-            // call, reading this window: meet them once more (bounded by
-            // the store's timeout) rather than stop them.
-            let mut exchange = exchange.lock().unwrap_or_else(|e| e.into_inner());
-            if let Err(e) = exchange.all_gather("ferrocoll-interpreter/closing", &[]) {
-                tracing::warn!("closing the device group: {e}");
-            }
-        } else {
-            // Stop whatever still runs (a failed rank's peers may be
-            // spinning until their timeout).
+        if self.closing.is_none() {
+            // Every rank is here: stop whatever still runs (a failed
+            // rank's peers may be spinning until their timeout).
             for r in 0..self.engines.len() {
                 self.board.fail(r, ABORTED);
             }
         }
-        // Then wait for each device before the memory those launches use
-        // is freed.
+        // Wait for this process's devices, so no launch of ours still
+        // reads a window when it goes.
         let mut seen = Vec::new();
         for e in self.engines.iter().flatten() {
             if seen.contains(&e.ordinal) {
@@ -300,6 +292,15 @@ impl Drop for Group {
                 && let Err(err) = e.ctx.synchronize()
             {
                 tracing::warn!("device {} at group close: {err}", e.ordinal);
+            }
+        }
+        if let Some(exchange) = &self.closing {
+            // Other processes' ranks may still be finishing their last
+            // call, reading this window: meet them once more (bounded by
+            // the exchange's timeout) rather than stop them.
+            let mut exchange = exchange.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = exchange.all_gather("ferrocoll-interpreter/closing", &[]) {
+                tracing::warn!("closing the device group: {e}");
             }
         }
     }

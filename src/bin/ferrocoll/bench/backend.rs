@@ -17,6 +17,7 @@ use super::report::Row;
 use super::run::{self, Cpu};
 use super::setup::{Section, custom_schedule};
 use super::{Backend, BenchArgs, cuda, cuda_v2, nccl, process};
+use crate::spec::AlgoSpec;
 
 /// The executor of a run.
 pub(crate) enum Target {
@@ -81,9 +82,12 @@ impl Target {
         let target = match args.backend {
             Backend::Cpu => Target::Threads { custom },
             Backend::CudaV2 if args.from_env => {
-                if args.compare.is_some() {
+                // The group's settings are fixed when it forms: one run,
+                // one setting (as `--backend nccl --from-env`).
+                if args.compare.is_some() || custom.is_some() || args.algo != AlgoSpec::Auto {
                     return Err(
-                        "--compare runs NCCL in this process: not with --from-env".to_owned()
+                        "--backend cuda-v2 --from-env runs the group's own choice: drop --compare and --algo"
+                            .to_owned(),
                     );
                 }
                 let mut config = cuda::cuda_config(&CpuConfig {
@@ -98,6 +102,9 @@ impl Target {
                 }
                 if let Some(channels) = args.channels {
                     config.channels = channels;
+                }
+                if let Some(bytes) = args.max_chunk_bytes {
+                    config.max_chunk_bytes = bytes;
                 }
                 let comm = ferrocoll::env::interpreter_communicator_from_env(&config)
                     .map_err(|e| e.to_string())?;
