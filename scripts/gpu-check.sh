@@ -39,7 +39,7 @@ if [ "${1:-}" = "--build" ]; then
       | grep -o "\"executable\":\"[^\"]*$t[^\"]*\"" | head -n 1 | cut -d'"' -f4)
     cp "$path" "$BUNDLE/$t"
   done
-  cp target/release/ferrocoll "$BUNDLE/"
+  cp "${CARGO_TARGET_DIR:-target}/release/ferrocoll" "$BUNDLE/"
   # What travels to the device machine is capped at 64 MiB: no debug info.
   command -v strip > /dev/null && strip "$BUNDLE"/ferrocoll "$BUNDLE"/*_conformance
   cp cuda/reduce.cu cuda/interpret.cu "$BUNDLE/"
