@@ -4,8 +4,9 @@
 // #[repr(C)] structs these mirror) and moving data with stores straight
 // into peers' inboxes.
 //
-// The protocol is the one crates/cuda/src/program/emulate.rs runs on CPU
-// threads in every `cargo test`: per link, the sender stores message g into
+// This source also runs on CPU threads in every `cargo test`, built as host
+// C++ with cuda/host.h (crates/cuda/src/program/host_kernel.rs), beside a
+// Rust mirror of its protocol (crates/cuda/src/program/emulate.rs): per link, the sender stores message g into
 // the receiver's slot g % slots once `consumed >= g + 1 - slots`, then
 // publishes `posted = g + 1` in the receiver's window; the receiver combines
 // once `posted >= g + 1`, then publishes `consumed = g + 1` in the
@@ -37,8 +38,10 @@ struct FcCount { u64 word, count; };
 #define FC_MAX_FANIN FC_MAX_RANKS
 #define FC_MAX_FANOUT FC_MAX_RANKS
 
-// A rank's word on the group's failure board: the reason, and the rank it
-// concerns in bits 8.. (program::params::Failure decodes it).
+// A rank's word on the group's failure board: the reason in bits 0..8, the
+// rank it concerns in bits 8..32, and the number of the call that failed
+// in bits 32.. (the device's count, so it is right under graph replay;
+// program::params::Failure decodes it).
 #define FC_MISMATCH 1
 #define FC_TIMEOUT 2
 #define FC_PEER_FAILED 3
@@ -72,7 +75,7 @@ struct FcCall {
     u64 *state;
     // The group's failure board, one word per rank (host-mapped: the host
     // reads it without waiting for the stream, and writes it to abort).
-    int *board;
+    u64 *board;
     u64 posted_at, consumed_at, hello_at, ll_at;   // byte offsets in a window
     u64 slot_bytes, ll_slot_bytes;
     u64 timeout_ns;                // the longest one wait may last
@@ -81,6 +84,10 @@ struct FcCall {
     u32 protocol;                  // FC_SIMPLE or FC_LL
 };
 
+// The memory and timer primitives, in PTX. Built as host C++ for the
+// tests (FC_HOST, cuda/host.h), the same names are C++ atomics and the
+// monotonic clock, and everything below is this same source.
+#ifndef FC_HOST
 __device__ __forceinline__ u64 fc_load_acquire(const u64 *p) {
     u64 v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -96,6 +103,19 @@ __device__ __forceinline__ u64 fc_now() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+
+// One 16-byte access whose two 64-bit halves each land whole (LL lines).
+__device__ __forceinline__ void fc_store_pair(unsigned char *p, u64 lo, u64 hi) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
+}
+
+__device__ __forceinline__ void fc_load_pair(const unsigned char *p, u64 *lo, u64 *hi) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*lo), "=l"(*hi) : "l"(p) : "memory");
+}
+
+// A spinning thread's pause: none on the GPU.
+__device__ __forceinline__ void fc_pause() {}
+#endif
 
 __device__ __forceinline__ u32 fc_word(const FcCall &a, u32 channel, u32 peer) { return channel * a.world + peer; }
 
@@ -113,15 +133,17 @@ __device__ __forceinline__ unsigned char *fc_slot(const FcCall &a, u32 owner, u3
 // flag of the message that used the slot before.
 __device__ __forceinline__ u32 fc_ll_flag(u64 g) { return (u32)((g + 1) % 0xffffffffull) + 1; }
 
-__device__ void fc_fail(const FcCall &a, int reason, u32 about) {
-    atomicCAS_system(a.board + a.rank, 0, reason | (int)(about << 8));
+// The call in progress is the one after the last this channel finished.
+__device__ void fc_fail(const FcCall &a, u32 reason, u32 about) {
+    const u64 call = (u32)(a.state[blockIdx.x] + 1);
+    atomicCAS_system(a.board + a.rank, 0ull, (u64)reason | ((u64)about << 8) | (call << 32));
 }
 
 // Whether this rank or a peer has failed the call (or the host aborted).
 __device__ bool fc_failed(const FcCall &a) {
-    if (*(volatile int *)(a.board + a.rank)) return true;
+    if (*(volatile u64 *)(a.board + a.rank)) return true;
     for (u32 r = 0; r < a.world; ++r)
-        if (*(volatile int *)(a.board + r)) {
+        if (*(volatile u64 *)(a.board + r)) {
             fc_fail(a, FC_PEER_FAILED, r);
             return true;
         }
@@ -135,6 +157,7 @@ __device__ bool fc_failed(const FcCall &a) {
 // the first miss (an LL line a thread polls a few times would otherwise
 // pay a sweep of PCIe reads per hop).
 __device__ __forceinline__ bool fc_keep_waiting(const FcCall &a, u32 peer, u64 spins, u64 &start) {
+    fc_pause();
     if (spins == 0) {
         start = fc_now();
         return true;
@@ -280,7 +303,7 @@ __device__ void fc_move(const FcCall &a, const FcOp &op, unsigned char *const *i
 // announcement.
 __device__ __forceinline__ void fc_ll_put(unsigned char *p, u64 data, u32 flag) {
     const u64 lo = (data & 0xffffffffull) | ((u64)flag << 32), hi = (data >> 32) | ((u64)flag << 32);
-    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
+    fc_store_pair(p, lo, hi);
 }
 
 // Wait (this thread) for the line at `p` to carry `flag`; false once the
@@ -289,7 +312,7 @@ __device__ bool fc_ll_get(const FcCall &a, u32 peer, const unsigned char *p, u32
     u64 start = 0;
     for (u64 spins = 0;; ++spins) {
         u64 lo, hi;
-        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
+        fc_load_pair(p, &lo, &hi);
         if ((u32)(lo >> 32) == flag && (u32)(hi >> 32) == flag) {
             *data = (lo & 0xffffffffull) | (hi << 32);
             return true;

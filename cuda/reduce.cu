@@ -19,8 +19,10 @@
 // moves 16 bytes per load and store; the tail (and unaligned slices) go
 // element by element.
 
+#ifndef FC_HOST
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#endif
 
 #define MAX_INPUTS 8
 #define MAX_OUTPUTS 8

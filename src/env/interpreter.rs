@@ -58,9 +58,8 @@ impl Exchange for StoreExchange {
         self.store
             .set(&format!("{key}/{}", self.rank), mine)
             .map_err(err)?;
-        (0..self.world)
-            .map(|r| self.store.wait(&format!("{key}/{r}")).map_err(err))
-            .collect()
+        let keys: Vec<String> = (0..self.world).map(|r| format!("{key}/{r}")).collect();
+        self.store.wait_all(&keys).map_err(err)
     }
 }
 

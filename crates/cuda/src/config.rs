@@ -93,6 +93,7 @@ impl CudaConfig {
             channels: self.channels,
             max_chunk_bytes: self.max_chunk_bytes,
             max_message_bytes: None,
+            max_ll_message_bytes: None,
             slots_per_link: ferrocoll_core::plan::link_slots(
                 self.slots_per_link,
                 self.schedule.as_deref(),

@@ -314,7 +314,12 @@ fn interpreter_ranks_calling_different_shapes_fail_with_a_mismatch_not_a_hang() 
         println!("SKIPPED: {reason}");
         return;
     }
+    // Two calls agree; the third differs, and the board names it.
     let results = two_ranks(|c| {
+        for _ in 0..2 {
+            let mut out = vec![0f32; 64];
+            CommunicatorExt::all_reduce(c, &[1f32; 64], &mut out, ReduceOp::Sum)?;
+        }
         let n = 100 + DeviceCommunicator::rank(c) as usize;
         let mut out = vec![0f32; n];
         CommunicatorExt::all_reduce(c, &vec![1f32; n], &mut out, ReduceOp::Sum)
@@ -323,7 +328,7 @@ fn interpreter_ranks_calling_different_shapes_fail_with_a_mismatch_not_a_hang() 
     assert!(
         results
             .iter()
-            .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
+            .any(|r| matches!(r, Err(CommError::Mismatch { call: 2, .. }))),
         "{results:?}"
     );
 }
@@ -352,7 +357,7 @@ fn interpreter_a_rank_that_never_calls_times_its_peer_out() {
 }
 
 #[test]
-fn interpreter_a_captured_all_reduce_replays_with_new_inputs() {
+fn interpreter_a_captured_all_reduce_replays_with_new_inputs_and_counts_its_calls() {
     if let Some(reason) = skip() {
         println!("SKIPPED: {reason}");
         return;
@@ -389,10 +394,28 @@ fn interpreter_a_captured_all_reduce_replays_with_new_inputs() {
                 ));
             }
         }
+        // The host issues its third call (a warm-up, the captured one,
+        // this), the device runs its fifth (a warm-up, three replays,
+        // this): a mismatch now is call #4 (from 0) as the device counts,
+        // not the host's #2.
+        let mine = 100 + DeviceCommunicator::rank(c) as usize;
+        let small: CudaSlice<f32> = stream.alloc_zeros(mine).map_err(backend)?;
+        let mut into: CudaSlice<f32> = stream.alloc_zeros(mine).map_err(backend)?;
+        DeviceCommunicator::all_reduce(c, &small, &mut into, ReduceOp::Sum, &stream)?;
+        c.synchronize(&stream)?;
         Ok(())
     })
     .expect("the group opens");
-    for r in results {
-        r.unwrap();
-    }
+    assert!(
+        results
+            .iter()
+            .all(|r| r.is_err() && !format!("{r:?}").contains("replay")),
+        "{results:?}"
+    );
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CommError::Mismatch { call: 4, .. }))),
+        "{results:?}"
+    );
 }

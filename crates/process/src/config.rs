@@ -164,6 +164,7 @@ impl ProcessConfig {
             channels: self.channels,
             max_chunk_bytes: self.max_message_bytes,
             max_message_bytes: Some(self.max_message_bytes),
+            max_ll_message_bytes: None,
             slots_per_link: self.link_slots(),
             schedule: self.schedule.clone(),
             rule: host_rule,

@@ -221,21 +221,36 @@ impl Store {
     }
     /// The value under `key`, waiting for it up to the store's timeout.
     pub fn wait(&mut self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.wait_all(&[key]).map(|mut v| v.remove(0))
+    }
+
+    /// The values under `keys`, in order, waiting for all of them up to
+    /// the store's timeout in total (not per key: ranks that arrive one
+    /// after another cannot stretch the wait to `keys.len()` timeouts).
+    /// The error names the first key still missing at the deadline.
+    pub fn wait_all<K: AsRef<str>>(&mut self, keys: &[K]) -> Result<Vec<Vec<u8>>, StoreError> {
         let deadline = Instant::now() + self.timeout;
-        let mut pause = Duration::from_micros(200);
-        loop {
-            if let Some(v) = self.get(key)? {
-                return Ok(v);
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let key = key.as_ref();
+            let mut pause = Duration::from_micros(200);
+            loop {
+                if let Some(v) = self.get(key)? {
+                    out.push(v);
+                    break;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(StoreError::Timeout {
+                        key: key.to_owned(),
+                        timeout: self.timeout,
+                    });
+                }
+                std::thread::sleep(pause.min(deadline - now));
+                pause = (pause * 2).min(Duration::from_millis(20));
             }
-            if Instant::now() >= deadline {
-                return Err(StoreError::Timeout {
-                    key: key.to_owned(),
-                    timeout: self.timeout,
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
         }
+        Ok(out)
     }
 
     /// Wait until `world_size` ranks have called `barrier(name)`.
@@ -413,6 +428,37 @@ mod tests {
         assert_eq!(b.add("count", 2).unwrap(), 2);
         assert_eq!(a.add("count", 1).unwrap(), 3);
         assert_eq!(zero.add("count", 0).unwrap(), 0);
+    }
+
+    /// Keys that appear one after another, each within a timeout of the
+    /// one before, still fail a wait for all of them at one timeout.
+    #[test]
+    fn waiting_for_many_keys_is_bounded_by_one_timeout_in_all() {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let t = Duration::from_millis(1200);
+        let mut zero = Store::join(&addr, 0, t).unwrap();
+        let mut late = Store::join(&addr, 1, Duration::from_secs(10)).unwrap();
+        let setter = std::thread::spawn(move || {
+            for k in ["a", "b", "c"] {
+                std::thread::sleep(Duration::from_millis(800));
+                late.set(k, k.as_bytes()).unwrap();
+            }
+        });
+        let start = Instant::now();
+        let e = zero.wait_all(&["a", "b", "c"]).unwrap_err();
+        let waited = start.elapsed();
+        assert!(
+            matches!(&e, StoreError::Timeout { key, .. } if key == "b"),
+            "{e}"
+        );
+        assert!(waited < Duration::from_millis(2000), "{waited:?}");
+        setter.join().unwrap();
+        assert_eq!(
+            zero.wait_all(&["a", "b", "c"]).unwrap(),
+            [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
+        assert!(zero.wait_all::<&str>(&[]).unwrap().is_empty());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::sim::{self, CostModel, Prediction, SimOptions};
 
 mod candidate;
 
-pub use candidate::{Candidate, LL_CANDIDATE_MAX_BYTES, LL_CHUNK_BYTES, human_bytes};
+pub use candidate::{Candidate, LL_CANDIDATE_MAX_BYTES, LL_MESSAGE_BYTES, human_bytes};
 
 /// A verdict, reached once by whoever asks first.
 type VerdictCell = OnceLock<Result<Arc<Verdict>, TopologyError>>;
@@ -81,6 +81,11 @@ pub struct SelectOptions {
     /// sit in several machines of as many members each; `None`: yes,
     /// unless `algorithms` names a list.
     pub hierarchical: Option<bool>,
+    /// The most one low-latency message carries on the executor that will
+    /// run the selection (the device interpreter's LL slot): an LL
+    /// candidate's chunk is cut so that its schedule's widest step fits,
+    /// so what is simulated is what runs.
+    pub ll_message_bytes: usize,
 }
 
 /// Tree packings `auto` considers on GPUs: the load model's two best (its
@@ -106,6 +111,7 @@ impl Default for SelectOptions {
             cost: CostModel::default(),
             tree_packings: None,
             hierarchical: None,
+            ll_message_bytes: LL_MESSAGE_BYTES,
         }
     }
 }
@@ -362,7 +368,8 @@ impl TopologySelector {
 
     /// The candidates at `size`: on GPUs, calls up to
     /// [`LL_CANDIDATE_MAX_BYTES`] also try each schedule with the
-    /// low-latency protocol (after the bulk ones: they win ties).
+    /// low-latency protocol (after the bulk ones: they win ties), at the
+    /// chunk whose widest message fits an LL message.
     fn candidates_at(&self, collective: Collective, size: usize) -> Vec<Candidate> {
         let mut out = self.candidates(collective);
         if self.on_threads() || size > LL_CANDIDATE_MAX_BYTES {
@@ -372,14 +379,32 @@ impl TopologySelector {
         let ll: Vec<Candidate> = out
             .iter()
             .filter(|c| c.max_chunk_bytes == first)
-            .map(|c| Candidate {
-                max_chunk_bytes: LL_CHUNK_BYTES,
-                protocol: Some(Protocol::LowLatency),
-                ..c.clone()
+            .filter_map(|c| {
+                let chunk = self.ll_chunk_bytes(c, collective)?;
+                Some(Candidate {
+                    max_chunk_bytes: chunk,
+                    protocol: Some(Protocol::LowLatency),
+                    ..c.clone()
+                })
             })
             .collect();
         out.extend(ll);
         out
+    }
+
+    /// The largest chunk (whole elements) whose widest step fits one LL
+    /// message; `None` where not even one element per chunk does, or the
+    /// schedule cannot be made (the bulk candidate reports that).
+    fn ll_chunk_bytes(&self, candidate: &Candidate, collective: Collective) -> Option<usize> {
+        let widest = self
+            .compiler(candidate, collective)
+            .ok()?
+            .verified()
+            .schedule()
+            .widest_step() as usize;
+        let elem = self.options.dtype.size_bytes();
+        let chunk = self.options.ll_message_bytes / widest / elem * elem;
+        (chunk > 0).then_some(chunk)
     }
 
     /// How many tree packings to consider (see [`SelectOptions::tree_packings`]).

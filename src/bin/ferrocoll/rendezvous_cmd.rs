@@ -24,14 +24,15 @@ pub(crate) fn run(args: &RendezvousArgs) -> Result<ExitCode, String> {
     b.store
         .barrier("rendezvous", b.world_size)
         .map_err(|e| e.to_string())?;
-    let mut seen = Vec::new();
-    for r in 0..b.world_size {
-        let v = b
-            .store
-            .wait(&format!("who/{r}"))
-            .map_err(|e| e.to_string())?;
-        seen.push(format!("{r}={}", String::from_utf8_lossy(&v)));
-    }
+    let keys: Vec<String> = (0..b.world_size).map(|r| format!("who/{r}")).collect();
+    let seen: Vec<String> = b
+        .store
+        .wait_all(&keys)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .enumerate()
+        .map(|(r, v)| format!("{r}={}", String::from_utf8_lossy(v)))
+        .collect();
     println!(
         "rank {} of {} (local rank {}): all {} ranks met: {}",
         b.rank,
@@ -43,11 +44,8 @@ pub(crate) fn run(args: &RendezvousArgs) -> Result<ExitCode, String> {
     // Rank 0 hosts the store: it leaves only after every other rank has
     // said it is done with it.
     if b.rank == 0 {
-        for r in 1..b.world_size {
-            b.store
-                .wait(&format!("left/{r}"))
-                .map_err(|e| e.to_string())?;
-        }
+        let left: Vec<String> = (1..b.world_size).map(|r| format!("left/{r}")).collect();
+        b.store.wait_all(&left).map_err(|e| e.to_string())?;
     } else {
         b.store
             .set(&format!("left/{}", b.rank), b"")

@@ -139,6 +139,7 @@ impl CpuConfig {
             channels: self.channels,
             max_chunk_bytes: self.max_chunk_bytes,
             max_message_bytes: None,
+            max_ll_message_bytes: None,
             slots_per_link: self.link_slots(),
             schedule: self.schedule.clone(),
             rule: host_rule,

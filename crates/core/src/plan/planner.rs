@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{CallShape, Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
 use crate::comm::CommError;
-use crate::select::{Choice, Rule, Selection, SharedSelector, select};
+use crate::select::{Choice, Protocol, Rule, Selection, SharedSelector, select};
 use crate::types::Collective;
 use crate::verify::{Verified, VerifyOptions, verify};
 
@@ -28,6 +28,11 @@ pub struct PlannerSettings {
     /// A hard bound on one message (a transport's slot): chunks are cut so
     /// that the widest step's message fits.
     pub max_message_bytes: Option<usize>,
+    /// A hard bound on one low-latency message (a transport's LL slot):
+    /// where the selector picks LL, chunks are cut so that the widest
+    /// step's message fits it, so the call runs the protocol it was
+    /// simulated with (`None`: the executor has no LL).
+    pub max_ll_message_bytes: Option<usize>,
     /// Messages each link of the executor holds.
     pub slots_per_link: u32,
     /// A schedule of the user's, run for every call it matches.
@@ -285,7 +290,7 @@ impl Planner {
             }
         };
         let compiler = self.compiler(key, synthesized)?;
-        let chunk = self.chunk_bytes(shape, chunk, &compiler);
+        let chunk = self.chunk_bytes(shape, chunk, protocol, &compiler);
         let plan = compiler
             .compile(
                 shape,
@@ -356,11 +361,26 @@ impl Planner {
     }
 
     /// The chunk size: the selector's or the settings', cut so the widest
-    /// step's message fits the transport.
-    fn chunk_bytes(&self, shape: &CallShape, selected: Option<usize>, c: &Compiler) -> usize {
+    /// step's message fits the transport (an LL slot where the selector
+    /// chose LL).
+    fn chunk_bytes(
+        &self,
+        shape: &CallShape,
+        selected: Option<usize>,
+        protocol: Option<Protocol>,
+        c: &Compiler,
+    ) -> usize {
         let elem = shape.dtype.size_bytes();
         let chunk = selected.unwrap_or(self.settings.max_chunk_bytes);
-        match self.settings.max_message_bytes {
+        let ll = match protocol {
+            Some(Protocol::LowLatency) => self.settings.max_ll_message_bytes,
+            _ => None,
+        };
+        let bound = match (self.settings.max_message_bytes, ll) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match bound {
             Some(max) => {
                 let limit = max.max(elem) / c.verified().schedule().widest_step() as usize;
                 chunk.min(limit).max(elem)

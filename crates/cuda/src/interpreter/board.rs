@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, result, sys};
@@ -16,6 +16,9 @@ use ferrocoll_core::comm::CommError;
 use super::memory::Current;
 use crate::error::CudaError;
 use crate::program::params::Failure;
+
+/// Bytes of one rank's word (`u64 *board` in `cuda/interpret.cu`).
+const WORD: usize = 8;
 
 /// The failure board: one word per rank in page-locked host memory that
 /// every GPU maps. Blocks write their rank's reason there and poll the
@@ -41,7 +44,7 @@ enum Backing {
 }
 
 // SAFETY: the board is plain shared memory whose words are only accessed
-// atomically (`AtomicI32` on the host, atomics and volatile loads on the
+// atomically (`AtomicU64` on the host, atomics and volatile loads on the
 // device); the pointer is owned by the board and freed once.
 unsafe impl Send for Board {}
 // SAFETY: as above.
@@ -52,7 +55,7 @@ impl Board {
     /// (portable and device-mapped).
     pub fn new(ctx: &Arc<CudaContext>, ranks: usize) -> Result<Board, CudaError> {
         let _current = Current::bind(ctx)?;
-        let bytes = 4 * ranks.max(1);
+        let bytes = WORD * ranks.max(1);
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: the context is current; the memory is zeroed below
         // before any kernel sees it and freed once, in `drop`.
@@ -74,26 +77,37 @@ impl Board {
         Ok(board)
     }
 
-    fn word(&self, rank: usize) -> &AtomicI32 {
+    fn word(&self, rank: usize) -> &AtomicU64 {
         assert!(rank < self.ranks, "rank {rank} of {}", self.ranks);
-        // SAFETY: in bounds (asserted), 4-byte aligned (page-locked
-        // allocations are page aligned), and only ever accessed atomically.
-        unsafe { &*self.host.cast::<AtomicI32>().add(rank) }
+        // SAFETY: in bounds (asserted), 8-byte aligned (page-locked
+        // allocations and mappings are page aligned), and only ever
+        // accessed atomically.
+        unsafe { &*self.host.cast::<AtomicU64>().add(rank) }
     }
 
     /// Rank `rank`'s word.
-    pub fn read(&self, rank: usize) -> i32 {
+    pub fn read(&self, rank: usize) -> u64 {
         self.word(rank).load(Ordering::Acquire)
     }
 
     /// What `me` reports when the board is set: the failure that started
     /// it — a mismatch or a timeout, this rank's own first — rather than
     /// the "a peer failed" and "aborted" words that follow from it.
-    pub fn verdict(&self, me: Rank, call: u64, timeout: Duration) -> Option<CommError> {
-        let words: Vec<(Rank, Failure)> = (0..self.ranks)
-            .filter_map(|r| Failure::decode(self.read(r)).map(|f| (r as Rank, f)))
+    /// `issued` is `me`'s count of calls issued: it widens the device's
+    /// 32-bit call number, and names the call of words the host wrote.
+    /// Calls are numbered from 0, as on every executor.
+    pub fn verdict(&self, me: Rank, issued: u64, timeout: Duration) -> Option<CommError> {
+        let words: Vec<(Rank, Failure, u32)> = (0..self.ranks)
+            .filter_map(|r| Failure::decode(self.read(r)).map(|(f, c)| (r as Rank, f, c)))
             .collect();
-        let (rank, failure) = *pick(&words, me)?;
+        let (rank, failure, device_call) = *pick(&words, me)?;
+        // The device counts calls from 1, the host's count is the calls
+        // issued: either less one is the call's index.
+        let call = match failure {
+            Failure::Aborted => issued,
+            _ => widen(device_call, issued),
+        }
+        .saturating_sub(1);
         let error = failure.error(rank, call, timeout);
         if rank == me {
             return Some(error);
@@ -105,7 +119,7 @@ impl Board {
     }
 
     /// Set `rank`'s word unless it already holds a reason.
-    pub fn fail(&self, rank: usize, word: i32) {
+    pub fn fail(&self, rank: usize, word: u64) {
         let _ = self
             .word(rank)
             .compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire);
@@ -173,7 +187,7 @@ impl Board {
         path: &Path,
         create: bool,
     ) -> Result<Board, CudaError> {
-        let len = (4 * ranks.max(1)).next_multiple_of(page_size());
+        let len = (WORD * ranks.max(1)).next_multiple_of(page_size());
         let io = |e: std::io::Error| CudaError::Invalid(format!("board {}: {e}", path.display()));
         let mut options = std::fs::OpenOptions::new();
         options.read(true).write(true).create_new(create);
@@ -290,11 +304,26 @@ unsafe fn unmap(p: *mut c_void, len: usize) {
     let _ = (p, len);
 }
 
+/// The full number of a call the device counts modulo 2³²: the one
+/// nearest the host's count of calls issued (a captured graph's replays
+/// run calls the host never issued, so the device may be ahead of it).
+fn widen(device: u32, issued: u64) -> u64 {
+    const WRAP: u64 = 1 << 32;
+    let n = (issued & !(WRAP - 1)) | u64::from(device);
+    if n > issued.saturating_add(WRAP / 2) && n >= WRAP {
+        n - WRAP
+    } else if issued > n.saturating_add(WRAP / 2) {
+        n.checked_add(WRAP).unwrap_or(n)
+    } else {
+        n
+    }
+}
+
 /// The word that started a failure: a mismatch or timeout (`me`'s own
 /// first), else `me`'s word, else the first set.
-fn pick(words: &[(Rank, Failure)], me: Rank) -> Option<&(Rank, Failure)> {
+fn pick<W>(words: &[(Rank, Failure, W)], me: Rank) -> Option<&(Rank, Failure, W)> {
     let cause =
-        |w: &&(Rank, Failure)| matches!(w.1, Failure::Mismatch { .. } | Failure::Timeout { .. });
+        |w: &&(Rank, Failure, W)| matches!(w.1, Failure::Mismatch { .. } | Failure::Timeout { .. });
     words
         .iter()
         .filter(cause)
@@ -311,18 +340,36 @@ mod tests {
     #[test]
     fn the_verdict_names_the_failure_that_started_it() {
         let words = [
-            (0, Failure::Aborted),
-            (1, Failure::PeerFailed { peer: 2 }),
-            (2, Failure::Timeout { peer: 3 }),
-            (3, Failure::Mismatch { peer: 2 }),
+            (0, Failure::Aborted, 0),
+            (1, Failure::PeerFailed { peer: 2 }, 0),
+            (2, Failure::Timeout { peer: 3 }, 0),
+            (3, Failure::Mismatch { peer: 2 }, 0),
         ];
         // Rank 1 (which only saw a peer fail) reports rank 2's timeout.
         assert_eq!(pick(&words, 1).map(|w| w.0), Some(2));
         // Rank 3's own mismatch comes first for rank 3.
         assert_eq!(pick(&words, 3).map(|w| w.0), Some(3));
-        let quiet = [(0, Failure::Aborted), (4, Failure::PeerFailed { peer: 0 })];
+        let quiet = [
+            (0, Failure::Aborted, 0),
+            (4, Failure::PeerFailed { peer: 0 }, 0),
+        ];
         assert_eq!(pick(&quiet, 4).map(|w| w.0), Some(4));
         assert_eq!(pick(&quiet, 2).map(|w| w.0), Some(0));
-        assert!(pick(&[], 0).is_none());
+        assert!(pick::<u32>(&[], 0).is_none());
+    }
+
+    /// The device's 32-bit call number names the call nearest the host's
+    /// count: equal without graphs, ahead of it under graph replay, and
+    /// right across the wrap either way.
+    #[test]
+    fn the_device_call_number_widens_to_the_nearest_call() {
+        const WRAP: u64 = 1 << 32;
+        assert_eq!(widen(5, 5), 5);
+        assert_eq!(widen(1_000, 3), 1_000, "replays ran past the host's count");
+        assert_eq!(widen(3, 1_000), 3);
+        assert_eq!(widen(u32::MAX - 1, WRAP + 1), WRAP - 2);
+        assert_eq!(widen(1, WRAP - 1), WRAP + 1);
+        assert_eq!(widen(7, 5 * WRAP + 7), 5 * WRAP + 7);
+        assert_eq!(widen(u32::MAX, u64::MAX), u64::MAX);
     }
 }

@@ -99,10 +99,16 @@ fn agree(
     Ok(out)
 }
 
-/// What ranks must have in common, as bytes: the layout.
+/// The format of what ranks read in each other's memory (windows, the
+/// board): raised whenever it changes, so binaries of two formats refuse
+/// to join rather than misread each other. 2: 64-bit board words that
+/// carry the failed call's number.
+const FORMAT: u32 = 2;
+
+/// What ranks must have in common, as bytes: the format and the layout.
 fn describe(layout: &Layout) -> String {
     format!(
-        "{} ranks, {} channels, {} slots of {} B, LL slots of {} B",
+        "format {FORMAT}, {} ranks, {} channels, {} slots of {} B, LL slots of {} B",
         layout.world_size,
         layout.max_channels,
         layout.slots,
@@ -148,7 +154,7 @@ pub(super) fn check_hello(hello: &[Vec<u8>]) -> Result<(), CudaError> {
             if field(a, 3) != field(b, 3) {
                 return Err(CudaError::Invalid(format!(
                     "rank {a} set up {}, rank {b} {}: every rank of a device group needs the same \
-                     channels, slots and sizes",
+                     format, channels, slots and sizes",
                     field(a, 3),
                     field(b, 3)
                 )));
@@ -472,6 +478,21 @@ mod tests {
         let e = check_hello(&other_layout).unwrap_err().to_string();
         assert!(e.contains("rank 0 set up L, rank 1 M"), "{e}");
         assert!(check_hello(&[b"garbage".to_vec(), hello("a", 1, "x", "L")]).is_err());
+        // A binary of another window or board format: same layout, still
+        // refused, with the format named.
+        let layout = Layout {
+            world_size: 2,
+            max_channels: 2,
+            slots: 2,
+            slot_bytes: 64,
+            ll_slot_bytes: 32,
+        };
+        let ours = describe(&layout);
+        let older = ours.replace(&format!("format {FORMAT},"), "format 1,");
+        assert_ne!(ours, older);
+        let mixed = [hello("a", 1, "x", &ours), hello("a", 2, "y", &older)];
+        let e = check_hello(&mixed).unwrap_err().to_string();
+        assert!(e.contains("format 1") && e.contains("same format"), "{e}");
     }
 
     #[test]

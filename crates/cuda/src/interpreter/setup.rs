@@ -107,11 +107,13 @@ pub fn protocol(planned: &Planned, layout: &Layout, config: &CudaConfig) -> Prot
     }
 }
 
-/// How the group plans: messages cut to fit a slot, selections no wider
-/// than the windows' channels.
+/// How the group plans: messages cut to fit a slot (an LL slot where the
+/// selector chose LL), selections no wider than the windows' channels.
 pub fn planner_settings(config: &CudaConfig, layout: &Layout) -> PlannerSettings {
     PlannerSettings {
         max_message_bytes: Some(layout.slot_bytes as usize),
+        max_ll_message_bytes: (layout.ll_slot_bytes > 0)
+            .then(|| layout.ll_message_bytes() as usize),
         max_channels: Some(layout.max_channels),
         ..config.planner_settings()
     }

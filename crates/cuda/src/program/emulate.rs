@@ -91,6 +91,25 @@ pub struct Buffers<'a, T> {
     pub output: &'a mut [T],
 }
 
+/// `f(rank, its buffers)` for every rank at once, a thread each; what
+/// each returned, or its panic.
+pub(crate) fn on_rank_threads<'a, T: Send + Sync, R: Send>(
+    buffers: Vec<Buffers<'a, T>>,
+    f: impl Fn(usize, Buffers<'a, T>) -> R + Sync,
+) -> Vec<std::thread::Result<R>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = buffers
+            .into_iter()
+            .enumerate()
+            .map(|(r, b)| {
+                let f = &f;
+                scope.spawn(move || f(r, b))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    })
+}
+
 impl Fabric {
     /// Inboxes and counters for `layout`; every wait gives up after
     /// `timeout`. A layout no device could be set up with is refused.
@@ -158,23 +177,10 @@ impl Fabric {
                 })
                 .collect();
         }
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = buffers
-                .into_iter()
-                .enumerate()
-                .map(|(r, b)| {
-                    let program = programs[r];
-                    scope.spawn(move || self.rank_call(r as Rank, program, b))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(self.fail(0, "a block panicked".into())))
-                })
-                .collect()
-        })
+        on_rank_threads(buffers, |r, b| self.rank_call(r as Rank, programs[r], b))
+            .into_iter()
+            .map(|x| x.unwrap_or_else(|_| Err(self.fail(0, "a block panicked".into()))))
+            .collect()
     }
 
     fn failed(&self) -> Option<(Rank, String)> {
@@ -500,8 +506,9 @@ impl<'a> Block<'a> {
             return Ok(());
         }
         let show = |h: u64| format!("call {} of plan {:08x}", h >> 32, h & 0xffff_ffff);
+        // The device counts calls from 1; errors number them from 0.
         let e = CommError::Mismatch {
-            call: u64::from(seq),
+            call: u64::from(seq).saturating_sub(1),
             rank: self.rank,
             other: peer,
             expected: show(theirs),

@@ -37,6 +37,8 @@
 //! are tested on machines without a GPU.
 
 pub mod emulate;
+#[cfg(all(test, unix))]
+pub mod host_kernel;
 mod layout;
 pub mod params;
 

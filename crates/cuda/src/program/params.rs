@@ -98,7 +98,7 @@ pub struct Params {
     pub buffer: [u64; 3],
     /// This rank's private state.
     pub state: u64,
-    /// The group's failure board (one `i32` per rank).
+    /// The group's failure board (one `u64` per rank).
     pub board: u64,
     /// Offset of the `posted` words in a window.
     pub posted_at: u64,
@@ -213,20 +213,26 @@ pub enum Failure {
     Aborted,
 }
 
-/// The board word the host writes to stop a rank's blocks.
-pub const ABORTED: i32 = 4;
+/// The board word the host writes to stop a rank's blocks (no call
+/// number: the host's count names the call).
+pub const ABORTED: u64 = 4;
 
 impl Failure {
-    /// The board word's meaning; `None` while the rank is well.
-    pub fn decode(word: i32) -> Option<Failure> {
+    /// The board word's meaning and the device's number of the call that
+    /// failed, counted from 1 modulo 2³² (meaningless for [`Failure::Aborted`],
+    /// which the host writes); `None` while the rank is well. The kernel
+    /// writes the reason in bits 0..8, the rank it concerns in bits 8..32
+    /// and the call in bits 32..
+    pub fn decode(word: u64) -> Option<(Failure, u32)> {
         let peer = (word as u32) >> 8;
-        Some(match word & 0xff {
+        let failure = match word & 0xff {
             0 => return None,
             1 => Failure::Mismatch { peer },
             2 => Failure::Timeout { peer },
             3 => Failure::PeerFailed { peer },
             _ => Failure::Aborted,
-        })
+        };
+        Some((failure, (word >> 32) as u32))
     }
 
     /// As the communicator reports it, from `rank`'s side of call `call`.
@@ -293,7 +299,7 @@ mod tests {
             "unsigned char *window[FC_MAX_RANKS];",
             "unsigned char *buffer[3];",
             "u64 *state;",
-            "int *board;",
+            "u64 *board;",
             "u64 posted_at, consumed_at, hello_at, ll_at;",
             "u64 slot_bytes, ll_slot_bytes;",
             "u64 timeout_ns;",
@@ -437,20 +443,25 @@ mod tests {
     fn board_words_decode_as_the_kernel_writes_them() {
         assert_eq!(Failure::decode(0), None);
         assert_eq!(
-            Failure::decode(1 | (5 << 8)),
-            Some(Failure::Mismatch { peer: 5 })
+            Failure::decode(1 | (5 << 8) | (9 << 32)),
+            Some((Failure::Mismatch { peer: 5 }, 9))
         );
         assert_eq!(
-            Failure::decode(2 | (63 << 8)),
-            Some(Failure::Timeout { peer: 63 })
+            Failure::decode(2 | (63 << 8) | (0xffff_ffff << 32)),
+            Some((Failure::Timeout { peer: 63 }, u32::MAX))
         );
-        assert_eq!(Failure::decode(3), Some(Failure::PeerFailed { peer: 0 }));
-        assert_eq!(Failure::decode(ABORTED), Some(Failure::Aborted));
+        assert_eq!(
+            Failure::decode(3),
+            Some((Failure::PeerFailed { peer: 0 }, 0))
+        );
+        assert_eq!(Failure::decode(ABORTED), Some((Failure::Aborted, 0)));
         let src = crate::kernels::INTERPRETER;
         for d in [
             "#define FC_MISMATCH 1",
             "#define FC_TIMEOUT 2",
             "#define FC_PEER_FAILED 3",
+            "#define FC_ABORTED 4",
+            "(u64)reason | ((u64)about << 8) | (call << 32)",
         ] {
             assert!(src.contains(d), "{d}");
         }

@@ -25,9 +25,12 @@ pub struct Candidate {
 /// loses to the bulk protocol on every preset.
 pub const LL_CANDIDATE_MAX_BYTES: usize = 1 << 20;
 
-/// The grain of LL candidates: what an LL slot of the device
-/// interpreter's default layout carries (`ll_max_bytes`, 64 KiB).
-pub const LL_CHUNK_BYTES: usize = 64 << 10;
+/// The most one LL message carries unless [`SelectOptions`] says
+/// otherwise: an LL slot of the device interpreter's default layout
+/// (`CudaConfig::ll_max_bytes`, 64 KiB).
+///
+/// [`SelectOptions`]: super::SelectOptions
+pub const LL_MESSAGE_BYTES: usize = 64 << 10;
 
 impl fmt::Display for Candidate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -321,6 +321,54 @@ fn small_calls_on_gpus_take_the_low_latency_protocol_and_large_ones_the_bulk() {
     assert_eq!(v.candidate.protocol, None);
 }
 
+/// What the selector simulates with LL is what the device interpreter
+/// can run with LL: every LL candidate's widest message fits one LL
+/// message, at the options' capacity, whatever the schedule's widest step.
+#[test]
+fn ll_candidates_cut_their_chunk_so_the_widest_message_fits_an_ll_slot() {
+    for (ll_message_bytes, collective) in [
+        (LL_MESSAGE_BYTES, Collective::AllReduce),
+        (LL_MESSAGE_BYTES, Collective::AllGather),
+        (4 << 10, Collective::AllReduce),
+        (4 << 10, Collective::ReduceScatter),
+    ] {
+        let s = TopologySelector::new(
+            presets::by_name("dgx-h100", 8).unwrap(),
+            8,
+            SelectOptions {
+                ll_message_bytes,
+                ..SelectOptions::default()
+            },
+        )
+        .unwrap();
+        let ll: Vec<Candidate> = s
+            .candidates_at(collective, 8 << 10)
+            .into_iter()
+            .filter(|c| c.protocol == Some(Protocol::LowLatency))
+            .collect();
+        assert!(!ll.is_empty());
+        let mut cut = false;
+        for c in &ll {
+            let widest = s
+                .compiler(c, collective)
+                .unwrap()
+                .verified()
+                .schedule()
+                .widest_step() as usize;
+            assert!(
+                c.max_chunk_bytes * widest <= ll_message_bytes,
+                "{c}: {} x {widest} > {ll_message_bytes}",
+                c.max_chunk_bytes
+            );
+            assert_eq!(c.max_chunk_bytes % 4, 0, "{c}: whole f32 elements");
+            cut |= widest > 1 && c.max_chunk_bytes < ll_message_bytes;
+        }
+        // Some schedule sends several chunks in one step, or the test
+        // checks nothing the old fixed grain got wrong.
+        assert!(cut, "{collective}: no LL candidate with a wide step");
+    }
+}
+
 fn s_threads() -> TopologySelector {
     let host = crate::probe::HostMeasurement {
         cores: 4,

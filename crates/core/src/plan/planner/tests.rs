@@ -19,6 +19,7 @@ fn the_planner_caches_per_call_and_honours_the_settings() {
         channels: 1,
         max_chunk_bytes: 1 << 20,
         max_message_bytes: None,
+        max_ll_message_bytes: None,
         slots_per_link: 2,
         schedule: None,
         rule: host_rule,
@@ -40,6 +41,7 @@ fn the_planner_caches_per_call_and_honours_the_settings() {
         4,
         PlannerSettings {
             max_message_bytes: Some(64),
+            max_ll_message_bytes: None,
             ..settings.clone()
         },
     );
@@ -113,28 +115,30 @@ fn every_executor_gets_at_least_the_slots_any_of_its_schedules_needs() {
 
 /// A selector that always answers the same.
 #[derive(Debug)]
-struct Fixed(crate::select::Choice);
+struct Fixed(crate::select::Choice, crate::select::Protocol);
 
 impl crate::select::Selector for Fixed {
     fn select(&self, _: Collective, _: u32, _: usize) -> Option<crate::select::Selection> {
         Some(crate::select::Selection {
             choice: self.0.clone(),
             max_chunk_bytes: None,
-            protocol: Some(crate::select::Protocol::LowLatency),
+            protocol: Some(self.1),
             why: "fixed".into(),
         })
     }
 }
 
 fn planner_with(choice: crate::select::Choice, max_channels: Option<u32>) -> Planner {
+    let ll = crate::select::Protocol::LowLatency;
     Planner::new(
         4,
         PlannerSettings {
             algorithm: None,
-            selector: Some(crate::select::SharedSelector(Arc::new(Fixed(choice)))),
+            selector: Some(crate::select::SharedSelector(Arc::new(Fixed(choice, ll)))),
             channels: 1,
             max_chunk_bytes: 1 << 20,
             max_message_bytes: None,
+            max_ll_message_bytes: None,
             slots_per_link: 2,
             schedule: None,
             rule: host_rule,
@@ -193,4 +197,37 @@ fn synthesized_choices_run_and_what_the_executor_cannot_hold_falls_back() {
     };
     let planned = planner_with(wide_ring, Some(4)).plan(&ar).unwrap();
     assert!(planned.plan.channels <= 4, "{}", planned.why);
+}
+
+/// Where the selector picks LL, the executor's LL slot bounds the widest
+/// message (the bulk slot still bounds the rest): the call runs the
+/// protocol it was simulated with instead of falling back to bulk.
+#[test]
+fn an_ll_selection_is_cut_to_the_ll_slot_and_a_bulk_one_is_not() {
+    use crate::select::{Choice, Protocol, SharedSelector};
+    let halving = Choice::Builtin {
+        algorithm: Algorithm::HalvingDoubling,
+        params: AlgorithmParams::default(),
+    };
+    let ar = shape(Collective::AllReduce, 100_000, false);
+    let largest = |protocol: Protocol| {
+        let mut p = Planner::new(
+            4,
+            PlannerSettings {
+                selector: Some(SharedSelector(Arc::new(Fixed(halving.clone(), protocol)))),
+                max_message_bytes: Some(64 << 10),
+                max_ll_message_bytes: Some(4 << 10),
+                ..planner_with(halving.clone(), None).settings
+            },
+        );
+        let planned = p.plan(&ar).unwrap();
+        assert_eq!(planned.protocol, Some(protocol));
+        let plan = planned.plan;
+        assert!(plan.links.iter().all(|l| l.largest <= 64 << 10));
+        plan.links.iter().map(|l| l.largest).max().unwrap()
+    };
+    let ll = largest(Protocol::LowLatency);
+    assert!(ll <= 4 << 10, "an LL message of {ll} bytes");
+    let bulk = largest(Protocol::Simple);
+    assert!(bulk > 4 << 10, "bulk messages cut to {bulk} bytes");
 }

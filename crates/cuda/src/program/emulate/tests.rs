@@ -2,7 +2,9 @@
 //! and collective through the conformance kit (each case run twice on one
 //! fabric, so the second call's messages start mid-ring in every slot),
 //! every dtype and op, and the failures: a rank that calls another plan,
-//! a rank that never calls.
+//! a rank that never calls. Each runs on two rigs: the Rust mirror
+//! ([`Fabric`]) and the kernel's own source built for the host
+//! ([`host_kernel`](crate::program::host_kernel)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +19,67 @@ use ferrocoll_core::{Collective, DataType, ReduceOp};
 
 use super::*;
 use crate::interpreter::setup;
+use crate::program::host_kernel::{self, HostFabric};
 use crate::program::{ProgramError, Protocol, Span};
+
+/// What runs the device protocol: the Rust mirror of the kernel, or the
+/// kernel's own source built for the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rig {
+    Mirror,
+    Source,
+}
+
+/// The rigs this machine has (the source needs a C++ compiler).
+fn rigs() -> Vec<Rig> {
+    let mut out = vec![Rig::Mirror];
+    if host_kernel::kernel().is_some() {
+        out.push(Rig::Source);
+    }
+    out
+}
+
+/// A fabric of either rig.
+enum AnyFabric {
+    Mirror(Fabric),
+    Source(HostFabric),
+}
+
+impl AnyFabric {
+    fn new(rig: Rig, layout: Layout, timeout: Duration) -> AnyFabric {
+        match rig {
+            Rig::Mirror => AnyFabric::Mirror(Fabric::new(layout, timeout).unwrap()),
+            Rig::Source => AnyFabric::Source(HostFabric::new(
+                host_kernel::kernel().expect("listed by `rigs`"),
+                layout,
+                timeout,
+            )),
+        }
+    }
+
+    fn call<T: ferrocoll_core::types::Reduce>(
+        &self,
+        programs: &[&DeviceProgram],
+        buffers: Vec<Buffers<'_, T>>,
+    ) -> Vec<Result<(), CommError>> {
+        match self {
+            AnyFabric::Mirror(f) => f.call(programs, buffers),
+            AnyFabric::Source(f) => f.call(programs, buffers),
+        }
+    }
+
+    fn rank_call<T: ferrocoll_core::types::Reduce>(
+        &self,
+        rank: Rank,
+        program: &DeviceProgram,
+        buffers: Buffers<'_, T>,
+    ) -> Result<(), CommError> {
+        match self {
+            AnyFabric::Mirror(f) => f.rank_call(rank, program, buffers),
+            AnyFabric::Source(f) => f.rank_call(rank, program, buffers),
+        }
+    }
+}
 
 /// The plan of `case` with small chunks, so calls run many segments.
 fn plan_of(case: &Case, channels: u32) -> ExecutionPlan {
@@ -55,6 +117,7 @@ fn layout_for(plan: &ExecutionPlan, slots: u32) -> Layout {
 }
 
 struct Emulated {
+    rig: Rig,
     channels: u32,
     protocol: Protocol,
 }
@@ -69,13 +132,14 @@ impl Harness for Emulated {
         let plan = plan_of(case, self.channels);
         let program = DeviceProgram::lower(&plan, layout_for(&plan, 2), self.protocol)
             .map_err(|e| e.to_string())?;
-        run_twice(&program, case, inputs, outputs)
+        run_twice(self.rig, &program, case, inputs, outputs)
     }
 }
 
 /// The plans the device interpreter's group makes: its planner, with its
 /// settings, lowered for the layout its windows are set up with.
 struct GroupPlanned {
+    rig: Rig,
     config: crate::CudaConfig,
 }
 
@@ -106,18 +170,42 @@ impl Harness for GroupPlanned {
         let protocol = setup::protocol(&planned, &layout, &config);
         let program =
             DeviceProgram::lower(&planned.plan, layout, protocol).map_err(|e| e.to_string())?;
-        run_twice(&program, case, inputs, outputs)
+        run_twice(self.rig, &program, case, inputs, outputs)
+    }
+}
+
+/// `case` as the group plans it, on every rig.
+fn check_group_planned(config: &crate::CudaConfig, case: &Case) {
+    for rig in rigs() {
+        let harness = GroupPlanned {
+            rig,
+            config: config.clone(),
+        };
+        check_case(&harness, case).unwrap_or_else(|e| panic!("{rig:?} {case:?}: {e}"));
+    }
+}
+
+/// `case` on its algorithm's plan at `channels`, on every rig.
+fn check_emulated(channels: u32, protocol: Protocol, case: &Case) {
+    for rig in rigs() {
+        let harness = Emulated {
+            rig,
+            channels,
+            protocol,
+        };
+        check_case(&harness, case).unwrap_or_else(|e| panic!("{rig:?} {case:?}: {e}"));
     }
 }
 
 /// Run `case` twice on one fabric and return the second call's outputs.
 fn run_twice<T: KitElement>(
+    rig: Rig,
     program: &DeviceProgram,
     case: &Case,
     inputs: &[Vec<T>],
     outputs: Vec<Vec<T>>,
 ) -> Result<Vec<Vec<T>>, String> {
-    let fabric = Fabric::new(program.layout, Duration::from_secs(20)).unwrap();
+    let fabric = AnyFabric::new(rig, program.layout, Duration::from_secs(20));
     let programs: Vec<&DeviceProgram> = vec![&program; case.world_size as usize];
     // Twice: the second call's counters start where the first left them.
     // The first call moves other values, so a read of a stale slot in
@@ -224,16 +312,70 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
                     if algorithm.is_some_and(|a| !applicable().any(|x| x == (a, kind))) {
                         continue;
                     }
-                    check_case(
-                        &GroupPlanned {
-                            config: config.clone(),
-                        },
-                        &case,
-                    )
-                    .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+                    check_group_planned(&config, &case);
                 }
             }
         }
+    }
+}
+
+/// A selector that always picks LL halving-doubling at a wide grain, as a
+/// topology selector built for a larger LL slot than the group's would.
+#[derive(Debug)]
+struct WideLl;
+
+impl ferrocoll_core::select::Selector for WideLl {
+    fn select(&self, _: Collective, _: u32, _: usize) -> Option<ferrocoll_core::select::Selection> {
+        Some(ferrocoll_core::select::Selection {
+            choice: ferrocoll_core::select::Choice::Builtin {
+                algorithm: Algorithm::HalvingDoubling,
+                params: AlgorithmParams::default(),
+            },
+            max_chunk_bytes: Some(64 << 10),
+            protocol: Some(ferrocoll_core::select::Protocol::LowLatency),
+            why: "wide LL".into(),
+        })
+    }
+}
+
+#[test]
+fn a_selected_ll_call_runs_as_ll_with_its_chunks_cut_to_the_ll_slot() {
+    // Halving-doubling sends half its chunks in its first step: at the
+    // selector's grain that message is past a 1 KiB LL slot, and the call
+    // used to run in bulk instead of the protocol it was simulated with.
+    let config = crate::CudaConfig {
+        max_chunk_bytes: 4096,
+        slots_per_link: 2,
+        ll_max_bytes: 1024,
+        selector: Some(ferrocoll_core::select::SharedSelector(Arc::new(WideLl))),
+        ..crate::CudaConfig::default()
+    };
+    let layout = setup::layout(4, &config).unwrap();
+    let mut planner =
+        ferrocoll_core::plan::Planner::new(4, setup::planner_settings(&config, &layout));
+    let mut rng = SplitMix64(31);
+    for count in [2000, 2001, 3] {
+        let case = Case {
+            collective: Collective::AllReduce,
+            algorithm: None,
+            world_size: 4,
+            count,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            in_place: false,
+            seed: rng.next_u64(),
+        };
+        let shape = CallShape {
+            collective: case.collective,
+            count,
+            dtype: case.dtype,
+            op: case.op,
+            in_place: false,
+        };
+        let planned = planner.plan(&shape).unwrap();
+        assert_eq!(planned.plan.schedule, "halving-doubling");
+        assert_eq!(setup::protocol(&planned, &layout, &config), Protocol::Ll);
+        check_group_planned(&config, &case);
     }
 }
 
@@ -256,14 +398,7 @@ fn every_algorithm_and_collective_runs_through_the_device_protocol() {
                 if in_place && case.collective.in_place_alias(0).is_none() {
                     continue;
                 }
-                check_case(
-                    &Emulated {
-                        channels: 2,
-                        protocol,
-                    },
-                    &case,
-                )
-                .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+                check_emulated(2, protocol, &case);
             }
         }
     }
@@ -288,14 +423,7 @@ fn every_dtype_and_op_runs_through_the_device_protocol() {
                     in_place: false,
                     seed: rng.next_u64(),
                 };
-                check_case(
-                    &Emulated {
-                        channels: 3,
-                        protocol,
-                    },
-                    &case,
-                )
-                .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+                check_emulated(3, protocol, &case);
             }
         }
     }
@@ -310,11 +438,14 @@ fn the_protocols_take_turns_on_one_fabric() {
     let layout = layout_for(&plan, 2);
     let simple = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
     let ll = DeviceProgram::lower(&plan, layout, Protocol::Ll).unwrap();
-    let fabric = Fabric::new(layout, Duration::from_secs(20)).unwrap();
-    for (round, program) in [&simple, &ll, &ll, &simple, &ll, &simple]
-        .into_iter()
-        .enumerate()
-    {
+    for rig in rigs() {
+        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
+        take_turns(&fabric, &simple, &ll);
+    }
+}
+
+fn take_turns(fabric: &AnyFabric, simple: &DeviceProgram, ll: &DeviceProgram) {
+    for (round, program) in [simple, ll, ll, simple, ll, simple].into_iter().enumerate() {
         let inputs: Vec<Vec<f32>> = (0..3).map(|r| vec![(round * 3 + r) as f32; 300]).collect();
         let mut outputs = vec![vec![0f32; 300]; 3];
         let results = fabric.call(&[program; 3], f32_buffers(&mut outputs, &inputs));
@@ -361,18 +492,20 @@ fn all_reduce(count: usize) -> Case {
 
 #[test]
 fn a_rank_that_calls_another_plan_fails_every_rank_before_its_data_lands() {
-    for protocol in PROTOCOLS {
-        another_plan_fails_every_rank(protocol);
+    for rig in rigs() {
+        for protocol in PROTOCOLS {
+            another_plan_fails_every_rank(rig, protocol);
+        }
     }
 }
 
-fn another_plan_fails_every_rank(protocol: Protocol) {
+fn another_plan_fails_every_rank(rig: Rig, protocol: Protocol) {
     let ours = plan_of(&all_reduce(300), 1);
     let theirs = plan_of(&all_reduce(299), 1);
     let layout = layout_for(&ours, 2);
     let a = DeviceProgram::lower(&ours, layout, protocol).unwrap();
     let b = DeviceProgram::lower(&theirs, layout, protocol).unwrap();
-    let fabric = Fabric::new(layout, Duration::from_secs(20)).unwrap();
+    let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
     let inputs = [vec![1.0f32; 300], vec![1.0f32; 299], vec![1.0f32; 300]];
     let mut outputs = [vec![0.0f32; 300], vec![0.0f32; 299], vec![0.0f32; 300]];
     let buffers = f32_buffers(&mut outputs, &inputs);
@@ -382,22 +515,20 @@ fn another_plan_fails_every_rank(protocol: Protocol) {
         started.elapsed() < Duration::from_secs(10),
         "it waited out the timeout"
     );
-    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(results.iter().all(Result::is_err), "{rig:?} {results:?}");
     assert!(
         results
             .iter()
-            .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
-        "{results:?}"
+            .any(|r| matches!(r, Err(CommError::Mismatch { call: 0, .. }))),
+        "{rig:?} {results:?}"
     );
     // Nothing of rank 1's landed in rank 2's output, nor the other way.
     assert!(outputs[2].iter().all(|&x| x == 0.0 || x == 1.0));
-    // The fabric is failed for good: counters no longer agree.
+    // The fabric is failed for good: counters no longer agree. (The
+    // mirror reports the first failure to every rank; the kernel's board
+    // keeps each rank's own word.)
     let again = fabric.call(&[&a, &a, &a], f32_buffers(&mut outputs, &inputs));
-    assert!(
-        again
-            .iter()
-            .all(|r| matches!(r, Err(CommError::PeerFailed { .. })))
-    );
+    assert!(again.iter().all(Result::is_err), "{rig:?} {again:?}");
 }
 
 #[test]
@@ -412,18 +543,25 @@ fn a_rank_that_never_sends_times_the_others_out_with_the_reason() {
         channels: vec![Span::default()],
         ..RankProgram::default()
     };
-    let fabric = Fabric::new(layout, Duration::from_millis(300)).unwrap();
-    let inputs = vec![vec![1.0f32; 64]; 3];
-    let mut outputs = vec![vec![0.0f32; 64]; 3];
-    let buffers = f32_buffers(&mut outputs, &inputs);
-    let results = fabric.call(&[&p, &p, &silent], buffers);
-    assert!(results[..2].iter().all(Result::is_err), "{results:?}");
-    assert!(
-        results[..2]
-            .iter()
-            .any(|r| matches!(r, Err(CommError::Timeout { .. }))),
-        "{results:?}"
-    );
+    for rig in rigs() {
+        let fabric = AnyFabric::new(rig, layout, Duration::from_millis(300));
+        let inputs = vec![vec![1.0f32; 64]; 3];
+        let mut outputs = vec![vec![0.0f32; 64]; 3];
+        let buffers = f32_buffers(&mut outputs, &inputs);
+        let started = std::time::Instant::now();
+        let results = fabric.call(&[&p, &p, &silent], buffers);
+        assert!(started.elapsed() < Duration::from_secs(10), "{rig:?}");
+        assert!(
+            results[..2].iter().all(Result::is_err),
+            "{rig:?} {results:?}"
+        );
+        assert!(
+            results[..2]
+                .iter()
+                .any(|r| matches!(r, Err(CommError::Timeout { .. }))),
+            "{rig:?} {results:?}"
+        );
+    }
 }
 
 #[test]
@@ -479,14 +617,7 @@ fn an_instruction_receiving_from_many_peers_runs() {
         "the case must fan in 11 messages"
     );
     for protocol in PROTOCOLS {
-        check_case(
-            &Emulated {
-                channels: 1,
-                protocol,
-            },
-            &case,
-        )
-        .unwrap();
+        check_emulated(1, protocol, &case);
     }
 }
 
@@ -543,43 +674,49 @@ fn a_peer_already_in_its_next_call_is_not_a_mismatch() {
         };
         let plan = plan_of(&case, 1);
         let program = DeviceProgram::lower(&plan, layout_for(&plan, 4), protocol).unwrap();
-        let fabric = Fabric::new(program.layout, Duration::from_secs(20)).unwrap();
-        let rounds = 6;
-        let outputs: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..4u32)
-                .map(|rank| {
-                    let (fabric, program) = (&fabric, &program);
-                    scope.spawn(move || {
-                        (0..rounds)
-                            .map(|round| {
-                                if rank == 0 {
-                                    std::thread::sleep(Duration::from_millis(20));
-                                }
-                                let input = vec![(round * 10 + rank as usize) as f32; 40];
-                                let mut output = vec![0f32; 40];
-                                let buffers = Buffers {
-                                    input: &input,
-                                    output: &mut output,
-                                };
-                                fabric
-                                    .rank_call(rank, program, buffers)
-                                    .unwrap_or_else(|e| {
-                                        panic!("{protocol:?} rank {rank} round {round}: {e}")
-                                    });
-                                output
-                            })
-                            .collect()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for (round, out) in outputs[0].iter().enumerate() {
-            let want = (0..4).map(|r| (round * 10 + r) as f32).sum::<f32>();
-            assert!(
-                out.iter().all(|&x| x == want),
-                "{protocol:?} round {round}: {out:?}"
-            );
+        for rig in rigs() {
+            let fabric = AnyFabric::new(rig, program.layout, Duration::from_secs(20));
+            runs_ahead_of_a_late_root(&fabric, &program, protocol);
         }
+    }
+}
+
+fn runs_ahead_of_a_late_root(fabric: &AnyFabric, program: &DeviceProgram, protocol: Protocol) {
+    let rounds = 6;
+    let outputs: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4u32)
+            .map(|rank| {
+                let (fabric, program) = (fabric, program);
+                scope.spawn(move || {
+                    (0..rounds)
+                        .map(|round| {
+                            if rank == 0 {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            let input = vec![(round * 10 + rank as usize) as f32; 40];
+                            let mut output = vec![0f32; 40];
+                            let buffers = Buffers {
+                                input: &input,
+                                output: &mut output,
+                            };
+                            fabric
+                                .rank_call(rank, program, buffers)
+                                .unwrap_or_else(|e| {
+                                    panic!("{protocol:?} rank {rank} round {round}: {e}")
+                                });
+                            output
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (round, out) in outputs[0].iter().enumerate() {
+        let want = (0..4).map(|r| (round * 10 + r) as f32).sum::<f32>();
+        assert!(
+            out.iter().all(|&x| x == want),
+            "{protocol:?} round {round}: {out:?}"
+        );
     }
 }

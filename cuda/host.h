@@ -1,0 +1,118 @@
+// Host stand-ins for what reduce.cu and interpret.cu use of CUDA, so that
+// the device interpreter's own source compiles as C++ (g++ or clang++)
+// and runs on CPU threads in `cargo test`
+// (crates/cuda/src/program/host_kernel.rs).
+//
+// Model: one host thread per thread block, and one thread per block
+// (blockDim 1), so `__shared__` is thread-local storage and a block-wide
+// barrier is its one thread's own vote. Peers' windows, the board and the
+// tables are plain host memory, so "device addresses" are host pointers.
+// What this cannot show is what only a GPU has: the memory model across
+// SMs and PCIe/NVLink, warp scheduling, occupancy.
+
+#define FC_HOST 1
+
+#include <math.h>
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __shared__ static thread_local
+
+struct FcDim3 { unsigned x, y, z; };
+static thread_local FcDim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
+static thread_local FcDim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+
+// Make the calling thread block `block` of a grid of `grid`.
+extern "C" void fc_host_block(unsigned block, unsigned grid) {
+    blockIdx.x = block;
+    gridDim.x = grid;
+}
+
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
+
+template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
+
+static inline int __syncthreads_or(int vote) { return vote != 0; }
+static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+static inline unsigned long long atomicCAS_system(unsigned long long *p, unsigned long long expected,
+                                                  unsigned long long desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return expected;
+}
+
+typedef unsigned long long fc_u64;
+
+static inline fc_u64 fc_load_acquire(const fc_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void fc_store_release(fc_u64 *p, fc_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static inline fc_u64 fc_now() {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (fc_u64)t.tv_sec * 1000000000ull + (fc_u64)t.tv_nsec;
+}
+
+// An LL line's halves: each 64-bit word whole (what the GPU's v2 access
+// guarantees per element), the pair not.
+static inline void fc_store_pair(unsigned char *p, fc_u64 lo, fc_u64 hi) {
+    __atomic_store_n((fc_u64 *)p, lo, __ATOMIC_RELAXED);
+    __atomic_store_n((fc_u64 *)p + 1, hi, __ATOMIC_RELAXED);
+}
+
+static inline void fc_load_pair(const unsigned char *p, fc_u64 *lo, fc_u64 *hi) {
+    *lo = __atomic_load_n((const fc_u64 *)p, __ATOMIC_RELAXED);
+    *hi = __atomic_load_n((const fc_u64 *)p + 1, __ATOMIC_RELAXED);
+}
+
+// More blocks than cores spin here: let the others run.
+static inline void fc_pause() { sched_yield(); }
+
+// IEEE half and bfloat16 as bits, converted with round-to-nearest-even
+// (NaN stays NaN, quieted), as the CUDA intrinsics and the CPU executor do.
+struct __half { unsigned short bits; };
+struct __nv_bfloat16 { unsigned short bits; };
+
+static inline unsigned fc_bits(float f) { unsigned x; memcpy(&x, &f, 4); return x; }
+static inline float fc_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
+
+static inline float __half2float(__half h) {
+    const unsigned sign = (unsigned)(h.bits & 0x8000) << 16, exp = (h.bits >> 10) & 0x1f, mant = h.bits & 0x3ff;
+    if (exp == 0x1f) return fc_float(sign | 0x7f800000 | (mant << 13));
+    if (exp == 0) {
+        const float f = ldexpf((float)mant, -24);
+        return sign ? -f : f;
+    }
+    return fc_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+static inline __half __float2half_rn(float f) {
+    const unsigned x = fc_bits(f), sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff;
+    unsigned mant = x & 0x7fffff;
+    if (exp == 0xff) return __half{(unsigned short)(sign | 0x7c00 | (mant ? 0x200 | (mant >> 13) : 0))};
+    const int e = (int)exp - 127 + 15;
+    if (e >= 0x1f) return __half{(unsigned short)(sign | 0x7c00)};
+    unsigned shift = 13, h;
+    if (e <= 0) {
+        if (e < -10) return __half{(unsigned short)sign};
+        mant |= 0x800000;
+        shift = (unsigned)(14 - e);
+        h = mant >> shift;
+    } else {
+        h = ((unsigned)e << 10) | (mant >> 13);
+    }
+    const unsigned rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) ++h;
+    return __half{(unsigned short)(sign | h)};
+}
+
+static inline float __bfloat162float(__nv_bfloat16 b) { return fc_float((unsigned)b.bits << 16); }
+
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    const unsigned x = fc_bits(f);
+    if ((x & 0x7fffffff) > 0x7f800000) return __nv_bfloat16{(unsigned short)((x >> 16) | 0x40)};
+    return __nv_bfloat16{(unsigned short)((x + 0x7fff + ((x >> 16) & 1)) >> 16)};
+}
