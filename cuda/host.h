@@ -71,8 +71,10 @@ static inline void fc_load_pair(const unsigned char *p, fc_u64 *lo, fc_u64 *hi) 
 // More blocks than cores spin here: let the others run.
 static inline void fc_pause() { sched_yield(); }
 
-// IEEE half and bfloat16 as bits, converted with round-to-nearest-even
-// (NaN stays NaN, quieted), as the CUDA intrinsics and the CPU executor do.
+// IEEE half and bfloat16 as bits, converted with round-to-nearest-even, as
+// the CUDA intrinsics and the CPU executor do (checked against a reference
+// on every float). NaN stays NaN, quieted on the way to the narrow types;
+// payloads are kept, where a GPU may return its canonical NaN.
 struct __half { unsigned short bits; };
 struct __nv_bfloat16 { unsigned short bits; };
 
@@ -116,3 +118,8 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     if ((x & 0x7fffffff) > 0x7f800000) return __nv_bfloat16{(unsigned short)((x >> 16) | 0x40)};
     return __nv_bfloat16{(unsigned short)((x + 0x7fff + ((x >> 16) & 1)) >> 16)};
 }
+
+// The conversions, for the tests that hold them against the CPU's.
+extern "C" unsigned short fc_host_to_half(float f) { return __float2half_rn(f).bits; }
+extern "C" float fc_host_from_half(unsigned short h) { return __half2float(__half{h}); }
+extern "C" unsigned short fc_host_to_bf16(float f) { return __float2bfloat16_rn(f).bits; }

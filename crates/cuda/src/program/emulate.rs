@@ -25,7 +25,8 @@ use super::{DeviceProgram, Layout, Local, Op, Protocol, RankProgram, State, Wind
 mod ll;
 mod memory;
 
-use memory::{Arena, Memory, bytes_of, divide};
+pub(crate) use memory::Arena;
+use memory::{Memory, bytes_of, divide};
 
 fn words(n: usize) -> Box<[AtomicU64]> {
     (0..n).map(|_| AtomicU64::new(0)).collect()
@@ -89,6 +90,32 @@ pub struct Buffers<'a, T> {
     pub input: &'a [T],
     /// The output (in place: the one buffer).
     pub output: &'a mut [T],
+}
+
+/// Why `buffers` cannot hold `program`'s call: another element type, or
+/// a length other than the program's (an in-place call has no input).
+pub(crate) fn buffer_problem<T: Reduce>(
+    program: &DeviceProgram,
+    buffers: &Buffers<'_, T>,
+) -> Option<CommError> {
+    if T::DATA_TYPE != program.dtype {
+        return Some(CommError::DtypeMismatch {
+            input: T::DATA_TYPE,
+            output: program.dtype,
+        });
+    }
+    let size = std::mem::size_of::<T>() as u64;
+    [
+        ("input", buffers.input.len(), program.input_bytes),
+        ("output", buffers.output.len(), program.output_bytes),
+    ]
+    .into_iter()
+    .find(|&(_, got, needed)| got as u64 * size != needed)
+    .map(|(what, got, needed)| CommError::BufferSize {
+        what,
+        got,
+        needed: (needed / size) as usize,
+    })
 }
 
 /// `f(rank, its buffers)` for every rank at once, a thread each; what
@@ -205,34 +232,7 @@ impl Fabric {
         buffers: Buffers<'_, T>,
     ) -> Result<(), CommError> {
         let me = &program.ranks[rank as usize];
-        let size = std::mem::size_of::<T>() as u64;
-        let problem = if T::DATA_TYPE != program.dtype {
-            Some(CommError::DtypeMismatch {
-                input: T::DATA_TYPE,
-                output: program.dtype,
-            })
-        } else {
-            [
-                (
-                    "input",
-                    buffers.input.len() as u64 * size,
-                    program.input_bytes,
-                ),
-                (
-                    "output",
-                    buffers.output.len() as u64 * size,
-                    program.output_bytes,
-                ),
-            ]
-            .into_iter()
-            .find(|&(_, got, needed)| got != needed)
-            .map(|(what, got, needed)| CommError::BufferSize {
-                what,
-                got: (got / size) as usize,
-                needed: (needed / size) as usize,
-            })
-        };
-        if let Some(e) = problem {
+        if let Some(e) = buffer_problem(program, &buffers) {
             // Peers must not wait out the timeout for this rank.
             self.fail(rank, e.to_string());
             return Err(e);

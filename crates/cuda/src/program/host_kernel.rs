@@ -10,18 +10,26 @@
 //! It needs a C++ compiler (`CXX`, else `c++`). Without one the tests
 //! that use it say so and pass, unless `FERROCOLL_REQUIRE_HOST_KERNEL=1`
 //! (CI sets it), where that is a failure.
+//!
+//! One thread per block: what needs a GPU's 512 — threads striding over
+//! a message, reading the block's shared pointers after a barrier, the
+//! system fence publishing other threads' stores, shared memory that
+//! starts uninitialised, a weaker memory model than x86's — shows only on
+//! the device (`cuda_conformance`).
 
 use std::ffi::{CString, c_void};
 use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::types::Reduce;
 
-use super::emulate::{Buffers, on_rank_threads};
+use super::emulate::{Arena, Buffers, buffer_problem, on_rank_threads};
+use super::params::ABORTED;
 use super::params::{Addresses, Failure, Params, pack};
 use super::{DeviceProgram, Layout};
 use crate::kernels;
@@ -43,19 +51,36 @@ pub fn kernel() -> Option<&'static HostKernel> {
     static KERNEL: OnceLock<Result<HostKernel, String>> = OnceLock::new();
     match KERNEL.get_or_init(build) {
         Ok(k) => Some(k),
-        Err(why) if std::env::var_os("FERROCOLL_REQUIRE_HOST_KERNEL").is_some() => {
+        Err(why) if required() => {
             panic!("FERROCOLL_REQUIRE_HOST_KERNEL is set, but: {why}")
         }
         Err(why) => {
-            println!("SKIPPED (the kernel's source on the host): {why}");
+            eprintln!("SKIPPED (the kernel's source on the host): {why}");
             None
         }
     }
 }
 
+/// `FERROCOLL_REQUIRE_HOST_KERNEL` set to anything but `0` or nothing.
+fn required() -> bool {
+    std::env::var("FERROCOLL_REQUIRE_HOST_KERNEL").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 fn build() -> Result<HostKernel, String> {
-    let dir = std::env::temp_dir().join(format!("ferrocoll-host-kernel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // A fresh directory of this process's own (`create_dir` refuses one
+    // that exists), so nothing else's library is loaded from it.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "ferrocoll-host-kernel-{}-{nonce:x}",
+        std::process::id()
+    ));
+    let mut create = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(&mut create, 0o700);
+    create
+        .create(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     let built = compile_and_load(&dir);
     // Loaded (or not), the files are done with: the mapping outlives them.
     let _ = std::fs::remove_dir_all(&dir);
@@ -72,9 +97,23 @@ fn compile_and_load(dir: &Path) -> Result<HostKernel, String> {
         kernels::INTERPRETER
     );
     std::fs::write(&source, text).map_err(|e| format!("{}: {e}", source.display()))?;
+    // `CXX` may carry a launcher (`ccache g++`).
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let out = Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-o"])
+    let mut words = cxx.split_whitespace();
+    let program = words.next().ok_or("CXX is empty")?;
+    // The kernels read messages through `uint4` and 64-bit words as their
+    // element type, as CUDA code does: no strict-aliasing assumptions.
+    let out = Command::new(program)
+        .args(words)
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-fno-strict-aliasing",
+            "-shared",
+            "-fPIC",
+            "-w",
+            "-o",
+        ])
         .arg(&library)
         .arg(&source)
         .output()
@@ -137,17 +176,29 @@ impl HostKernel {
     }
 }
 
-/// Zeroed host memory, 16-byte aligned, at a fixed address.
-struct Block(Box<[u128]>);
-
-impl Block {
-    fn new(bytes: u64) -> Block {
-        Block(vec![0u128; bytes.div_ceil(16).max(1) as usize].into_boxed_slice())
+impl HostKernel {
+    /// The shim's float → half, half → float and float → bfloat16, as
+    /// functions (for the test that holds them against the CPU's).
+    pub fn conversions(&self) -> (ToNarrow, FromHalf, ToNarrow) {
+        // SAFETY: `extern "C"` functions of these signatures in cuda/host.h.
+        unsafe {
+            (
+                std::mem::transmute::<*mut c_void, ToNarrow>(self.symbol("fc_host_to_half")),
+                std::mem::transmute::<*mut c_void, FromHalf>(self.symbol("fc_host_from_half")),
+                std::mem::transmute::<*mut c_void, ToNarrow>(self.symbol("fc_host_to_bf16")),
+            )
+        }
     }
+}
 
-    fn addr(&self) -> u64 {
-        self.0.as_ptr() as u64
-    }
+/// A float to half or bfloat16 bits.
+pub type ToNarrow = extern "C" fn(f32) -> u16;
+/// Half bits to a float.
+pub type FromHalf = extern "C" fn(u16) -> f32;
+
+/// The address the kernel is given for an arena.
+fn addr(a: &Arena) -> u64 {
+    a.ptr() as u64
 }
 
 /// Every rank's window and state, and the board, outlasting calls as the
@@ -155,9 +206,9 @@ impl Block {
 pub struct HostFabric {
     kernel: &'static HostKernel,
     layout: Layout,
-    windows: Vec<Block>,
-    states: Vec<Block>,
-    board: Block,
+    windows: Vec<Arena>,
+    states: Vec<Arena>,
+    board: Arena,
     timeout: Duration,
 }
 
@@ -168,23 +219,25 @@ impl HostFabric {
         HostFabric {
             kernel,
             layout,
-            windows: (0..n).map(|_| Block::new(layout.window().bytes)).collect(),
+            windows: (0..n).map(|_| Arena::new(layout.window().bytes)).collect(),
             states: (0..n)
-                .map(|_| Block::new(8 * layout.state().words as u64))
+                .map(|_| Arena::new(8 * layout.state().words as u64))
                 .collect(),
-            board: Block::new(8 * n as u64),
+            board: Arena::new(8 * n as u64),
             timeout,
         }
     }
 
     /// Rank `r`'s board word.
     pub fn word(&self, r: usize) -> u64 {
-        let words = self.board.addr() as *const u64;
+        let words = self.board.ptr() as *const u64;
         // SAFETY: in the board (one word per rank); blocks have returned.
         unsafe { words.add(r).read_volatile() }
     }
 
     /// One call: every rank's part at once (see [`HostFabric::rank_call`]).
+    /// Every rank's refusal is on the board before any block starts, so a
+    /// test can tell that nothing of a refused call ran.
     pub fn call<T: Reduce>(
         &self,
         programs: &[&DeviceProgram],
@@ -192,6 +245,11 @@ impl HostFabric {
     ) -> Vec<Result<(), CommError>> {
         let n = self.layout.world_size as usize;
         assert_eq!((programs.len(), buffers.len()), (n, n));
+        for (r, b) in buffers.iter().enumerate() {
+            if self.refusal(programs[r], b).is_some() {
+                self.abort(r);
+            }
+        }
         on_rank_threads(buffers, |r, b| self.rank_call(r as Rank, programs[r], b))
             .into_iter()
             .map(|x| x.expect("a rank's thread"))
@@ -200,6 +258,9 @@ impl HostFabric {
 
     /// One rank's launch: its blocks as threads, one per channel of its
     /// program, then avg's division; its failure if its board word is set.
+    /// What the host would refuse before a launch (another layout, an
+    /// invalid program, buffers that do not fit) fails the rank, as the
+    /// communicator does, so its peers stop rather than wait it out.
     pub fn rank_call<T: Reduce>(
         &self,
         rank: Rank,
@@ -207,29 +268,30 @@ impl HostFabric {
         b: Buffers<'_, T>,
     ) -> Result<(), CommError> {
         let r = rank as usize;
-        assert_eq!(program.layout, self.layout, "rank {r}");
-        program.validate().expect("a valid program");
-        assert_eq!(T::DATA_TYPE, program.dtype);
+        // A rank whose host side panics stops its peers too.
+        let _stop = AbortOnPanic(self, r);
+        if let Some(e) = self.refusal(program, &b) {
+            self.abort(r);
+            return Err(e);
+        }
         let (blob, packed) = pack(&program.ranks[r]);
-        let tables = Block::new(blob.len() as u64);
-        // SAFETY: the block holds at least `blob.len()` bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(blob.as_ptr(), tables.addr() as *mut u8, blob.len())
-        };
-        let scratch = Block::new(program.scratch_bytes);
+        let tables = Arena::new(blob.len() as u64);
+        // SAFETY: the arena holds at least `blob.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), tables.ptr(), blob.len()) };
+        let scratch = Arena::new(program.scratch_bytes);
         let output = b.output.as_mut_ptr() as u64;
         let input = if b.input.is_empty() {
             output
         } else {
             b.input.as_ptr() as u64
         };
-        let windows: Vec<u64> = self.windows.iter().map(Block::addr).collect();
+        let windows: Vec<u64> = self.windows.iter().map(addr).collect();
         let at = Addresses {
-            tables: tables.addr(),
+            tables: addr(&tables),
             windows: &windows,
-            buffers: [input, output, scratch.addr()],
-            state: self.states[r].addr(),
-            board: self.board.addr(),
+            buffers: [input, output, addr(&scratch)],
+            state: addr(&self.states[r]),
+            board: addr(&self.board),
         };
         let params = Params::new(program, rank, &packed, &at, self.timeout);
         let grid = program.ranks[r].channels.len() as u32;
@@ -243,6 +305,31 @@ impl HostFabric {
             }
         });
         self.outcome(program, r, &params)
+    }
+
+    /// Why the host would not launch `program` on `b`.
+    fn refusal<T: Reduce>(&self, program: &DeviceProgram, b: &Buffers<'_, T>) -> Option<CommError> {
+        if program.layout != self.layout {
+            return Some(CommError::Capacity {
+                what: "a program lowered for another layout".into(),
+            });
+        }
+        if let Err(e) = program.validate() {
+            return Some(CommError::Capacity {
+                what: e.to_string(),
+            });
+        }
+        buffer_problem(program, b)
+    }
+
+    /// Set rank `r`'s board word, as the host's `abort` does, unless it
+    /// holds a reason already.
+    fn abort(&self, r: usize) {
+        let word = self.board.ptr().cast::<AtomicU64>();
+        // SAFETY: the board holds a word per rank, 8-byte aligned, only
+        // ever accessed atomically (the kernel's CAS and volatile loads).
+        let word = unsafe { &*word.add(r) };
+        let _ = word.compare_exchange(0, ABORTED, Ordering::AcqRel, Ordering::Acquire);
     }
 
     fn outcome(&self, program: &DeviceProgram, r: usize, params: &Params) -> Result<(), CommError> {
@@ -267,5 +354,69 @@ impl HostFabric {
             }
         }
         Ok(())
+    }
+}
+
+/// Aborts its rank if dropped while the thread panics.
+struct AbortOnPanic<'a>(&'a HostFabric, usize);
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort(self.1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrocoll_core::half::{bf16, f16};
+
+    /// Half and bfloat16 on the host rig round as the CPU executor does
+    /// (the `half` crate): every half, and floats across every exponent
+    /// with the mantissas where rounding decides (ties, just either side,
+    /// the extremes), infinities and NaNs.
+    #[test]
+    fn the_shims_conversions_round_as_the_cpu_does() {
+        let Some(k) = super::kernel() else { return };
+        let (to_half, from_half, to_bf16) = k.conversions();
+        for h in 0..=u16::MAX {
+            let (ours, cpu) = (from_half(h), f16::from_bits(h).to_f32());
+            assert!(
+                ours.to_bits() == cpu.to_bits() || (ours.is_nan() && cpu.is_nan()),
+                "{h:#x}"
+            );
+        }
+        let mantissas = [
+            0, 1, 0xfff, 0x1000, 0x1001, 0x2000, 0x3000, 0x7fff, 0x8000, 0x8001, 0x7f_ffff,
+            0x40_0000, 0x7f_e000, 0x7f_f000,
+        ];
+        for sign in [0u32, 1 << 31] {
+            for exp in 0..=255u32 {
+                for m in mantissas {
+                    let f = f32::from_bits(sign | exp << 23 | m);
+                    let (h, b) = (to_half(f), to_bf16(f));
+                    if f.is_nan() {
+                        assert!(
+                            f16::from_bits(h).is_nan() && bf16::from_bits(b).is_nan(),
+                            "{f:?}"
+                        );
+                        continue;
+                    }
+                    assert_eq!(
+                        h,
+                        f16::from_f32(f).to_bits(),
+                        "half of {f:e} ({:#x})",
+                        f.to_bits()
+                    );
+                    assert_eq!(
+                        b,
+                        bf16::from_f32(f).to_bits(),
+                        "bf16 of {f:e} ({:#x})",
+                        f.to_bits()
+                    );
+                }
+            }
+        }
     }
 }

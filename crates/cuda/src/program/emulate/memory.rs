@@ -6,10 +6,11 @@ use ferrocoll_core::types::Reduce;
 use crate::program::{BufferId, Local, RankProgram};
 
 /// Memory other threads write into, ordered by the counters: a raw
-/// allocation, so that no reference to the whole of it ever exists while
-/// threads write their parts.
-pub(super) struct Arena {
-    ptr: *mut u64,
+/// allocation, zeroed and 16-byte aligned (as device allocations are, for
+/// the kernel's vector accesses), so that no reference to the whole of it
+/// ever exists while threads write their parts.
+pub(crate) struct Arena {
+    ptr: *mut u128,
     words: usize,
 }
 
@@ -25,13 +26,13 @@ unsafe impl Sync for Arena {}
 unsafe impl Send for Arena {}
 
 impl Arena {
-    pub(super) fn new(bytes: u64) -> Self {
-        let words = bytes.div_ceil(8) as usize;
-        let ptr = Box::into_raw(vec![0u64; words].into_boxed_slice()).cast::<u64>();
+    pub(crate) fn new(bytes: u64) -> Self {
+        let words = bytes.div_ceil(16).max(1) as usize;
+        let ptr = Box::into_raw(vec![0u128; words].into_boxed_slice()).cast::<u128>();
         Arena { ptr, words }
     }
 
-    pub(super) fn ptr(&self) -> *mut u8 {
+    pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr.cast()
     }
 }

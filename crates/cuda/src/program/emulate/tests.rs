@@ -2,9 +2,9 @@
 //! and collective through the conformance kit (each case run twice on one
 //! fabric, so the second call's messages start mid-ring in every slot),
 //! every dtype and op, and the failures: a rank that calls another plan,
-//! a rank that never calls. Each runs on two rigs: the Rust mirror
-//! ([`Fabric`]) and the kernel's own source built for the host
-//! ([`host_kernel`](crate::program::host_kernel)).
+//! a rank that never calls, programs and buffers the host refuses. Each
+//! runs on two rigs: the Rust mirror ([`Fabric`]) and the kernel's own
+//! source built for the host ([`host_kernel`](crate::program::host_kernel)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -645,14 +645,42 @@ fn an_edited_program_is_refused_before_any_thread_walks_it() {
     peer.ranks[0].ends[0].peer = 7;
     let mut other_layout = good.clone();
     other_layout.layout.slots = 3;
-    for bad in [&past, &peer, &other_layout] {
+    for (rig, bad) in rigs()
+        .into_iter()
+        .flat_map(|rig| [&past, &peer, &other_layout].map(|bad| (rig, bad)))
+    {
         assert!(bad.validate().is_err() || bad.layout != layout);
-        let fabric = Fabric::new(layout, Duration::from_secs(20)).unwrap();
+        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
         let inputs = vec![vec![1.0f32; 64]; 3];
         let mut outputs = vec![vec![0.0f32; 64]; 3];
+        let started = std::time::Instant::now();
         let results = fabric.call(&[&good, bad, &good], f32_buffers(&mut outputs, &inputs));
-        assert!(results.iter().all(Result::is_err), "{results:?}");
-        assert!(outputs.iter().flatten().all(|&x| x == 0.0), "nothing ran");
+        assert!(started.elapsed() < Duration::from_secs(10), "{rig:?}");
+        assert!(results.iter().all(Result::is_err), "{rig:?} {results:?}");
+        assert!(
+            outputs.iter().flatten().all(|&x| x == 0.0),
+            "{rig:?}: nothing ran"
+        );
+    }
+    // Buffers that do not fit the program are refused as well, on both.
+    for rig in rigs() {
+        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
+        let inputs = [vec![1.0f32; 64], vec![1.0f32; 63], vec![1.0f32; 64]];
+        let mut outputs = vec![vec![0.0f32; 64]; 3];
+        let results = fabric.call(&[&good; 3], f32_buffers(&mut outputs, &inputs));
+        assert!(
+            matches!(
+                &results[1],
+                Err(CommError::BufferSize {
+                    what: "input",
+                    got: 63,
+                    needed: 64
+                })
+            ),
+            "{rig:?} {results:?}"
+        );
+        assert!(results.iter().all(Result::is_err), "{rig:?} {results:?}");
+        assert!(outputs.iter().flatten().all(|&x| x == 0.0), "{rig:?}");
     }
 }
 
