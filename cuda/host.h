@@ -1,21 +1,28 @@
 // Host stand-ins for what reduce.cu and interpret.cu use of CUDA, so that
 // the device interpreter's own source compiles as C++ (g++ or clang++)
 // and runs on CPU threads in `cargo test`
-// (crates/cuda/src/program/host_kernel.rs).
+// (crates/cuda/src/program/host_kernel.rs). host_launch.h, appended after
+// interpret.cu, is the entry the tests call.
 //
-// Model: one host thread per thread block, and one thread per block
-// (blockDim 1), so `__shared__` is thread-local storage and a block-wide
-// barrier is its one thread's own vote. Peers' windows, the board and the
-// tables are plain host memory, so "device addresses" are host pointers.
-// What this cannot show is what only a GPU has: the memory model across
-// SMs and PCIe/NVLink, warp scheduling, occupancy.
+// Model: one host thread per thread block; the block's threads are fibers
+// of that host thread (ucontext), switched where a GPU thread would wait —
+// at a barrier and in every spin — so `__shared__` (thread-local storage
+// of the host thread) is shared by the block's threads, as on the GPU, and
+// `__syncthreads_or` is a real barrier and vote. Peers' windows, the board
+// and the tables are plain host memory, so "device addresses" are host
+// pointers. What this cannot show is what only a GPU has: the memory model
+// across SMs and PCIe/NVLink (x86 orders more), threads of a warp running
+// at once, occupancy.
 
 #define FC_HOST 1
 
 #include <math.h>
 #include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <ucontext.h>
 
 #define __device__
 #define __global__
@@ -26,17 +33,110 @@ struct FcDim3 { unsigned x, y, z; };
 static thread_local FcDim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
 static thread_local FcDim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
 
-// Make the calling thread block `block` of a grid of `grid`.
+// The block this host thread runs: its threads as fibers.
+struct FcFiber { ucontext_t context; void *stack; bool done; };
+static thread_local FcFiber *fc_fiber = 0;
+static thread_local unsigned fc_fibers = 0, fc_current = 0, fc_finished = 0;
+static thread_local ucontext_t fc_scheduler;
+// The barrier: arrivals, votes, and a generation that moves on when the
+// last thread arrives.
+static thread_local unsigned fc_arrived = 0, fc_generation = 0;
+static thread_local int fc_vote = 0, fc_result = 0;
+static thread_local void (*fc_entry)(const void *) = 0;
+static thread_local const void *fc_entry_arg = 0;
+
+// Let the block's other threads run (back to the scheduler).
+static inline void fc_yield() {
+    if (fc_fibers > 1) swapcontext(&fc_fiber[fc_current].context, &fc_scheduler);
+}
+
+static void fc_fiber_main() {
+    fc_entry(fc_entry_arg);
+    fc_fiber[fc_current].done = true;
+    ++fc_finished;
+}
+
+// Run `entry(arg)` as every thread of block `block` of a grid of `grid`,
+// `threads` threads per block, on this host thread; back when all ended.
+static void fc_run_block(void (*entry)(const void *), const void *arg, unsigned block, unsigned grid,
+                         unsigned threads) {
+    blockIdx.x = block;
+    gridDim.x = grid;
+    blockDim.x = threads ? threads : 1;
+    threadIdx.x = 0;
+    if (blockDim.x == 1) {
+        fc_fibers = 0;
+        entry(arg);
+        return;
+    }
+    const size_t stack = 256 << 10;
+    fc_entry = entry;
+    fc_entry_arg = arg;
+    fc_fiber = (FcFiber *)calloc(threads, sizeof(FcFiber));
+    fc_fibers = threads;
+    fc_finished = fc_arrived = 0;
+    fc_vote = 0;
+    for (unsigned t = 0; t < threads; ++t) {
+        FcFiber &f = fc_fiber[t];
+        f.stack = malloc(stack);
+        if (!f.stack || getcontext(&f.context) != 0) abort();
+        f.context.uc_stack.ss_sp = f.stack;
+        f.context.uc_stack.ss_size = stack;
+        f.context.uc_link = &fc_scheduler;
+        makecontext(&f.context, fc_fiber_main, 0);
+    }
+    while (fc_finished < threads) {
+        for (unsigned t = 0; t < threads; ++t) {
+            if (fc_fiber[t].done) continue;
+            fc_current = t;
+            threadIdx.x = t;
+            swapcontext(&fc_scheduler, &fc_fiber[t].context);
+        }
+        sched_yield();
+    }
+    for (unsigned t = 0; t < threads; ++t) free(fc_fiber[t].stack);
+    free(fc_fiber);
+    fc_fiber = 0;
+    fc_fibers = 0;
+}
+
+// A plain block of one thread (avg's division covers its whole range).
 extern "C" void fc_host_block(unsigned block, unsigned grid) {
     blockIdx.x = block;
     gridDim.x = grid;
+    blockDim.x = 1;
+    threadIdx.x = 0;
+    fc_fibers = 0;
+}
+
+// Every thread of the block waits here for the others; true if any voted
+// true. Threads that leave the kernel at different barriers would hang a
+// GPU: here they stop the test with the reason.
+static inline int __syncthreads_or(int vote) {
+    if (fc_fibers <= 1) return vote != 0;
+    const unsigned generation = fc_generation;
+    fc_vote |= vote != 0;
+    if (++fc_arrived == fc_fibers) {
+        fc_result = fc_vote;
+        fc_vote = 0;
+        fc_arrived = 0;
+        ++fc_generation;
+        return fc_result;
+    }
+    while (generation == fc_generation) {
+        if (fc_arrived + fc_finished == fc_fibers) {
+            fprintf(stderr, "block %u: its threads left the kernel at different barriers\n", blockIdx.x);
+            abort();
+        }
+        fc_yield();
+    }
+    return fc_result;
 }
 
 struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
 
 template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
 
-static inline int __syncthreads_or(int vote) { return vote != 0; }
 static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 static inline unsigned long long atomicCAS_system(unsigned long long *p, unsigned long long expected,
@@ -68,8 +168,14 @@ static inline void fc_load_pair(const unsigned char *p, fc_u64 *lo, fc_u64 *hi) 
     *hi = __atomic_load_n((const fc_u64 *)p + 1, __ATOMIC_RELAXED);
 }
 
-// More blocks than cores spin here: let the others run.
-static inline void fc_pause() { sched_yield(); }
+// A spinning thread lets its block's other threads run; a block of one
+// thread lets other blocks (more blocks than cores spin here).
+static inline void fc_pause() {
+    if (fc_fibers > 1)
+        fc_yield();
+    else
+        sched_yield();
+}
 
 // IEEE half and bfloat16 as bits, converted with round-to-nearest-even, as
 // the CUDA intrinsics and the CPU executor do (checked against a reference

@@ -1,8 +1,9 @@
 //! The device interpreter's own source — `cuda/reduce.cu` and
 //! `cuda/interpret.cu`, with `cuda/host.h` standing in for CUDA — built as
-//! host C++ and run on CPU threads, one per thread block: the kernel's
-//! instruction loop, counters, LL lines, greetings, timeouts and board,
-//! as written, in every `cargo test`. [`super::emulate`] mirrors the same
+//! host C++ and run on CPU threads, one per thread block, the block's
+//! threads as fibers of it (`cuda/host.h`): the kernel's instruction loop,
+//! counters, LL lines, greetings, barriers, timeouts and board, as
+//! written, in every `cargo test`. [`super::emulate`] mirrors the same
 //! protocol in Rust; running the source itself beside it means the two
 //! cannot drift apart unnoticed, and a bug in the kernel's own arithmetic
 //! shows here rather than first on a GPU.
@@ -11,11 +12,12 @@
 //! that use it say so and pass, unless `FERROCOLL_REQUIRE_HOST_KERNEL=1`
 //! (CI sets it), where that is a failure.
 //!
-//! One thread per block: what needs a GPU's 512 — threads striding over
-//! a message, reading the block's shared pointers after a barrier, the
-//! system fence publishing other threads' stores, shared memory that
-//! starts uninitialised, a weaker memory model than x86's — shows only on
-//! the device (`cuda_conformance`).
+//! A block's threads take turns where a GPU thread would wait (barriers,
+//! spins), so they stride over messages and share `__shared__` memory as
+//! on the device, but never run at once: what needs that — the system
+//! fence publishing other threads' stores, a weaker memory model than
+//! x86's, shared memory that starts uninitialised, 512 threads rather than
+//! a few — shows only on the device (`cuda_conformance`).
 
 use std::ffi::{CString, c_void};
 use std::path::Path;
@@ -91,10 +93,11 @@ fn compile_and_load(dir: &Path) -> Result<HostKernel, String> {
     let source = dir.join("interpret.cpp");
     let library = dir.join("libinterpret.so");
     let text = format!(
-        "{}\n{}\n{}",
+        "{}\n{}\n{}\n{}",
         include_str!("../../../../cuda/host.h"),
         kernels::SOURCE,
-        kernels::INTERPRETER
+        kernels::INTERPRETER,
+        include_str!("../../../../cuda/host_launch.h"),
     );
     std::fs::write(&source, text).map_err(|e| format!("{}: {e}", source.display()))?;
     // `CXX` may carry a launcher (`ccache g++`).
@@ -143,20 +146,20 @@ impl HostKernel {
         f
     }
 
-    /// Run `name` as block `block` of `grid` on this thread.
+    /// Run `name` as block `block` of `grid`, `threads` threads a block
+    /// (fibers of this thread), on this thread.
     ///
     /// # Safety
     /// Every address in `params` is live host memory of the shape the
     /// program describes until every block of the call has returned.
-    unsafe fn interpret(&self, name: &str, block: u32, grid: u32, params: Params) {
-        // SAFETY: the symbols are `extern "C"` functions of these
-        // signatures (`fc_host_block` in cuda/host.h; the interpreter takes
-        // `FcCall` by value, which `Params` mirrors, tested).
+    unsafe fn interpret(&self, name: &str, block: u32, grid: u32, threads: u32, params: &Params) {
+        type Launch = extern "C" fn(*mut c_void, *const Params, u32, u32, u32);
+        // SAFETY: `fc_host_launch` (cuda/host_launch.h) takes the kernel,
+        // a pointer to its `FcCall` (which `Params` mirrors, tested) and
+        // three counts; it copies the parameters before running.
         unsafe {
-            let set: extern "C" fn(u32, u32) = std::mem::transmute(self.symbol("fc_host_block"));
-            let run: extern "C" fn(Params) = std::mem::transmute(self.symbol(name));
-            set(block, grid);
-            run(params);
+            let launch: Launch = std::mem::transmute(self.symbol("fc_host_launch"));
+            launch(self.symbol(name), params, block, grid, threads);
         }
     }
 
@@ -205,6 +208,7 @@ fn addr(a: &Arena) -> u64 {
 /// device's do.
 pub struct HostFabric {
     kernel: &'static HostKernel,
+    threads: u32,
     layout: Layout,
     windows: Vec<Arena>,
     states: Vec<Arena>,
@@ -213,11 +217,17 @@ pub struct HostFabric {
 }
 
 impl HostFabric {
-    /// Memory for `layout`'s ranks, zeroed.
-    pub fn new(kernel: &'static HostKernel, layout: Layout, timeout: Duration) -> HostFabric {
+    /// Memory for `layout`'s ranks, zeroed; blocks of `threads` threads.
+    pub fn new(
+        kernel: &'static HostKernel,
+        threads: u32,
+        layout: Layout,
+        timeout: Duration,
+    ) -> HostFabric {
         let n = layout.world_size as usize;
         HostFabric {
             kernel,
+            threads: threads.max(1),
             layout,
             windows: (0..n).map(|_| Arena::new(layout.window().bytes)).collect(),
             states: (0..n)
@@ -298,10 +308,12 @@ impl HostFabric {
         let name = kernels::interpreter_kernel(program.dtype, program.op);
         std::thread::scope(|scope| {
             for block in 0..grid {
-                let name = &name;
+                let (name, params, threads) = (&name, &params, self.threads);
                 // SAFETY: windows, state, board, tables, scratch and the
                 // caller's buffers outlive the scope.
-                scope.spawn(move || unsafe { self.kernel.interpret(name, block, grid, params) });
+                scope.spawn(move || unsafe {
+                    self.kernel.interpret(name, block, grid, threads, params)
+                });
             }
         });
         self.outcome(program, r, &params)

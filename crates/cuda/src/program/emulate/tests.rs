@@ -30,6 +30,11 @@ enum Rig {
     Source,
 }
 
+/// Threads per block on the source rig: several, so that threads stride
+/// over a message and read what thread 0 set up after a barrier; not a
+/// power of two, so no stride happens to line up with a message.
+const SOURCE_THREADS: u32 = 3;
+
 /// The rigs this machine has (the source needs a C++ compiler).
 fn rigs() -> Vec<Rig> {
     let mut out = vec![Rig::Mirror];
@@ -51,6 +56,7 @@ impl AnyFabric {
             Rig::Mirror => AnyFabric::Mirror(Fabric::new(layout, timeout).unwrap()),
             Rig::Source => AnyFabric::Source(HostFabric::new(
                 host_kernel::kernel().expect("listed by `rigs`"),
+                SOURCE_THREADS,
                 layout,
                 timeout,
             )),
