@@ -160,6 +160,18 @@ impl Fabric {
         })
     }
 
+    /// Every rank's every channel as if `call` calls had run, the last
+    /// of some plan (tests of the call number's wrap at 2³²).
+    pub fn start_after(&self, call: u64) {
+        let at = self.layout.state();
+        for (state, peer) in self.states.iter().zip(&self.peers) {
+            for c in 0..self.layout.max_channels {
+                state[at.calls + c as usize].store(call, Ordering::Release);
+                peer.hello(c).store(call << 32, Ordering::Release);
+            }
+        }
+    }
+
     /// Run one call: rank `r` runs its part of `programs[r]` (the same
     /// program on every rank, unless a test makes them disagree) on
     /// `buffers[r]`. A failed call fails the fabric: its counters no longer

@@ -238,6 +238,26 @@ impl HostFabric {
         }
     }
 
+    /// Every rank's every channel as if `call` calls had run, the last
+    /// of some plan (tests of the call number's wrap at 2³²).
+    pub fn start_after(&self, call: u64) {
+        let (at, hello) = (self.layout.state(), self.layout.window().hello);
+        for (state, window) in self.states.iter().zip(&self.windows) {
+            let words = state.ptr().cast::<u64>();
+            // SAFETY: the window's hello words are 8-byte aligned inside it.
+            let hellos = unsafe { window.ptr().add(hello as usize).cast::<u64>() };
+            for c in 0..self.layout.max_channels as usize {
+                // SAFETY: inside the state (`calls` holds a word per
+                // channel) and the window (a hello word per channel); no
+                // block runs between calls.
+                unsafe {
+                    words.add(at.calls + c).write(call);
+                    hellos.add(c).write(call << 32);
+                }
+            }
+        }
+    }
+
     /// Rank `r`'s board word.
     pub fn word(&self, r: usize) -> u64 {
         let words = self.board.ptr() as *const u64;

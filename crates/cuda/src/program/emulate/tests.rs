@@ -1,10 +1,11 @@
 //! The device protocol on threads, end to end: every built-in algorithm
 //! and collective through the conformance kit (each case run twice on one
 //! fabric, so the second call's messages start mid-ring in every slot),
-//! every dtype and op, and the failures: a rank that calls another plan,
-//! a rank that never calls, programs and buffers the host refuses. Each
-//! runs on two rigs: the Rust mirror ([`Fabric`]) and the kernel's own
-//! source built for the host ([`host_kernel`](crate::program::host_kernel)).
+//! every dtype and op, calls across the 32-bit call number's wrap, and
+//! the failures: a rank that calls another plan, a rank that never calls,
+//! programs and buffers the host refuses. Each runs on two rigs: the Rust
+//! mirror ([`Fabric`]) and the kernel's own source built for the host
+//! ([`host_kernel`](crate::program::host_kernel)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +72,13 @@ impl AnyFabric {
         match self {
             AnyFabric::Mirror(f) => f.call(programs, buffers),
             AnyFabric::Source(f) => f.call(programs, buffers),
+        }
+    }
+
+    fn start_after(&self, call: u64) {
+        match self {
+            AnyFabric::Mirror(f) => f.start_after(call),
+            AnyFabric::Source(f) => f.start_after(call),
         }
     }
 
@@ -439,31 +447,90 @@ fn every_dtype_and_op_runs_through_the_device_protocol() {
 fn the_protocols_take_turns_on_one_fabric() {
     // Both protocols share the links' counters and slot numbers (their
     // slots are apart): calls switching between them must still line up.
-    let case = all_reduce(300);
-    let plan = plan_of(&case, 2);
-    let layout = layout_for(&plan, 2);
-    let simple = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
-    let ll = DeviceProgram::lower(&plan, layout, Protocol::Ll).unwrap();
+    let (simple, ll) = both_protocols(&all_reduce(300));
     for rig in rigs() {
-        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
+        let fabric = AnyFabric::new(rig, simple.layout, Duration::from_secs(20));
         take_turns(&fabric, &simple, &ll);
     }
 }
 
+/// `case`'s plan on two channels, lowered for each protocol.
+fn both_protocols(case: &Case) -> (DeviceProgram, DeviceProgram) {
+    let plan = plan_of(case, 2);
+    let layout = layout_for(&plan, 2);
+    let lower = |p| DeviceProgram::lower(&plan, layout, p).unwrap();
+    (lower(Protocol::Simple), lower(Protocol::Ll))
+}
+
+/// Six all-reduces of 300 f32 on every rank of `fabric`, switching
+/// protocols between calls; each call's sums checked.
 fn take_turns(fabric: &AnyFabric, simple: &DeviceProgram, ll: &DeviceProgram) {
+    let n = simple.layout.world_size as usize;
     for (round, program) in [simple, ll, ll, simple, ll, simple].into_iter().enumerate() {
-        let inputs: Vec<Vec<f32>> = (0..3).map(|r| vec![(round * 3 + r) as f32; 300]).collect();
-        let mut outputs = vec![vec![0f32; 300]; 3];
-        let results = fabric.call(&[program; 3], f32_buffers(&mut outputs, &inputs));
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| vec![(round * n + r) as f32; 300]).collect();
+        let mut outputs = vec![vec![0f32; 300]; n];
+        let results = fabric.call(&vec![program; n], f32_buffers(&mut outputs, &inputs));
         assert!(
             results.iter().all(Result::is_ok),
             "round {round}: {results:?}"
         );
-        let want = (0..3).map(|r| (round * 3 + r) as f32).sum::<f32>();
+        let want = (0..n).map(|r| (round * n + r) as f32).sum::<f32>();
         assert!(
             outputs.iter().flatten().all(|&x| x == want),
             "round {round} ({:?})",
             program.protocol
+        );
+    }
+}
+
+#[test]
+fn calls_run_on_across_the_call_numbers_wrap() {
+    // The device numbers calls in 32 bits (hello words, progress words,
+    // the board): calls 2^32 - 3 through 2 must greet, wait and publish
+    // as any others, under both protocols.
+    let (simple, ll) = both_protocols(&Case {
+        world_size: 4,
+        ..all_reduce(300)
+    });
+    let layout = simple.layout;
+    for rig in rigs() {
+        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
+        fabric.start_after(u64::from(u32::MAX) - 3);
+        take_turns(&fabric, &simple, &ll);
+        // Past the wrap, a mismatch is still caught (and numbered).
+        let other = DeviceProgram::lower(
+            &plan_of(
+                &Case {
+                    world_size: 4,
+                    ..all_reduce(299)
+                },
+                2,
+            ),
+            layout,
+            Protocol::Simple,
+        )
+        .unwrap();
+        let inputs = [
+            vec![1f32; 300],
+            vec![1f32; 299],
+            vec![1f32; 300],
+            vec![1f32; 300],
+        ];
+        let mut outputs = [
+            vec![0f32; 300],
+            vec![0f32; 299],
+            vec![0f32; 300],
+            vec![0f32; 300],
+        ];
+        let results = fabric.call(
+            &[&simple, &other, &simple, &simple],
+            f32_buffers(&mut outputs, &inputs),
+        );
+        assert!(
+            results
+                .iter()
+                .any(|r| matches!(r, Err(CommError::Mismatch { call: 2, .. }))),
+            "{rig:?} {results:?}"
         );
     }
 }
