@@ -148,6 +148,7 @@ static inline unsigned long long atomicCAS_system(unsigned long long *p, unsigne
 typedef unsigned long long fc_u64;
 
 static inline fc_u64 fc_load_acquire(const fc_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline fc_u64 fc_load_volatile(const fc_u64 *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static inline void fc_store_release(fc_u64 *p, fc_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
 static inline fc_u64 fc_now() {
@@ -157,15 +158,26 @@ static inline fc_u64 fc_now() {
 }
 
 // An LL line's halves: each 64-bit word whole (what the GPU's v2 access
-// guarantees per element), the pair not.
+// guarantees per element), the pair not. On the GPU they are relaxed
+// (volatile): what a rank does after reading a line depends on the line's
+// data, and nothing is ordered otherwise. ThreadSanitizer does not follow
+// dependencies, so under it (FC_TSAN) the lines are release and acquire
+// instead, which is what the dependencies give.
+#ifdef FC_TSAN
+#define FC_LL_STORE __ATOMIC_RELEASE
+#define FC_LL_LOAD __ATOMIC_ACQUIRE
+#else
+#define FC_LL_STORE __ATOMIC_RELAXED
+#define FC_LL_LOAD __ATOMIC_RELAXED
+#endif
 static inline void fc_store_pair(unsigned char *p, fc_u64 lo, fc_u64 hi) {
-    __atomic_store_n((fc_u64 *)p, lo, __ATOMIC_RELAXED);
-    __atomic_store_n((fc_u64 *)p + 1, hi, __ATOMIC_RELAXED);
+    __atomic_store_n((fc_u64 *)p, lo, FC_LL_STORE);
+    __atomic_store_n((fc_u64 *)p + 1, hi, FC_LL_STORE);
 }
 
 static inline void fc_load_pair(const unsigned char *p, fc_u64 *lo, fc_u64 *hi) {
-    *lo = __atomic_load_n((const fc_u64 *)p, __ATOMIC_RELAXED);
-    *hi = __atomic_load_n((const fc_u64 *)p + 1, __ATOMIC_RELAXED);
+    *lo = __atomic_load_n((const fc_u64 *)p, FC_LL_LOAD);
+    *hi = __atomic_load_n((const fc_u64 *)p + 1, FC_LL_LOAD);
 }
 
 // A spinning thread lets its block's other threads run; a block of one

@@ -113,6 +113,9 @@ __device__ __forceinline__ void fc_load_pair(const unsigned char *p, u64 *lo, u6
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*lo), "=l"(*hi) : "l"(p) : "memory");
 }
 
+// A board word as it is now (the host and other GPUs write it).
+__device__ __forceinline__ u64 fc_load_volatile(const u64 *p) { return *(const volatile u64 *)p; }
+
 // A spinning thread's pause: none on the GPU.
 __device__ __forceinline__ void fc_pause() {}
 #endif
@@ -141,9 +144,9 @@ __device__ void fc_fail(const FcCall &a, u32 reason, u32 about) {
 
 // Whether this rank or a peer has failed the call (or the host aborted).
 __device__ bool fc_failed(const FcCall &a) {
-    if (*(volatile u64 *)(a.board + a.rank)) return true;
+    if (fc_load_volatile(a.board + a.rank)) return true;
     for (u32 r = 0; r < a.world; ++r)
-        if (*(volatile u64 *)(a.board + r)) {
+        if (fc_load_volatile(a.board + r)) {
             fc_fail(a, FC_PEER_FAILED, r);
             return true;
         }

@@ -12,6 +12,13 @@
 //! that use it say so and pass, unless `FERROCOLL_REQUIRE_HOST_KERNEL=1`
 //! (CI sets it), where that is a failure.
 //!
+//! `FERROCOLL_HOST_KERNEL_TSAN=1` builds it with ThreadSanitizer (run the
+//! test binary with the sanitizer's runtime preloaded:
+//! `scripts/host-kernel-tsan.sh`), one thread per block (the sanitizer
+//! does not follow fibers): every byte the blocks of different ranks and
+//! channels share must then be ordered by the kernel's own acquire and
+//! release, under the C++ memory model rather than x86's.
+//!
 //! A block's threads take turns where a GPU thread would wait (barriers,
 //! spins), so they stride over messages and share `__shared__` memory as
 //! on the device, but never run at once: what needs that — the system
@@ -65,7 +72,16 @@ pub fn kernel() -> Option<&'static HostKernel> {
 
 /// `FERROCOLL_REQUIRE_HOST_KERNEL` set to anything but `0` or nothing.
 fn required() -> bool {
-    std::env::var("FERROCOLL_REQUIRE_HOST_KERNEL").is_ok_and(|v| !v.is_empty() && v != "0")
+    flag("FERROCOLL_REQUIRE_HOST_KERNEL")
+}
+
+/// Whether the build is for ThreadSanitizer.
+pub fn tsan() -> bool {
+    flag("FERROCOLL_HOST_KERNEL_TSAN")
+}
+
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 fn build() -> Result<HostKernel, String> {
@@ -85,7 +101,10 @@ fn build() -> Result<HostKernel, String> {
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let built = compile_and_load(&dir);
     // Loaded (or not), the files are done with: the mapping outlives them.
-    let _ = std::fs::remove_dir_all(&dir);
+    // Under the sanitizer the library stays, so its reports name lines.
+    if !tsan() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     built
 }
 
@@ -106,8 +125,14 @@ fn compile_and_load(dir: &Path) -> Result<HostKernel, String> {
     let program = words.next().ok_or("CXX is empty")?;
     // The kernels read messages through `uint4` and 64-bit words as their
     // element type, as CUDA code does: no strict-aliasing assumptions.
+    let sanitize: &[&str] = if tsan() {
+        &["-fsanitize=thread", "-g", "-DFC_TSAN"]
+    } else {
+        &[]
+    };
     let out = Command::new(program)
         .args(words)
+        .args(sanitize)
         .args([
             "-std=c++17",
             "-O1",
@@ -227,7 +252,7 @@ impl HostFabric {
         let n = layout.world_size as usize;
         HostFabric {
             kernel,
-            threads: threads.max(1),
+            threads: if tsan() { 1 } else { threads.max(1) },
             layout,
             windows: (0..n).map(|_| Arena::new(layout.window().bytes)).collect(),
             states: (0..n)
@@ -327,13 +352,20 @@ impl HostFabric {
         let grid = program.ranks[r].channels.len() as u32;
         let name = kernels::interpreter_kernel(program.dtype, program.op);
         std::thread::scope(|scope| {
-            for block in 0..grid {
-                let (name, params, threads) = (&name, &params, self.threads);
-                // SAFETY: windows, state, board, tables, scratch and the
-                // caller's buffers outlive the scope.
-                scope.spawn(move || unsafe {
-                    self.kernel.interpret(name, block, grid, threads, params)
-                });
+            let blocks: Vec<_> = (0..grid)
+                .map(|block| {
+                    let (name, params, threads) = (&name, &params, self.threads);
+                    // SAFETY: windows, state, board, tables, scratch and
+                    // the caller's buffers outlive the scope.
+                    scope.spawn(move || unsafe {
+                        self.kernel.interpret(name, block, grid, threads, params)
+                    })
+                })
+                .collect();
+            // Joined one by one (the scope's own wait is not a join a
+            // thread sanitizer sees).
+            for b in blocks {
+                b.join().expect("a block's thread");
             }
         });
         self.outcome(program, r, &params)
