@@ -38,8 +38,7 @@ use ferrocoll_core::comm::CommError;
 use ferrocoll_core::types::Reduce;
 
 use super::emulate::{Arena, Buffers, buffer_problem, on_rank_threads};
-use super::params::ABORTED;
-use super::params::{Addresses, Failure, Params, pack};
+use super::params::{ABORTED, Addresses, Failure, Params, pack};
 use super::{DeviceProgram, Layout};
 use crate::kernels;
 
@@ -171,6 +170,19 @@ impl HostKernel {
         f
     }
 
+    /// The function `name` as the `extern "C"` fn pointer type `F`.
+    ///
+    /// # Safety
+    /// `F` is the function's signature in cuda/host.h, host_launch.h or
+    /// the kernels' sources.
+    unsafe fn function<F: Copy>(&self, name: &str) -> F {
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        let f = self.symbol(name);
+        // SAFETY: a function pointer of the caller's signature, the size
+        // of a data pointer (asserted).
+        unsafe { std::mem::transmute_copy(&f) }
+    }
+
     /// Run `name` as block `block` of `grid`, `threads` threads a block
     /// (fibers of this thread), on this thread.
     ///
@@ -182,10 +194,8 @@ impl HostKernel {
         // SAFETY: `fc_host_launch` (cuda/host_launch.h) takes the kernel,
         // a pointer to its `FcCall` (which `Params` mirrors, tested) and
         // three counts; it copies the parameters before running.
-        unsafe {
-            let launch: Launch = std::mem::transmute(self.symbol("fc_host_launch"));
-            launch(self.symbol(name), params, block, grid, threads);
-        }
+        let launch: Launch = unsafe { self.function("fc_host_launch") };
+        launch(self.symbol(name), params, block, grid, threads);
     }
 
     /// avg's division of `n` elements at `data` by `divisor`, on this
@@ -194,26 +204,23 @@ impl HostKernel {
     /// # Safety
     /// `data` addresses `n` elements of the kernel's type.
     unsafe fn divide(&self, name: &str, data: u64, n: u64, divisor: u64) {
-        // SAFETY: `ferrocoll_div_*` take (T *data, u64 n, u64 divisor).
-        unsafe {
-            let set: extern "C" fn(u32, u32) = std::mem::transmute(self.symbol("fc_host_block"));
-            let div: extern "C" fn(u64, u64, u64) = std::mem::transmute(self.symbol(name));
-            set(0, 1);
-            div(data, n, divisor);
-        }
+        // SAFETY: `fc_host_block(block, grid)` in cuda/host.h;
+        // `ferrocoll_div_*` take (T *data, u64 n, u64 divisor).
+        let (set, div): (extern "C" fn(u32, u32), extern "C" fn(u64, u64, u64)) =
+            unsafe { (self.function("fc_host_block"), self.function(name)) };
+        set(0, 1);
+        div(data, n, divisor);
     }
-}
 
-impl HostKernel {
     /// The shim's float → half, half → float and float → bfloat16, as
     /// functions (for the test that holds them against the CPU's).
     pub fn conversions(&self) -> (ToNarrow, FromHalf, ToNarrow) {
         // SAFETY: `extern "C"` functions of these signatures in cuda/host.h.
         unsafe {
             (
-                std::mem::transmute::<*mut c_void, ToNarrow>(self.symbol("fc_host_to_half")),
-                std::mem::transmute::<*mut c_void, FromHalf>(self.symbol("fc_host_from_half")),
-                std::mem::transmute::<*mut c_void, ToNarrow>(self.symbol("fc_host_to_bf16")),
+                self.function("fc_host_to_half"),
+                self.function("fc_host_from_half"),
+                self.function("fc_host_to_bf16"),
             )
         }
     }
@@ -284,10 +291,13 @@ impl HostFabric {
     }
 
     /// Rank `r`'s board word.
-    pub fn word(&self, r: usize) -> u64 {
-        let words = self.board.ptr() as *const u64;
-        // SAFETY: in the board (one word per rank); blocks have returned.
-        unsafe { words.add(r).read_volatile() }
+    fn word(&self, r: usize) -> &AtomicU64 {
+        assert!(r < self.layout.world_size as usize);
+        let words = self.board.ptr().cast::<AtomicU64>();
+        // SAFETY: in the board (one word per rank, asserted), 8-byte
+        // aligned, only ever accessed atomically (the kernel's CAS and
+        // loads, the host's `abort`).
+        unsafe { &*words.add(r) }
     }
 
     /// One call: every rank's part at once (see [`HostFabric::rank_call`]).
@@ -389,15 +399,13 @@ impl HostFabric {
     /// Set rank `r`'s board word, as the host's `abort` does, unless it
     /// holds a reason already.
     fn abort(&self, r: usize) {
-        let word = self.board.ptr().cast::<AtomicU64>();
-        // SAFETY: the board holds a word per rank, 8-byte aligned, only
-        // ever accessed atomically (the kernel's CAS and volatile loads).
-        let word = unsafe { &*word.add(r) };
-        let _ = word.compare_exchange(0, ABORTED, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self
+            .word(r)
+            .compare_exchange(0, ABORTED, Ordering::AcqRel, Ordering::Acquire);
     }
 
     fn outcome(&self, program: &DeviceProgram, r: usize, params: &Params) -> Result<(), CommError> {
-        if let Some((failure, call)) = Failure::decode(self.word(r)) {
+        if let Some((failure, call)) = Failure::decode(self.word(r).load(Ordering::Acquire)) {
             // The device counts calls from 1; errors number them from 0.
             let call = u64::from(call).saturating_sub(1);
             return Err(failure.error(r as Rank, call, self.timeout));
