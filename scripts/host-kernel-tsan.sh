@@ -6,7 +6,8 @@
 # different ranks and channels share must be ordered by the kernel's own
 # acquire/release (posted, consumed, hello, done words) under the C++
 # memory model, which orders less than the x86 the plain tests run on.
-# Exits non-zero on any report. CI runs it after the tests.
+# Exits non-zero on any report with a frame in the kernel's source. CI
+# runs it after the tests.
 #
 # Usage: scripts/host-kernel-tsan.sh [test filter, default: emulate]
 set -euo pipefail
