@@ -166,6 +166,9 @@ impl ExecutionPlan {
         if ins.direct.is_some_and(|d| d as usize > index) {
             return Err("announces a direct receive after it".into());
         }
+        if ins.stored_by_sender && ins.direct.is_none() {
+            return Err("has its sender store into it without being a direct receive".into());
+        }
         for region in [&ins.read, &ins.write].into_iter().flatten() {
             self.check_region(region, ins.bytes)?;
         }

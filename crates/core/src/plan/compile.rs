@@ -340,6 +340,7 @@ impl<'a> Context<'a> {
                         .collect(),
                     source: facts[i].source,
                     direct: facts[i].direct_from.map(|from| base + from),
+                    stored_by_sender: facts[i].stored_by_sender,
                 });
             }
         }

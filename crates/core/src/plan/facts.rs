@@ -1,7 +1,8 @@
 //! What the zero-copy paths may rely on, derived once per schedule and
 //! buffer arrangement from the happens-before order of its steps: which
-//! sent values stay put until every receiver has read them, and which
-//! receives the sender may write straight into.
+//! sent values stay put until every receiver has read them, which
+//! receives the sender may write straight into once announced, and which
+//! it may write into unannounced.
 
 use std::collections::HashMap;
 
@@ -16,6 +17,9 @@ pub(crate) struct StepFacts {
     /// For a direct receive: the earliest step index of its channel from
     /// which the destination may be announced.
     pub direct_from: Option<u32>,
+    /// For a direct receive: its sender may store into the destination
+    /// whenever the sender's step fires, with no announcement.
+    pub stored_by_sender: bool,
 }
 
 /// `facts[rank][channel][step]` for one buffer arrangement.
@@ -121,6 +125,7 @@ impl Order<'_> {
                         StepFacts {
                             source: self.source(&writers, at, step),
                             direct_from,
+                            stored_by_sender: direct && self.stored_by_sender(at, step),
                         }
                     })
                     .collect()
@@ -190,6 +195,47 @@ impl Order<'_> {
                     || readers
                         .iter()
                         .all(|&b| h.reaches(b, w) && h.reaches(b, self.effective(w)))
+            })
+        })
+    }
+
+    /// Whether the sender of the direct receive `at` may store into its
+    /// destination unannounced, whenever the sender's step fires: every
+    /// other step of the rank that touches those bytes happens before the
+    /// sender's step, or after `at` together with whoever stores into it
+    /// for that step (a receive's own sender). Readers of a value kept in
+    /// those bytes are covered by that value's [`Source`]: it is stable
+    /// only if they read it before every later writer, the sender's step
+    /// included.
+    fn stored_by_sender(&self, at: StepAt, step: &Step) -> bool {
+        let (Some(&sender), Some(w)) = (self.sender.get(&at), step.write) else {
+            return false;
+        };
+        if !self.analyse_order {
+            return false;
+        }
+        let s = self.s;
+        let (buffer, first) = s.physical(self.in_place, at.rank, w.buffer, w.chunk);
+        let h = &self.happens;
+        let prog = &s.ranks[at.rank as usize];
+        prog.channels.iter().enumerate().all(|(c, steps)| {
+            steps.iter().enumerate().all(|(i, other)| {
+                let o = StepAt {
+                    rank: at.rank,
+                    channel: c as u32,
+                    index: i as u32,
+                };
+                let touches = [other.read, other.write]
+                    .into_iter()
+                    .flatten()
+                    .any(|slice| {
+                        let (b, f) = s.physical(self.in_place, at.rank, slice.buffer, slice.chunk);
+                        b == buffer && f < first + step.chunks && first < f + other.chunks
+                    });
+                o == at
+                    || !touches
+                    || h.reaches(o, sender)
+                    || (h.reaches(at, o) && h.reaches(at, self.effective(o)))
             })
         })
     }

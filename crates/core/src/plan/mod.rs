@@ -12,7 +12,8 @@
 //!   one buffer, [`Buffer::Output`]), the value's length, its messages
 //!   ([`Message`]: peer, number on the link, slot) and the instructions of
 //!   other channels it waits for ([`Wait`]);
-//! - the facts the zero-copy paths need ([`Source`], [`Instruction::direct`]),
+//! - the facts the zero-copy paths need ([`Source`], [`Instruction::direct`],
+//!   [`Instruction::stored_by_sender`]),
 //!   derived once from the happens-before order of the schedule;
 //! - the resources: scratch bytes, slots per link (at least what the
 //!   verifier proved), every link with its messages and bytes ([`LinkLoad`]);
@@ -196,6 +197,15 @@ pub struct Instruction {
     /// touches those bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct: Option<u32>,
+    /// Set on a direct receive whose sender may store the value into
+    /// `write` whenever its own instruction fires, with no announcement:
+    /// every other access to those bytes — by this rank, by a peer storing
+    /// into them, or by a peer reading a value there in place — happens
+    /// before the sender's instruction or after this one. The device
+    /// executor's senders store such messages straight into the
+    /// receiver's buffer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stored_by_sender: bool,
 }
 
 impl Instruction {

@@ -74,6 +74,9 @@ fn instruction(i: usize, ins: &Instruction) -> String {
     if let Some(d) = ins.direct {
         let _ = write!(line, "  direct-from:{d}");
     }
+    if ins.stored_by_sender {
+        line.push_str("  sender-stores");
+    }
     line
 }
 

@@ -415,6 +415,7 @@ fn stretches_cut_where_either_region_breaks() {
         after: Vec::new(),
         source: Source::Slot,
         direct: None,
+        stored_by_sender: false,
     };
     let got: Vec<(u64, u64, Option<u64>, Option<u64>)> = ins
         .stretches()
@@ -520,4 +521,59 @@ fn dependency_graphs_refuse_what_a_check_would_without_panicking() {
         )
         .is_err()
     );
+}
+
+/// The receives a sender may store into unannounced: direct all-reduce's
+/// gathers (in place too: the owner reads a peer's chunk in place and
+/// stores the sum back into it in one instruction), and the ring's
+/// gathers.
+#[test]
+fn gathers_are_stored_by_their_senders() {
+    for (algorithm, channels) in [
+        (Algorithm::Direct, 1),
+        (Algorithm::Direct, 3),
+        (Algorithm::Ring, 2),
+    ] {
+        for in_place in [false, true] {
+            let params = AlgorithmParams {
+                channels,
+                ..AlgorithmParams::default()
+            };
+            let s = generate(algorithm, Collective::AllReduce, 4, &params).unwrap();
+            let compiler = Compiler::new(std::sync::Arc::new(
+                verify(s, &VerifyOptions::default()).unwrap(),
+            ));
+            let shape = CallShape {
+                collective: Collective::AllReduce,
+                count: 1000,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                in_place,
+            };
+            let plan = compiler
+                .compile(&shape, Chunking::MaxBytes(64 << 10), 2)
+                .unwrap();
+            for rank in &plan.ranks {
+                let stored = rank
+                    .channels
+                    .iter()
+                    .flatten()
+                    .filter(|i| i.stored_by_sender)
+                    .count();
+                assert_eq!(
+                    stored as u32,
+                    3 * plan.channels * plan.segments,
+                    "{algorithm:?} x{channels} in place {in_place}: rank {}",
+                    rank.rank
+                );
+                assert!(
+                    rank.channels
+                        .iter()
+                        .flatten()
+                        .filter(|i| i.stored_by_sender)
+                        .all(|i| i.direct.is_some() && i.recv.len() == 1 && i.read.is_none())
+                );
+            }
+        }
+    }
 }
