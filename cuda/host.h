@@ -28,6 +28,11 @@
 #define __global__
 #define __forceinline__ inline
 #define __shared__ static thread_local
+#define __grid_constant__
+#define __launch_bounds__(threads, blocks)
+// The launch's dynamic shared memory: as much as a launch may ask for, per
+// host thread (so per block).
+#define FC_RECORDS_MEMORY(name) static thread_local __attribute__((aligned(16))) unsigned char name[FC_RECORDS_SHARED_MAX]
 
 struct FcDim3 { unsigned x, y, z; };
 static thread_local FcDim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
@@ -133,6 +138,8 @@ static inline int __syncthreads_or(int vote) {
     return fc_result;
 }
 
+static inline void __syncthreads() { __syncthreads_or(0); }
+
 struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
 
 template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
@@ -147,9 +154,24 @@ static inline unsigned long long atomicCAS_system(unsigned long long *p, unsigne
 
 typedef unsigned long long fc_u64;
 
-static inline fc_u64 fc_load_acquire(const fc_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+// Flag words. The scope (the GPU's or the system's) means nothing on the
+// host: one process's threads share one coherent memory.
+static inline fc_u64 fc_load_acquire(const fc_u64 *p, unsigned) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void fc_store_release(fc_u64 *p, fc_u64 v, unsigned) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static inline fc_u64 fc_load_volatile(const fc_u64 *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-static inline void fc_store_release(fc_u64 *p, fc_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline void fc_store_volatile(fc_u64 *p, fc_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+
+// Counters are published as relaxed stores after one fence per
+// instruction, as on the GPU. ThreadSanitizer does not model standalone
+// fences, so under it (FC_TSAN) each such store is a release instead —
+// the ordering the fence gives it.
+#ifdef FC_TSAN
+static inline void fc_fence(unsigned) {}
+static inline void fc_store_relaxed(fc_u64 *p, fc_u64 v, unsigned) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+#else
+static inline void fc_fence(unsigned) { __atomic_thread_fence(__ATOMIC_ACQ_REL); }
+static inline void fc_store_relaxed(fc_u64 *p, fc_u64 v, unsigned) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+#endif
 
 static inline fc_u64 fc_now() {
     struct timespec t;

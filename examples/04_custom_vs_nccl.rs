@@ -71,6 +71,7 @@ fn main() {
     });
     let nccl = NcclConfig {
         timeout: Duration::from_secs(60),
+        ..NcclConfig::default()
     };
     let theirs = ferrocoll::nccl::run(&devices, &nccl, |c| {
         let rank = c.rank();

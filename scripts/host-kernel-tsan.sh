@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The device interpreter's own source (cuda/interpret.cu) under
 # ThreadSanitizer, on CPU threads: the conformance and failure tests of
-# crates/cuda/src/program/emulate/tests.rs on the source rig, one thread
+# crates/cuda/src/program/tests.rs, one thread
 # per block, built with -fsanitize=thread. Every byte that blocks of
 # different ranks and channels share must be ordered by the kernel's own
-# acquire/release (posted, consumed, hello, done words) under the C++
+# acquire/release (posted, consumed, hello, done words; the relaxed
+# counters published after one fence stand in as releases) under the C++
 # memory model, which orders less than the x86 the plain tests run on.
 # Exits non-zero on any report with a frame in the kernel's source. CI
 # runs it after the tests.
 #
-# Usage: scripts/host-kernel-tsan.sh [test filter, default: emulate]
+# Usage: scripts/host-kernel-tsan.sh [test filter, default: program::tests]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-filter="${1:-emulate}"
+filter="${1:-program::tests}"
 cxx="${CXX:-c++}"
 runtime=$($cxx -print-file-name=libtsan.so)
 if [ ! -e "$runtime" ]; then

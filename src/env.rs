@@ -11,6 +11,7 @@
 //! | `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`; `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK` | the same under Slurm's `srun` or OpenMPI's `mpirun` when `RANK` is unset (`MASTER_ADDR` and `MASTER_PORT` are still needed) |
 //! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
 //! | `FERROCOLL_JOB_ID` | names the job's shared-memory segments, so `ferrocoll launch` can remove any a killed rank left behind |
+//! | `FERROCOLL_KERNEL_CACHE` | where the CUDA executor keeps its compiled kernel between processes ([`kernel_cache`]; `off` for none); default `$XDG_CACHE_HOME/ferrocoll/kernels` or `~/.cache/ferrocoll/kernels` |
 
 #[cfg(feature = "gpu-api")]
 mod nccl;
@@ -19,10 +20,10 @@ mod nccl;
 pub use nccl::{NcclJoinError, exchange_unique_id, nccl_communicator_from_env};
 
 #[cfg(feature = "gpu-api")]
-mod interpreter;
+mod cuda;
 
 #[cfg(feature = "gpu-api")]
-pub use interpreter::{InterpreterJoinError, interpreter_communicator_from_env};
+pub use cuda::{CudaJoinError, cuda_communicator_from_env};
 
 use std::time::Duration;
 
@@ -191,6 +192,53 @@ fn bootstrap(
     })
 }
 
+/// Hardware queues per GPU the CUDA driver gives a process's streams
+/// when [`prepare_gpu_environment`] sets them: the most it allows.
+pub const CUDA_DEVICE_MAX_CONNECTIONS: &str = "32";
+
+/// Settings the CUDA driver reads once, when it creates a context, so
+/// they must be in place before any: `CUDA_DEVICE_MAX_CONNECTIONS`
+/// ([`CUDA_DEVICE_MAX_CONNECTIONS`] unless already set), so that every
+/// rank's stream has a hardware queue of its own — with the driver's
+/// default of 8, the streams of more than 8 ranks on one GPU share queues
+/// and a launch can wait behind another rank's, which spins waiting for
+/// it. The CLI calls it first thing.
+///
+/// # Safety
+/// Call before any other thread exists and before CUDA is used: it sets
+/// an environment variable, which another thread reading the environment
+/// at the same time could see torn.
+pub unsafe fn prepare_gpu_environment() {
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // SAFETY: the caller's promise: no other thread exists.
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", CUDA_DEVICE_MAX_CONNECTIONS) };
+    }
+}
+
+/// Where the CUDA executor keeps its compiled kernel between processes
+/// (`CudaConfig::kernel_cache`): `FERROCOLL_KERNEL_CACHE` (`off`, `0` or
+/// empty: nowhere), else the user's cache folder.
+pub fn kernel_cache() -> Option<std::path::PathBuf> {
+    kernel_cache_with(|k| std::env::var_os(k))
+}
+
+fn kernel_cache_with(
+    get: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    if let Some(v) = get("FERROCOLL_KERNEL_CACHE") {
+        return match v.to_str() {
+            Some("") | Some("0") | Some("off") => None,
+            _ => Some(PathBuf::from(v)),
+        };
+    }
+    let base = get("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| get("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("ferrocoll").join("kernels"))
+}
+
 /// The log level `FERROCOLL_LOG` asks for (default: `warn`).
 pub fn log_level() -> tracing::Level {
     match std::env::var("FERROCOLL_LOG").as_deref().map(str::trim) {
@@ -205,6 +253,37 @@ pub fn log_level() -> tracing::Level {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_cache_follows_the_variable_then_the_users_cache() {
+        use std::ffi::OsString;
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        let p = |s: &str| Some(std::path::PathBuf::from(s));
+        assert_eq!(
+            kernel_cache_with(env(&[("FERROCOLL_KERNEL_CACHE", "/k"), ("HOME", "/h")])),
+            p("/k")
+        );
+        assert_eq!(
+            kernel_cache_with(env(&[("FERROCOLL_KERNEL_CACHE", "off"), ("HOME", "/h")])),
+            None
+        );
+        assert_eq!(
+            kernel_cache_with(env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])),
+            p("/x/ferrocoll/kernels")
+        );
+        assert_eq!(
+            kernel_cache_with(env(&[("HOME", "/h")])),
+            p("/h/.cache/ferrocoll/kernels")
+        );
+        assert_eq!(kernel_cache_with(env(&[])), None);
+    }
 
     #[test]
     fn the_env_bootstrap_checks_its_variables() {

@@ -549,11 +549,11 @@ fn nccl_bench_under_launch_without_nccl_fails_fast_with_the_reason() {
     assert!(!text.contains("closed the connection"), "{text}");
 }
 
-/// One process per GPU with the device interpreter, on a machine without
+/// One process per GPU with the CUDA executor, on a machine without
 /// CUDA: every rank fails with the reason, none waits out a timeout, and
 /// no board file is left in shared memory.
 #[test]
-fn device_interpreter_bench_under_launch_without_cuda_fails_fast_with_the_reason() {
+fn cuda_bench_under_launch_without_cuda_fails_fast_with_the_reason() {
     if ferrocoll::cuda::probe::available().is_ok() {
         return; // A GPU is here; the GPU check runs this path for real.
     }
@@ -566,7 +566,7 @@ fn device_interpreter_bench_under_launch_without_cuda_fails_fast_with_the_reason
         })
     };
     let before = boards();
-    let text = gpu_bench_fails_fast(bin, "cuda-v2", "2");
+    let text = gpu_bench_fails_fast(bin, "cuda", "2");
     assert!(text.contains("] error: CUDA backend unavailable"), "{text}");
     assert!(!text.contains("panicked"), "{text}");
     assert_eq!(boards(), before, "{text}");

@@ -272,7 +272,7 @@ fn the_cuda_backends_without_a_gpu_are_a_clear_error() {
                 "{}",
                 stdout(&out)
             );
-            assert!(stdout(&out).contains("2 channel(s)"), "{}", stdout(&out));
+            assert!(stdout(&out).contains("channels 2"), "{}", stdout(&out));
             continue;
         }
         assert_eq!(out.status.code(), Some(2), "{backend}");
@@ -288,10 +288,10 @@ fn the_cuda_backends_without_a_gpu_are_a_clear_error() {
         let out = ferrocoll(&["bench", "--channels", bad]);
         assert_eq!(out.status.code(), Some(2), "--channels {bad}");
     }
-    // The LL threshold belongs to the device interpreter alone.
+    // The LL threshold belongs to the CUDA executor alone.
     let out = ferrocoll(&["bench", "--ll-max-bytes", "4K"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("cuda-v2"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--backend cuda"), "{}", stderr(&out));
 }
 
 /// The throughput bound beside each algorithm, for the whole machine and

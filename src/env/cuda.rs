@@ -1,20 +1,20 @@
-//! The device interpreter across processes: each process one rank on its
+//! The CUDA executor across processes: each process one rank on its
 //! own GPU (as `ferrocoll launch` starts them), joined through the
 //! `env://` store.
 
 use std::time::{Duration, Instant};
 
-use ferrocoll_cuda::interpreter::InterpreterCommunicator;
-use ferrocoll_cuda::interpreter::ipc::{self, Exchange};
+use ferrocoll_cuda::CudaCommunicator;
+use ferrocoll_cuda::ipc::{self, Exchange};
 use ferrocoll_cuda::{CudaConfig, CudaError};
 use ferrocoll_rendezvous::Store;
 use thiserror::Error;
 
 use super::{EnvError, bootstrap_from_env};
 
-/// Why a process could not join a device-interpreter group.
+/// Why a process could not join a CUDA executor group.
 #[derive(Debug, Error)]
-pub enum InterpreterJoinError {
+pub enum CudaJoinError {
     /// The `env://` variables or the rendezvous.
     #[error(transparent)]
     Env(#[from] EnvError),
@@ -34,7 +34,7 @@ struct StoreExchange {
 }
 
 impl StoreExchange {
-    fn new(mut store: Store, rank: u32, world: u32) -> Result<Self, InterpreterJoinError> {
+    fn new(mut store: Store, rank: u32, world: u32) -> Result<Self, CudaJoinError> {
         let joins = store
             .add(&format!("ferrocoll-interpreter/joins/{rank}"), 1)
             .map_err(EnvError::Rendezvous)?;
@@ -85,13 +85,11 @@ impl Drop for StoreExchange {
     }
 }
 
-/// This process's rank of a device-interpreter group over the processes
+/// This process's rank of a CUDA executor group over the processes
 /// the `env://` variables describe, on GPU `LOCAL_RANK` (or the only one
 /// it sees). Each process holds one rank on its own GPU; ranks sharing a
-/// GPU belong in one process (`ferrocoll::cuda::interpreter::group`).
-pub fn interpreter_communicator_from_env(
-    config: &CudaConfig,
-) -> Result<InterpreterCommunicator, InterpreterJoinError> {
+/// GPU belong in one process (`ferrocoll::cuda::group`).
+pub fn cuda_communicator_from_env(config: &CudaConfig) -> Result<CudaCommunicator, CudaJoinError> {
     let b = bootstrap_from_env(config.timeout.max(Duration::from_secs(1)))?;
     let job = ferrocoll_core::settings::EnvOverrides::read()
         .map_err(EnvError::from)?

@@ -1,5 +1,6 @@
-//! Settings of a CUDA group.
+//! Settings of a CUDA group, and its rule for calls nothing else decides.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,12 @@ use ferrocoll_core::{Algorithm, CollectiveKind, Verified};
 /// calibrated on a GPU (`scripts/gpu-check.sh` prints both sides of it).
 pub const DEFAULT_LL_MAX_BYTES: usize = 64 << 10;
 
+/// Calls up to this size take one exchange with every peer (direct)
+/// rather than a ring when messages are staged: a ring's 2(n − 1) steps
+/// each cost a flag round trip, which dominates small calls (NCCL's
+/// tuning likewise leaves rings to large messages).
+pub const SMALL_CALL_BYTES: usize = 64 << 10;
+
 /// Settings every rank of a CUDA group shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaConfig {
@@ -22,26 +29,32 @@ pub struct CudaConfig {
     /// Selects the algorithm of calls that force none (its selection brings
     /// its own channels and chunk size).
     pub selector: Option<SharedSelector>,
-    /// Channels (each its own stream per rank) for ring, tree and direct.
-    pub channels: u32,
-    /// The largest chunk one kernel launch of a step moves, in bytes.
+    /// Channels (a thread block each, per rank); `None`: an equal share of
+    /// the blocks each GPU holds at once among its ranks, at most 32.
+    pub channels: Option<u32>,
+    /// The largest message a slot carries, in bytes (the windows' slots
+    /// are this size, within a memory budget; plans cut chunks to fit).
     pub max_chunk_bytes: usize,
-    /// Mailbox slots per link (at least the verifier's 2).
+    /// Slots per link (at least the verifier's 2).
     pub slots_per_link: u32,
     /// Use peer access between devices where the hardware allows it;
-    /// `false` relays every message between two ranks through pinned host
-    /// memory (like `NCCL_P2P_DISABLE=1`), even between ranks sharing a
-    /// GPU — which is how the relay is tested on one device.
+    /// `false` places every window in pinned host memory all GPUs map and
+    /// stages every message there (like `NCCL_P2P_DISABLE=1`), even
+    /// between ranks sharing a GPU — which is how the relay is tested on
+    /// one device.
     pub p2p: bool,
     /// A schedule of your own for calls whose collective and world size
     /// match it.
     pub schedule: Option<Arc<Verified>>,
-    /// The device interpreter's small-message (LL) protocol: an LL slot
-    /// carries messages of up to this many bytes (0 turns LL off). Without
-    /// a topology selector, calls of up to this size take LL; with one,
-    /// the selector chooses per size, and LL runs where every message
-    /// fits. Executor v1 has no LL and ignores it.
+    /// The small-message (LL) protocol: an LL slot carries messages of up
+    /// to this many bytes (0 turns LL off). Without a topology selector,
+    /// calls of up to this size take LL; with one, the selector chooses
+    /// per size, and LL runs where every message fits.
     pub ll_max_bytes: usize,
+    /// A folder where the compiled interpreter is kept between processes
+    /// (`None`: compiled once per process). The facade sets it from
+    /// `FERROCOLL_KERNEL_CACHE` or the user's cache folder.
+    pub kernel_cache: Option<PathBuf>,
 }
 
 impl Default for CudaConfig {
@@ -50,24 +63,48 @@ impl Default for CudaConfig {
             timeout: Duration::from_secs(60),
             algorithm: None,
             selector: None,
-            channels: 1,
+            channels: None,
             max_chunk_bytes: DEVICE_CHUNK_BYTES,
             slots_per_link: 4,
             p2p: true,
             schedule: None,
             ll_max_bytes: DEFAULT_LL_MAX_BYTES,
+            kernel_cache: None,
         }
     }
 }
 
 /// The CUDA executor's rule when nothing is forced and no selector
-/// answers: rings for the bandwidth-bound collectives, as NCCL does on a
-/// single node; direct where only direct applies; a star from the root for
+/// answers, for ranks that address each other's buffers: direct, where
+/// the owner of each chunk reads every peer's input chunk in place and
+/// stores the result into every peer's output — each byte read once and
+/// written once, the least any schedule moves; a star from the root for
 /// broadcast and reduce on up to eight ranks, trees above.
 pub fn device_rule(
     kind: CollectiveKind,
     world_size: u32,
     _bytes: usize,
+) -> (Algorithm, &'static str) {
+    use CollectiveKind as C;
+    match kind {
+        C::Broadcast | C::Reduce if world_size > 8 => {
+            (Algorithm::Tree, "many ranks: log-depth tree")
+        }
+        C::Broadcast | C::Reduce => (Algorithm::Direct, "few ranks: one hop from the root"),
+        _ => (
+            Algorithm::Direct,
+            "zero copy: every byte read once and written once",
+        ),
+    }
+}
+
+/// The rule where messages are staged (windows in host memory, or ranks
+/// in other processes): rings for large calls, as NCCL does on a single
+/// node, direct for small ones and wherever only direct applies.
+pub fn staged_rule(
+    kind: CollectiveKind,
+    world_size: u32,
+    bytes: usize,
 ) -> (Algorithm, &'static str) {
     use CollectiveKind as C;
     match kind {
@@ -77,6 +114,10 @@ pub fn device_rule(
         }
         C::Broadcast | C::Reduce => (Algorithm::Tree, "many ranks: log-depth tree"),
         _ if world_size <= 2 => (Algorithm::Direct, "two ranks: one exchange each way"),
+        _ if bytes <= SMALL_CALL_BYTES => (
+            Algorithm::Direct,
+            "small call: one step, not a ring's 2(n-1)",
+        ),
         _ => (
             Algorithm::Ring,
             "ring: every link carries 1/n of the data per step",
@@ -85,12 +126,12 @@ pub fn device_rule(
 }
 
 impl CudaConfig {
-    /// How the group plans its calls.
+    /// How the group plans its calls (the group narrows it to its layout).
     pub fn planner_settings(&self) -> PlannerSettings {
         PlannerSettings {
             algorithm: self.algorithm,
             selector: self.selector.clone(),
-            channels: self.channels,
+            channels: self.channels.unwrap_or(1),
             max_chunk_bytes: self.max_chunk_bytes,
             max_message_bytes: None,
             max_ll_message_bytes: None,
@@ -103,5 +144,27 @@ impl CudaConfig {
             one_shot_bytes: 0,
             max_channels: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_staged_calls_take_one_step_and_large_ones_a_ring() {
+        use CollectiveKind as C;
+        assert_eq!(staged_rule(C::AllReduce, 8, 4 << 10).0, Algorithm::Direct);
+        assert_eq!(
+            staged_rule(C::AllReduce, 8, SMALL_CALL_BYTES).0,
+            Algorithm::Direct
+        );
+        assert_eq!(
+            staged_rule(C::AllReduce, 8, SMALL_CALL_BYTES + 1).0,
+            Algorithm::Ring
+        );
+        assert_eq!(staged_rule(C::AllReduce, 2, 1 << 30).0, Algorithm::Direct);
+        assert_eq!(device_rule(C::AllReduce, 8, 1 << 30).0, Algorithm::Direct);
+        assert_eq!(device_rule(C::Broadcast, 16, 1 << 30).0, Algorithm::Tree);
     }
 }

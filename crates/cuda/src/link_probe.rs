@@ -5,12 +5,38 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::{CudaContext, result, sys};
 use ferrocoll_topo::probe::{LinkProbe, Matrix, ProbeError, ProbeOptions, ProbeReport};
 
-use crate::device::{self, Device};
 use crate::error::CudaError;
 use crate::probe;
+
+/// One GPU of a probe: its primary context.
+struct Device {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl Device {
+    fn open(ordinal: usize) -> Result<Device, CudaError> {
+        Ok(Device {
+            ordinal,
+            ctx: CudaContext::new(ordinal)?,
+        })
+    }
+
+    fn bind(&self) -> Result<(), CudaError> {
+        Ok(self.ctx.bind_to_thread()?)
+    }
+
+    /// `bytes` of device memory, freed by [`Copies::free`].
+    fn alloc(&self, bytes: usize) -> Result<u64, CudaError> {
+        self.bind()?;
+        // SAFETY: the context is current; freed once, after the probe's
+        // copies completed.
+        Ok(unsafe { result::malloc_sync(bytes)? })
+    }
+}
 
 /// Small copies timed for the latency matrix.
 const LATENCY_COPIES: u32 = 100;
@@ -290,10 +316,12 @@ impl Copies {
     fn free(&self) -> Result<(), CudaError> {
         for (d, (&a, &b)) in self.devs.iter().zip(self.bufs.iter().zip(&self.spare)) {
             d.ctx.synchronize()?;
-            // SAFETY: the work above has completed.
+            d.bind()?;
+            // SAFETY: allocated by `Device::alloc` in this context; the
+            // work above has completed.
             unsafe {
-                device::free(d, a);
-                device::free(d, b);
+                result::free_sync(a)?;
+                result::free_sync(b)?;
             }
         }
         Ok(())

@@ -1,13 +1,12 @@
-//! The conformance kit on both CUDA executors — v1 (kernels and copies
-//! enqueued per step) and the device interpreter (v2, tests named
-//! `interpreter_*`) — the failures a group must report rather than hang
-//! on, a call captured in a CUDA graph and replayed, and the behaviour
-//! without CUDA. On a machine without a GPU the device tests print
-//! `SKIPPED:` and pass; `FERROCOLL_REQUIRE_GPU=1` turns that into a
-//! failure. `FERROCOLL_CUDA_DEVICES=0,1` picks the devices ranks go round
-//! (default: every rank on device 0, as on a single-GPU machine). The
-//! interpreter's protocol also runs on CPU threads in the crate's unit
-//! tests.
+//! The conformance kit on the CUDA executor — zero copy, staged through
+//! windows in host memory, and LL — the failures a group must report
+//! rather than hang on, a call captured in a CUDA graph and replayed, and
+//! the behaviour without CUDA. On a machine without a GPU the device
+//! tests print `SKIPPED:` and pass; `FERROCOLL_REQUIRE_GPU=1` turns that
+//! into a failure. `FERROCOLL_CUDA_DEVICES=0,1` picks the devices ranks
+//! go round (default: every rank on device 0, as on a single-GPU
+//! machine). The kernel's own source also runs on CPU threads in the
+//! crate's unit tests.
 
 use std::time::Duration;
 
@@ -15,8 +14,7 @@ use cudarc::driver::{CudaSlice, sys};
 use ferrocoll_core::comm::{CommError, CommunicatorExt};
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, run_on_threads};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
-use ferrocoll_cuda::interpreter::{self, InterpreterCommunicator};
-use ferrocoll_cuda::{CudaConfig, CudaError, probe};
+use ferrocoll_cuda::{CudaCommunicator, CudaConfig, CudaError, probe};
 use ferrocoll_device::DeviceCommunicator;
 
 /// Whether a skip must be a failure (`FERROCOLL_REQUIRE_GPU=1`, set by
@@ -43,9 +41,14 @@ fn devices(n: u32) -> Vec<usize> {
     (0..n as usize).map(|r| list[r % list.len()]).collect()
 }
 
+/// The executor with small slots, so even short buffers cross several
+/// segments and reuse every slot.
 struct Cuda {
     max_chunk_bytes: usize,
+    /// `false`: windows in host memory, every message staged there.
     p2p: bool,
+    /// Calls up to this size take LL (0: every call the bulk protocol).
+    ll_max_bytes: usize,
 }
 
 impl Harness for Cuda {
@@ -56,15 +59,42 @@ impl Harness for Cuda {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let config = CudaConfig {
-            timeout: Duration::from_secs(30),
-            algorithm: case.algorithm,
-            max_chunk_bytes: self.max_chunk_bytes,
+            ll_max_bytes: self.ll_max_bytes,
             p2p: self.p2p,
-            ..CudaConfig::default()
+            ..config(case.algorithm, self.max_chunk_bytes, 30)
         };
         run_on_threads(case, inputs, outputs, |f| {
             ferrocoll_cuda::run(&devices(case.world_size), &config, f).map_err(|e| e.to_string())
         })
+    }
+}
+
+/// Every way messages travel: zero copy, staged in host memory, LL.
+const WAYS: [Cuda; 3] = [
+    Cuda {
+        max_chunk_bytes: 256,
+        p2p: true,
+        ll_max_bytes: 0,
+    },
+    Cuda {
+        max_chunk_bytes: 256,
+        p2p: false,
+        ll_max_bytes: 0,
+    },
+    Cuda {
+        max_chunk_bytes: 256,
+        p2p: true,
+        ll_max_bytes: 1 << 20,
+    },
+];
+
+fn config(algorithm: Option<Algorithm>, max_chunk_bytes: usize, timeout: u64) -> CudaConfig {
+    CudaConfig {
+        timeout: Duration::from_secs(timeout),
+        algorithm,
+        channels: Some(2),
+        max_chunk_bytes,
+        ..CudaConfig::default()
     }
 }
 
@@ -142,19 +172,14 @@ fn dtype_cases() -> Vec<Case> {
 }
 
 #[test]
-fn every_algorithm_and_collective_with_2_4_8_ranks() {
+fn every_algorithm_and_collective() {
     if let Some(reason) = skip() {
         println!("SKIPPED: {reason}");
         return;
     }
-    // Small chunks: even short buffers cross several segments.
-    run_all(
-        algorithm_cases(),
-        &Cuda {
-            max_chunk_bytes: 256,
-            p2p: true,
-        },
-    );
+    for way in &WAYS {
+        run_all(algorithm_cases(), way);
+    }
 }
 
 #[test]
@@ -163,48 +188,19 @@ fn every_dtype_and_op() {
         println!("SKIPPED: {reason}");
         return;
     }
-    run_all(
-        dtype_cases(),
-        &Cuda {
-            max_chunk_bytes: 1024,
-            p2p: true,
-        },
-    );
-}
-
-#[test]
-fn the_host_relay_gives_the_same_results() {
-    if let Some(reason) = skip() {
-        println!("SKIPPED: {reason}");
-        return;
+    for way in &WAYS {
+        run_all(
+            dtype_cases(),
+            &Cuda {
+                max_chunk_bytes: 1024,
+                ..*way
+            },
+        );
     }
-    let cases = (0..6)
-        .map(|i| Case {
-            collective: [
-                Collective::AllReduce,
-                Collective::AllGather,
-                Collective::ReduceScatter,
-            ][i % 3],
-            algorithm: Some([Algorithm::Ring, Algorithm::Direct][i / 3]),
-            world_size: 4,
-            count: 3001,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-            in_place: false,
-            seed: 5000 + i as u64,
-        })
-        .collect();
-    run_all(
-        cases,
-        &Cuda {
-            max_chunk_bytes: 4096,
-            p2p: false,
-        },
-    );
 }
 
 #[test]
-fn without_cuda_every_entry_point_of_both_executors_is_a_typed_error() {
+fn without_cuda_every_entry_point_is_a_typed_error() {
     if probe::available().is_ok() {
         println!("SKIPPED: CUDA is present; this test is for machines without it");
         return;
@@ -217,99 +213,22 @@ fn without_cuda_every_entry_point_of_both_executors_is_a_typed_error() {
         ferrocoll_cuda::run(&[0], &CudaConfig::default(), |_| Ok(())).expect_err("no CUDA here");
     assert!(err.to_string().contains("unavailable"), "{err}");
     assert!(ferrocoll_cuda::group(&[], &CudaConfig::default()).is_err());
-    let err = interpreter::group(&[0, 0], &CudaConfig::default())
-        .err()
-        .expect("no CUDA here");
-    assert!(matches!(err, CudaError::BackendUnavailable { .. }), "{err}");
-    let err = interpreter::run(&[0], &CudaConfig::default(), |_| Ok(())).expect_err("no CUDA");
-    assert!(err.to_string().contains("unavailable"), "{err}");
     // A world the device tables cannot hold is refused before CUDA is asked.
-    let err = interpreter::group(&[0; 65], &CudaConfig::default())
+    let err = ferrocoll_cuda::group(&[0; 65], &CudaConfig::default())
         .err()
         .expect("too many ranks");
     assert!(matches!(err, CudaError::Invalid(_)), "{err}");
 }
 
-// The device interpreter (executor v2).
-
-fn config(algorithm: Option<Algorithm>, max_chunk_bytes: usize, timeout: u64) -> CudaConfig {
-    CudaConfig {
-        timeout: Duration::from_secs(timeout),
-        algorithm,
-        channels: 2,
-        max_chunk_bytes,
-        ..CudaConfig::default()
-    }
-}
-
-struct Interpreter {
-    max_chunk_bytes: usize,
-    /// Calls up to this size take LL (0: every call the bulk protocol).
-    ll_max_bytes: usize,
-}
-
-impl Harness for Interpreter {
-    fn run<T: KitElement>(
-        &self,
-        case: &Case,
-        inputs: &[Vec<T>],
-        outputs: Vec<Vec<T>>,
-    ) -> Result<Vec<Vec<T>>, String> {
-        let config = CudaConfig {
-            ll_max_bytes: self.ll_max_bytes,
-            ..config(case.algorithm, self.max_chunk_bytes, 30)
-        };
-        run_on_threads(case, inputs, outputs, |f| {
-            interpreter::run(&devices(case.world_size), &config, f).map_err(|e| e.to_string())
-        })
-    }
-}
-
-#[test]
-fn interpreter_every_algorithm_and_collective() {
-    if let Some(reason) = skip() {
-        println!("SKIPPED: {reason}");
-        return;
-    }
-    // Small slots: even short buffers cross several segments and reuse
-    // every slot; once in bulk, once as LL lines.
-    for ll_max_bytes in [0, 1 << 20] {
-        run_all(
-            algorithm_cases(),
-            &Interpreter {
-                max_chunk_bytes: 256,
-                ll_max_bytes,
-            },
-        );
-    }
-}
-
-#[test]
-fn interpreter_every_dtype_and_op() {
-    if let Some(reason) = skip() {
-        println!("SKIPPED: {reason}");
-        return;
-    }
-    for ll_max_bytes in [0, 1 << 20] {
-        run_all(
-            dtype_cases(),
-            &Interpreter {
-                max_chunk_bytes: 1024,
-                ll_max_bytes,
-            },
-        );
-    }
-}
-
 /// Run `f` on two ranks of a group with a short timeout.
 fn two_ranks(
-    f: impl Fn(&mut InterpreterCommunicator) -> Result<(), CommError> + Sync,
+    f: impl Fn(&mut CudaCommunicator) -> Result<(), CommError> + Sync,
 ) -> Vec<Result<(), CommError>> {
-    interpreter::run(&devices(2), &config(None, 4096, 3), f).expect("the group opens")
+    ferrocoll_cuda::run(&devices(2), &config(None, 4096, 3), f).expect("the group opens")
 }
 
 #[test]
-fn interpreter_ranks_calling_different_shapes_fail_with_a_mismatch_not_a_hang() {
+fn ranks_calling_different_shapes_fail_with_a_mismatch_not_a_hang() {
     if let Some(reason) = skip() {
         println!("SKIPPED: {reason}");
         return;
@@ -334,7 +253,7 @@ fn interpreter_ranks_calling_different_shapes_fail_with_a_mismatch_not_a_hang() 
 }
 
 #[test]
-fn interpreter_a_rank_that_never_calls_times_its_peer_out() {
+fn a_rank_that_never_calls_times_its_peer_out() {
     if let Some(reason) = skip() {
         println!("SKIPPED: {reason}");
         return;
@@ -357,14 +276,14 @@ fn interpreter_a_rank_that_never_calls_times_its_peer_out() {
 }
 
 #[test]
-fn interpreter_a_captured_all_reduce_replays_with_new_inputs_and_counts_its_calls() {
+fn a_captured_all_reduce_replays_with_new_inputs_and_counts_its_calls() {
     if let Some(reason) = skip() {
         println!("SKIPPED: {reason}");
         return;
     }
     let n = 4u32;
     let count = 3000usize;
-    let results = interpreter::run(&devices(n), &config(None, 4096, 20), |c| {
+    let results = ferrocoll_cuda::run(&devices(n), &config(None, 4096, 20), |c| {
         let stream = c.stream().clone();
         let backend = |e| CommError::backend("cuda", e);
         let mut input: CudaSlice<f32> = stream.alloc_zeros(count).map_err(backend)?;
@@ -372,6 +291,11 @@ fn interpreter_a_captured_all_reduce_replays_with_new_inputs_and_counts_its_call
         // Warm up outside the capture: the plan is uploaded on first use.
         DeviceCommunicator::all_reduce(c, &input, &mut output, ReduceOp::Sum, &stream)?;
         c.synchronize(&stream)?;
+        // As cudarc's own graph tests: tracking off while capturing (the
+        // ranks share the context; each turns it off, and on again only
+        // once every rank's capture is over: after the replays).
+        // SAFETY: nothing else uses this context's buffers meanwhile.
+        unsafe { stream.context().disable_event_tracking() };
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(backend)?;
@@ -394,6 +318,9 @@ fn interpreter_a_captured_all_reduce_replays_with_new_inputs_and_counts_its_call
                 ));
             }
         }
+        // SAFETY: as above; every rank's capture is over (the replays
+        // needed all of them).
+        unsafe { stream.context().enable_event_tracking() };
         // The host issues its third call (a warm-up, the captured one,
         // this), the device runs its fifth (a warm-up, three replays,
         // this): a mismatch now is call #4 (from 0) as the device counts,
@@ -418,4 +345,47 @@ fn interpreter_a_captured_all_reduce_replays_with_new_inputs_and_counts_its_call
             .any(|r| matches!(r, Err(CommError::Mismatch { call: 4, .. }))),
         "{results:?}"
     );
+}
+
+#[test]
+fn a_capture_with_tracked_buffers_is_refused_with_the_reason() {
+    if let Some(reason) = skip() {
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    let results = ferrocoll_cuda::run(&devices(1), &config(None, 4096, 20), |c| {
+        let stream = c.stream().clone();
+        let backend = |e| CommError::backend("cuda", e);
+        let input: CudaSlice<f32> = stream.alloc_zeros(1000).map_err(backend)?;
+        let mut output: CudaSlice<f32> = stream.alloc_zeros(1000).map_err(backend)?;
+        DeviceCommunicator::all_reduce(c, &input, &mut output, ReduceOp::Sum, &stream)?;
+        c.synchronize(&stream)?;
+        // With cudarc's tracking on, waiting on the buffers' earlier
+        // events would invalidate the capture (its error surfacing later,
+        // elsewhere): the call is refused before anything is enqueued.
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(backend)?;
+        let tracked =
+            DeviceCommunicator::all_reduce(c, &input, &mut output, ReduceOp::Sum, &stream);
+        let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let refused = tracked
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("tracking"));
+        if !refused || ended.is_err() {
+            return Err(CommError::backend(
+                "test",
+                CudaError::Invalid(format!(
+                    "tracked capture: {tracked:?}, capture end: {:?}",
+                    ended.err()
+                )),
+            ));
+        }
+        // The communicator is still good.
+        DeviceCommunicator::all_reduce(c, &input, &mut output, ReduceOp::Sum, &stream)?;
+        c.synchronize(&stream)?;
+        Ok(())
+    })
+    .expect("the group opens");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
 }

@@ -49,4 +49,10 @@ pub enum ArgumentError {
     /// all-to-all).
     #[error("{0}")]
     Unsupported(String),
+    /// cudarc's event tracking cannot order the call (a capture while it
+    /// tracks the buffers), or stored an error around it. Refused before
+    /// the call: nothing was enqueued. Found after: the call may have
+    /// been enqueued, and the communicator must be aborted.
+    #[error("{0}")]
+    Tracking(String),
 }

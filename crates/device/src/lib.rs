@@ -26,7 +26,10 @@
 //!   enqueued theirs, so unless every rank refused it, the group is out of
 //!   step: [`abort`](DeviceCommunicator::abort) it;
 //! - a call does no host synchronization, no allocation and no stream
-//!   query, so it is legal while the stream is being captured;
+//!   query but whether the stream is being captured, so it is legal while
+//!   it is; a capture while cudarc tracks the buffers is refused (waiting
+//!   on their earlier events would invalidate it), and errors cudarc
+//!   stored in drops are reported by the call they happened around;
 //! - a failure found after the call returned (a peer died, the network
 //!   failed) surfaces through `check` or `synchronize`, which abort the
 //!   communicator; every later call on it fails.
@@ -40,6 +43,7 @@
 //! on each buffer's own stream and is refused otherwise.
 
 mod error;
+pub mod poll;
 mod shape;
 
 use cudarc::driver::sys::CUdeviceptr;
@@ -50,6 +54,7 @@ use ferrocoll_core::comm::check_disjoint;
 use ferrocoll_core::{Collective, DataType, Element, Rank, ReduceOp};
 
 pub use error::ArgumentError;
+pub use poll::Poller;
 pub use shape::block_count;
 
 /// Whether the CUDA driver library (`libcuda`) can be loaded — asked
@@ -246,7 +251,8 @@ where
     {
         return Err(ArgumentError::Root { root, size: n }.into());
     }
-    let ctx = comm.context();
+    let ctx = comm.context().clone();
+    let ctx = &ctx;
     usable_stream(stream)?;
     same_context("the stream", stream, ctx)?;
     if let Some(i) = input {
@@ -255,29 +261,73 @@ where
     }
     same_context("the output", output.stream(), ctx)?;
     ordered("the output", output.stream(), stream)?;
+    capturable(stream)?;
+    // An error cudarc stored from earlier work (its drops cannot return
+    // one) is reported here, before anything is enqueued, rather than by
+    // some later call on another thread.
+    deferred(ctx, "before")?;
     let count = block_count(collective, n, input.map(|i| i.len()), output.len())?;
     let bytes = |len: usize| len * T::DATA_TYPE.size_bytes();
-    let read = input.map(|i| (i.device_ptr(stream), bytes(i.len())));
-    let out_bytes = bytes(output.len());
-    let (out_ptr, _written) = output.device_ptr_mut(stream);
-    if let Some(((in_ptr, _), in_bytes)) = &read {
-        check_disjoint(*in_ptr, *in_bytes, out_ptr, out_bytes)
-            .map_err(|e| ArgumentError::Overlap(e.to_string()))?;
-    }
-    let call = DeviceCall {
-        collective,
-        dtype: T::DATA_TYPE,
-        count,
-        input: read.as_ref().map(|((p, _), _)| *p),
-        output: out_ptr,
-        op,
+    let called = {
+        let read = input.map(|i| (i.device_ptr(stream), bytes(i.len())));
+        let out_bytes = bytes(output.len());
+        let (out_ptr, _written) = output.device_ptr_mut(stream);
+        if let Some(((in_ptr, _), in_bytes)) = &read {
+            check_disjoint(*in_ptr, *in_bytes, out_ptr, out_bytes)
+                .map_err(|e| ArgumentError::Overlap(e.to_string()))?;
+        }
+        let call = DeviceCall {
+            collective,
+            dtype: T::DATA_TYPE,
+            count,
+            input: read.as_ref().map(|((p, _), _)| *p),
+            output: out_ptr,
+            op,
+        };
+        // SAFETY: the lengths fit the shape (`block_count`) of the size
+        // the (unsafe) trait promises true; the buffers and the stream are
+        // in this rank's context; out-of-place buffers are disjoint; other
+        // streams' use of the buffers is ordered by cudarc's events, or the
+        // call runs on the buffers' own stream (`ordered`).
+        unsafe { comm.enqueue(&call, stream) }
+        // The buffers' guards record their events here, on drop.
     };
-    // SAFETY: the lengths fit the shape (`block_count`) of the size the
-    // (unsafe) trait promises true; the buffers and the stream are in this
-    // rank's context; out-of-place buffers are disjoint; other streams'
-    // use of the buffers is ordered by cudarc's events, or the call runs
-    // on the buffers' own stream (`ordered`).
-    unsafe { comm.enqueue(&call, stream) }
+    called?;
+    Ok(deferred(ctx, "after")?)
+}
+
+/// Whether the stream is being captured (legal to ask during a capture).
+fn is_capturing(stream: &CudaStream) -> Result<bool, ArgumentError> {
+    let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream; a live out-pointer.
+    unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
+        .result()
+        .map_err(|e| {
+            ArgumentError::Tracking(format!("asking whether the stream is captured: {e}"))
+        })?;
+    Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// `Err` for a capture while cudarc tracks the context's buffers: it would
+/// make the stream wait on events recorded before the capture began,
+/// which invalidates the capture (and its error would surface later, on
+/// whichever thread touches the context next).
+fn capturable(stream: &CudaStream) -> Result<(), ArgumentError> {
+    if stream.context().is_managing_stream_synchronization() && is_capturing(stream)? {
+        return Err(ArgumentError::Tracking(
+            "the stream is being captured while cudarc tracks this context's buffers: waiting on their earlier events would invalidate the capture; turn tracking off while capturing (`CudaContext::disable_event_tracking`, as cudarc's graph tests do)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// cudarc's stored error of the context, if any, as this call's.
+fn deferred(ctx: &CudaContext, when: &str) -> Result<(), ArgumentError> {
+    ctx.check_err().map_err(|e| {
+        ArgumentError::Tracking(format!(
+            "cudarc's stream tracking failed {when} the call (an event its drop recorded): {e}"
+        ))
+    })
 }
 
 /// `Err` when `stream` is not in the communicator's context.

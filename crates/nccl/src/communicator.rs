@@ -74,12 +74,33 @@ pub struct NcclConfig {
     /// The longest initialisation or any call may take before the
     /// communicator is aborted.
     pub timeout: Duration,
+    /// The fewest thread blocks (CTAs, NCCL's channels) a call uses
+    /// (`None`: NCCL's choice).
+    pub min_ctas: Option<u32>,
+    /// The most thread blocks a call uses (`None`: NCCL's choice; with
+    /// several ranks on one GPU, [`run`](crate::run) sets the GPU's SMs
+    /// over its ranks, so their blocks all fit at once).
+    pub max_ctas: Option<u32>,
 }
 
 impl Default for NcclConfig {
     fn default() -> Self {
         NcclConfig {
             timeout: Duration::from_secs(60),
+            min_ctas: None,
+            max_ctas: None,
+        }
+    }
+}
+
+impl NcclConfig {
+    /// Every call on exactly `channels` thread blocks: what `--channels`
+    /// means for NCCL.
+    pub fn with_channels(self, channels: Option<u32>) -> Self {
+        NcclConfig {
+            min_ctas: channels.or(self.min_ctas),
+            max_ctas: channels.or(self.max_ctas),
+            ..self
         }
     }
 }
@@ -163,6 +184,9 @@ impl NcclCommunicator {
         let stream = ctx.new_stream()?;
         let mut cfg = blank_config();
         cfg.blocking = 0;
+        let ctas = |c: Option<u32>| c.map_or(UNDEF, |c| c.clamp(1, i32::MAX as u32) as i32);
+        cfg.minCTAs = ctas(config.min_ctas);
+        cfg.maxCTAs = ctas(config.max_ctas);
         let mut comm: ncclComm_t = std::ptr::null_mut();
         // SAFETY: the out-pointer and config are valid for the call; the
         // id is a 128-byte struct passed by value, as nccl.h declares.
@@ -298,6 +322,7 @@ impl NcclCommunicator {
         self.live()?;
         let lib = library()?;
         let deadline = Instant::now() + self.timeout;
+        let mut poller = ferrocoll_device::Poller::new();
         loop {
             let mut state = ncclResult_t::ncclInProgress;
             // SAFETY: a live communicator and a valid out-pointer.
@@ -324,7 +349,7 @@ impl NcclCommunicator {
                     timeout,
                 }));
             }
-            std::thread::sleep(Duration::from_micros(50));
+            poller.pause();
         }
     }
 
@@ -339,6 +364,7 @@ impl NcclCommunicator {
     pub(crate) fn finish_on(&mut self, stream: &CudaStream, what: &str) -> Result<(), NcclError> {
         self.settle(what)?;
         let deadline = Instant::now() + self.timeout;
+        let mut poller = ferrocoll_device::Poller::new();
         loop {
             self.ctx.bind_to_thread()?;
             // SAFETY: a live stream of this context.
@@ -360,7 +386,7 @@ impl NcclCommunicator {
                     timeout,
                 }));
             }
-            std::thread::sleep(Duration::from_micros(20));
+            poller.pause();
         }
     }
 

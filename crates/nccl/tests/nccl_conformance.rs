@@ -48,6 +48,7 @@ impl Harness for Nccl {
     ) -> Result<Vec<Vec<T>>, String> {
         let config = NcclConfig {
             timeout: Duration::from_secs(30),
+            ..NcclConfig::default()
         };
         run_on_threads(case, inputs, outputs, |f| {
             ferrocoll_nccl::run(&devices(case.world_size), &config, f).map_err(|e| e.to_string())

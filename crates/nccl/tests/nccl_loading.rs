@@ -81,6 +81,7 @@ fn creating_a_communicator_without_a_gpu_is_a_typed_error() {
     let started = Instant::now();
     let config = NcclConfig {
         timeout: Duration::from_secs(10),
+        ..NcclConfig::default()
     };
     let err = NcclCommunicator::init(&id, 0, 1, 0, &config)
         .err()

@@ -48,6 +48,11 @@ pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
         ),
         Err(e) => println!("cuda driver   none: {e}"),
     }
+    println!(
+        "cuda env      CUDA_DEVICE_MAX_CONNECTIONS={}, kernel cache {}",
+        std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").unwrap_or_else(|_| "unset (8)".into()),
+        ferrocoll::env::kernel_cache().map_or("off".into(), |p| p.display().to_string()),
+    );
     match info::nvrtc_version() {
         Ok((major, minor)) => println!("nvrtc         {major}.{minor}{}", at(loaded("libnvrtc"))),
         Err(e) => println!("nvrtc         none: {e}"),
@@ -57,10 +62,39 @@ pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
         Err(e) => println!("nccl          none: {e}"),
     }
     match &driver {
-        Ok(d) => gpus(d),
+        Ok(d) => {
+            gpus(d);
+            for g in &d.devices {
+                kernels(g.ordinal as usize);
+            }
+        }
         Err(_) => println!("gpus          none visible (no GPU on this machine, or no driver)"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The interpreter's entry points on a device: registers, local memory,
+/// static shared memory and blocks per SM (compiled here, or taken from
+/// the kernel cache).
+fn kernels(device: usize) {
+    use ferrocoll::cuda::interpreter::{Engine, THREADS};
+    let engine = match Engine::shared(device, ferrocoll::env::kernel_cache().as_deref()) {
+        Ok(e) => e,
+        Err(e) => return println!("kernels       GPU {device}: {e}"),
+    };
+    println!(
+        "kernels       GPU {device}: {} SMs; per entry point at {THREADS} threads a block: registers, local B, static shared B, blocks/SM",
+        engine.sms
+    );
+    for name in ferrocoll::cuda::kernels::interpreter_kernels() {
+        match engine.kernel(&name) {
+            Ok(k) => println!(
+                "  {name:<24} {:>4} {:>6} {:>7} {:>3}",
+                k.registers, k.local_bytes, k.static_shared_bytes, k.blocks_per_sm
+            ),
+            Err(e) => println!("  {name:<24} {e}"),
+        }
+    }
 }
 
 /// The GPUs, their peer-to-peer matrix and, through NVML, their links.

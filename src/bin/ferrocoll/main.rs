@@ -69,6 +69,9 @@ enum Command {
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    // SAFETY: first thing in `main`, before any thread exists or CUDA is
+    // touched.
+    unsafe { ferrocoll::env::prepare_gpu_environment() };
     let cli = Cli::parse();
     ferrocoll::log::init();
     let result = match cli.command {

@@ -15,10 +15,12 @@ use ferrocoll_device::{DeviceCall, DeviceCommunicator};
 
 use super::error::InterpreterError;
 use super::loaded::Programs;
-use super::memory::Current;
+use super::memory::{Current, Pool};
 use super::setup::Group;
 use crate::error::CudaError;
-use crate::program::params::{ABORTED, Addresses, Params};
+use crate::program::Params;
+use crate::program::params::{ABORTED, Addresses};
+use ferrocoll_device::Poller;
 
 /// How long launches stopped by a failure get to end before `synchronize`
 /// and drop give up on them (they poll the board every 1024 spins).
@@ -32,7 +34,7 @@ fn deadline(after: Duration) -> Instant {
 }
 
 /// One rank of a device-interpreter group.
-pub struct InterpreterCommunicator {
+pub struct CudaCommunicator {
     rank: Rank,
     group: Arc<Group>,
     programs: Programs,
@@ -43,22 +45,25 @@ pub struct InterpreterCommunicator {
     /// A stream of the rank's own (non-blocking), for callers that have
     /// none, and where the rank's memory is released.
     stream: Arc<CudaStream>,
-    /// Owns `last` (destroyed after this rank's drop has waited for it).
-    _own: Own,
+    /// Owns `last` (destroyed after this rank's drop has waited for it)
+    /// and the rank's memory pool.
+    own: Own,
     calls: u64,
     failed: Option<CommError>,
 }
 
 // SAFETY: the raw event belongs to this communicator alone and is used by
 // the thread that holds `&mut self` (or drops it).
-unsafe impl Send for InterpreterCommunicator {}
+unsafe impl Send for CudaCommunicator {}
 
-/// A rank's ordering event and own stream, made before the rank joins a
-/// group (so that a failure to make them is one the ranks agree on).
+/// A rank's ordering event, own stream and memory pool, made before the
+/// rank joins a group (so that a failure to make them is one the ranks
+/// agree on).
 pub(super) struct Own {
     ctx: Arc<CudaContext>,
     last: sys::CUevent,
     stream: Arc<CudaStream>,
+    pub(super) pool: Arc<Pool>,
 }
 
 // SAFETY: the raw event is used only by the communicator that holds it,
@@ -69,11 +74,13 @@ impl Own {
     pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Own, CudaError> {
         let _current = Current::bind(ctx)?;
         let stream = ctx.new_stream()?;
+        let pool = Arc::new(Pool::new(ctx)?);
         let last = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
         Ok(Own {
             ctx: ctx.clone(),
             last,
             stream,
+            pool,
         })
     }
 }
@@ -88,20 +95,20 @@ impl Drop for Own {
     }
 }
 
-impl InterpreterCommunicator {
+impl CudaCommunicator {
     pub(super) fn new(rank: Rank, group: Arc<Group>) -> Result<Self, CudaError> {
         let own = Own::new(&group.engine(rank as usize).ctx)?;
-        Ok(InterpreterCommunicator::with(rank, group, own))
+        Ok(CudaCommunicator::with(rank, group, own))
     }
 
     pub(super) fn with(rank: Rank, group: Arc<Group>, own: Own) -> Self {
-        InterpreterCommunicator {
+        CudaCommunicator {
             rank,
             group,
             programs: Programs::default(),
             last: own.last,
             stream: own.stream.clone(),
-            _own: own,
+            own,
             calls: 0,
             failed: None,
         }
@@ -111,6 +118,11 @@ impl InterpreterCommunicator {
     /// which ranks sharing a GPU need: their launches must run at once).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The rank's own pool for stream-ordered allocations.
+    pub(super) fn pool(&self) -> Arc<Pool> {
+        self.own.pool.clone()
     }
 
     fn live(&self) -> Result<(), InterpreterError> {
@@ -162,9 +174,14 @@ impl InterpreterCommunicator {
         let capturing = unsafe { result::stream::is_capturing(s) }.map_err(CudaError::from)?
             != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let release = (self.stream.cu_stream(), self.last);
-        let loaded = self
-            .programs
-            .get(&self.group, rank, &planned, stream, capturing, release)?;
+        let loaded = self.programs.get(
+            &self.group,
+            rank,
+            &planned,
+            (stream, &self.own.pool),
+            capturing,
+            release,
+        )?;
         let program = loaded.program.clone();
         let buffers = [
             call.input.unwrap_or(call.output),
@@ -183,6 +200,7 @@ impl InterpreterCommunicator {
                 board: self.group.board.device,
             },
             self.group.config.timeout,
+            self.group.scope,
         );
         let me = &program.ranks[rank];
         let (wait, record) = if capturing {
@@ -202,15 +220,6 @@ impl InterpreterCommunicator {
             if !me.channels.is_empty() {
                 engine.interpret(s, program.dtype, call.op, me.channels.len() as u32, &params)?;
             }
-            if let Some(d) = &me.divide {
-                let size = program.dtype.size_bytes() as u64;
-                let base = buffers[d.buffer as usize];
-                let pieces = &me.pieces[d.pieces.first as usize..][..d.pieces.count as usize];
-                for p in pieces {
-                    let n = u64::from(program.layout.world_size);
-                    engine.divide(s, program.dtype, base + p.offset, p.bytes / size, n)?;
-                }
-            }
             sys::cuEventRecordWithFlags(self.last, s, record)
                 .result()
                 .map_err(CudaError::from)?;
@@ -224,7 +233,7 @@ impl InterpreterCommunicator {
     /// `deadline`.
     fn wait_last(&self, deadline: Instant) -> Result<bool, CudaError> {
         let _current = Current::bind(&self.group.engine(self.rank as usize).ctx)?;
-        let mut pause = Duration::from_micros(20);
+        let mut poller = Poller::new();
         loop {
             // SAFETY: the event is this communicator's and alive.
             match unsafe { sys::cuEventQuery(self.last) } {
@@ -235,8 +244,7 @@ impl InterpreterCommunicator {
             if Instant::now() >= deadline {
                 return Ok(false);
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(2));
+            poller.pause();
         }
     }
 }
@@ -244,7 +252,7 @@ impl InterpreterCommunicator {
 // SAFETY: `size` and `context` are the group's and the rank's device's;
 // `enqueue` touches the call's buffers as its collective defines and
 // nothing else of the caller's.
-unsafe impl DeviceCommunicator for InterpreterCommunicator {
+unsafe impl DeviceCommunicator for CudaCommunicator {
     type Error = InterpreterError;
 
     fn rank(&self) -> Rank {
@@ -292,7 +300,7 @@ unsafe impl DeviceCommunicator for InterpreterCommunicator {
             None => deadline(timeout.saturating_add(Duration::from_secs(1))),
         };
         let _current = Current::bind(self.context())?;
-        let mut pause = Duration::from_micros(10);
+        let mut poller = Poller::new();
         loop {
             // SAFETY: the caller's live stream.
             match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
@@ -330,8 +338,7 @@ unsafe impl DeviceCommunicator for InterpreterCommunicator {
                 };
                 return Err(e.into());
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            poller.pause();
         }
         self.check()
     }
@@ -345,7 +352,7 @@ unsafe impl DeviceCommunicator for InterpreterCommunicator {
     }
 }
 
-impl Drop for InterpreterCommunicator {
+impl Drop for CudaCommunicator {
     fn drop(&mut self) {
         // Wait for the last launch (it ends by its timeout at the latest;
         // stopped sooner if it has not), then release the programs in

@@ -5,16 +5,18 @@
 //! ([`DeviceCommunicator`]) never does.
 
 use cudarc::driver::result;
+
+use super::memory::Pool;
 use ferrocoll_core::comm::{Call, Checked, CommError, Communicator};
 use ferrocoll_core::plan::CallShape;
 use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use ferrocoll_device::{DeviceCall, DeviceCommunicator};
 
-use super::communicator::InterpreterCommunicator;
+use super::communicator::CudaCommunicator;
 use super::memory::Current;
 use crate::error::CudaError;
 
-impl Communicator for InterpreterCommunicator {
+impl Communicator for CudaCommunicator {
     fn rank(&self) -> Rank {
         DeviceCommunicator::rank(self)
     }
@@ -55,7 +57,7 @@ impl Communicator for InterpreterCommunicator {
     }
 }
 
-impl InterpreterCommunicator {
+impl CudaCommunicator {
     /// Copy the slices to the device, run the call on the rank's stream,
     /// wait, and copy the output back. Stream-ordered allocation and
     /// copies on the rank's own stream: nothing waits for the whole device
@@ -71,12 +73,13 @@ impl InterpreterCommunicator {
         let s = stream.cu_stream();
         let driver = |e| CommError::from(CudaError::from(e));
         let _current = Current::bind(&ctx).map_err(CommError::from)?;
+        let pool = self.pool();
         let mut owned = Vec::new();
         let result = (|| {
             let mut put = |bytes: &[u8]| -> Result<u64, CommError> {
                 // SAFETY: the context is current and `s` is its stream;
                 // the block is freed on the same stream after the call.
-                let ptr = unsafe { result::malloc_async(s, bytes.len().max(1)) }.map_err(driver)?;
+                let ptr = unsafe { pool.alloc(bytes.len(), s) }.map_err(CommError::from)?;
                 owned.push(ptr);
                 // SAFETY: `ptr` holds the bytes; a copy from pageable
                 // memory returns once they are staged.
@@ -105,7 +108,7 @@ impl InterpreterCommunicator {
         for ptr in owned {
             // SAFETY: allocated above on this stream; freed once, after
             // (in stream order) everything that used it.
-            let _ = unsafe { result::free_async(ptr, s) };
+            unsafe { Pool::free(ptr, s) };
         }
         result
     }

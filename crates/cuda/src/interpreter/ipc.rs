@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, sys};
 use ferrocoll_core::Rank;
 
 use super::board::Board;
-use super::communicator::{InterpreterCommunicator, Own};
+use super::communicator::{CudaCommunicator, Own};
 use super::engine::Engine;
 use super::memory::{Current, DeviceBlock};
 use super::residency;
@@ -102,8 +102,9 @@ fn agree(
 /// The format of what ranks read in each other's memory (windows, the
 /// board): raised whenever it changes, so binaries of two formats refuse
 /// to join rather than misread each other. 2: 64-bit board words that
-/// carry the failed call's number.
-const FORMAT: u32 = 2;
+/// carry the failed call's number. 3: windows publish each call's
+/// buffers and carry an alarm; records carry transfers.
+const FORMAT: u32 = 3;
 
 /// What ranks must have in common, as bytes: the format and the layout.
 fn describe(layout: &Layout) -> String {
@@ -135,7 +136,7 @@ fn host_name() -> String {
 
 /// Check what every rank published at the hello step — every pair, so
 /// every rank reaches the same verdict: the same layout; no two ranks in
-/// one process (those are threads of one group: `interpreter::group`);
+/// one process (those are threads of one group: `ferrocoll_cuda::group`);
 /// no two processes on one GPU (processes take turns on a GPU, and the
 /// interpreter's blocks spin on each other).
 pub(super) fn check_hello(hello: &[Vec<u8>]) -> Result<(), CudaError> {
@@ -165,13 +166,13 @@ pub(super) fn check_hello(hello: &[Vec<u8>]) -> Result<(), CudaError> {
             if field(a, 1) == field(b, 1) {
                 return Err(CudaError::Invalid(format!(
                     "ranks {a} and {b} are in one process: ranks of one process are threads of \
-                     one group (`interpreter::group`)"
+                     one group (`ferrocoll_cuda::group`)"
                 )));
             }
             if field(a, 2) == field(b, 2) {
                 return Err(CudaError::Invalid(format!(
                     "ranks {a} and {b} are both on GPU {}: ranks sharing a GPU must be threads of \
-                     one process (`interpreter::group`), since processes take turns on a GPU and \
+                     one process (`ferrocoll_cuda::group`), since processes take turns on a GPU and \
                      the interpreter's blocks wait on each other",
                     field(a, 2)
                 )));
@@ -204,7 +205,7 @@ pub fn join(
     config: &CudaConfig,
     mut exchange: Box<dyn Exchange + Send>,
     job: Option<&str>,
-) -> Result<InterpreterCommunicator, CudaError> {
+) -> Result<CudaCommunicator, CudaError> {
     if rank >= world {
         return Err(CudaError::Invalid(format!("rank {rank} of {world}")));
     }
@@ -213,16 +214,20 @@ pub fn join(
     let ex = exchange.as_mut();
     // Everything this process can find wrong on its own, agreed first.
     let local = (|| {
-        let layout = setup::layout(world, config)?;
         let count = probe::available()?;
         if device >= count {
             return Err(CudaError::Invalid(format!(
                 "device {device} does not exist; this process sees {count}"
             )));
         }
-        let engine = Engine::shared(device)?;
-        let blocks = u64::from(layout.max_channels);
-        residency::check(device, blocks, engine.blocks_per_sm()?, engine.sms)?;
+        let engine = Engine::shared(device, config.kernel_cache.as_deref())?;
+        let capacity = u64::from(engine.blocks_per_sm()?) * u64::from(engine.sms);
+        let channels = config
+            .channels
+            .unwrap_or_else(|| setup::auto_channels(&[1], &[capacity]));
+        // Each process sees only its own memory: every message is staged.
+        let layout = setup::layout(world, channels, config, false)?;
+        residency::check(device, u64::from(layout.max_channels), capacity)?;
         let state = setup::state_block(&engine, &layout)?;
         let own = Own::new(&engine.ctx)?;
         let hello = hello_of(&bus_id(&engine)?, &layout);
@@ -254,7 +259,7 @@ pub fn join(
     );
     // Nothing below can fail: every rank that got here, all did.
     let group = Arc::new(Group::across_processes(config, parts));
-    Ok(InterpreterCommunicator::with(rank, group, own))
+    Ok(CudaCommunicator::with(rank, group, own))
 }
 
 /// Rank 0 creates the board's file; every rank maps and registers it; once
@@ -486,6 +491,7 @@ mod tests {
             slots: 2,
             slot_bytes: 64,
             ll_slot_bytes: 32,
+            zero_copy: false,
         };
         let ours = describe(&layout);
         let older = ours.replace(&format!("format {FORMAT},"), "format 1,");

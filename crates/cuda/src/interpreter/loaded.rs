@@ -13,6 +13,7 @@ use cudarc::driver::{CudaStream, result, sys};
 use ferrocoll_core::plan::Planned;
 
 use super::error::InterpreterError;
+use super::memory::Pool;
 use super::setup::Group;
 use crate::error::CudaError;
 use crate::program::DeviceProgram;
@@ -40,15 +41,15 @@ pub struct Programs {
 }
 
 impl Programs {
-    /// `planned`'s program for `rank`, loaded on `stream` if this is its
-    /// first call (refused while `capturing`: the upload is not part of
-    /// the call). The context must be current.
+    /// `planned`'s program for `rank`, loaded on `stream` from the rank's
+    /// `pool` if this is its first call (refused while `capturing`: the
+    /// upload is not part of the call). The context must be current.
     pub fn get(
         &mut self,
         group: &Group,
         rank: usize,
         planned: &Planned,
-        stream: &CudaStream,
+        (stream, pool): (&CudaStream, &Pool),
         capturing: bool,
         release: (sys::CUstream, sys::CUevent),
     ) -> Result<&Loaded, InterpreterError> {
@@ -67,7 +68,7 @@ impl Programs {
                 self.evict(release);
             }
             let program = group.program(planned)?;
-            let loaded = upload(program, rank, s)?;
+            let loaded = upload(program, rank, s, pool)?;
             self.map.insert(planned.signature, loaded);
         }
         let loaded = self
@@ -100,11 +101,12 @@ impl Programs {
     }
 }
 
-/// Allocate and fill a program's blocks on stream `s`.
+/// Allocate and fill a program's blocks on stream `s` from `pool`.
 fn upload(
     program: Arc<DeviceProgram>,
     rank: usize,
     s: sys::CUstream,
+    pool: &Pool,
 ) -> Result<Loaded, InterpreterError> {
     let (blob, packed) = pack(&program.ranks[rank]);
     let scratch_bytes = program.scratch_bytes.max(1) as usize;
@@ -114,12 +116,12 @@ fn upload(
     // after the rank's last launch. The copy from pageable memory returns
     // once the blob is staged, so the blob may go.
     unsafe {
-        let tables = result::malloc_async(s, blob.len()).map_err(CudaError::from)?;
-        let scratch = match result::malloc_async(s, scratch_bytes) {
+        let tables = pool.alloc(blob.len(), s)?;
+        let scratch = match pool.alloc(scratch_bytes, s) {
             Ok(p) => p,
             Err(e) => {
-                let _ = result::free_async(tables, s);
-                return Err(CudaError::from(e).into());
+                Pool::free(tables, s);
+                return Err(e.into());
             }
         };
         let loaded = Loaded {

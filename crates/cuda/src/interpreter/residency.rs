@@ -9,9 +9,8 @@
 use crate::error::CudaError;
 
 /// Check that `blocks` (the group's channels on this device, summed over
-/// its ranks) fit `per_sm` resident blocks on each of `sms` SMs.
-pub fn check(device: usize, blocks: u64, per_sm: u32, sms: u32) -> Result<(), CudaError> {
-    let capacity = u64::from(per_sm) * u64::from(sms);
+/// its ranks) fit the `capacity` of resident blocks (blocks per SM × SMs).
+pub fn check(device: usize, blocks: u64, capacity: u64) -> Result<(), CudaError> {
     if blocks <= capacity {
         return Ok(());
     }
@@ -29,9 +28,9 @@ mod tests {
     #[test]
     fn groups_whose_blocks_cannot_all_be_resident_are_refused() {
         // H200: 132 SMs; 2 interpreter blocks per SM.
-        assert!(check(0, 8 * 32, 2, 132).is_ok());
-        assert!(check(0, 264, 2, 132).is_ok());
-        let e = check(3, 265, 2, 132).unwrap_err();
+        assert!(check(0, 8 * 32, 264).is_ok());
+        assert!(check(0, 264, 264).is_ok());
+        let e = check(3, 265, 264).unwrap_err();
         assert_eq!(
             e,
             CudaError::NotResident {
@@ -42,6 +41,6 @@ mod tests {
         );
         assert!(e.to_string().contains("265"), "{e}");
         // A kernel that cannot run at all (no block fits an SM).
-        assert!(check(0, 1, 0, 132).is_err());
+        assert!(check(0, 1, 0).is_err());
     }
 }

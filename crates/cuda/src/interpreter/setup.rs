@@ -1,9 +1,12 @@
-//! Opening a group: devices and peer access, the residency check, the
-//! layout and the memory every call reuses, the planner.
+//! Opening a group: devices and peer access, channels from what the GPUs
+//! hold, the residency check, the layout and the memory every call
+//! reuses (windows on the devices, or in host memory where peer access is
+//! missing), the planner.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::{CudaContext, sys};
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::plan::{Planned, Planner, PlannerSettings};
 use ferrocoll_core::select::Protocol as SelectedProtocol;
@@ -11,14 +14,44 @@ use ferrocoll_core::select::Protocol as SelectedProtocol;
 use super::board::Board;
 use super::engine::Engine;
 use super::ipc;
-use super::memory::{Current, DeviceBlock};
+use super::memory::{Current, DeviceBlock, HostBlock};
 use super::residency;
 use crate::config::CudaConfig;
 use crate::error::CudaError;
-use crate::group::enable_peer;
 use crate::probe;
 use crate::program::params::ABORTED;
-use crate::program::{DeviceProgram, Layout, MAX_RANKS, Protocol};
+use crate::program::{DeviceProgram, Layout, MAX_RANKS, Protocol, Scope};
+
+/// Channels a group takes by default at most: past this, more blocks per
+/// rank no longer add bandwidth on one GPU's HBM (NCCL's channel limit
+/// is 32 per communicator on NVLink systems as well).
+pub const MAX_AUTO_CHANNELS: u32 = 32;
+
+/// Bytes a rank's window may spend on bulk slots: 256 MiB whatever the
+/// channels, ranks and slots (32 channels × 8 peers × 4 slots get 256 KiB
+/// slots; a plan's messages are cut to fit). Zero-copy messages need no
+/// slot at all.
+pub const SLOT_BUDGET: u64 = 256 << 20;
+
+/// Bytes a rank's window may spend on LL slots.
+pub const LL_BUDGET: u64 = 32 << 20;
+
+/// Where every rank's window lives.
+pub(super) enum WindowBlock {
+    /// Device memory (peers reach it by P2P/NVLink).
+    Device(DeviceBlock),
+    /// Pinned host memory every GPU maps (no peer access somewhere).
+    Host(HostBlock),
+}
+
+impl WindowBlock {
+    fn ptr(&self) -> u64 {
+        match self {
+            WindowBlock::Device(b) => b.ptr,
+            WindowBlock::Host(b) => b.ptr,
+        }
+    }
+}
 
 /// What the ranks of a group in this process share; it outlives every
 /// launch of theirs.
@@ -27,14 +60,16 @@ pub struct Group {
     pub config: CudaConfig,
     /// What every rank's window was set up for.
     pub layout: Layout,
+    /// How launches order their flags and fences.
+    pub scope: Scope,
     /// The device of each rank in this process (`None`: another process's).
     engines: Vec<Option<Arc<Engine>>>,
     /// Every rank's window as this process addresses it (one process:
-    /// unified addressing with peer access on; across processes: opened
-    /// from the owner's IPC handle).
+    /// unified addressing; across processes: opened from the owner's IPC
+    /// handle).
     windows: Vec<u64>,
     /// The windows allocated here.
-    _owned: Vec<DeviceBlock>,
+    _owned: Vec<WindowBlock>,
     /// The windows of other processes' ranks, mapped here.
     _opened: Vec<ipc::Opened>,
     /// The private state of each rank in this process.
@@ -48,11 +83,17 @@ pub struct Group {
     programs: Mutex<HashMap<u64, Arc<DeviceProgram>>>,
 }
 
-/// The layout a configuration asks for on `n` ranks: a ring of
-/// `slots_per_link` slots of `max_chunk_bytes` (rounded up to 16) per
-/// (channel, sender), and as many LL slots carrying up to `ll_max_bytes`
-/// (no more than a slot) each.
-pub fn layout(n: u32, config: &CudaConfig) -> Result<Layout, CudaError> {
+/// The layout a configuration asks for on `n` ranks with `channels`: a
+/// ring of `slots_per_link` slots per (channel, sender) of
+/// `max_chunk_bytes` (within [`SLOT_BUDGET`], rounded to 16), as many LL
+/// slots carrying up to `ll_max_bytes` (within [`LL_BUDGET`], no more
+/// than a slot); zero copy where ranks address each other's buffers.
+pub fn layout(
+    n: u32,
+    channels: u32,
+    config: &CudaConfig,
+    zero_copy: bool,
+) -> Result<Layout, CudaError> {
     if n == 0 || n > MAX_RANKS {
         return Err(CudaError::Invalid(format!(
             "the device interpreter runs 1..={MAX_RANKS} ranks, not {n}"
@@ -64,24 +105,43 @@ pub fn layout(n: u32, config: &CudaConfig) -> Result<Layout, CudaError> {
             config.max_chunk_bytes, config.ll_max_bytes
         ))
     };
+    let slots = ferrocoll_core::plan::link_slots(config.slots_per_link, config.schedule.as_deref());
+    let links = u64::from(channels.max(1)) * u64::from(n) * u64::from(slots.max(1));
+    let within = |budget: u64| (budget / links.max(1)) / 16 * 16;
     let slot_bytes = (config.max_chunk_bytes.max(16) as u64)
         .checked_next_multiple_of(16)
-        .ok_or_else(too_large)?;
+        .ok_or_else(too_large)?
+        .min(within(SLOT_BUDGET).max(16));
     let ll_message = (config.ll_max_bytes as u64)
         .min(slot_bytes)
-        .checked_next_multiple_of(8)
-        .ok_or_else(too_large)?;
+        .min(within(LL_BUDGET) / 2)
+        / 8
+        * 8;
     let layout = Layout {
         world_size: n,
-        max_channels: config.channels.max(1),
-        slots: config.slots_per_link.max(2),
+        max_channels: channels.max(1),
+        slots,
         slot_bytes,
-        ll_slot_bytes: ll_message.checked_mul(2).ok_or_else(too_large)?,
+        ll_slot_bytes: ll_message * 2,
+        zero_copy,
     };
     layout
         .check()
         .map_err(|e| CudaError::Invalid(e.to_string()))?;
     Ok(layout)
+}
+
+/// Channels by default: every rank an equal share of the blocks its GPU
+/// holds at once, at most [`MAX_AUTO_CHANNELS`]; `ranks_on[d]` and
+/// `capacity[d]` are per device of the group.
+pub fn auto_channels(ranks_on: &[u64], capacity: &[u64]) -> u32 {
+    ranks_on
+        .iter()
+        .zip(capacity)
+        .map(|(&ranks, &cap)| cap / ranks.max(1))
+        .min()
+        .unwrap_or(1)
+        .clamp(1, u64::from(MAX_AUTO_CHANNELS)) as u32
 }
 
 /// How a call's messages travel: as the topology selector says when it
@@ -108,22 +168,32 @@ pub fn protocol(planned: &Planned, layout: &Layout, config: &CudaConfig) -> Prot
 }
 
 /// How the group plans: messages cut to fit a slot (an LL slot where the
-/// selector chose LL), selections no wider than the windows' channels.
+/// selector chose LL), selections no wider than the windows' channels,
+/// and the rule for zero-copy windows or staged ones.
 pub fn planner_settings(config: &CudaConfig, layout: &Layout) -> PlannerSettings {
-    PlannerSettings {
-        max_message_bytes: Some(layout.slot_bytes as usize),
-        max_ll_message_bytes: (layout.ll_slot_bytes > 0)
-            .then(|| layout.ll_message_bytes() as usize),
-        max_channels: Some(layout.max_channels),
-        ..config.planner_settings()
+    let mut settings = config.planner_settings();
+    settings.channels = layout.max_channels;
+    settings.slots_per_link = layout.slots;
+    settings.max_message_bytes = Some(layout.slot_bytes as usize);
+    settings.max_ll_message_bytes =
+        (layout.ll_slot_bytes > 0).then(|| layout.ll_message_bytes() as usize);
+    settings.max_channels = Some(layout.max_channels);
+    if !layout.zero_copy {
+        settings.rule = crate::config::staged_rule;
     }
+    settings
 }
 
 impl Group {
     /// Open `devices` (one entry per rank; a device may repeat) for
     /// `config`, or say why not.
     pub fn open(devices: &[usize], config: &CudaConfig) -> Result<Group, CudaError> {
-        let layout = layout(devices.len() as u32, config)?;
+        let n = devices.len() as u32;
+        if n == 0 || n > MAX_RANKS {
+            return Err(CudaError::Invalid(format!(
+                "the device interpreter runs 1..={MAX_RANKS} ranks, not {n}"
+            )));
+        }
         let count = probe::available()?;
         if let Some(&bad) = devices.iter().find(|&&d| d >= count) {
             return Err(CudaError::Invalid(format!(
@@ -133,35 +203,60 @@ impl Group {
         let mut opened: HashMap<usize, Arc<Engine>> = HashMap::new();
         for &d in devices {
             if let std::collections::hash_map::Entry::Vacant(e) = opened.entry(d) {
-                e.insert(Engine::shared(d)?);
+                e.insert(Engine::shared(d, config.kernel_cache.as_deref())?);
             }
         }
-        connect(&opened)?;
-        for (&d, engine) in &opened {
-            let ranks = devices.iter().filter(|&&x| x == d).count() as u64;
-            let blocks = ranks * u64::from(layout.max_channels);
-            residency::check(d, blocks, engine.blocks_per_sm()?, engine.sms)?;
+        let p2p = config.p2p && connect(&opened)?;
+        let mut ordinals: Vec<usize> = opened.keys().copied().collect();
+        ordinals.sort_unstable();
+        let ranks_on: Vec<u64> = ordinals
+            .iter()
+            .map(|d| devices.iter().filter(|&x| x == d).count() as u64)
+            .collect();
+        let capacity = ordinals
+            .iter()
+            .map(|d| {
+                let e = &opened[d];
+                Ok(u64::from(e.blocks_per_sm()?) * u64::from(e.sms))
+            })
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        let channels = config
+            .channels
+            .unwrap_or_else(|| auto_channels(&ranks_on, &capacity));
+        for (i, &d) in ordinals.iter().enumerate() {
+            let blocks = ranks_on[i] * u64::from(channels);
+            residency::check(d, blocks, capacity[i])?;
         }
+        let layout = layout(n, channels, config, p2p)?;
         let engines: Vec<Arc<Engine>> = devices.iter().map(|d| opened[d].clone()).collect();
         let window = layout.window().bytes;
         let owned = engines
             .iter()
-            .map(|e| DeviceBlock::zeroed(&e.ctx, window))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|e| {
+                Ok(if p2p {
+                    WindowBlock::Device(DeviceBlock::zeroed(&e.ctx, window)?)
+                } else {
+                    WindowBlock::Host(HostBlock::zeroed(&e.ctx, window)?)
+                })
+            })
+            .collect::<Result<Vec<_>, CudaError>>()?;
         let states = engines
             .iter()
             .map(|e| state_block(e, &layout).map(Some))
             .collect::<Result<Vec<_>, _>>()?;
         let board = Board::new(&engines[0].ctx, devices.len())?;
-        tracing::debug!(?devices, ?layout, window, "device interpreter group opened");
+        let scope = if p2p && ordinals.len() == 1 {
+            Scope::Gpu
+        } else {
+            Scope::System
+        };
+        tracing::debug!(?devices, ?layout, ?scope, window, "device group opened");
         Ok(Group {
-            planner: Mutex::new(Planner::new(
-                devices.len() as u32,
-                planner_settings(config, &layout),
-            )),
+            planner: Mutex::new(Planner::new(n, planner_settings(config, &layout))),
             config: config.clone(),
             layout,
-            windows: owned.iter().map(|w| w.ptr).collect(),
+            scope,
+            windows: owned.iter().map(WindowBlock::ptr).collect(),
             engines: engines.into_iter().map(Some).collect(),
             _owned: owned,
             _opened: Vec::new(),
@@ -195,9 +290,10 @@ impl Group {
             planner: Mutex::new(Planner::new(n as u32, planner_settings(config, &layout))),
             config: config.clone(),
             layout,
+            scope: Scope::System,
             engines,
             windows,
-            _owned: vec![window],
+            _owned: vec![WindowBlock::Device(window)],
             _opened: opened,
             states,
             board,
@@ -308,21 +404,79 @@ impl Drop for Group {
     }
 }
 
-/// Peer access between every pair of the group's devices: the interpreter
-/// stores straight into peers' memory, so a pair without it is refused
-/// (executor v1's host relay covers such machines).
-fn connect(opened: &HashMap<usize, Arc<Engine>>) -> Result<(), CudaError> {
+/// Peer access between every pair of the group's devices; `false` when
+/// some pair has none (the windows then go to host memory every GPU
+/// maps, and messages are staged there).
+fn connect(opened: &HashMap<usize, Arc<Engine>>) -> Result<bool, CudaError> {
     let mut ordinals: Vec<usize> = opened.keys().copied().collect();
     ordinals.sort_unstable();
     for (i, &a) in ordinals.iter().enumerate() {
         for &b in &ordinals[i + 1..] {
             if !enable_peer(&opened[&a].ctx, &opened[&b].ctx)? {
-                return Err(CudaError::Invalid(format!(
-                    "devices {a} and {b} have no peer access; the device interpreter needs it \
-                     between every pair (backend `cuda` relays through the host)"
-                )));
+                tracing::debug!("devices {a} and {b} have no peer access: windows in host memory");
+                return Ok(false);
             }
         }
     }
-    Ok(())
+    Ok(true)
+}
+
+/// Enable peer access both ways between two devices; `false` if the
+/// hardware refuses it.
+pub(crate) fn enable_peer(a: &CudaContext, b: &CudaContext) -> Result<bool, CudaError> {
+    let mut can = 0;
+    // SAFETY: both devices come from opened contexts; the out-pointer is a
+    // live local.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()).result()? };
+    if can == 0 {
+        return Ok(false);
+    }
+    for (from, to) in [(a, b), (b, a)] {
+        from.bind_to_thread()?;
+        // SAFETY: `to`'s context is alive; enabling twice only reports
+        // "already enabled", which is not an error here.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(to.cu_ctx(), 0) };
+        if r != sys::CUresult::CUDA_SUCCESS
+            && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        {
+            tracing::debug!(
+                "peer access {} -> {} refused: {r:?}",
+                from.ordinal(),
+                to.ordinal()
+            );
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_by_default_share_what_each_gpu_holds() {
+        // One H200 (132 SMs, 2 blocks each): 8 ranks get 33, capped at 32.
+        assert_eq!(auto_channels(&[8], &[264]), 32);
+        assert_eq!(auto_channels(&[16], &[264]), 16);
+        // The most crowded GPU decides.
+        assert_eq!(auto_channels(&[1, 4], &[264, 100]), 25);
+        assert_eq!(auto_channels(&[64], &[10]), 1);
+    }
+
+    #[test]
+    fn windows_stay_within_their_budget() {
+        let config = CudaConfig::default();
+        let l = layout(8, 32, &config, true).unwrap();
+        assert!(l.inbox_bytes() <= SLOT_BUDGET, "{l:?}");
+        assert!(l.ll_inbox_bytes() <= LL_BUDGET, "{l:?}");
+        assert_eq!(l.slot_bytes % 16, 0);
+        assert!(l.ll_message_bytes() > 0);
+        // Few channels: the configured chunk.
+        let l = layout(2, 1, &config, false).unwrap();
+        assert_eq!(l.slot_bytes, config.max_chunk_bytes as u64);
+        assert!(!l.zero_copy);
+        assert!(layout(0, 1, &config, true).is_err());
+        assert!(layout(65, 1, &config, true).is_err());
+    }
 }

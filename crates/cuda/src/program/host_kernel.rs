@@ -1,12 +1,12 @@
-//! The device interpreter's own source — `cuda/reduce.cu` and
-//! `cuda/interpret.cu`, with `cuda/host.h` standing in for CUDA — built as
-//! host C++ and run on CPU threads, one per thread block, the block's
-//! threads as fibers of it (`cuda/host.h`): the kernel's instruction loop,
-//! counters, LL lines, greetings, barriers, timeouts and board, as
-//! written, in every `cargo test`. [`super::emulate`] mirrors the same
-//! protocol in Rust; running the source itself beside it means the two
-//! cannot drift apart unnoticed, and a bug in the kernel's own arithmetic
-//! shows here rather than first on a GPU.
+//! The device interpreter's own source — the generated records header,
+//! `cuda/elements.cuh` and `cuda/interpret.cu`, with `cuda/host.h`
+//! standing in for CUDA — built as host C++ and run on CPU threads, one
+//! per thread block, the block's threads as fibers of it (`cuda/host.h`):
+//! the kernel's instruction loop, transfers, counters, LL lines,
+//! greetings, barriers, drains, avg's division, timeouts, the alarm and
+//! the board, as written, in every `cargo test`. It is the one CPU rig of
+//! the device protocol: a bug in the kernel's own arithmetic shows here
+//! rather than first on a GPU.
 //!
 //! It needs a C++ compiler (`CXX`, else `c++`). Without one the tests
 //! that use it say so and pass, unless `FERROCOLL_REQUIRE_HOST_KERNEL=1`
@@ -37,9 +37,8 @@ use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::types::Reduce;
 
-use super::emulate::{Arena, Buffers, buffer_problem, on_rank_threads};
-use super::params::{ABORTED, Addresses, Failure, Params, pack};
-use super::{DeviceProgram, Layout};
+use super::params::{ABORTED, Addresses, Failure, pack};
+use super::{DeviceProgram, Layout, Params, Scope};
 use crate::kernels;
 
 /// The source built for the host, loaded.
@@ -111,10 +110,9 @@ fn compile_and_load(dir: &Path) -> Result<HostKernel, String> {
     let source = dir.join("interpret.cpp");
     let library = dir.join("libinterpret.so");
     let text = format!(
-        "{}\n{}\n{}\n{}",
+        "{}\n{}\n{}",
         include_str!("../../../../cuda/host.h"),
-        kernels::SOURCE,
-        kernels::INTERPRETER,
+        kernels::source(),
         include_str!("../../../../cuda/host_launch.h"),
     );
     std::fs::write(&source, text).map_err(|e| format!("{}: {e}", source.display()))?;
@@ -198,20 +196,6 @@ impl HostKernel {
         launch(self.symbol(name), params, block, grid, threads);
     }
 
-    /// avg's division of `n` elements at `data` by `divisor`, on this
-    /// thread (a grid of one block of one thread covers them all).
-    ///
-    /// # Safety
-    /// `data` addresses `n` elements of the kernel's type.
-    unsafe fn divide(&self, name: &str, data: u64, n: u64, divisor: u64) {
-        // SAFETY: `fc_host_block(block, grid)` in cuda/host.h;
-        // `ferrocoll_div_*` take (T *data, u64 n, u64 divisor).
-        let (set, div): (extern "C" fn(u32, u32), extern "C" fn(u64, u64, u64)) =
-            unsafe { (self.function("fc_host_block"), self.function(name)) };
-        set(0, 1);
-        div(data, n, divisor);
-    }
-
     /// The shim's float → half, half → float and float → bfloat16, as
     /// functions (for the test that holds them against the CPU's).
     pub fn conversions(&self) -> (ToNarrow, FromHalf, ToNarrow) {
@@ -231,9 +215,101 @@ pub type ToNarrow = extern "C" fn(f32) -> u16;
 /// Half bits to a float.
 pub type FromHalf = extern "C" fn(u16) -> f32;
 
+/// Memory other threads write into, ordered by the counters: a raw
+/// allocation, zeroed and 16-byte aligned (as device allocations are, for
+/// the kernel's vector accesses), so that no reference to the whole of it
+/// ever exists while threads write their parts.
+pub struct Arena {
+    ptr: *mut u128,
+    words: usize,
+}
+
+// SAFETY: every access to an arena's bytes by the kernel's threads is
+// ordered by the protocol's counters, which is what these tests (and the
+// ThreadSanitizer build of them) check; the host touches an arena only
+// while no block runs.
+unsafe impl Sync for Arena {}
+
+// SAFETY: the arena owns its allocation; sending it moves that ownership.
+unsafe impl Send for Arena {}
+
+impl Arena {
+    /// `bytes` zeroed bytes (at least 16).
+    pub fn new(bytes: u64) -> Self {
+        let words = bytes.div_ceil(16).max(1) as usize;
+        let ptr = Box::into_raw(vec![0u128; words].into_boxed_slice()).cast::<u128>();
+        Arena { ptr, words }
+    }
+
+    /// The first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.cast()
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `words` came from `Box::into_raw` of a boxed
+        // slice of that length, freed once, here.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words)) });
+    }
+}
+
 /// The address the kernel is given for an arena.
 fn addr(a: &Arena) -> u64 {
     a.ptr() as u64
+}
+
+/// One rank's buffers for a call, in the element type of the call.
+pub struct Buffers<'a, T> {
+    /// The input (empty in place).
+    pub input: &'a [T],
+    /// The output (in place: the one buffer).
+    pub output: &'a mut [T],
+}
+
+/// Why `buffers` cannot hold `program`'s call: another element type, or
+/// a length other than the program's (an in-place call has no input).
+fn buffer_problem<T: Reduce>(
+    program: &DeviceProgram,
+    buffers: &Buffers<'_, T>,
+) -> Option<CommError> {
+    if T::DATA_TYPE != program.dtype {
+        return Some(CommError::DtypeMismatch {
+            input: T::DATA_TYPE,
+            output: program.dtype,
+        });
+    }
+    let size = std::mem::size_of::<T>() as u64;
+    [
+        ("input", buffers.input.len(), program.input_bytes),
+        ("output", buffers.output.len(), program.output_bytes),
+    ]
+    .into_iter()
+    .find(|&(_, got, needed)| got as u64 * size != needed)
+    .map(|(what, got, needed)| CommError::BufferSize {
+        what,
+        got,
+        needed: (needed / size) as usize,
+    })
+}
+
+/// `f` on a thread per rank, each with its buffers.
+fn on_rank_threads<'a, T: Send + Sync, R: Send>(
+    buffers: Vec<Buffers<'a, T>>,
+    f: impl Fn(usize, Buffers<'a, T>) -> R + Sync,
+) -> Vec<std::thread::Result<R>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = buffers
+            .into_iter()
+            .enumerate()
+            .map(|(r, b)| {
+                let f = &f;
+                scope.spawn(move || f(r, b))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    })
 }
 
 /// Every rank's window and state, and the board, outlasting calls as the
@@ -322,7 +398,8 @@ impl HostFabric {
     }
 
     /// One rank's launch: its blocks as threads, one per channel of its
-    /// program, then avg's division; its failure if its board word is set.
+    /// program (avg's division is the kernel's own); its failure if its
+    /// board word is set.
     /// What the host would refuse before a launch (another layout, an
     /// invalid program, buffers that do not fit) fails the rank, as the
     /// communicator does, so its peers stop rather than wait it out.
@@ -358,7 +435,7 @@ impl HostFabric {
             state: addr(&self.states[r]),
             board: addr(&self.board),
         };
-        let params = Params::new(program, rank, &packed, &at, self.timeout);
+        let params = Params::new(program, rank, &packed, &at, self.timeout, Scope::System);
         let grid = program.ranks[r].channels.len() as u32;
         let name = kernels::interpreter_kernel(program.dtype, program.op);
         std::thread::scope(|scope| {
@@ -378,7 +455,7 @@ impl HostFabric {
                 b.join().expect("a block's thread");
             }
         });
-        self.outcome(program, r, &params)
+        self.outcome(r)
     }
 
     /// Why the host would not launch `program` on `b`.
@@ -404,28 +481,15 @@ impl HostFabric {
             .compare_exchange(0, ABORTED, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    fn outcome(&self, program: &DeviceProgram, r: usize, params: &Params) -> Result<(), CommError> {
-        if let Some((failure, call)) = Failure::decode(self.word(r).load(Ordering::Acquire)) {
+    fn outcome(&self, r: usize) -> Result<(), CommError> {
+        match Failure::decode(self.word(r).load(Ordering::Acquire)) {
             // The device counts calls from 1; errors number them from 0.
-            let call = u64::from(call).saturating_sub(1);
-            return Err(failure.error(r as Rank, call, self.timeout));
-        }
-        let me = &program.ranks[r];
-        if let Some(d) = &me.divide {
-            let size = program.dtype.size_bytes() as u64;
-            let base = params.buffer[d.buffer as usize];
-            let name = kernels::divide_kernel(program.dtype);
-            for p in &me.pieces[d.pieces.first as usize..][..d.pieces.count as usize] {
-                let world = u64::from(self.layout.world_size);
-                // SAFETY: the piece lies in the rank's output (the plan
-                // was checked against it); the call's blocks have ended.
-                unsafe {
-                    self.kernel
-                        .divide(&name, base + p.offset, p.bytes / size, world)
-                };
+            Some((failure, call)) => {
+                let call = u64::from(call).saturating_sub(1);
+                Err(failure.error(r as Rank, call, self.timeout))
             }
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

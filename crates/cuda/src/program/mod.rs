@@ -1,12 +1,13 @@
 //! The device program: an [`ExecutionPlan`] lowered to flat, fixed-size
-//! records that a persistent kernel (one thread block per channel) walks
-//! from device memory, and the memory layout its peers share — where each
-//! link's slots and sequence counters live.
+//! records that a persistent kernel (one thread block per channel) walks,
+//! and the memory layout its peers share — where each link's slots and
+//! sequence counters live.
 //!
 //! Nothing here decides what moves where: every offset, length, peer and
-//! message number is the plan's. The lowering only flattens the plan's
-//! vectors into index ranges (the device cannot chase `Vec`s) and checks
-//! that the plan fits the layout the communicator set up.
+//! message number is the plan's. The lowering flattens the plan's vectors
+//! into index ranges (the device cannot chase `Vec`s), picks how each
+//! message travels from the plan's zero-copy facts ([`Transfer`]), and
+//! checks that the plan fits the layout the communicator set up.
 //!
 //! # The protocol the records drive
 //!
@@ -17,41 +18,56 @@
 //! needs no host work between calls:
 //!
 //! - `posted[c][from]`, in the receiver's memory: messages the sender has
-//!   finished storing on the link, ever;
+//!   finished (stored, or made readable) on the link, ever;
 //! - `consumed[c][to]`, in the sender's memory: messages the receiver has
 //!   finished reading, ever.
 //!
 //! Message `i` of a call on a link is message `g = base + i` of the link's
 //! life, where `base` counts the link's messages in earlier calls — both
-//! ends count the same plans, so they agree. It occupies slot `g % slots`;
-//! the sender stores it once `consumed ≥ g + 1 − slots` and then publishes
-//! `posted = g + 1` (release); the receiver reads it once `posted ≥ g + 1`
-//! (acquire) and then publishes `consumed = g + 1`.
+//! ends count the same plans, so they agree. A staged message occupies
+//! slot `g % slots`; the sender stores it once `consumed ≥ g + 1 − slots`
+//! and then publishes `posted = g + 1`; the receiver reads it once
+//! `posted ≥ g + 1` and then publishes `consumed = g + 1`.
+//!
+//! Where ranks address each other's buffers ([`Layout::zero_copy`]), the
+//! plan's facts let most messages skip the slot: a value that stays put in
+//! the sender's buffer until every receiver has read it
+//! ([`Source`](ferrocoll_core::plan::Source)) is read there by the
+//! receiver ([`Transfer::InSender`]; the sender's call ends only once
+//! such messages are consumed), and a receive its sender may store into
+//! unannounced ([`Instruction::stored_by_sender`](ferrocoll_core::plan::Instruction::stored_by_sender))
+//! is stored there by the sender ([`Transfer::InReceiver`]). Direct
+//! all-reduce then moves each byte once: the owner of a chunk reads every
+//! peer's input chunk in place and stores the sum into every peer's
+//! output. The counters order these as they order slots. Each rank
+//! publishes its buffers' addresses in its window for the call (they come
+//! from the launch's parameters, so a captured graph replays correctly).
 //!
 //! Before its first store to a peer in a call, a block compares the
 //! peer's *hello* word for its channel — the call's sequence number and the
 //! plan's hash, which every block writes first thing — with its own: ranks
 //! that disagree on the call fail it with a mismatch before any of their
-//! data lands in the other's memory. [`emulate`] runs this protocol with
-//! threads standing in for blocks, so offsets, slot reuse and the counters
-//! are tested on machines without a GPU.
+//! data lands in the other's memory. The kernel's own source runs on CPU
+//! threads in the tests ([`host_kernel`]), so offsets, slot reuse, the
+//! transfers and the counters are tested on machines without a GPU.
 
-pub mod emulate;
+pub mod abi;
 #[cfg(all(test, unix))]
 pub mod host_kernel;
 mod layout;
+mod lower;
 pub mod params;
+#[cfg(all(test, unix))]
+mod tests;
 
+pub use abi::{
+    After, BufferId, Channel, Count, End, MAX_RANKS, Op, Params, Piece, Region, Scope, Span,
+    Tables, Transfer,
+};
 pub use layout::{Layout, State, Window};
 
-use ferrocoll_core::plan::{ExecutionPlan, Region};
-use ferrocoll_core::schedule::Buffer;
+use ferrocoll_core::plan::ExecutionPlan;
 use thiserror::Error;
-
-/// Ranks a device program may have: the kernel's per-peer tables
-/// (`FC_MAX_RANKS` in `cuda/interpret.cu`), which also bound the messages
-/// one instruction receives or sends (one per peer).
-pub const MAX_RANKS: u32 = 64;
 
 /// Why a plan does not fit the layout.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -84,141 +100,22 @@ pub enum ProgramError {
     Invalid(String),
 }
 
-/// A run of records in one of a rank's tables: `count` from `first`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Span {
-    /// The first record.
-    pub first: u32,
-    /// How many.
-    pub count: u32,
-}
-
-/// Which buffer a region is in, as the device encodes it.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BufferId {
-    /// The caller's input.
-    Input = 0,
-    /// The caller's output (in place: the one buffer).
-    Output = 1,
-    /// The communicator's scratch.
-    Scratch = 2,
-    /// No region: the instruction does not read (or write).
-    None = 3,
-}
-
-impl From<Buffer> for BufferId {
-    fn from(b: Buffer) -> Self {
-        match b {
-            Buffer::Input => BufferId::Input,
-            Buffer::Output => BufferId::Output,
-            Buffer::Scratch => BufferId::Scratch,
-        }
-    }
-}
-
-/// A local region: its buffer and its pieces in the rank's piece table
-/// (`BufferId::None`: no region — the device format has no `Option`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Local {
-    /// The buffer.
-    pub buffer: BufferId,
-    /// Its pieces, whose concatenation is the value.
-    pub pieces: Span,
-}
-
-impl Local {
-    /// No region.
-    pub const NONE: Local = Local {
-        buffer: BufferId::None,
-        pieces: Span { first: 0, count: 0 },
-    };
-
-    /// The region, if there is one.
-    pub fn get(&self) -> Option<&Local> {
-        (self.buffer != BufferId::None).then_some(self)
-    }
-}
-
-/// `bytes` bytes from byte `offset` of a buffer.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Piece {
-    /// Byte offset.
-    pub offset: u64,
-    /// Bytes.
-    pub bytes: u64,
-}
-
-/// One end of a message: the peer and the message's number on the link
-/// within the call.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct End {
-    /// The rank at the other end.
-    pub peer: u32,
-    /// Always 0: the bytes `index`'s alignment leaves, named so that a
-    /// packed table has no uninitialised padding.
-    pub reserved: u32,
-    /// Its number on the link in this call, from 0.
-    pub index: u64,
-}
-
-/// Instruction `index` of `channel` (same rank) must have fired.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct After {
-    /// The channel.
-    pub channel: u32,
-    /// The instruction's index on it.
-    pub index: u32,
-}
-
-/// One instruction: receive, combine with a local read, write, send.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Op {
-    /// Bytes of the value.
-    pub bytes: u64,
-    /// Messages to combine, in order (ends in the rank's table).
-    pub recv: Span,
-    /// The local read combined after them ([`Local::NONE`]: none).
-    pub read: Local,
-    /// Where the value is stored ([`Local::NONE`]: nowhere).
-    pub write: Local,
-    /// Messages carrying the value.
-    pub send: Span,
-    /// Instructions of other channels to wait for.
-    pub after: Span,
-}
-
-/// Messages a rank moves on one link in a call.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Count {
-    /// The link, by [`Layout::link_word`].
-    pub word: u64,
-    /// Its messages in one call.
-    pub count: u64,
-}
-
 /// One rank's records.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RankProgram {
-    /// `channels[c]`: channel `c`'s instructions in `ops`.
-    pub channels: Vec<Span>,
+    /// `channels[c]`: channel `c`'s runs of the tables below.
+    pub channels: Vec<Channel>,
     /// Every instruction, channel after channel.
     pub ops: Vec<Op>,
-    /// Pieces of every region.
+    /// Pieces of every region, channel after channel (remote regions
+    /// too), then the division's.
     pub pieces: Vec<Piece>,
     /// Ends of every message.
     pub ends: Vec<End>,
     /// Every wait.
     pub afters: Vec<After>,
     /// With `Avg`: the region to divide by the world size at the end.
-    pub divide: Option<Local>,
+    pub divide: Option<Region>,
     /// Messages this rank sends per (channel, receiver) in a call: what
     /// the link's `base` grows by.
     pub sent: Vec<Count>,
@@ -230,13 +127,15 @@ pub struct RankProgram {
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Protocol {
-    /// Into the inbox's slots, then announced by `posted` (after a fence):
-    /// one round trip per message, full bandwidth.
+    /// Into the receiver's memory (a slot, or its buffer) or read from the
+    /// sender's, then announced by `posted` (after a fence): one round
+    /// trip per message, full bandwidth.
     Simple = 0,
     /// Into the LL inbox, 8 data bytes per 16-byte line, each half carrying
     /// the message's flag: the receiver polls the data itself, with no
     /// fence and no separate announcement — half the bandwidth, a fraction
-    /// of the latency (NCCL's LL protocol works the same way).
+    /// of the latency (NCCL's LL protocol works the same way). Always
+    /// staged.
     Ll = 1,
 }
 
@@ -285,11 +184,12 @@ impl DeviceProgram {
     ) -> Result<Self, ProgramError> {
         plan.check()
             .map_err(|e| ProgramError::Invalid(e.to_string()))?;
-        check(plan, &layout, protocol)?;
+        lower::check(plan, &layout, protocol)?;
+        let transfers = lower::transfers(plan, &layout, protocol);
         let ranks = plan
             .ranks
             .iter()
-            .map(|r| lower_rank(r, &layout))
+            .map(|r| lower::rank(r, &layout, &transfers))
             .collect::<Result<Vec<_>, _>>()?;
         let program = DeviceProgram {
             hash: plan.hash,
@@ -302,28 +202,15 @@ impl DeviceProgram {
             scratch_bytes: plan.scratch_bytes,
             ranks,
         };
-        // Each link's messages per call are the plan's own count.
-        for l in &plan.links {
-            let word = layout.link_word(l.link.channel, l.link.to) as u64;
-            let sent = program.ranks[l.link.from as usize]
-                .sent
-                .iter()
-                .find(|c| c.word == word)
-                .map_or(0, |c| c.count);
-            if sent != l.messages {
-                return Err(ProgramError::Invalid(format!(
-                    "link {}->{} channel {}: {} messages lowered, the plan has {}",
-                    l.link.from, l.link.to, l.link.channel, sent, l.messages
-                )));
-            }
-        }
+        lower::check_link_counts(plan, &program)?;
         program.validate()?;
         Ok(program)
     }
 
     /// What the hello words compare: the plan and the layout it was
     /// lowered for (ranks that set up different slots would compute
-    /// different slot offsets for the same plan).
+    /// different slot offsets for the same plan, and a different
+    /// `zero_copy` means other transfers).
     pub fn agreement(&self) -> u64 {
         let l = &self.layout;
         let mut h = self.hash;
@@ -333,6 +220,7 @@ impl DeviceProgram {
             u64::from(l.slots),
             l.slot_bytes,
             l.ll_slot_bytes,
+            u64::from(l.zero_copy),
             self.protocol as u64,
         ] {
             h = (h ^ x).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
@@ -340,10 +228,10 @@ impl DeviceProgram {
         h
     }
 
-    /// Every index, peer, piece and length within bounds: what a walk of
-    /// the records (the emulation's, the kernel's) relies on. The fields
-    /// are public, so a program edited after lowering is checked again
-    /// before it runs.
+    /// Every index, peer, piece, length and transfer within bounds: what
+    /// the kernel's walk of the records relies on. The fields are public,
+    /// so a program edited after lowering is checked again before it
+    /// runs.
     pub fn validate(&self) -> Result<(), ProgramError> {
         let l = &self.layout;
         let bad = |why: String| Err(ProgramError::Invalid(why));
@@ -356,302 +244,11 @@ impl DeviceProgram {
             ));
         }
         let sizes = [self.input_bytes, self.output_bytes, self.scratch_bytes];
-        let largest = match self.protocol {
-            Protocol::Simple => l.slot_bytes,
-            Protocol::Ll => l.ll_message_bytes(),
-        };
         for (r, p) in self.ranks.iter().enumerate() {
-            if let Err(why) = p.validate(l, &sizes, largest) {
+            if let Err(why) = lower::validate_rank(p, l, self.protocol, &sizes) {
                 return bad(format!("rank {r}: {why}"));
             }
         }
-        Ok(())
-    }
-}
-
-impl RankProgram {
-    fn validate(&self, l: &Layout, sizes: &[u64; 3], largest: u64) -> Result<(), String> {
-        let within = |s: Span, len: usize, what: &str| {
-            if u64::from(s.first) + u64::from(s.count) > len as u64 {
-                return Err(format!("{what} {}..+{} past {len}", s.first, s.count));
-            }
-            Ok(())
-        };
-        if self.channels.len() > l.max_channels as usize {
-            return Err(format!(
-                "{} channels, the layout has {}",
-                self.channels.len(),
-                l.max_channels
-            ));
-        }
-        for &c in &self.channels {
-            within(c, self.ops.len(), "instructions")?;
-        }
-        let region = |r: &Local, bytes: u64| -> Result<(), String> {
-            let Some(r) = r.get() else { return Ok(()) };
-            within(r.pieces, self.pieces.len(), "pieces")?;
-            let size = sizes[r.buffer as usize];
-            let pieces =
-                &self.pieces[r.pieces.first as usize..(r.pieces.first + r.pieces.count) as usize];
-            if pieces
-                .iter()
-                .any(|p| p.offset.checked_add(p.bytes).is_none_or(|end| end > size))
-            {
-                return Err(format!(
-                    "a piece past the {size} bytes of buffer {:?}",
-                    r.buffer
-                ));
-            }
-            let total = pieces
-                .iter()
-                .fold(0u64, |sum, p| sum.saturating_add(p.bytes));
-            if total != bytes {
-                return Err(format!("a region of {total} bytes for a value of {bytes}"));
-            }
-            Ok(())
-        };
-        for op in &self.ops {
-            if op.recv.count > MAX_RANKS || op.send.count > MAX_RANKS {
-                return Err(format!(
-                    "an instruction with {} messages in and {} out; the device holds {MAX_RANKS} each",
-                    op.recv.count, op.send.count
-                ));
-            }
-            within(op.recv, self.ends.len(), "message ends")?;
-            within(op.send, self.ends.len(), "message ends")?;
-            within(op.after, self.afters.len(), "waits")?;
-            region(&op.read, op.bytes)?;
-            region(&op.write, op.bytes)?;
-            let ends = [op.recv, op.send]
-                .into_iter()
-                .flat_map(|s| self.ends[s.first as usize..(s.first + s.count) as usize].iter());
-            if ends.clone().any(|e| e.peer >= l.world_size) {
-                return Err("a message to a rank past the world size".into());
-            }
-            if (op.recv.count + op.send.count > 0) && op.bytes > largest {
-                return Err(format!(
-                    "a message of {} bytes where a slot carries {largest}",
-                    op.bytes
-                ));
-            }
-            if op.recv.count == 0 && op.read.get().is_none() {
-                return Err("an instruction with no input".into());
-            }
-            let afters =
-                &self.afters[op.after.first as usize..(op.after.first + op.after.count) as usize];
-            if afters
-                .iter()
-                .any(|a| a.channel as usize >= self.channels.len())
-            {
-                return Err("a wait on a channel this rank does not run".into());
-            }
-        }
-        if let Some(d) = &self.divide {
-            if d.get().is_none() {
-                return Err("a division of no region".into());
-            }
-            within(d.pieces, self.pieces.len(), "pieces")?;
-            let bytes = self.pieces[d.pieces.first as usize..][..d.pieces.count as usize]
-                .iter()
-                .fold(0u64, |sum, p| sum.saturating_add(p.bytes));
-            region(d, bytes)?;
-        }
-        for c in self.sent.iter().chain(&self.received) {
-            if c.word >= l.link_words() as u64 {
-                return Err(format!(
-                    "a link count for word {} of {}",
-                    c.word,
-                    l.link_words()
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-fn check(plan: &ExecutionPlan, layout: &Layout, protocol: Protocol) -> Result<(), ProgramError> {
-    layout.check()?;
-    if plan.world_size != layout.world_size {
-        return Err(ProgramError::WorldSize {
-            plan: plan.world_size,
-            layout: layout.world_size,
-        });
-    }
-    if plan.channels > layout.max_channels {
-        return Err(ProgramError::Channels {
-            plan: plan.channels,
-            layout: layout.max_channels,
-        });
-    }
-    if plan.slots_per_link > layout.slots {
-        return Err(ProgramError::Slots(format!(
-            "the plan needs {} slots per link; the device buffers hold {}",
-            plan.slots_per_link, layout.slots
-        )));
-    }
-    if protocol == Protocol::Ll
-        && let Some(l) = plan
-            .links
-            .iter()
-            .find(|l| l.largest > layout.ll_message_bytes())
-    {
-        return Err(ProgramError::Slots(format!(
-            "a message of {} bytes on link {}->{} channel {} does not fit an LL slot, which carries {}",
-            l.largest,
-            l.link.from,
-            l.link.to,
-            l.link.channel,
-            layout.ll_message_bytes()
-        )));
-    }
-    if let Some(l) = plan.links.iter().find(|l| l.largest > layout.slot_bytes) {
-        return Err(ProgramError::Slots(format!(
-            "a message of {} bytes on link {}->{} channel {} does not fit a slot of {} (cut the chunks smaller)",
-            l.largest, l.link.from, l.link.to, l.link.channel, layout.slot_bytes
-        )));
-    }
-    Ok(())
-}
-
-/// A table's next index, or why the device format cannot hold it.
-fn next_index<T>(table: &[T], what: &str) -> Result<u32, ProgramError> {
-    u32::try_from(table.len()).map_err(|_| ProgramError::TooLarge(format!("over 2^32 {what}")))
-}
-
-fn lower_rank(
-    plan: &ferrocoll_core::plan::RankPlan,
-    layout: &Layout,
-) -> Result<RankProgram, ProgramError> {
-    let mut p = RankProgram::default();
-    let mut sent = std::collections::BTreeMap::new();
-    let mut received = std::collections::BTreeMap::new();
-    for (c, instructions) in plan.channels.iter().enumerate() {
-        let first = next_index(&p.ops, "instructions")?;
-        for ins in instructions {
-            let recv = ends(&mut p, &ins.recv)?;
-            let send = ends(&mut p, &ins.send)?;
-            for m in &ins.recv {
-                let n = received
-                    .entry(layout.link_word(c as u32, m.peer))
-                    .or_insert(0);
-                *n = (*n).max(m.index + 1);
-            }
-            for m in &ins.send {
-                let n = sent.entry(layout.link_word(c as u32, m.peer)).or_insert(0);
-                *n = (*n).max(m.index + 1);
-            }
-            let after_first = next_index(&p.afters, "waits")?;
-            p.afters.extend(ins.after.iter().map(|w| After {
-                channel: w.channel,
-                index: w.index,
-            }));
-            let read = ins
-                .read
-                .as_ref()
-                .map_or(Ok(Local::NONE), |r| local(&mut p, r))?;
-            let write = ins
-                .write
-                .as_ref()
-                .map_or(Ok(Local::NONE), |r| local(&mut p, r))?;
-            p.ops.push(Op {
-                bytes: ins.bytes,
-                recv,
-                read,
-                write,
-                send,
-                after: Span {
-                    first: after_first,
-                    count: ins.after.len() as u32,
-                },
-            });
-        }
-        p.channels.push(Span {
-            first,
-            count: instructions.len() as u32,
-        });
-    }
-    p.divide = plan.divide.as_ref().map(|r| local(&mut p, r)).transpose()?;
-    let counts = |m: std::collections::BTreeMap<usize, u64>| {
-        m.into_iter()
-            .map(|(word, count)| Count {
-                word: word as u64,
-                count,
-            })
-            .collect()
-    };
-    p.sent = counts(sent);
-    p.received = counts(received);
-    Ok(p)
-}
-
-fn ends(
-    p: &mut RankProgram,
-    messages: &[ferrocoll_core::plan::Message],
-) -> Result<Span, ProgramError> {
-    let first = next_index(&p.ends, "message ends")?;
-    p.ends.extend(messages.iter().map(|m| End {
-        peer: m.peer,
-        reserved: 0,
-        index: m.index,
-    }));
-    Ok(Span {
-        first,
-        count: messages.len() as u32,
-    })
-}
-
-fn local(p: &mut RankProgram, r: &Region) -> Result<Local, ProgramError> {
-    let first = next_index(&p.pieces, "pieces")?;
-    p.pieces.extend(r.pieces.iter().map(|x| Piece {
-        offset: x.offset,
-        bytes: x.bytes,
-    }));
-    Ok(Local {
-        buffer: r.buffer.into(),
-        pieces: Span {
-            first,
-            count: r.pieces.len() as u32,
-        },
-    })
-}
-
-#[cfg(test)]
-mod layout_tests {
-    use super::*;
-    use std::mem::{offset_of, size_of};
-
-    /// The records are what `cuda/interpret.cu` reads: the same sizes and
-    /// field offsets as its `Fc*` structs under the CUDA ABI (naturally
-    /// aligned, as `#[repr(C)]` lays them out).
-    #[test]
-    fn records_match_the_device_structs() {
-        assert_eq!(size_of::<Span>(), 8);
-        assert_eq!(size_of::<Local>(), 12);
-        assert_eq!(size_of::<Piece>(), 16);
-        assert_eq!(size_of::<End>(), 16);
-        assert_eq!(size_of::<After>(), 8);
-        assert_eq!(size_of::<Count>(), 16);
-        assert_eq!(size_of::<Op>(), 56);
-        assert_eq!(offset_of!(Op, recv), 8);
-        assert_eq!(offset_of!(Op, read), 16);
-        assert_eq!(offset_of!(Op, write), 28);
-        assert_eq!(offset_of!(Op, send), 40);
-        assert_eq!(offset_of!(Op, after), 48);
-        assert_eq!(offset_of!(End, index), 8);
-        let src = crate::kernels::INTERPRETER;
-        for decl in [
-            "struct FcSpan { u32 first, count; };",
-            "struct FcLocal { u32 buffer; FcSpan pieces; };",
-            "struct FcPiece { u64 offset, bytes; };",
-            "struct FcEnd { u32 peer, reserved; u64 index; };",
-            "struct FcAfter { u32 channel, index; };",
-            "struct FcOp { u64 bytes; FcSpan recv; FcLocal read; FcLocal write; FcSpan send; FcSpan after; };",
-            "struct FcCount { u64 word, count; };",
-        ] {
-            assert!(src.contains(decl), "{decl}");
-        }
-        assert!(src.contains(&format!("#define FC_MAX_RANKS {MAX_RANKS}")));
-        assert_eq!(BufferId::None as u32, 3);
-        assert!(src.contains("#define FC_NONE 3u"));
+        lower::validate_ends_agree(&self.ranks).map_err(ProgramError::Invalid)
     }
 }

@@ -1,15 +1,26 @@
 //! One launch of the interpreter as the device sees it: a rank's records
 //! packed into one block of device memory, the kernel's by-value
-//! parameters (`FcCall` in `cuda/interpret.cu`), and the failure board's
-//! words. Everything here is plain data over device addresses, so how a
-//! launch is put together is tested without a GPU.
+//! parameters ([`Params`], `FcCall`), and the failure board's words.
+//! Everything here is plain data over device addresses, so how a launch
+//! is put together is tested without a GPU.
 
 use std::time::Duration;
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
+use super::abi::{Params, RECORDS_SHARED_MAX, Region, Scope, Tables};
 use super::{DeviceProgram, MAX_RANKS, RankProgram};
+
+/// Board reason: the rank's hello disagreed with a peer's.
+pub const MISMATCH: u64 = 1;
+/// Board reason: a wait outlasted the timeout.
+pub const TIMEOUT: u64 = 2;
+/// Board reason: another rank failed first.
+pub const PEER_FAILED: u64 = 3;
+/// Board reason, written by the host to stop a rank's blocks (no call
+/// number: the host's count names the call).
+pub const ABORTED: u64 = 4;
 
 /// Byte offsets of a rank's tables inside its packed block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,9 +43,9 @@ pub struct Packed {
 
 /// The bytes of a slice of records.
 fn bytes_of<T: Copy>(records: &[T]) -> &[u8] {
-    // SAFETY: the records are `#[repr(C)]` plain data whose padding the
-    // device never reads; any byte view of initialised memory of their
-    // size is valid to read as `u8`.
+    // SAFETY: the records are `#[repr(C)]` plain data without padding
+    // (`abi` tests it); any byte view of initialised memory of their size
+    // is valid to read as `u8`.
     unsafe { std::slice::from_raw_parts(records.as_ptr().cast(), std::mem::size_of_val(records)) }
 }
 
@@ -62,72 +73,6 @@ pub fn pack(p: &RankProgram) -> (Vec<u8>, Packed) {
     (blob, packed)
 }
 
-/// `FcTables`: device addresses of a rank's tables.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Tables {
-    /// `FcSpan *channels`.
-    pub channels: u64,
-    /// `FcOp *ops`.
-    pub ops: u64,
-    /// `FcPiece *pieces`.
-    pub pieces: u64,
-    /// `FcEnd *ends`.
-    pub ends: u64,
-    /// `FcAfter *afters`.
-    pub afters: u64,
-    /// `FcCount *sent`.
-    pub sent: u64,
-    /// `FcCount *received`.
-    pub received: u64,
-    /// Records in `sent`.
-    pub sent_count: u32,
-    /// Records in `received`.
-    pub received_count: u32,
-}
-
-/// `FcCall`: one launch's parameters, passed by value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Params {
-    /// This rank's tables.
-    pub tables: Tables,
-    /// Every rank's window, as this rank's device addresses it.
-    pub window: [u64; MAX_RANKS as usize],
-    /// Input, output, scratch.
-    pub buffer: [u64; 3],
-    /// This rank's private state.
-    pub state: u64,
-    /// The group's failure board (one `u64` per rank).
-    pub board: u64,
-    /// Offset of the `posted` words in a window.
-    pub posted_at: u64,
-    /// Offset of the `consumed` words.
-    pub consumed_at: u64,
-    /// Offset of the `hello` words.
-    pub hello_at: u64,
-    /// Offset of the LL inbox.
-    pub ll_at: u64,
-    /// Bytes per slot.
-    pub slot_bytes: u64,
-    /// Bytes per LL slot.
-    pub ll_slot_bytes: u64,
-    /// The longest one wait may last, in nanoseconds.
-    pub timeout_ns: u64,
-    /// The low half of the program's agreement.
-    pub hash: u32,
-    /// This rank.
-    pub rank: u32,
-    /// Ranks.
-    pub world: u32,
-    /// Slots per link.
-    pub slots: u32,
-    /// Channels the window was set up for.
-    pub max_channels: u32,
-    /// [`Protocol`](super::Protocol) of the program's messages.
-    pub protocol: u32,
-}
-
 /// Where a rank's launch finds its memory: device addresses.
 #[derive(Debug, Clone, Copy)]
 pub struct Addresses<'a> {
@@ -143,14 +88,43 @@ pub struct Addresses<'a> {
     pub board: u64,
 }
 
+/// Bytes of shared memory a block needs to hold its channel's records:
+/// each table's run 16-byte aligned, as the kernel lays them out.
+pub fn channel_record_bytes(p: &RankProgram, channel: usize) -> u64 {
+    use std::mem::size_of;
+    let c = &p.channels[channel];
+    [
+        (c.ops.count, size_of::<super::Op>()),
+        (c.ends.count, size_of::<super::End>()),
+        (c.pieces.count, size_of::<super::Piece>()),
+        (c.afters.count, size_of::<super::After>()),
+    ]
+    .iter()
+    .map(|&(n, size)| (u64::from(n) * size as u64).next_multiple_of(16))
+    .sum()
+}
+
+/// The dynamic shared memory a rank's launch asks for: enough for the
+/// largest channel whose records fit [`RECORDS_SHARED_MAX`] (larger
+/// channels read theirs from device memory).
+pub fn records_shared(p: &RankProgram) -> u32 {
+    (0..p.channels.len())
+        .map(|c| channel_record_bytes(p, c))
+        .filter(|&b| b <= u64::from(RECORDS_SHARED_MAX))
+        .max()
+        .unwrap_or(0) as u32
+}
+
 impl Params {
-    /// The launch of `rank`'s part of `program`.
+    /// The launch of `rank`'s part of `program`, its flag accesses and
+    /// fences at `scope`.
     pub fn new(
         program: &DeviceProgram,
         rank: Rank,
         packed: &Packed,
         at: &Addresses<'_>,
         timeout: Duration,
+        scope: Scope,
     ) -> Params {
         let l = &program.layout;
         let me = &program.ranks[rank as usize];
@@ -177,15 +151,21 @@ impl Params {
             consumed_at: w.consumed,
             hello_at: w.hello,
             ll_at: w.ll,
+            buffers_at: w.buffers,
+            alarm_at: w.alarm,
             slot_bytes: l.slot_bytes,
             ll_slot_bytes: l.ll_slot_bytes,
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            divide: me.divide.unwrap_or(Region::NONE),
+            records_shared: records_shared(me),
             hash: program.agreement() as u32,
             rank,
             world: l.world_size,
             slots: l.slots,
             max_channels: l.max_channels,
             protocol: program.protocol as u32,
+            scope: scope as u32,
+            reserved: 0,
         }
     }
 }
@@ -213,10 +193,6 @@ pub enum Failure {
     Aborted,
 }
 
-/// The board word the host writes to stop a rank's blocks (no call
-/// number: the host's count names the call).
-pub const ABORTED: u64 = 4;
-
 impl Failure {
     /// The board word's meaning and the device's number of the call that
     /// failed, counted from 1 modulo 2³² (meaningless for [`Failure::Aborted`],
@@ -227,9 +203,9 @@ impl Failure {
         let peer = (word as u32) >> 8;
         let failure = match word & 0xff {
             0 => return None,
-            1 => Failure::Mismatch { peer },
-            2 => Failure::Timeout { peer },
-            3 => Failure::PeerFailed { peer },
+            MISMATCH => Failure::Mismatch { peer },
+            TIMEOUT => Failure::Timeout { peer },
+            PEER_FAILED => Failure::PeerFailed { peer },
             _ => Failure::Aborted,
         };
         Some((failure, (word >> 32) as u32))
@@ -269,68 +245,8 @@ impl Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{offset_of, size_of};
-
-    /// `FcCall` and `FcTables` under the CUDA ABI: pointers 8 bytes,
-    /// naturally aligned — what `#[repr(C)]` gives these fields.
-    #[test]
-    fn params_match_the_kernels_struct() {
-        assert_eq!(size_of::<Tables>(), 64);
-        assert_eq!(offset_of!(Params, window), 64);
-        assert_eq!(offset_of!(Params, buffer), 64 + 512);
-        assert_eq!(offset_of!(Params, state), 600);
-        assert_eq!(offset_of!(Params, board), 608);
-        assert_eq!(offset_of!(Params, posted_at), 616);
-        assert_eq!(offset_of!(Params, ll_at), 640);
-        assert_eq!(offset_of!(Params, slot_bytes), 648);
-        assert_eq!(offset_of!(Params, timeout_ns), 664);
-        assert_eq!(offset_of!(Params, hash), 672);
-        assert_eq!(offset_of!(Params, max_channels), 688);
-        assert_eq!(offset_of!(Params, protocol), 692);
-        assert_eq!(size_of::<Params>(), 696);
-        let src: String = crate::kernels::INTERPRETER
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        for decl in [
-            "const FcSpan *channels; const FcOp *ops; const FcPiece *pieces; const FcEnd *ends; \
-             const FcAfter *afters; const FcCount *sent; const FcCount *received; u32 sent_count, received_count; };",
-            "FcTables t;",
-            "unsigned char *window[FC_MAX_RANKS];",
-            "unsigned char *buffer[3];",
-            "u64 *state;",
-            "u64 *board;",
-            "u64 posted_at, consumed_at, hello_at, ll_at;",
-            "u64 slot_bytes, ll_slot_bytes;",
-            "u64 timeout_ns;",
-            "u32 hash;",
-            "u32 rank, world, slots, max_channels;",
-            "u32 protocol;",
-        ] {
-            assert!(src.contains(decl), "{decl}");
-        }
-        // The fields in this order.
-        let order = [
-            "FcTables t;",
-            "*window[",
-            "*buffer[3]",
-            "*state;",
-            "*board;",
-            "posted_at",
-            "slot_bytes,",
-            "timeout_ns;",
-            "u32 hash;",
-            "u32 rank,",
-            "u32 protocol;",
-        ];
-        let at: Vec<usize> = order.iter().map(|d| src.find(d).unwrap_or(0)).collect();
-        assert!(at.windows(2).all(|w| w[0] < w[1]), "{order:?} at {at:?}");
-        assert!(src.contains(&format!("#define FC_ABORTED {ABORTED}")));
-        assert!(src.contains(&format!(
-            "#define FC_LL {}",
-            super::super::Protocol::Ll as u32
-        )));
-    }
+    use crate::program::{Layout, Protocol};
+    use std::mem::size_of;
 
     /// Read `count` records of `T` back from byte `at` of a packed blob.
     fn unpack<T: Copy>(blob: &[u8], at: u64, count: usize) -> Vec<T> {
@@ -368,42 +284,43 @@ mod tests {
         let plan = compiler
             .compile(&shape, Chunking::MaxBytes(256), 2)
             .unwrap();
-        let layout = super::super::Layout {
+        let layout = Layout {
             world_size: 4,
             max_channels: 3,
             slots: 2,
             slot_bytes: 256,
             ll_slot_bytes: 512,
+            zero_copy: true,
         };
-        let program = DeviceProgram::lower(&plan, layout, super::super::Protocol::Ll).unwrap();
+        let program = DeviceProgram::lower(&plan, layout, Protocol::Ll).unwrap();
         for (rank, p) in program.ranks.iter().enumerate() {
             let (blob, at) = pack(p);
             assert_eq!(
-                unpack::<super::super::Span>(&blob, at.channels, p.channels.len()),
+                unpack::<crate::program::Channel>(&blob, at.channels, p.channels.len()),
                 p.channels
             );
             assert_eq!(
-                unpack::<super::super::Op>(&blob, at.ops, p.ops.len()),
+                unpack::<crate::program::Op>(&blob, at.ops, p.ops.len()),
                 p.ops
             );
             assert_eq!(
-                unpack::<super::super::Piece>(&blob, at.pieces, p.pieces.len()),
+                unpack::<crate::program::Piece>(&blob, at.pieces, p.pieces.len()),
                 p.pieces
             );
             assert_eq!(
-                unpack::<super::super::End>(&blob, at.ends, p.ends.len()),
+                unpack::<crate::program::End>(&blob, at.ends, p.ends.len()),
                 p.ends
             );
             assert_eq!(
-                unpack::<super::super::After>(&blob, at.afters, p.afters.len()),
+                unpack::<crate::program::After>(&blob, at.afters, p.afters.len()),
                 p.afters
             );
             assert_eq!(
-                unpack::<super::super::Count>(&blob, at.sent, p.sent.len()),
+                unpack::<crate::program::Count>(&blob, at.sent, p.sent.len()),
                 p.sent
             );
             assert_eq!(
-                unpack::<super::super::Count>(&blob, at.received, p.received.len()),
+                unpack::<crate::program::Count>(&blob, at.received, p.received.len()),
                 p.received
             );
             let windows = [0x1000_0000, 0x2000_0000, 0x3000_0000, 0x4000_0000];
@@ -419,6 +336,7 @@ mod tests {
                     board: 0x6000_0000,
                 },
                 Duration::from_millis(1500),
+                Scope::Gpu,
             );
             assert_eq!(x.tables.ops, 0x9000_0000 + at.ops);
             assert_eq!(x.tables.sent_count as usize, p.sent.len());
@@ -435,7 +353,12 @@ mod tests {
                 (x.posted_at, x.consumed_at, x.hello_at, x.ll_at),
                 (w.posted, w.consumed, w.hello, w.ll)
             );
-            assert_eq!((x.ll_slot_bytes, x.protocol), (512, 1));
+            assert_eq!((x.buffers_at, x.alarm_at), (w.buffers, w.alarm));
+            assert_eq!((x.ll_slot_bytes, x.protocol, x.scope), (512, 1, 0));
+            // Avg: the rank's division travels with the launch.
+            assert_eq!(x.divide, p.divide.unwrap());
+            assert!(x.records_shared > 0);
+            assert!(x.records_shared as u64 <= u64::from(RECORDS_SHARED_MAX));
         }
     }
 
@@ -455,16 +378,6 @@ mod tests {
             Some((Failure::PeerFailed { peer: 0 }, 0))
         );
         assert_eq!(Failure::decode(ABORTED), Some((Failure::Aborted, 0)));
-        let src = crate::kernels::INTERPRETER;
-        for d in [
-            "#define FC_MISMATCH 1",
-            "#define FC_TIMEOUT 2",
-            "#define FC_PEER_FAILED 3",
-            "#define FC_ABORTED 4",
-            "(u64)reason | ((u64)about << 8) | (call << 32)",
-        ] {
-            assert!(src.contains(d), "{d}");
-        }
         let e = Failure::Timeout { peer: 3 }.error(1, 7, Duration::from_secs(2));
         assert!(e.to_string().contains("rank 3"), "{e}");
     }

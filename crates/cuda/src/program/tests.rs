@@ -1,27 +1,30 @@
-//! The device protocol on threads, end to end: every built-in algorithm
-//! and collective through the conformance kit (each case run twice on one
-//! fabric, so the second call's messages start mid-ring in every slot),
-//! every dtype and op, calls across the 32-bit call number's wrap, and
-//! the failures: a rank that calls another plan, a rank that never calls,
-//! programs and buffers the host refuses. Each runs on two rigs: the Rust
-//! mirror ([`Fabric`]) and the kernel's own source built for the host
-//! ([`host_kernel`](crate::program::host_kernel)); `tests/rig.rs` has the
-//! rigs and the harnesses.
+//! The device protocol on the kernel's own source, on CPU threads
+//! ([`host_kernel`](crate::program::host_kernel)), end to end: every
+//! built-in algorithm and collective through the conformance kit (each
+//! case run twice on one fabric, so the second call's messages start
+//! mid-ring in every slot) in every way messages travel (zero copy,
+//! staged, LL), every dtype and op, calls across the 32-bit call number's
+//! wrap, and the failures: a rank that calls another plan, a rank that
+//! never calls, programs and buffers the host refuses. `tests/rig.rs` has
+//! the rig and the harnesses.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, applicable};
+use ferrocoll_core::comm::CommError;
 use ferrocoll_core::conformance::{Case, SplitMix64};
 use ferrocoll_core::plan::CallShape;
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 
-use super::*;
 use crate::interpreter::setup;
-use crate::program::{ProgramError, Protocol, Span};
+use crate::program::host_kernel::Buffers;
+use crate::program::{DeviceProgram, Layout, ProgramError, Protocol, RankProgram, Transfer};
 
 mod rig;
 use rig::*;
+
+use crate::program::host_kernel::HostFabric;
 
 #[test]
 fn the_interpreter_groups_plans_run_through_the_device_protocol() {
@@ -29,14 +32,14 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
     // segments, and the group's planner must size them to fit. Calls of
     // up to 1 KiB per rank take LL, larger ones the bulk protocol.
     let config = crate::CudaConfig {
-        channels: 2,
+        channels: Some(2),
         max_chunk_bytes: 64,
         slots_per_link: 2,
         ll_max_bytes: 1024,
         ..crate::CudaConfig::default()
     };
     let mut rng = SplitMix64(29);
-    let layout = setup::layout(3, &config).unwrap();
+    let layout = setup::layout(3, 2, &config, true).unwrap();
     let mut planner =
         ferrocoll_core::plan::Planner::new(3, setup::planner_settings(&config, &layout));
     let mut shape = CallShape {
@@ -118,7 +121,7 @@ fn a_selected_ll_call_runs_as_ll_with_its_chunks_cut_to_the_ll_slot() {
         selector: Some(ferrocoll_core::select::SharedSelector(Arc::new(WideLl))),
         ..crate::CudaConfig::default()
     };
-    let layout = setup::layout(4, &config).unwrap();
+    let layout = setup::layout(4, 1, &config, true).unwrap();
     let mut planner =
         ferrocoll_core::plan::Planner::new(4, setup::planner_settings(&config, &layout));
     let mut rng = SplitMix64(31);
@@ -150,7 +153,7 @@ fn a_selected_ll_call_runs_as_ll_with_its_chunks_cut_to_the_ll_slot() {
 #[test]
 fn every_algorithm_and_collective_runs_through_the_device_protocol() {
     let mut rng = SplitMix64(17);
-    for ((algorithm, kind), protocol) in applicable().flat_map(|a| PROTOCOLS.map(|p| (a, p))) {
+    for ((algorithm, kind), way) in applicable().flat_map(|a| WAYS.map(|w| (a, w))) {
         for n in [1, 2, 3, 4, 5, 8] {
             for (count, in_place) in [(0, false), (1, true), (37, false), (300, true)] {
                 let case = Case {
@@ -166,7 +169,7 @@ fn every_algorithm_and_collective_runs_through_the_device_protocol() {
                 if in_place && case.collective.in_place_alias(0).is_none() {
                     continue;
                 }
-                check_emulated(2, protocol, &case);
+                check_emulated(2, way, &case);
             }
         }
     }
@@ -175,10 +178,7 @@ fn every_algorithm_and_collective_runs_through_the_device_protocol() {
 #[test]
 fn every_dtype_and_op_runs_through_the_device_protocol() {
     let mut rng = SplitMix64(23);
-    for (dtype, protocol) in DataType::ALL
-        .into_iter()
-        .flat_map(|d| PROTOCOLS.map(|p| (d, p)))
-    {
+    for (dtype, way) in DataType::ALL.into_iter().flat_map(|d| WAYS.map(|w| (d, w))) {
         for op in ReduceOp::ALL {
             for collective in [Collective::AllReduce, Collective::ReduceScatter] {
                 let case = Case {
@@ -191,7 +191,7 @@ fn every_dtype_and_op_runs_through_the_device_protocol() {
                     in_place: false,
                     seed: rng.next_u64(),
                 };
-                check_emulated(3, protocol, &case);
+                check_emulated(3, way, &case);
             }
         }
     }
@@ -202,15 +202,15 @@ fn the_protocols_take_turns_on_one_fabric() {
     // Both protocols share the links' counters and slot numbers (their
     // slots are apart): calls switching between them must still line up.
     let (simple, ll) = both_protocols(&all_reduce(300));
-    for rig in rigs() {
-        let fabric = AnyFabric::new(rig, simple.layout, Duration::from_secs(20));
-        take_turns(&fabric, &simple, &ll);
-    }
+    let Some(fabric) = fabric(simple.layout, Duration::from_secs(20)) else {
+        return;
+    };
+    take_turns(&fabric, &simple, &ll);
 }
 
 /// Six all-reduces of 300 f32 on every rank of `fabric`, switching
 /// protocols between calls; each call's sums checked.
-fn take_turns(fabric: &AnyFabric, simple: &DeviceProgram, ll: &DeviceProgram) {
+fn take_turns(fabric: &HostFabric, simple: &DeviceProgram, ll: &DeviceProgram) {
     let n = simple.layout.world_size as usize;
     for (round, program) in [simple, ll, ll, simple, ll, simple].into_iter().enumerate() {
         let inputs: Vec<Vec<f32>> = (0..n).map(|r| vec![(round * n + r) as f32; 300]).collect();
@@ -239,8 +239,7 @@ fn calls_run_on_across_the_call_numbers_wrap() {
         ..all_reduce(300)
     });
     let layout = simple.layout;
-    for rig in rigs() {
-        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
+    if let Some(fabric) = fabric(layout, Duration::from_secs(20)) {
         fabric.start_after(u64::from(u32::MAX) - 3);
         take_turns(&fabric, &simple, &ll);
         // Past the wrap, a mismatch is still caught (and numbered).
@@ -276,27 +275,27 @@ fn calls_run_on_across_the_call_numbers_wrap() {
             results
                 .iter()
                 .any(|r| matches!(r, Err(CommError::Mismatch { call: 2, .. }))),
-            "{rig:?} {results:?}"
+            "{results:?}"
         );
     }
 }
 
 #[test]
 fn a_rank_that_calls_another_plan_fails_every_rank_before_its_data_lands() {
-    for rig in rigs() {
-        for protocol in PROTOCOLS {
-            another_plan_fails_every_rank(rig, protocol);
-        }
+    for way in WAYS {
+        another_plan_fails_every_rank(way);
     }
 }
 
-fn another_plan_fails_every_rank(rig: Rig, protocol: Protocol) {
+fn another_plan_fails_every_rank(way: Way) {
     let ours = plan_of(&all_reduce(300), 1);
     let theirs = plan_of(&all_reduce(299), 1);
-    let layout = layout_for(&ours, 2);
-    let a = DeviceProgram::lower(&ours, layout, protocol).unwrap();
-    let b = DeviceProgram::lower(&theirs, layout, protocol).unwrap();
-    let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
+    let layout = layout_for(&ours, 2, way.zero_copy);
+    let a = DeviceProgram::lower(&ours, layout, way.protocol).unwrap();
+    let b = DeviceProgram::lower(&theirs, layout, way.protocol).unwrap();
+    let Some(fabric) = fabric(layout, Duration::from_secs(20)) else {
+        return;
+    };
     let inputs = [vec![1.0f32; 300], vec![1.0f32; 299], vec![1.0f32; 300]];
     let mut outputs = [vec![0.0f32; 300], vec![0.0f32; 299], vec![0.0f32; 300]];
     let buffers = f32_buffers(&mut outputs, &inputs);
@@ -306,51 +305,53 @@ fn another_plan_fails_every_rank(rig: Rig, protocol: Protocol) {
         started.elapsed() < Duration::from_secs(10),
         "it waited out the timeout"
     );
-    assert!(results.iter().all(Result::is_err), "{rig:?} {results:?}");
+    assert!(results.iter().all(Result::is_err), "{way:?} {results:?}");
     assert!(
         results
             .iter()
             .any(|r| matches!(r, Err(CommError::Mismatch { call: 0, .. }))),
-        "{rig:?} {results:?}"
+        "{way:?} {results:?}"
     );
     // Nothing of rank 1's landed in rank 2's output, nor the other way.
     assert!(outputs[2].iter().all(|&x| x == 0.0 || x == 1.0));
-    // The fabric is failed for good: counters no longer agree. (The
-    // mirror reports the first failure to every rank; the kernel's board
-    // keeps each rank's own word.)
+    // The fabric is failed for good: counters no longer agree (the board
+    // keeps each rank's own word).
     let again = fabric.call(&[&a, &a, &a], f32_buffers(&mut outputs, &inputs));
-    assert!(again.iter().all(Result::is_err), "{rig:?} {again:?}");
+    assert!(again.iter().all(Result::is_err), "{way:?} {again:?}");
 }
 
 #[test]
 fn a_rank_that_never_sends_times_the_others_out_with_the_reason() {
     let plan = plan_of(&all_reduce(64), 1);
-    let layout = layout_for(&plan, 2);
-    let p = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
-    // Rank 2's part emptied: it returns at once, as a rank whose kernel
-    // never ran would leave its peers waiting.
-    let mut silent = p.clone();
-    silent.ranks[2] = RankProgram {
-        channels: vec![Span::default()],
-        ..RankProgram::default()
-    };
-    for rig in rigs() {
-        let fabric = AnyFabric::new(rig, layout, Duration::from_millis(300));
-        let inputs = vec![vec![1.0f32; 64]; 3];
-        let mut outputs = vec![vec![0.0f32; 64]; 3];
-        let buffers = f32_buffers(&mut outputs, &inputs);
+    for way in WAYS {
+        let layout = layout_for(&plan, 2, way.zero_copy);
+        let p = DeviceProgram::lower(&plan, layout, way.protocol).unwrap();
+        let Some(fabric) = fabric(layout, Duration::from_millis(300)) else {
+            return;
+        };
+        // Rank 2 never launches: its peers wait for it.
+        let inputs = vec![vec![1.0f32; 64]; 2];
+        let mut outputs = vec![vec![0.0f32; 64]; 2];
         let started = std::time::Instant::now();
-        let results = fabric.call(&[&p, &p, &silent], buffers);
-        assert!(started.elapsed() < Duration::from_secs(10), "{rig:?}");
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = outputs
+                .iter_mut()
+                .zip(&inputs)
+                .enumerate()
+                .map(|(r, (output, input))| {
+                    let (fabric, p) = (&fabric, &p);
+                    scope.spawn(move || fabric.rank_call(r as u32, p, Buffers { input, output }))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(started.elapsed() < Duration::from_secs(10), "{way:?}");
+        assert!(results.iter().all(Result::is_err), "{way:?} {results:?}");
         assert!(
-            results[..2].iter().all(Result::is_err),
-            "{rig:?} {results:?}"
-        );
-        assert!(
-            results[..2]
+            results
                 .iter()
                 .any(|r| matches!(r, Err(CommError::Timeout { .. }))),
-            "{rig:?} {results:?}"
+            "{way:?} {results:?}"
         );
     }
 }
@@ -358,7 +359,7 @@ fn a_rank_that_never_sends_times_the_others_out_with_the_reason() {
 #[test]
 fn plans_that_do_not_fit_the_layout_are_typed_errors() {
     let plan = plan_of(&all_reduce(300), 2);
-    let fits = layout_for(&plan, 2);
+    let fits = layout_for(&plan, 2, false);
     assert!(DeviceProgram::lower(&plan, fits, Protocol::Simple).is_ok());
     let cases = [
         Layout {
@@ -391,7 +392,7 @@ fn plans_that_do_not_fit_the_layout_are_typed_errors() {
 #[test]
 fn an_instruction_receiving_from_many_peers_runs() {
     // Direct all-reduce on 12 ranks: each rank combines 11 messages in one
-    // instruction (past the 8 pointers the v1 kernels take per launch).
+    // instruction.
     let case = Case {
         collective: Collective::AllReduce,
         algorithm: Some(Algorithm::Direct),
@@ -407,8 +408,8 @@ fn an_instruction_receiving_from_many_peers_runs() {
         plan.ranks[0].channels[0].iter().any(|i| i.recv.len() == 11),
         "the case must fan in 11 messages"
     );
-    for protocol in PROTOCOLS {
-        check_emulated(1, protocol, &case);
+    for way in WAYS {
+        check_emulated(1, way, &case);
     }
 }
 
@@ -420,7 +421,7 @@ fn more_ranks_than_the_device_tables_hold_is_a_typed_error() {
     };
     let plan = plan_of(&case, 1);
     assert!(matches!(
-        DeviceProgram::lower(&plan, layout_for(&plan, 2), Protocol::Simple),
+        DeviceProgram::lower(&plan, layout_for(&plan, 2, true), Protocol::Simple),
         Err(ProgramError::TooLarge(_))
     ));
 }
@@ -428,7 +429,7 @@ fn more_ranks_than_the_device_tables_hold_is_a_typed_error() {
 #[test]
 fn an_edited_program_is_refused_before_any_thread_walks_it() {
     let plan = plan_of(&all_reduce(64), 1);
-    let layout = layout_for(&plan, 2);
+    let layout = layout_for(&plan, 2, true);
     let good = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
     let mut past = good.clone();
     past.ranks[1].pieces[0].offset = 1 << 40;
@@ -436,51 +437,73 @@ fn an_edited_program_is_refused_before_any_thread_walks_it() {
     peer.ranks[0].ends[0].peer = 7;
     let mut other_layout = good.clone();
     other_layout.layout.slots = 3;
-    for (rig, bad) in rigs()
-        .into_iter()
-        .flat_map(|rig| [&past, &peer, &other_layout].map(|bad| (rig, bad)))
-    {
+    // A staged receive turned into one that reads the peer's memory, with
+    // no region to read; a staged send turned into one the receiver would
+    // read in place while its receiving end still reads the slot.
+    let mut unplaced = good.clone();
+    let at = staged_end(&unplaced.ranks[0], false);
+    unplaced.ranks[0].ends[at].transfer = Transfer::InSender;
+    let mut one_sided = good.clone();
+    let at = staged_end(&one_sided.ranks[1], true);
+    one_sided.ranks[1].ends[at].transfer = Transfer::InSender;
+    let Some(fabric) = fabric(layout, Duration::from_secs(20)) else {
+        return;
+    };
+    for bad in [&past, &peer, &other_layout, &unplaced, &one_sided] {
         assert!(bad.validate().is_err() || bad.layout != layout);
-        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
         let inputs = vec![vec![1.0f32; 64]; 3];
         let mut outputs = vec![vec![0.0f32; 64]; 3];
         let started = std::time::Instant::now();
         let results = fabric.call(&[&good, bad, &good], f32_buffers(&mut outputs, &inputs));
-        assert!(started.elapsed() < Duration::from_secs(10), "{rig:?}");
-        assert!(results.iter().all(Result::is_err), "{rig:?} {results:?}");
-        assert!(
-            outputs.iter().flatten().all(|&x| x == 0.0),
-            "{rig:?}: nothing ran"
-        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+        assert!(outputs.iter().flatten().all(|&x| x == 0.0), "nothing ran");
     }
-    // Buffers that do not fit the program are refused as well, on both.
-    for rig in rigs() {
-        let fabric = AnyFabric::new(rig, layout, Duration::from_secs(20));
-        let inputs = [vec![1.0f32; 64], vec![1.0f32; 63], vec![1.0f32; 64]];
-        let mut outputs = vec![vec![0.0f32; 64]; 3];
-        let results = fabric.call(&[&good; 3], f32_buffers(&mut outputs, &inputs));
-        assert!(
-            matches!(
-                &results[1],
-                Err(CommError::BufferSize {
-                    what: "input",
-                    got: 63,
-                    needed: 64
-                })
-            ),
-            "{rig:?} {results:?}"
-        );
-        assert!(results.iter().all(Result::is_err), "{rig:?} {results:?}");
-        assert!(outputs.iter().flatten().all(|&x| x == 0.0), "{rig:?}");
-    }
+    // Buffers that do not fit the program are refused as well.
+    let Some(fabric) = fabric_for(layout) else {
+        return;
+    };
+    let inputs = [vec![1.0f32; 64], vec![1.0f32; 63], vec![1.0f32; 64]];
+    let mut outputs = vec![vec![0.0f32; 64]; 3];
+    let results = fabric.call(&[&good; 3], f32_buffers(&mut outputs, &inputs));
+    assert!(
+        matches!(
+            &results[1],
+            Err(CommError::BufferSize {
+                what: "input",
+                got: 63,
+                needed: 64
+            })
+        ),
+        "{results:?}"
+    );
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(outputs.iter().flatten().all(|&x| x == 0.0));
+}
+
+/// The first staged receiving (or sending) end of a rank.
+fn staged_end(p: &RankProgram, sending: bool) -> usize {
+    p.ops
+        .iter()
+        .flat_map(|o| {
+            let s = if sending { o.send } else { o.recv };
+            s.first as usize..(s.first + s.count) as usize
+        })
+        .find(|&i| p.ends[i].transfer == Transfer::Slot)
+        .expect("a staged message")
+}
+
+fn fabric_for(layout: Layout) -> Option<HostFabric> {
+    fabric(layout, Duration::from_secs(20))
 }
 
 #[test]
 fn a_peer_already_in_its_next_call_is_not_a_mismatch() {
-    // Reduce to a late root: the other ranks only send, so they finish a
-    // call (and write the next call's hello) before the root has looked
-    // at theirs. The root must still take their messages.
-    for protocol in PROTOCOLS {
+    // Reduce to a late root: the other ranks only send, so (staged) they
+    // finish a call and write the next call's hello before the root has
+    // looked at theirs. The root must still take their messages. (Zero
+    // copy, they wait for the root to have read their inputs instead.)
+    for way in WAYS {
         let case = Case {
             collective: Collective::Reduce { root: 0 },
             algorithm: Some(Algorithm::Direct),
@@ -492,15 +515,16 @@ fn a_peer_already_in_its_next_call_is_not_a_mismatch() {
             seed: 1,
         };
         let plan = plan_of(&case, 1);
-        let program = DeviceProgram::lower(&plan, layout_for(&plan, 4), protocol).unwrap();
-        for rig in rigs() {
-            let fabric = AnyFabric::new(rig, program.layout, Duration::from_secs(20));
-            runs_ahead_of_a_late_root(&fabric, &program, protocol);
-        }
+        let layout = layout_for(&plan, 4, way.zero_copy);
+        let program = DeviceProgram::lower(&plan, layout, way.protocol).unwrap();
+        let Some(fabric) = fabric(program.layout, Duration::from_secs(20)) else {
+            return;
+        };
+        runs_ahead_of_a_late_root(&fabric, &program, way);
     }
 }
 
-fn runs_ahead_of_a_late_root(fabric: &AnyFabric, program: &DeviceProgram, protocol: Protocol) {
+fn runs_ahead_of_a_late_root(fabric: &HostFabric, program: &DeviceProgram, way: Way) {
     let rounds = 6;
     let outputs: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..4u32)
@@ -512,7 +536,7 @@ fn runs_ahead_of_a_late_root(fabric: &AnyFabric, program: &DeviceProgram, protoc
                             if rank == 0 {
                                 std::thread::sleep(Duration::from_millis(20));
                             }
-                            let input = vec![(round * 10 + rank as usize) as f32; 40];
+                            let mut input = vec![(round * 10 + rank as usize) as f32; 40];
                             let mut output = vec![0f32; 40];
                             let buffers = Buffers {
                                 input: &input,
@@ -521,8 +545,12 @@ fn runs_ahead_of_a_late_root(fabric: &AnyFabric, program: &DeviceProgram, protoc
                             fabric
                                 .rank_call(rank, program, buffers)
                                 .unwrap_or_else(|e| {
-                                    panic!("{protocol:?} rank {rank} round {round}: {e}")
+                                    panic!("{way:?} rank {rank} round {round}: {e}")
                                 });
+                            // Returned: the call is done with the input,
+                            // which a root still reading it in place
+                            // would now see changed.
+                            input.fill(-1e9);
                             output
                         })
                         .collect()
@@ -535,7 +563,66 @@ fn runs_ahead_of_a_late_root(fabric: &AnyFabric, program: &DeviceProgram, protoc
         let want = (0..4).map(|r| (round * 10 + r) as f32).sum::<f32>();
         assert!(
             out.iter().all(|&x| x == want),
-            "{protocol:?} round {round}: {out:?}"
+            "{way:?} round {round}: {out:?}"
         );
+    }
+}
+
+#[test]
+fn direct_all_reduce_moves_every_byte_once_where_ranks_reach_each_others_buffers() {
+    // The owner of a chunk reads every peer's input chunk where it lies
+    // and stores the sum into every peer's output: no message is staged.
+    for in_place in [false, true] {
+        let case = Case {
+            collective: Collective::AllReduce,
+            algorithm: Some(Algorithm::Direct),
+            world_size: 4,
+            count: 1000,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            in_place,
+            seed: 1,
+        };
+        let plan = plan_of(&case, 2);
+        let count = |p: &DeviceProgram, t: Transfer| {
+            p.ranks
+                .iter()
+                .flat_map(|r| &r.ends)
+                .filter(|e| e.transfer == t)
+                .count()
+        };
+        let zero =
+            DeviceProgram::lower(&plan, layout_for(&plan, 2, true), Protocol::Simple).unwrap();
+        let ends: usize = zero.ranks.iter().map(|r| r.ends.len()).sum();
+        assert_eq!(count(&zero, Transfer::Slot), 0, "in place {in_place}");
+        // Each message has two ends: reads of inputs and stores of sums,
+        // half each.
+        assert_eq!(
+            count(&zero, Transfer::InSender),
+            ends / 2,
+            "in place {in_place}"
+        );
+        assert_eq!(
+            count(&zero, Transfer::InReceiver),
+            ends / 2,
+            "in place {in_place}"
+        );
+        // Every rank keeps only its inputs for others to read: it drains.
+        assert!(
+            zero.ranks
+                .iter()
+                .all(|r| r.sent.iter().any(|c| c.drain == 1))
+        );
+        for (zero_copy, protocol) in [(false, Protocol::Simple), (true, Protocol::Ll)] {
+            let staged =
+                DeviceProgram::lower(&plan, layout_for(&plan, 2, zero_copy), protocol).unwrap();
+            assert_eq!(count(&staged, Transfer::Slot), ends, "{protocol:?}");
+            assert!(
+                staged
+                    .ranks
+                    .iter()
+                    .all(|r| r.sent.iter().all(|c| c.drain == 0))
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use ferrocoll::Verified;
 use ferrocoll::comm::Communicator;
 use ferrocoll::cpu::CpuConfig;
-use ferrocoll::cuda::interpreter::InterpreterCommunicator;
+use ferrocoll::cuda::CudaCommunicator;
 use ferrocoll::device::DeviceCommunicator;
 use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
 use ferrocoll::process::{ProcessCommunicator, ProcessConfig};
@@ -16,7 +16,7 @@ use ferrocoll::topo::probe::membw::{self, MemoryBandwidth};
 use super::report::Row;
 use super::run::{self, Cpu};
 use super::setup::{Section, custom_schedule};
-use super::{Backend, BenchArgs, cuda, cuda_v2, nccl, process};
+use super::{Backend, BenchArgs, cuda, nccl, process};
 use crate::spec::AlgoSpec;
 
 /// The executor of a run.
@@ -28,24 +28,20 @@ pub(crate) enum Target {
         comm: Box<Mutex<ProcessCommunicator>>,
         config: ProcessConfig,
     },
-    /// The CUDA executor on these devices (v1, or the device interpreter),
-    /// with NCCL beside it if asked.
+    /// The CUDA executor on these devices, with NCCL beside it if asked.
     Cuda {
         devices: Vec<usize>,
         custom: Option<Arc<Verified>>,
         compare: bool,
-        interpreter: bool,
     },
     /// NCCL on these devices.
     Nccl { devices: Vec<usize> },
     /// This process is one rank of an NCCL communicator over the processes
     /// `launch` started, one GPU each.
     NcclProcess { comm: Box<Mutex<NcclCommunicator>> },
-    /// This process is one rank of a device-interpreter group over the
+    /// This process is one rank of a CUDA executor group over the
     /// processes `launch` started, one GPU each.
-    InterpreterProcess {
-        comm: Box<Mutex<InterpreterCommunicator>>,
-    },
+    CudaProcess { comm: Box<Mutex<CudaCommunicator>> },
 }
 
 impl Target {
@@ -62,9 +58,9 @@ impl Target {
             let target = Target::join(&mut args, transport)?;
             return Ok((target, args));
         }
-        if args.from_env && !matches!(args.backend, Backend::Nccl | Backend::CudaV2) {
+        if args.from_env && !matches!(args.backend, Backend::Nccl | Backend::Cuda) {
             return Err(
-                "--from-env joins a GPU group across processes: use it with --backend nccl or cuda-v2 (the CPU executor's processes take --transport)".to_owned(),
+                "--from-env joins a GPU group across processes: use it with --backend nccl or cuda (the CPU executor's processes take --transport)".to_owned(),
             );
         }
         if args.from_env && args.devices.is_some() {
@@ -72,48 +68,43 @@ impl Target {
                 "--from-env takes each rank's GPU from LOCAL_RANK: drop --devices".to_owned(),
             );
         }
-        if args.ll_max_bytes.is_some() && args.backend != Backend::CudaV2 {
-            return Err("--ll-max-bytes sets the device interpreter's protocol: use it with --backend cuda-v2".to_owned());
+        if args.ll_max_bytes.is_some() && args.backend != Backend::Cuda {
+            return Err(
+                "--ll-max-bytes sets the CUDA executor's protocol: use it with --backend cuda"
+                    .to_owned(),
+            );
         }
-        if args.compare.is_some() && !matches!(args.backend, Backend::Cuda | Backend::CudaV2) {
-            return Err("--compare nccl runs beside --backend cuda or cuda-v2 only".to_owned());
+        if args.compare.is_some() && args.backend != Backend::Cuda {
+            return Err("--compare nccl runs beside --backend cuda only".to_owned());
         }
         let custom = custom_schedule(&args.algo, args.ranks)?;
         let target = match args.backend {
             Backend::Cpu => Target::Threads { custom },
-            Backend::CudaV2 if args.from_env => {
+            Backend::Cuda if args.from_env => {
                 // The group's settings are fixed when it forms: one run,
                 // one setting (as `--backend nccl --from-env`).
                 if args.compare.is_some() || custom.is_some() || args.algo != AlgoSpec::Auto {
                     return Err(
-                        "--backend cuda-v2 --from-env runs the group's own choice: drop --compare and --algo"
+                        "--backend cuda --from-env runs the group's own choice: drop --compare and --algo"
                             .to_owned(),
                     );
                 }
-                let mut config = cuda::cuda_config(&CpuConfig {
+                let cpu = CpuConfig {
                     timeout: ProcessConfig::builtin()
                         .with_env()
                         .map_err(|e| e.to_string())?
                         .timeout,
                     ..CpuConfig::builtin()
-                });
-                if let Some(ll) = args.ll_max_bytes {
-                    config.ll_max_bytes = ll;
-                }
-                if let Some(channels) = args.channels {
-                    config.channels = channels;
-                }
-                if let Some(bytes) = args.max_chunk_bytes {
-                    config.max_chunk_bytes = bytes;
-                }
-                let comm = ferrocoll::env::interpreter_communicator_from_env(&config)
+                };
+                let config = cuda::cuda_config(&cpu, &args);
+                let comm = ferrocoll::env::cuda_communicator_from_env(&config)
                     .map_err(|e| e.to_string())?;
                 args.ranks = DeviceCommunicator::size(&comm);
-                Target::InterpreterProcess {
+                Target::CudaProcess {
                     comm: Box::new(Mutex::new(comm)),
                 }
             }
-            Backend::Cuda | Backend::CudaV2 => {
+            Backend::Cuda => {
                 if args.compare.is_some() {
                     ferrocoll::nccl::version().map_err(|e| e.to_string())?;
                 }
@@ -121,7 +112,6 @@ impl Target {
                     devices: cuda::devices(args.ranks, args.devices.as_deref())?,
                     custom,
                     compare: args.compare.is_some(),
-                    interpreter: args.backend == Backend::CudaV2,
                 }
             }
             Backend::Nccl if args.from_env => {
@@ -130,7 +120,9 @@ impl Target {
                         .with_env()
                         .map_err(|e| e.to_string())?
                         .timeout,
-                };
+                    ..NcclConfig::default()
+                }
+                .with_channels(args.channels);
                 let comm = ferrocoll::env::nccl_communicator_from_env(&config)
                     .map_err(|e| e.to_string())?;
                 args.ranks = comm.world_size();
@@ -181,9 +173,7 @@ impl Target {
         match self {
             Target::Threads { custom } | Target::Cuda { custom, .. } => custom.clone(),
             Target::Processes { config, .. } => config.schedule.clone(),
-            Target::Nccl { .. }
-            | Target::NcclProcess { .. }
-            | Target::InterpreterProcess { .. } => None,
+            Target::Nccl { .. } | Target::NcclProcess { .. } | Target::CudaProcess { .. } => None,
         }
     }
 
@@ -194,7 +184,7 @@ impl Target {
             Target::NcclProcess { comm } => {
                 comm.lock().map_or(true, |c| Communicator::rank(&*c) == 0)
             }
-            Target::InterpreterProcess { comm } => comm
+            Target::CudaProcess { comm } => comm
                 .lock()
                 .map_or(true, |c| DeviceCommunicator::rank(&*c) == 0),
             _ => true,
@@ -223,7 +213,7 @@ impl Target {
                     .ordinal();
                 cuda::device_bandwidth(device)
             }
-            Target::InterpreterProcess { comm } => {
+            Target::CudaProcess { comm } => {
                 let device = DeviceCommunicator::context(
                     &*comm.lock().map_err(|_| "the communicator is poisoned")?,
                 )
@@ -268,20 +258,12 @@ impl Target {
                 };
                 run::section(args, &backend, section, sizes, progress)
             }
-            Target::Cuda {
-                devices,
-                interpreter: true,
-                ..
-            } => {
-                let backend = cuda_v2::CudaV2::new(devices.clone(), config, args.ll_max_bytes);
-                run::section(args, &backend, section, sizes, progress)
-            }
             Target::Cuda { devices, .. } => {
-                let backend = cuda::Cuda::new(devices.clone(), config, args.ranks);
+                let backend = cuda::Cuda::new(devices.clone(), config, args);
                 run::section(args, &backend, section, sizes, progress)
             }
             Target::Nccl { devices } => {
-                let backend = nccl::Nccl::new(devices.clone(), config);
+                let backend = nccl::Nccl::new(devices.clone(), config, args.channels);
                 run::section(args, &backend, section, sizes, progress)
             }
             Target::NcclProcess { comm } => {
@@ -291,7 +273,7 @@ impl Target {
                 };
                 run::section(args, &backend, section, sizes, progress)
             }
-            Target::InterpreterProcess { comm } => {
+            Target::CudaProcess { comm } => {
                 let backend = process::Process {
                     comm: &**comm,
                     schedule: None,
@@ -318,7 +300,7 @@ impl Target {
         else {
             return Ok(None);
         };
-        let backend = nccl::Nccl::new(devices.clone(), config);
+        let backend = nccl::Nccl::new(devices.clone(), config, args.channels);
         let mut theirs = run::section(args, &backend, section, sizes, progress)?;
         for row in &mut theirs {
             row.algorithm = "nccl".to_owned();

@@ -1,21 +1,16 @@
-//! `bench --backend cuda`: the same sections on the CUDA executor, with
+//! `bench --backend cuda`: ferrocoll's CUDA executor (the device
+//! interpreter), one launch per call on each rank's own stream, with
 //! buffers in device memory (placed once per size, outside the timing).
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ferrocoll::comm::CommError;
-use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
-use ferrocoll::cuda::{CudaCommunicator, CudaConfig, probe};
-use ferrocoll::{Collective, ReduceOp};
-
-use ferrocoll::cuda::GpuProbe;
+use ferrocoll::cuda::{CudaCommunicator, CudaConfig, GpuProbe, probe};
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 use ferrocoll::topo::probe::{LinkProbe, ProbeOptions};
 
-use super::device::{bytes_of, download, sync, upload};
-use super::run::{Backend, BenchRank};
+use super::BenchArgs;
+use super::device::DeviceRank;
+use super::run::Backend;
 
 /// Device memory bandwidth of `device` as the bench's ceiling wants it:
 /// bytes read plus written per second by a device-to-device copy of
@@ -68,15 +63,21 @@ pub(crate) fn devices(ranks: u32, list: Option<&str>) -> Result<Vec<usize>, Stri
         .collect())
 }
 
-/// A CUDA executor's settings for one section: the bench's timeout,
-/// algorithm, channels and schedule.
-pub(crate) fn cuda_config(cpu: &CpuConfig) -> CudaConfig {
+/// The CUDA executor's settings for one section: the bench's timeout,
+/// algorithm and schedule, and the channels, chunk and LL threshold the
+/// command line gives (else the executor's own: channels from what the
+/// GPUs hold).
+pub(crate) fn cuda_config(cpu: &CpuConfig, args: &BenchArgs) -> CudaConfig {
+    let base = CudaConfig::default();
     CudaConfig {
         timeout: cpu.timeout,
         algorithm: cpu.algorithm,
-        channels: cpu.channels,
         schedule: cpu.schedule.clone(),
-        ..CudaConfig::default()
+        channels: args.channels,
+        max_chunk_bytes: args.max_chunk_bytes.unwrap_or(base.max_chunk_bytes),
+        ll_max_bytes: args.ll_max_bytes.unwrap_or(base.ll_max_bytes),
+        kernel_cache: ferrocoll::env::kernel_cache(),
+        ..base
     }
 }
 
@@ -87,10 +88,10 @@ pub(crate) struct Cuda {
 }
 
 impl Cuda {
-    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig, _ranks: u32) -> Cuda {
+    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig, args: &BenchArgs) -> Cuda {
         Cuda {
             devices,
-            config: cuda_config(cpu),
+            config: cuda_config(cpu, args),
         }
     }
 }
@@ -110,49 +111,8 @@ impl Backend for Cuda {
     }
 }
 
-/// A call's buffers in device memory, as bytes.
-pub(crate) struct DeviceBuffers {
-    stream: Arc<CudaStream>,
-    input: CudaSlice<u8>,
-    output: CudaSlice<u8>,
-}
-
-impl BenchRank for CudaCommunicator {
-    type Buffers<T: KitElement> = DeviceBuffers;
-
-    fn place<T: KitElement>(
-        &mut self,
-        input: &[T],
-        output: Vec<T>,
-    ) -> Result<DeviceBuffers, CommError> {
-        let stream = self.context().default_stream();
-        let buffers = DeviceBuffers {
-            input: upload(&stream, bytes_of(input))?,
-            output: upload(&stream, bytes_of(&output))?,
-            stream,
-        };
-        sync(&buffers.stream)?;
-        Ok(buffers)
-    }
-
-    fn collective<T: KitElement>(
-        &mut self,
-        b: &mut DeviceBuffers,
-        collective: Collective,
-        op: ReduceOp,
-        in_place: bool,
-        count: usize,
-    ) -> Result<(), CommError> {
-        let (input, _i) = b.input.device_ptr(&b.stream);
-        let (output, _o) = b.output.device_ptr(&b.stream);
-        let input = (!in_place).then_some(input);
-        // SAFETY: `place` sized the buffers for this call's shape (the
-        // bench computes `count` from the same lengths), on this rank's
-        // device, and nothing else uses them during the call.
-        unsafe { self.collective_raw(collective, T::DATA_TYPE, count, input, output, op) }
-    }
-
-    fn output<T: KitElement>(&mut self, b: &DeviceBuffers) -> Result<Vec<T>, CommError> {
-        download(&b.stream, &b.output)
+impl DeviceRank for CudaCommunicator {
+    fn rank_stream(&self) -> std::sync::Arc<cudarc::driver::CudaStream> {
+        self.stream().clone()
     }
 }

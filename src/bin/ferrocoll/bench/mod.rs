@@ -8,7 +8,6 @@
 
 mod backend;
 mod cuda;
-mod cuda_v2;
 mod device;
 mod limits;
 mod nccl;
@@ -33,12 +32,11 @@ pub(crate) use setup::Section;
 pub(crate) enum Backend {
     /// ferrocoll's schedules on CPU threads (or processes, with `--transport`).
     Cpu,
-    /// ferrocoll's schedules on GPUs.
+    /// ferrocoll's schedules on GPUs: the device interpreter, one launch
+    /// per call, in place between ranks that reach each other's buffers
+    /// (`cuda-v2`, its name while a first executor existed, still works).
+    #[value(alias = "cuda-v2")]
     Cuda,
-    /// ferrocoll's device interpreter on GPUs (executor v2: one launch per
-    /// call, stores straight into peers' memory; not yet measured on a GPU).
-    #[value(name = "cuda-v2")]
-    CudaV2,
     /// NCCL on the same GPUs, for comparison.
     Nccl,
 }
@@ -140,11 +138,12 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_parser = parse_size)]
     max_chunk_bytes: Option<usize>,
     /// Channels of each call (1 to 64): parallel rings or trees, each a
-    /// thread block per rank on `cuda-v2` and a stream on `cuda`. Giving
-    /// it, like `--max-chunk-bytes`, turns `auto` back into the fixed rule.
+    /// thread block per rank on `cuda` (default there: an equal share of
+    /// what the GPU holds at once, at most 32). Giving it, like
+    /// `--max-chunk-bytes`, turns `auto` back into the fixed rule.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     channels: Option<u32>,
-    /// With `--backend cuda-v2`: calls of up to this many bytes per rank
+    /// With `--backend cuda`: calls of up to this many bytes per rank
     /// send their messages with the small-message (LL) protocol; 0 sends
     /// every call in bulk (default: the executor's, 64 KiB).
     #[arg(long, value_parser = parse_size)]
@@ -153,7 +152,7 @@ pub(crate) struct BenchArgs {
     /// measured topology, and its error against the measurement.
     #[arg(long)]
     predict: bool,
-    /// With `--backend cuda` or `cuda-v2`: also run NCCL on the same GPUs, sizes and
+    /// With `--backend cuda`: also run NCCL on the same GPUs, sizes and
     /// data, print its rows and the busbw ratio per size; the plot shows
     /// both curves.
     #[arg(long, value_enum)]

@@ -1,15 +1,12 @@
 //! `bench --backend nccl`: NCCL on the same GPUs and buffers, for the
 //! side-by-side comparison with `--backend cuda`.
 
-use cudarc::driver::DevicePtr;
 use ferrocoll::comm::CommError;
-use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::nccl::{NcclCommunicator, NcclConfig};
-use ferrocoll::{Collective, ReduceOp};
 
-use super::device::{Buffers, download, place};
-use super::run::{Backend, BenchRank};
+use super::device::DeviceRank;
+use super::run::Backend;
 
 /// NCCL for one section.
 pub(crate) struct Nccl {
@@ -18,12 +15,15 @@ pub(crate) struct Nccl {
 }
 
 impl Nccl {
-    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig) -> Nccl {
+    /// NCCL with the bench's timeout, on `--channels` blocks if given.
+    pub(crate) fn new(devices: Vec<usize>, cpu: &CpuConfig, channels: Option<u32>) -> Nccl {
         Nccl {
             devices,
             config: NcclConfig {
                 timeout: cpu.timeout,
-            },
+                ..NcclConfig::default()
+            }
+            .with_channels(channels),
         }
     }
 }
@@ -43,32 +43,8 @@ impl Backend for Nccl {
     }
 }
 
-impl BenchRank for NcclCommunicator {
-    type Buffers<T: KitElement> = Buffers;
-
-    fn place<T: KitElement>(&mut self, input: &[T], output: Vec<T>) -> Result<Buffers, CommError> {
-        place(&self.stream().clone(), input, &output)
-    }
-
-    fn collective<T: KitElement>(
-        &mut self,
-        b: &mut Buffers,
-        collective: Collective,
-        op: ReduceOp,
-        in_place: bool,
-        count: usize,
-    ) -> Result<(), CommError> {
-        let stream = self.stream().clone();
-        let (input, _i) = b.input.device_ptr(&stream);
-        let (output, _o) = b.output.device_ptr(&stream);
-        let input = (!in_place).then_some(input);
-        // SAFETY: `place` sized the buffers for this call's shape on this
-        // rank's device; nothing else uses them during the call.
-        unsafe { self.collective_raw(collective, T::DATA_TYPE, count, input, output, op) }
-            .map_err(CommError::from)
-    }
-
-    fn output<T: KitElement>(&mut self, b: &Buffers) -> Result<Vec<T>, CommError> {
-        download(&self.stream().clone(), &b.output)
+impl DeviceRank for NcclCommunicator {
+    fn rank_stream(&self) -> std::sync::Arc<cudarc::driver::CudaStream> {
+        self.stream().clone()
     }
 }

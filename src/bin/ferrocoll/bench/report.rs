@@ -88,18 +88,30 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
         }
         return;
     }
+    if args.backend != super::Backend::Cpu {
+        let cuda = super::cuda::cuda_config(config, args);
+        println!(
+            "# executor: {}, timed on the device: -n calls enqueued back to back per rank stream between CUDA events, one wait",
+            args.backend
+        );
+        if args.backend == super::Backend::Cuda {
+            println!(
+                "# cuda: max chunk {} B, channels {}, {} slots per link, LL up to {} B, timeout {:?}, algorithm {algorithm}",
+                cuda.max_chunk_bytes,
+                cuda.channels.map_or(
+                    "auto (the GPU's resident blocks shared by its ranks)".into(),
+                    |c| c.to_string()
+                ),
+                cuda.slots_per_link,
+                cuda.ll_max_bytes,
+                cuda.timeout,
+            );
+        }
+        return;
+    }
     println!(
-        "# executor: {}, max chunk {} B, {} channel(s), {} slots per link, timeout {:?}, algorithm {algorithm}",
-        match args.backend {
-            super::Backend::Cpu => "cpu threads",
-            super::Backend::Cuda => "cuda",
-            super::Backend::CudaV2 => "cuda device interpreter (v2)",
-            super::Backend::Nccl => "nccl",
-        },
-        config.max_chunk_bytes,
-        config.channels,
-        config.slots_per_link,
-        config.timeout,
+        "# executor: cpu threads, max chunk {} B, {} channel(s), {} slots per link, timeout {:?}, algorithm {algorithm}",
+        config.max_chunk_bytes, config.channels, config.slots_per_link, config.timeout,
     );
 }
 

@@ -56,6 +56,21 @@ pub(crate) trait BenchRank: Communicator {
         in_place: bool,
         count: usize,
     ) -> Result<(), CommError>;
+    /// Run `iters` calls timed by the executor itself (GPU backends:
+    /// enqueued back to back, timed by CUDA events), the seconds of each;
+    /// `None` where the host's clock times calls one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn timed<T: KitElement>(
+        &mut self,
+        _buffers: &mut Self::Buffers<T>,
+        _collective: Collective,
+        _op: ferrocoll::ReduceOp,
+        _in_place: bool,
+        _count: usize,
+        _iters: u32,
+    ) -> Option<Result<Vec<f64>, CommError>> {
+        None
+    }
     /// The output, back on the host.
     fn output<T: KitElement>(&mut self, buffers: &Self::Buffers<T>) -> Result<Vec<T>, CommError>;
 }
@@ -165,9 +180,10 @@ pub(crate) fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>, Comm
 }
 
 /// One row's timing on this rank, in seconds: the mean over the timed
-/// loop (what the table prints, as nccl-tests does: the loop's wall time,
-/// closing barrier included, over the iterations) and the spread of the
-/// single calls.
+/// loop (what the table prints, as nccl-tests does: the loop's time over
+/// the iterations — the host's wall time, closing barrier included, or
+/// the device's between the events around the calls) and the spread of
+/// the single calls.
 #[derive(Debug, Clone, Copy)]
 struct Timing {
     mean: f64,
@@ -177,6 +193,12 @@ struct Timing {
 }
 
 impl Timing {
+    /// From calls timed back to back on the device: the loop's time is
+    /// their sum.
+    fn of_calls(each: Vec<f64>) -> Self {
+        Timing::new(each.iter().sum(), each)
+    }
+
     fn new(total: f64, mut each: Vec<f64>) -> Self {
         let mean = total / each.len().max(1) as f64;
         each.sort_by(f64::total_cmp);
@@ -344,15 +366,24 @@ fn one_size<T: KitElement, C: BenchRank>(
         comm.collective(&mut placed, collective, op, in_place, count)?;
     }
     comm.barrier()?;
-    let mut each = Vec::with_capacity(args.iters as usize);
-    let started = Instant::now();
-    for _ in 0..args.iters {
-        let t = Instant::now();
-        comm.collective(&mut placed, collective, op, in_place, count)?;
-        each.push(t.elapsed().as_secs_f64());
-    }
-    comm.barrier()?;
-    let timing = Timing::new(started.elapsed().as_secs_f64(), each);
+    let timing = match comm.timed(&mut placed, collective, op, in_place, count, args.iters) {
+        Some(each) => {
+            let each = each?;
+            comm.barrier()?;
+            Timing::of_calls(each)
+        }
+        None => {
+            let mut each = Vec::with_capacity(args.iters as usize);
+            let started = Instant::now();
+            for _ in 0..args.iters {
+                let t = Instant::now();
+                comm.collective(&mut placed, collective, op, in_place, count)?;
+                each.push(t.elapsed().as_secs_f64());
+            }
+            comm.barrier()?;
+            Timing::new(started.elapsed().as_secs_f64(), each)
+        }
+    };
     if args.check == 0 {
         return Ok((timing, 0));
     }
@@ -401,4 +432,21 @@ fn count_wrong<T: KitElement>(
     };
     let want = expected(collective, op, n, count, rank, &all);
     Ok(wrong_elements(op, &want, result, &untouched).len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_loop_reports_the_sum_of_its_calls_over_their_number() {
+        let t = Timing::of_calls(vec![3e-3, 1e-3, 2e-3, 6e-3]);
+        assert_eq!(t.mean, 3e-3);
+        assert_eq!((t.min, t.median, t.max), (1e-3, 3e-3, 6e-3));
+        let host = Timing::new(1.0, vec![0.1; 4]);
+        assert_eq!(
+            host.mean, 0.25,
+            "the host loop's wall time, barrier included"
+        );
+    }
 }

@@ -1,99 +1,34 @@
-//! The rigs the device-protocol tests run on — the Rust mirror
-//! ([`Fabric`]) and the kernel's own source built for the host
-//! ([`HostFabric`]) — and the harnesses, plans and layouts the tests share.
+//! The rig the device-protocol tests run on — the kernel's own source
+//! built for the host ([`HostFabric`]) — and the harnesses, plans and
+//! layouts the tests share.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrocoll_core::Rank;
 use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, generate};
-use ferrocoll_core::comm::CommError;
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, in_place_buffer};
 use ferrocoll_core::plan::{CallShape, Chunking, Compiler, ExecutionPlan};
 use ferrocoll_core::verify::{VerifyOptions, verify};
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 
 use crate::interpreter::setup;
-use crate::program::emulate::{Buffers, Fabric};
-use crate::program::host_kernel::{self, HostFabric};
+use crate::program::host_kernel::{self, Buffers, HostFabric};
 use crate::program::{DeviceProgram, Layout, Protocol};
 
-/// What runs the device protocol: the Rust mirror of the kernel, or the
-/// kernel's own source built for the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Rig {
-    Mirror,
-    Source,
+/// Threads per block: several, so that threads stride over a message and
+/// read what thread 0 set up after a barrier; not a power of two, so no
+/// stride happens to line up with a message.
+const THREADS: u32 = 3;
+
+/// The kernel's source on the host, or `None` (the test passes, having
+/// said why) when this machine has no C++ compiler and none is required.
+pub(super) fn kernel() -> Option<&'static host_kernel::HostKernel> {
+    host_kernel::kernel()
 }
 
-/// Threads per block on the source rig: several, so that threads stride
-/// over a message and read what thread 0 set up after a barrier; not a
-/// power of two, so no stride happens to line up with a message.
-const SOURCE_THREADS: u32 = 3;
-
-/// The rigs this machine has (the source needs a C++ compiler). Under
-/// ThreadSanitizer only the source: the mirror's Rust atomics are not
-/// instrumented, so its copies would read as races.
-pub(super) fn rigs() -> Vec<Rig> {
-    let mut out = if host_kernel::tsan() {
-        vec![]
-    } else {
-        vec![Rig::Mirror]
-    };
-    if host_kernel::kernel().is_some() {
-        out.push(Rig::Source);
-    }
-    out
-}
-
-/// A fabric of either rig.
-pub(super) enum AnyFabric {
-    Mirror(Fabric),
-    Source(HostFabric),
-}
-
-impl AnyFabric {
-    pub(super) fn new(rig: Rig, layout: Layout, timeout: Duration) -> AnyFabric {
-        match rig {
-            Rig::Mirror => AnyFabric::Mirror(Fabric::new(layout, timeout).unwrap()),
-            Rig::Source => AnyFabric::Source(HostFabric::new(
-                host_kernel::kernel().expect("listed by `rigs`"),
-                SOURCE_THREADS,
-                layout,
-                timeout,
-            )),
-        }
-    }
-
-    pub(super) fn call<T: ferrocoll_core::types::Reduce>(
-        &self,
-        programs: &[&DeviceProgram],
-        buffers: Vec<Buffers<'_, T>>,
-    ) -> Vec<Result<(), CommError>> {
-        match self {
-            AnyFabric::Mirror(f) => f.call(programs, buffers),
-            AnyFabric::Source(f) => f.call(programs, buffers),
-        }
-    }
-
-    pub(super) fn start_after(&self, call: u64) {
-        match self {
-            AnyFabric::Mirror(f) => f.start_after(call),
-            AnyFabric::Source(f) => f.start_after(call),
-        }
-    }
-
-    pub(super) fn rank_call<T: ferrocoll_core::types::Reduce>(
-        &self,
-        rank: Rank,
-        program: &DeviceProgram,
-        buffers: Buffers<'_, T>,
-    ) -> Result<(), CommError> {
-        match self {
-            AnyFabric::Mirror(f) => f.rank_call(rank, program, buffers),
-            AnyFabric::Source(f) => f.rank_call(rank, program, buffers),
-        }
-    }
+/// A fabric for `layout` on the host build.
+pub(super) fn fabric(layout: Layout, timeout: Duration) -> Option<HostFabric> {
+    Some(HostFabric::new(kernel()?, THREADS, layout, timeout))
 }
 
 /// The plan of `case` with small chunks, so calls run many segments.
@@ -120,7 +55,7 @@ pub(super) fn plan_of(case: &Case, channels: u32) -> ExecutionPlan {
 }
 
 /// Slots (and LL slots) as small as the plan allows.
-pub(super) fn layout_for(plan: &ExecutionPlan, slots: u32) -> Layout {
+pub(super) fn layout_for(plan: &ExecutionPlan, slots: u32, zero_copy: bool) -> Layout {
     let largest = plan.links.iter().map(|l| l.largest).max().unwrap_or(0);
     Layout {
         world_size: plan.world_size,
@@ -128,13 +63,37 @@ pub(super) fn layout_for(plan: &ExecutionPlan, slots: u32) -> Layout {
         slots,
         slot_bytes: largest.div_ceil(16).max(1) * 16,
         ll_slot_bytes: (2 * largest).div_ceil(16).max(1) * 16,
+        zero_copy,
     }
 }
 
+/// How a test's messages travel: LL (always staged), or Simple, staged or
+/// zero-copy where the plan allows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Way {
+    pub protocol: Protocol,
+    pub zero_copy: bool,
+}
+
+/// Every way.
+pub(super) const WAYS: [Way; 3] = [
+    Way {
+        protocol: Protocol::Simple,
+        zero_copy: true,
+    },
+    Way {
+        protocol: Protocol::Simple,
+        zero_copy: false,
+    },
+    Way {
+        protocol: Protocol::Ll,
+        zero_copy: false,
+    },
+];
+
 struct Emulated {
-    rig: Rig,
     channels: u32,
-    protocol: Protocol,
+    way: Way,
 }
 
 impl Harness for Emulated {
@@ -145,16 +104,16 @@ impl Harness for Emulated {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let plan = plan_of(case, self.channels);
-        let program = DeviceProgram::lower(&plan, layout_for(&plan, 2), self.protocol)
-            .map_err(|e| e.to_string())?;
-        run_twice(self.rig, &program, case, inputs, outputs)
+        let layout = layout_for(&plan, 2, self.way.zero_copy);
+        let program =
+            DeviceProgram::lower(&plan, layout, self.way.protocol).map_err(|e| e.to_string())?;
+        run_twice(&program, case, inputs, outputs)
     }
 }
 
 /// The plans the device interpreter's group makes: its planner, with its
 /// settings, lowered for the layout its windows are set up with.
 struct GroupPlanned {
-    rig: Rig,
     config: crate::CudaConfig,
 }
 
@@ -169,7 +128,8 @@ impl Harness for GroupPlanned {
             algorithm: case.algorithm,
             ..self.config.clone()
         };
-        let layout = setup::layout(case.world_size, &config).map_err(|e| e.to_string())?;
+        let layout = setup::layout(case.world_size, config.channels.unwrap_or(1), &config, true)
+            .map_err(|e| e.to_string())?;
         let mut planner = ferrocoll_core::plan::Planner::new(
             case.world_size,
             setup::planner_settings(&config, &layout),
@@ -185,42 +145,39 @@ impl Harness for GroupPlanned {
         let protocol = setup::protocol(&planned, &layout, &config);
         let program =
             DeviceProgram::lower(&planned.plan, layout, protocol).map_err(|e| e.to_string())?;
-        run_twice(self.rig, &program, case, inputs, outputs)
+        run_twice(&program, case, inputs, outputs)
     }
 }
 
-/// `case` as the group plans it, on every rig.
+/// `case` as the group plans it.
 pub(super) fn check_group_planned(config: &crate::CudaConfig, case: &Case) {
-    for rig in rigs() {
-        let harness = GroupPlanned {
-            rig,
-            config: config.clone(),
-        };
-        check_case(&harness, case).unwrap_or_else(|e| panic!("{rig:?} {case:?}: {e}"));
+    if kernel().is_none() {
+        return;
     }
+    let harness = GroupPlanned {
+        config: config.clone(),
+    };
+    check_case(&harness, case).unwrap_or_else(|e| panic!("{case:?}: {e}"));
 }
 
-/// `case` on its algorithm's plan at `channels`, on every rig.
-pub(super) fn check_emulated(channels: u32, protocol: Protocol, case: &Case) {
-    for rig in rigs() {
-        let harness = Emulated {
-            rig,
-            channels,
-            protocol,
-        };
-        check_case(&harness, case).unwrap_or_else(|e| panic!("{rig:?} {case:?}: {e}"));
+/// `case` on its algorithm's plan at `channels`, its messages travelling
+/// `way`.
+pub(super) fn check_emulated(channels: u32, way: Way, case: &Case) {
+    if kernel().is_none() {
+        return;
     }
+    let harness = Emulated { channels, way };
+    check_case(&harness, case).unwrap_or_else(|e| panic!("{way:?} {case:?}: {e}"));
 }
 
 /// Run `case` twice on one fabric and return the second call's outputs.
 fn run_twice<T: KitElement>(
-    rig: Rig,
     program: &DeviceProgram,
     case: &Case,
     inputs: &[Vec<T>],
     outputs: Vec<Vec<T>>,
 ) -> Result<Vec<Vec<T>>, String> {
-    let fabric = AnyFabric::new(rig, program.layout, Duration::from_secs(20));
+    let fabric = fabric(program.layout, Duration::from_secs(20)).expect("a kernel");
     let programs: Vec<&DeviceProgram> = vec![&program; case.world_size as usize];
     // Twice: the second call's counters start where the first left them.
     // The first call moves other values, so a read of a stale slot in
@@ -270,16 +227,14 @@ fn run_twice<T: KitElement>(
     Ok(results.pop().expect("two calls"))
 }
 
-/// `case`'s plan on two channels, lowered for each protocol.
+/// `case`'s plan on two channels, lowered for each protocol (zero copy
+/// where Simple allows it).
 pub(super) fn both_protocols(case: &Case) -> (DeviceProgram, DeviceProgram) {
     let plan = plan_of(case, 2);
-    let layout = layout_for(&plan, 2);
+    let layout = layout_for(&plan, 2, true);
     let lower = |p| DeviceProgram::lower(&plan, layout, p).unwrap();
     (lower(Protocol::Simple), lower(Protocol::Ll))
 }
-
-/// Both ways messages travel.
-pub(super) const PROTOCOLS: [Protocol; 2] = [Protocol::Simple, Protocol::Ll];
 
 /// Each rank's f32 buffers, out of place.
 pub(super) fn f32_buffers<'a>(
