@@ -1,8 +1,8 @@
-// Host stand-ins for what reduce.cu and interpret.cu use of CUDA, so that
-// the device interpreter's own source compiles as C++ (g++ or clang++)
-// and runs on CPU threads in `cargo test`
+// Host stand-ins for what records.h, elements.cuh and interpret.cu use of
+// CUDA, so that the device interpreter's own source compiles as C++ (g++
+// or clang++) and runs on CPU threads in `cargo test`
 // (crates/cuda/src/program/host_kernel.rs). host_launch.h, appended after
-// interpret.cu, is the entry the tests call.
+// the source, is the entry the tests call.
 //
 // Model: one host thread per thread block; the block's threads are fibers
 // of that host thread (ucontext), switched where a GPU thread would wait —

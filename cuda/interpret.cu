@@ -734,23 +734,10 @@ __device__ void fc_interpret(const FcCall &a) {
     fc_divide<T>(a);
 }
 
-#define INTERPRETERS(NAME, T)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(FC_THREADS, FC_MIN_BLOCKS)                                          \
-        ferrocoll_run_sum_##NAME(const __grid_constant__ FcCall a) { fc_interpret<T, Sum>(a); }                     \
-    extern "C" __global__ void __launch_bounds__(FC_THREADS, FC_MIN_BLOCKS)                                          \
-        ferrocoll_run_prod_##NAME(const __grid_constant__ FcCall a) { fc_interpret<T, Prod>(a); }                   \
-    extern "C" __global__ void __launch_bounds__(FC_THREADS, FC_MIN_BLOCKS)                                          \
-        ferrocoll_run_min_##NAME(const __grid_constant__ FcCall a) { fc_interpret<T, Min>(a); }                     \
-    extern "C" __global__ void __launch_bounds__(FC_THREADS, FC_MIN_BLOCKS)                                          \
-        ferrocoll_run_max_##NAME(const __grid_constant__ FcCall a) { fc_interpret<T, Max>(a); }
-
-INTERPRETERS(i8, signed char)
-INTERPRETERS(u8, unsigned char)
-INTERPRETERS(i32, int)
-INTERPRETERS(u32, unsigned int)
-INTERPRETERS(i64, long long)
-INTERPRETERS(u64, unsigned long long)
-INTERPRETERS(f16, __half)
-INTERPRETERS(bf16, __nv_bfloat16)
-INTERPRETERS(f32, float)
-INTERPRETERS(f64, double)
+// One entry point: the interpreter for one reduction and element type
+// (avg runs the sum; its division travels in the parameters). The host
+// appends the entries it compiles (crates/cuda/src/kernels.rs): one per
+// module on a GPU, compiled on first use; all forty for the tests.
+#define FC_ENTRY(OP, FUNCTOR, NAME, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(FC_THREADS, FC_MIN_BLOCKS)                                  \
+        ferrocoll_run_##OP##_##NAME(const __grid_constant__ FcCall a) { fc_interpret<T, FUNCTOR>(a); }

@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
 # One prepared GPU check for a single-GPU machine (one H200, CUDA 13 driver,
-# NCCL in some Python environment, no Rust toolchain): binaries are built
-# here and carried, the run fits in 7 minutes, every step has its own
-# timeout, at most 7 files land in $OUT, and a summary table comes last.
+# NCCL in some Python environment, no Rust toolchain): binaries and the
+# CUDA executor's compiled kernels are built here and carried, the run is
+# one command within GPU_CHECK_BUDGET seconds (default 420, at most 540),
+# every step has its own timeout, at most 7 files land in $OUT, and one
+# table comes last.
 #
 #   scripts/gpu-check.sh --build   (here) build the release CLI and the CUDA
-#                                  and NCCL conformance tests, stripped, into
+#                                  and NCCL conformance tests, stripped, and
+#                                  the executor's cubins for sm_90, into
 #                                  target/gpu-bundle (or $BUNDLE)
 #   bash scripts/gpu-check.sh      (on the GPU machine, carrying the bundle)
 #
 # Steps (file), most important first (a step that would overrun the budget
 # is skipped and says so):
-#   1 environment: `ferrocoll info`, `nvidia-smi topo -m` read back (info.txt)
-#   2 conformance kit on the device interpreter (executor v2), K ranks on
-#     GPU 0, plus its mismatch, silent-rank and graph-replay tests
-#     (conformance.txt)
-#   3 latency floor 8 B - 64 KiB, 1, 2 and 8 ranks, v2 beside NCCL; then
-#     8 B - 1 MiB all bulk and all LL, where the protocols cross (latency.txt)
-#   4 bandwidth 16 - 256 MiB, 2, 4 and 8 ranks, v2 against the device copy
-#     bound measured in the same run, beside NCCL; v1 at 8 ranks beside it
-#     (bandwidth.txt)
-#   5 bf16 at aligned and unaligned sizes on v2 (bf16.txt)
-#   6 a count above 2^31 elements on v2; two processes on the one GPU
-#     joining a v2 group must be refused with the reason (large.txt)
-#   7 NCCL with several ranks on the GPU (NCCL >= 2.30 and
-#     NCCL_MULTI_RANK_GPU_ENABLE=1): its conformance and bench (nccl.txt);
-#     then executor v1's conformance (conformance.txt)
+#   1 environment: `ferrocoll info` with the kernels' registers, local
+#     memory and blocks per SM (info.txt)
+#   2 bandwidth, all-reduce 256 MiB - 1 GiB, -c 0: the executor and NCCL
+#     with K = 1, 2, 4, 8 ranks on GPU 0, the device's copy bound measured
+#     in the same run (bandwidth.txt)
+#   3 small calls, 8 B - 1 MiB: the executor all Simple and all LL, NCCL
+#     beside, K = 1, 2, 8 (latency.txt)
+#   4 correctness <= 64 MiB, checked: every collective, bf16 at aligned and
+#     unaligned sizes, K = 2, 4, 8 (check.txt)
+#   5 the conformance kit, the failures, graph capture and replay, the
+#     relay through host memory (conformance.txt)
+#   6 two processes on the one GPU must be refused; NCCL's own conformance
+#     with ranks sharing the GPU (other.txt)
+#   then summary.txt: the table for docs/benchmarks.md (scripts/gpu-table.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE="${BUNDLE:-target/gpu-bundle}"
@@ -42,15 +44,23 @@ if [ "${1:-}" = "--build" ]; then
   cp "${CARGO_TARGET_DIR:-target}/release/ferrocoll" "$BUNDLE/"
   # What travels to the device machine is capped at 64 MiB: no debug info.
   command -v strip > /dev/null && strip "$BUNDLE"/ferrocoll "$BUNDLE"/*_conformance
-  cp cuda/reduce.cu cuda/interpret.cu "$BUNDLE/"
+  # The kernels, compiled here by NVRTC (no GPU needed): the GPU loads them
+  # from the cache instead of compiling (keyed by source, arch and CUDA
+  # major; a stale or missing one is compiled there).
+  rm -rf "$BUNDLE/kernels"
+  FERROCOLL_KERNEL_CACHE="$BUNDLE/kernels" "$BUNDLE/ferrocoll" info --no-measure --compile-kernels sm_90 | tail -n 3
+  cp scripts/gpu-table.py "$BUNDLE/"
   du -sh "$BUNDLE"
   exit 0
 fi
 
 OUT="${OUT:-/tmp/gpu-check}"
-mkdir -p "$OUT"
+# The rows as JSON for the table, beside $OUT (only 8 files come back).
+JSON="${OUT%/}-json"
+mkdir -p "$OUT" "$JSON"
 START=$SECONDS
-BUDGET="${GPU_CHECK_BUDGET:-400}"
+BUDGET="${GPU_CHECK_BUDGET:-420}"
+[ "$BUDGET" -gt 540 ] && BUDGET=540
 FC="$BUNDLE/ferrocoll"
 summary=()
 
@@ -61,7 +71,7 @@ step() {
   local left=$((BUDGET - (SECONDS - START)))
   [ "$limit" -gt "$left" ] && limit=$left
   if [ "$limit" -lt 5 ]; then
-    summary+=("$(printf '%-34s %s' "$name" "skipped: out of time")")
+    summary+=("$(printf '%-40s %s' "$name" "skipped: out of time")")
     return
   fi
   local t0=$SECONDS
@@ -70,7 +80,7 @@ step() {
   local rc=$?
   local verdict="rc $rc"
   [ "$rc" -eq 124 ] && verdict="timed out"
-  summary+=("$(printf '%-34s %-10s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$file")")
+  summary+=("$(printf '%-40s %-10s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$file")")
 }
 
 # Libraries from Python environments that are not on PATH (an unactivated
@@ -90,58 +100,49 @@ if ! "$FC" info --no-measure 2> /dev/null | grep -q '^nvrtc .* at /'; then
   [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export FERROCOLL_CUDA_INCLUDE="${FERROCOLL_CUDA_INCLUDE:-/usr/local/cuda/include}"
+export FERROCOLL_KERNEL_CACHE="$BUNDLE/kernels"
 export FERROCOLL_REQUIRE_GPU=1
+export CUDA_DEVICE_MAX_CONNECTIONS=32
+# NCCL with several ranks on one GPU: needs it enabled, and NVLS (NVLink
+# SHARP through the NVSwitch) has nothing to do on one GPU.
 export NCCL_MULTI_RANK_GPU_ENABLE=1
+export NCCL_NVLS_ENABLE=0
 
-step "environment (ferrocoll info)" 30 info.txt "$FC" info
-step "nvidia-smi topo -m, read back" 15 info.txt bash -c \
-  'nvidia-smi topo -m > "$0/smi.tmp"; cat "$0/smi.tmp"; "$1" topo --smi "$0/smi.tmp"; rc=$?; rm -f "$0/smi.tmp"; exit $rc' \
-  "$OUT" "$FC"
-
-step "conformance, device interpreter" 110 conformance.txt \
-  "$BUNDLE/cuda_conformance" --test-threads=1 interpreter
+step "environment (ferrocoll info --kernels)" 60 info.txt "$FC" info --kernels
 
 bench=("$FC" bench --devices 0)
+for n in 1 2 4 8; do
+  step "bandwidth 256M-1G, $n rank(s), vs NCCL" 45 bandwidth.txt \
+    "${bench[@]}" --backend cuda --compare nccl --ranks "$n" -b 256M -e 1G -f 2 -n 10 -w 3 -c 0 \
+    --membw --json "$JSON/bw-$n.json"
+done
 for n in 1 2 8; do
-  step "v2 latency 8B-64K, $n rank(s)" 20 latency.txt \
-    "${bench[@]}" --backend cuda-v2 --compare nccl --ranks "$n" -b 8 -e 64K -f 8 -n 20 -w 5
+  step "small calls 8B-1M, $n rank(s), Simple" 20 latency.txt \
+    "${bench[@]}" --backend cuda --compare nccl --ll-max-bytes 0 --ranks "$n" \
+    -b 8 -e 1M -f 4 -n 50 -w 10 -c 0 --json "$JSON/lat-simple-$n.json"
+  step "small calls 8B-1M, $n rank(s), LL" 20 latency.txt \
+    "${bench[@]}" --backend cuda --ll-max-bytes 1M --ranks "$n" \
+    -b 8 -e 1M -f 4 -n 50 -w 10 -c 0 --json "$JSON/lat-ll-$n.json"
 done
-step "v2 latency 8B-1M, 8 ranks, bulk only" 20 latency.txt \
-  "${bench[@]}" --backend cuda-v2 --ll-max-bytes 0 --ranks 8 -b 8 -e 1M -f 8 -n 20 -w 5
-step "v2 latency 8B-1M, 8 ranks, LL to 1M" 20 latency.txt \
-  "${bench[@]}" --backend cuda-v2 --ll-max-bytes 1M --ranks 8 -b 8 -e 1M -f 8 -n 20 -w 5
 for n in 2 4 8; do
-  step "v2 bandwidth 16M-256M, $n ranks" 35 bandwidth.txt \
-    "${bench[@]}" --backend cuda-v2 --compare nccl --ranks "$n" --channels $((32 / n)) \
-    -b 16M -e 256M -f 4 -n 5 -w 2 --membw
+  step "checked 1K-64M, every collective, $n ranks" 40 check.txt \
+    "${bench[@]}" --backend cuda --ranks "$n" --op all -b 1K -e 64M -f 16 -n 2 -w 1 -c 1
 done
-step "v1 bandwidth 16M-256M, 8 ranks" 35 bandwidth.txt \
-  "${bench[@]}" --backend cuda --ranks 8 -b 16M -e 256M -f 4 -n 5 -w 2
-step "v2 bf16 aligned, 4 ranks" 15 bf16.txt \
-  "${bench[@]}" --backend cuda-v2 --ranks 4 --channels 8 -d bf16 -b 64M -e 64M -n 5 -w 1
-step "v2 bf16 unaligned, 4 ranks" 15 bf16.txt \
-  "${bench[@]}" --backend cuda-v2 --ranks 4 --channels 8 -d bf16 -b 67108870 -e 67108870 -n 5 -w 1
-step "v2 count > 2^31 (uint8, 2 ranks)" 40 large.txt \
-  "${bench[@]}" --backend cuda-v2 --ranks 2 --channels 16 -d uint8 -b 2200000000 -e 2200000000 -n 1 -w 0
-
-step "v2 across processes on 1 GPU: refused" 15 large.txt \
-  "$FC" launch -n 2 -- "$FC" bench --backend cuda-v2 --from-env -b 1K -e 1K
-step "NCCL conformance, ranks on 1 GPU" 40 nccl.txt \
+step "checked bf16 aligned and unaligned, 4 ranks" 20 check.txt \
+  "${bench[@]}" --backend cuda --ranks 4 -d bf16 -b 67108864 -e 67108870 -f 67108870 -n 2 -w 1 -c 1
+step "conformance, the failures, capture, relay" 150 conformance.txt \
+  "$BUNDLE/cuda_conformance" --test-threads=1
+step "two processes on one GPU: refused" 20 other.txt \
+  "$FC" launch -n 2 -- "$FC" bench --backend cuda --from-env -b 1K -e 1K
+step "NCCL conformance, ranks on 1 GPU" 40 other.txt \
   "$BUNDLE/nccl_conformance" --test-threads=1
-step "NCCL bench, 4 ranks on 1 GPU" 25 nccl.txt \
-  "${bench[@]}" --backend nccl --ranks 4 -b 8 -e 256M -f 16 -n 5 -w 2
-step "conformance, CUDA executor v1" 60 conformance.txt \
-  "$BUNDLE/cuda_conformance" --test-threads=1 --skip interpreter
 
-echo
-echo "== summary ($((SECONDS - START)) s; files in $OUT)"
-grep -E '^(cuda driver|nvrtc|nccl|gpus) ' "$OUT/info.txt" || true
-grep -hE 'cases passed|test result' "$OUT/conformance.txt" "$OUT/nccl.txt" 2> /dev/null | tail -n 4
-printf '%s\n' "${summary[@]}"
-echo
-echo "rows: size, time (us), busbw (GB/s), #wrong (out of place); the bound and NCCL's figures as bench prints them"
-for f in latency bandwidth bf16 large; do
-  echo "-- $f"
-  grep -hE '^== |ceiling|B: ferrocoll|^ +[0-9]+ ' "$OUT/$f.txt" 2> /dev/null \
-    | awk '$1 ~ /^[0-9]+$/ { printf "  %12s B %11s us %9s GB/s  wrong %s\n", $1, $6, $8, $9; next } { print }'
-done | head -n 90
+{
+  echo "== summary ($((SECONDS - START)) s of $BUDGET; files in $OUT)"
+  grep -hE '^(cuda driver|nvrtc|nccl|gpus|  0:) ' "$OUT/info.txt" || true
+  grep -hE 'cases passed|test result' "$OUT/conformance.txt" "$OUT/other.txt" 2> /dev/null | tail -n 6
+  grep -hE '^# Out of bounds' "$OUT/check.txt" 2> /dev/null | sort | uniq -c
+  printf '%s\n' "${summary[@]}"
+  echo
+  python3 "$BUNDLE/gpu-table.py" "$JSON" 2>&1 || echo "(no table: python3 failed)"
+} | tee "$OUT/summary.txt"

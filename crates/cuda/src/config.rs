@@ -30,7 +30,7 @@ pub struct CudaConfig {
     /// its own channels and chunk size).
     pub selector: Option<SharedSelector>,
     /// Channels (a thread block each, per rank); `None`: an equal share of
-    /// the blocks each GPU holds at once among its ranks, at most 32.
+    /// the blocks each GPU holds at once among its ranks, at most 64.
     pub channels: Option<u32>,
     /// The largest message a slot carries, in bytes (the windows' slots
     /// are this size, within a memory budget; plans cut chunks to fit).

@@ -1,10 +1,15 @@
 //! The device interpreter's source and its compilation: the generated
 //! records header (`cuda/records.h`), `cuda/elements.cuh` and
-//! `cuda/interpret.cu`, compiled by NVRTC for the device's own
-//! architecture to a cubin (no JIT when the module loads), kept per
-//! process and, given a folder, on disk — keyed by the source, the
-//! architecture, NVRTC's version and the driver's — so the processes of
-//! a job compile it once.
+//! `cuda/interpret.cu`, with one entry point per (op, type) appended.
+//! On a GPU each entry point is its own module, compiled by NVRTC on its
+//! first use for the device's own architecture to a cubin (no JIT when it
+//! loads) — a second or two, where all forty take a minute — kept per
+//! process and, given a folder, on disk, keyed by the source (with the
+//! entry), the options, the architecture and the driver's CUDA major
+//! version (a cubin loads on any driver of its major), so the processes of
+//! a job compile each once — and a cache filled where there is no GPU
+//! ([`precompile`], `ferrocoll info --compile-kernels sm_90`) serves a GPU
+//! machine that has the same source.
 //!
 //! NVRTC needs `cuda_fp16.h` and `cuda_bf16.h`. They are found, in order,
 //! in `FERROCOLL_CUDA_INCLUDE`, `$CUDA_HOME/include`, `$CUDA_PATH/include`,
@@ -32,10 +37,62 @@ pub const ELEMENTS: &str = include_str!("../../../cuda/elements.cuh");
 /// The interpreter itself.
 pub const INTERPRETER: &str = include_str!("../../../cuda/interpret.cu");
 
-/// The whole source NVRTC compiles: the records header, the elements, the
-/// interpreter.
+/// The source NVRTC compiles for `entries`: the records header, the
+/// elements, the interpreter, and one `FC_ENTRY` line per entry point.
+pub fn source_for(entries: &[(DataType, ReduceOp)]) -> String {
+    let mut text = format!("{}\n{ELEMENTS}\n{INTERPRETER}\n", abi::header());
+    for &(t, op) in entries {
+        let (name, functor) = op_names(op);
+        text.push_str(&format!(
+            "FC_ENTRY({name}, {functor}, {}, {})\n",
+            type_suffix(t),
+            c_type(t)
+        ));
+    }
+    text
+}
+
+/// The source with every entry point (the tests' host build, and the
+/// compile test).
 pub fn source() -> String {
-    format!("{}\n{ELEMENTS}\n{INTERPRETER}", abi::header())
+    source_for(&entries())
+}
+
+/// Every (type, op) with an entry point of its own (avg shares the sum's).
+pub fn entries() -> Vec<(DataType, ReduceOp)> {
+    let mut out = Vec::new();
+    for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+        for t in DataType::ALL {
+            out.push((t, op));
+        }
+    }
+    out
+}
+
+/// A type's name in CUDA C.
+fn c_type(t: DataType) -> &'static str {
+    match t {
+        DataType::I8 => "signed char",
+        DataType::U8 => "unsigned char",
+        DataType::I32 => "int",
+        DataType::U32 => "unsigned int",
+        DataType::I64 => "long long",
+        DataType::U64 => "unsigned long long",
+        DataType::F16 => "__half",
+        DataType::Bf16 => "__nv_bfloat16",
+        DataType::F32 => "float",
+        DataType::F64 => "double",
+    }
+}
+
+/// An op's entry-point name and its functor in `cuda/elements.cuh`.
+fn op_names(op: ReduceOp) -> (&'static str, &'static str) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => ("sum", "Sum"),
+        ReduceOp::Prod => ("prod", "Prod"),
+        ReduceOp::Min => ("min", "Min"),
+        ReduceOp::Max => ("max", "Max"),
+    }
 }
 
 /// The kernel name suffix of a type.
@@ -57,24 +114,15 @@ pub fn type_suffix(t: DataType) -> &'static str {
 /// The interpreter's entry point for a type and op (`avg` runs the sum
 /// and divides at the end).
 pub fn interpreter_kernel(t: DataType, op: ReduceOp) -> String {
-    let op = match op {
-        ReduceOp::Sum | ReduceOp::Avg => "sum",
-        ReduceOp::Prod => "prod",
-        ReduceOp::Min => "min",
-        ReduceOp::Max => "max",
-    };
-    format!("ferrocoll_run_{op}_{}", type_suffix(t))
+    format!("ferrocoll_run_{}_{}", op_names(op).0, type_suffix(t))
 }
 
 /// The interpreter's entry points: one per (op, type).
 pub fn interpreter_kernels() -> Vec<String> {
-    let mut out = Vec::new();
-    for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
-        for t in DataType::ALL {
-            out.push(interpreter_kernel(t, op));
-        }
-    }
-    out
+    entries()
+        .into_iter()
+        .map(|(t, op)| interpreter_kernel(t, op))
+        .collect()
 }
 
 /// Folders holding `cuda_fp16.h`, in search order.
@@ -164,21 +212,30 @@ pub struct Compiled {
     pub resources: HashMap<String, Resources>,
 }
 
-/// The interpreter compiled for `arch` (`sm_90`), once per process; with a
-/// cache folder, once per machine and version (a corrupt or unreadable
-/// entry is compiled again; a cache that cannot be written is skipped).
-pub fn interpreter(arch: &str, driver: i32, cache: Option<&Path>) -> Result<Compiled, CudaError> {
-    static COMPILED: OnceLock<Mutex<HashMap<String, Compiled>>> = OnceLock::new();
+/// The interpreter's entry point for `(t, op)` compiled for `arch`
+/// (`sm_90`), once per process; with a cache folder, once per machine
+/// and version (a corrupt or unreadable entry is compiled again; a cache
+/// that cannot be written is skipped).
+pub fn entry(
+    arch: &str,
+    (t, op): (DataType, ReduceOp),
+    driver_major: i32,
+    cache: Option<&Path>,
+) -> Result<Compiled, CudaError> {
+    static COMPILED: OnceLock<Mutex<HashMap<(String, String), Compiled>>> = OnceLock::new();
     let map = COMPILED.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(c) = map.lock().unwrap_or_else(|e| e.into_inner()).get(arch) {
+    let name = interpreter_kernel(t, op);
+    let key = (arch.to_owned(), name.clone());
+    if let Some(c) = map.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
-    let key = cache_key(arch, driver)?;
-    let file = cache.map(|dir| dir.join(format!("interpret-{arch}-{key:016x}.cubin")));
+    let source = source_for(&[(t, op)]);
+    let hash = cache_key(&source, arch, driver_major);
+    let file = cache.map(|dir| dir.join(format!("{name}-{arch}-{hash:016x}.cubin")));
     let compiled = match file.as_deref().and_then(read_cached) {
         Some(c) => c,
         None => {
-            let c = compile(arch)?;
+            let c = compile_source(arch, source)?;
             if let Some(f) = &file {
                 write_cached(f, &c);
             }
@@ -187,24 +244,54 @@ pub fn interpreter(arch: &str, driver: i32, cache: Option<&Path>) -> Result<Comp
     };
     map.lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(arch.to_owned(), compiled.clone());
+        .insert(key, compiled.clone());
     Ok(compiled)
 }
 
-/// What a cached cubin depends on: the source, the architecture, the
-/// options, NVRTC's version and the driver's.
-fn cache_key(arch: &str, driver: i32) -> Result<u64, CudaError> {
-    let (major, minor) =
-        crate::info::nvrtc_version().map_err(|reason| CudaError::BackendUnavailable { reason })?;
-    let text = format!(
-        "{}\n{arch}\n{:?}\nnvrtc {major}.{minor}\ndriver {driver}",
-        source(),
-        OPTIONS
-    );
+/// What a cached cubin depends on: the source (its entry point
+/// included), the options, the architecture and the driver's CUDA major
+/// version.
+fn cache_key(source: &str, arch: &str, driver_major: i32) -> u64 {
+    let text = format!("{source}\n{arch}\n{OPTIONS:?}\ndriver {driver_major}");
     // FNV-1a: stable across runs and builds (the std hasher is not).
-    Ok(text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    }))
+    })
+}
+
+/// The CUDA major version this build's bindings are for (`cuda-13000`):
+/// what a cache filled without a GPU is keyed by.
+pub const BUILT_FOR_CUDA_MAJOR: i32 = 13;
+
+/// Compile every entry point for `arch` into `cache` (no GPU needed:
+/// NVRTC only), several at once; each entry's report, or why it failed.
+pub fn precompile(arch: &str, cache: &Path) -> Vec<(String, Result<Resources, CudaError>)> {
+    let entries = entries();
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers.min(entries.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(t, op)) = entries.get(i) else {
+                        break;
+                    };
+                    let name = interpreter_kernel(t, op);
+                    let r = entry(arch, (t, op), BUILT_FOR_CUDA_MAJOR, Some(cache))
+                        .map(|c| c.resources.get(&name).copied().unwrap_or_default());
+                    results
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((i, name, r));
+                }
+            });
+        }
+    });
+    let mut out = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    out.sort_by_key(|r| r.0);
+    out.into_iter().map(|(_, n, r)| (n, r)).collect()
 }
 
 /// A cubin cached with its ptxas report: the report's length (8 bytes),
@@ -260,9 +347,13 @@ fn write_cached(path: &Path, c: &Compiled) {
 /// The compile options (part of the cache key).
 const OPTIONS: [&str; 2] = ["--std=c++17", "--ptxas-options=-v"];
 
-/// Compile the interpreter for `arch` now (no cache): what the tests call
-/// for `sm_80` and `sm_90` without a GPU.
+/// Compile every entry point for `arch` now, in one module (no cache):
+/// what the tests call for `sm_80` and `sm_90` without a GPU.
 pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
+    compile_source(arch, source())
+}
+
+fn compile_source(arch: &str, source: String) -> Result<Compiled, CudaError> {
     if !probe::nvrtc_present() {
         return Err(CudaError::BackendUnavailable {
             reason: "libnvrtc is not installed or not on LD_LIBRARY_PATH".into(),
@@ -289,7 +380,7 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
         arch: arch.to_owned(),
         log,
     };
-    let src = CString::new(source()).map_err(|e| failed(e.to_string()))?;
+    let src = CString::new(source).map_err(|e| failed(e.to_string()))?;
     let name = CString::new("interpret.cu").expect("no NUL");
     let prog = nvrtc::create_program(&src, Some(&name)).map_err(|e| failed(e.to_string()))?;
     // SAFETY: `prog` was created above and is destroyed once, below; the
@@ -422,6 +513,32 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
+    }
+
+    /// One entry point compiles alone (what a GPU does on a call's first
+    /// use) and lands in the cache folder under its own name.
+    #[test]
+    fn one_entry_point_compiles_alone_into_the_cache() {
+        let required = std::env::var("FERROCOLL_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        let dir = std::env::temp_dir().join(format!("ferrocoll-kentry-{}", std::process::id()));
+        let started = std::time::Instant::now();
+        match entry("sm_90", (DataType::Bf16, ReduceOp::Max), 13, Some(&dir)) {
+            Ok(c) => {
+                let name = interpreter_kernel(DataType::Bf16, ReduceOp::Max);
+                assert_eq!(c.resources.len(), 1, "{:?}", c.resources.keys());
+                assert!(c.resources.contains_key(&name));
+                let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+                assert_eq!(files.len(), 1);
+                let cached = read_cached(&files[0].path()).expect("a readable cache entry");
+                assert_eq!(cached.image, c.image);
+                println!("one entry point: {:?}", started.elapsed());
+            }
+            Err(CudaError::BackendUnavailable { reason }) if !required => {
+                println!("SKIPPED: {reason}")
+            }
+            Err(e) => panic!("{e}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -17,9 +17,22 @@ pub(crate) struct InfoArgs {
     /// Skip the memory-bandwidth measurement (about a tenth of a second).
     #[arg(long)]
     no_measure: bool,
+    /// Report every entry point of the CUDA executor's kernel (each
+    /// compiled on first use, a second or two apiece; then cached).
+    #[arg(long)]
+    kernels: bool,
+    /// Compile every entry point of the CUDA executor's kernel for this
+    /// architecture (`sm_90`) into the kernel cache and report what ptxas
+    /// says of each: no GPU needed (NVRTC only); a GPU of that
+    /// architecture then loads them without compiling.
+    #[arg(long, value_name = "ARCH")]
+    compile_kernels: Option<String>,
 }
 
 pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
+    if let Some(arch) = &args.compile_kernels {
+        return compile_kernels(arch);
+    }
     println!(
         "ferrocoll     {} ({} build for {})",
         env!("CARGO_PKG_VERSION"),
@@ -65,7 +78,7 @@ pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
         Ok(d) => {
             gpus(d);
             for g in &d.devices {
-                kernels(g.ordinal as usize);
+                kernels(g.ordinal as usize, args.kernels);
             }
         }
         Err(_) => println!("gpus          none visible (no GPU on this machine, or no driver)"),
@@ -73,11 +86,49 @@ pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--compile-kernels ARCH`: every entry point into the kernel cache.
+fn compile_kernels(arch: &str) -> Result<ExitCode, String> {
+    let valid = arch
+        .strip_prefix("sm_")
+        .is_some_and(|n| n.len() >= 2 && n.chars().all(|c| c.is_ascii_alphanumeric()));
+    if !valid {
+        return Err(format!(
+            "--compile-kernels {arch}: an architecture such as sm_90"
+        ));
+    }
+    let cache = ferrocoll::env::kernel_cache()
+        .ok_or("--compile-kernels: the kernel cache is off (FERROCOLL_KERNEL_CACHE)")?;
+    println!(
+        "kernels       {arch} into {}: registers, stack B, spill B (ptxas)",
+        cache.display()
+    );
+    let mut failed = 0;
+    for (name, r) in ferrocoll::cuda::kernels::precompile(arch, &cache) {
+        match r {
+            Ok(r) => println!(
+                "  {name:<24} {:>4} {:>6} {:>6}",
+                r.registers, r.stack_bytes, r.spill_bytes
+            ),
+            Err(e) => {
+                failed += 1;
+                println!("  {name:<24} {e}");
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 /// The interpreter's entry points on a device: registers, local memory,
-/// static shared memory and blocks per SM (compiled here, or taken from
-/// the kernel cache).
-fn kernels(device: usize) {
+/// static shared memory and blocks per SM. Each is compiled on its first
+/// use (or taken from the kernel cache): the f32 and bf16 sums by
+/// default, all forty with `--kernels`.
+fn kernels(device: usize, all: bool) {
     use ferrocoll::cuda::interpreter::{Engine, THREADS};
+    use ferrocoll::{DataType, ReduceOp};
     let engine = match Engine::shared(device, ferrocoll::env::kernel_cache().as_deref()) {
         Ok(e) => e,
         Err(e) => return println!("kernels       GPU {device}: {e}"),
@@ -86,14 +137,26 @@ fn kernels(device: usize) {
         "kernels       GPU {device}: {} SMs; per entry point at {THREADS} threads a block: registers, local B, static shared B, blocks/SM",
         engine.sms
     );
-    for name in ferrocoll::cuda::kernels::interpreter_kernels() {
-        match engine.kernel(&name) {
+    let entries = if all {
+        ferrocoll::cuda::kernels::entries()
+    } else {
+        vec![
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::Bf16, ReduceOp::Sum),
+        ]
+    };
+    for (t, op) in entries {
+        let name = ferrocoll::cuda::kernels::interpreter_kernel(t, op);
+        match engine.kernel(t, op) {
             Ok(k) => println!(
                 "  {name:<24} {:>4} {:>6} {:>7} {:>3}",
                 k.registers, k.local_bytes, k.static_shared_bytes, k.blocks_per_sm
             ),
             Err(e) => println!("  {name:<24} {e}"),
         }
+    }
+    if !all {
+        println!("  (--kernels: every entry point)");
     }
 }
 

@@ -1,10 +1,11 @@
 //! One GPU as the interpreter sees it: its primary context, the
-//! interpreter's module (compiled for its architecture, loaded once per
-//! process) and the launch.
+//! interpreter's entry points (each its own module, compiled for the
+//! device's architecture on first use and loaded once per process) and
+//! the launch.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, result, sys};
@@ -14,7 +15,7 @@ use ferrocoll_core::{DataType, ReduceOp};
 use crate::error::CudaError;
 use crate::kernels::{self, Resources};
 use crate::program::Params;
-use crate::program::abi::RECORDS_SHARED_MAX;
+use crate::program::abi::{MIN_BLOCKS_PER_SM, RECORDS_SHARED_MAX};
 
 pub use crate::program::abi::THREADS;
 
@@ -42,10 +43,19 @@ pub struct Engine {
     pub ctx: Arc<CudaContext>,
     /// Streaming multiprocessors.
     pub sms: u32,
-    /// What ptxas reported of each entry point for this device.
-    pub resources: HashMap<String, Resources>,
-    module: Arc<CudaModule>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    arch: String,
+    /// The driver's CUDA major version (a cubin loads on any of it).
+    driver_major: i32,
+    cache: Option<PathBuf>,
+    /// Entry points loaded so far, with their modules and ptxas's report.
+    loaded: Mutex<HashMap<String, Loaded>>,
+}
+
+/// An entry point's module, loaded.
+struct Loaded {
+    _module: Arc<CudaModule>,
+    function: CudaFunction,
+    resources: Resources,
 }
 
 impl Engine {
@@ -71,44 +81,64 @@ impl Engine {
         // SAFETY: the driver is initialised (a context exists); the call
         // only writes the out-pointer.
         unsafe { sys::cuDriverGetVersion(&mut driver) }.result()?;
-        let compiled = kernels::interpreter(&kernels::arch_name(major, minor)?, driver, cache)?;
-        let module = ctx.load_module(Ptx::from_binary(compiled.image))?;
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Engine {
             ordinal,
             ctx,
             sms: sms.max(0) as u32,
-            resources: compiled.resources,
-            module,
-            functions: Mutex::new(HashMap::new()),
+            arch: kernels::arch_name(major, minor)?,
+            driver_major: driver / 1000,
+            cache: cache.map(Path::to_path_buf),
+            loaded: Mutex::new(HashMap::new()),
         })
     }
 
-    fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
-        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = map.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self.module.load_function(name)?;
-        map.insert(name.to_owned(), f.clone());
-        Ok(f)
+    /// The entry point for `(t, op)`, compiled and loaded on first use.
+    fn function(&self, t: DataType, op: ReduceOp) -> Result<CudaFunction, CudaError> {
+        Ok(self.load(t, op)?.0)
     }
 
-    /// Interpreter blocks of [`THREADS`] (with the most shared memory a
-    /// launch asks for) one SM holds at once: the least over every entry
-    /// point.
-    pub fn blocks_per_sm(&self) -> Result<u32, CudaError> {
-        let mut least = u32::MAX;
-        for name in kernels::interpreter_kernels() {
-            least = least.min(self.kernel(&name)?.blocks_per_sm);
+    fn load(&self, t: DataType, op: ReduceOp) -> Result<(CudaFunction, Resources), CudaError> {
+        let name = kernels::interpreter_kernel(t, op);
+        let mut map = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = map.get(&name) {
+            return Ok((l.function.clone(), l.resources));
         }
-        Ok(least)
+        let compiled = kernels::entry(
+            &self.arch,
+            (t, op),
+            self.driver_major,
+            self.cache.as_deref(),
+        )?;
+        let resources = compiled.resources.get(&name).copied().unwrap_or_default();
+        let module = self.ctx.load_module(Ptx::from_binary(compiled.image))?;
+        let function = module.load_function(&name)?;
+        map.insert(
+            name,
+            Loaded {
+                _module: module,
+                function: function.clone(),
+                resources,
+            },
+        );
+        Ok((function, resources))
     }
 
-    /// What the driver says of an entry point on this device.
-    pub fn kernel(&self, name: &str) -> Result<KernelFacts, CudaError> {
-        let f = self.function(name)?;
+    /// Interpreter blocks one SM holds at once, whichever entry point a
+    /// call launches: `__launch_bounds__` makes every one fit
+    /// [`MIN_BLOCKS_PER_SM`] of [`THREADS`] threads (its registers; a test
+    /// holds them to it without spills), and a block's shared memory —
+    /// the static part and at most [`RECORDS_SHARED_MAX`] of records — is
+    /// far below an SM's. So no entry point need be compiled to know.
+    pub fn blocks_per_sm(&self) -> u32 {
+        MIN_BLOCKS_PER_SM
+    }
+
+    /// What the driver says of the entry point for `(t, op)` on this
+    /// device (compiling it if it was not yet).
+    pub fn kernel(&self, t: DataType, op: ReduceOp) -> Result<KernelFacts, CudaError> {
+        let f = self.function(t, op)?;
         let get = |a| -> Result<u32, CudaError> {
             let mut v = 0;
             // SAFETY: a loaded function; a live out-pointer.
@@ -143,8 +173,7 @@ impl Engine {
         channels: u32,
         params: &Params,
     ) -> Result<(), CudaError> {
-        let name = kernels::interpreter_kernel(dtype, op);
-        let f = self.function(&name)?;
+        let f = self.function(dtype, op)?;
         let mut p = *params;
         let mut args: [*mut c_void; 1] = [(&mut p as *mut Params).cast()];
         // SAFETY: the one parameter is `FcCall` by value, which `Params`

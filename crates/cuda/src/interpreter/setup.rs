@@ -22,10 +22,10 @@ use crate::probe;
 use crate::program::params::ABORTED;
 use crate::program::{DeviceProgram, Layout, MAX_RANKS, Protocol, Scope};
 
-/// Channels a group takes by default at most: past this, more blocks per
-/// rank no longer add bandwidth on one GPU's HBM (NCCL's channel limit
-/// is 32 per communicator on NVLink systems as well).
-pub const MAX_AUTO_CHANNELS: u32 = 32;
+/// Channels a group takes by default at most (what `--channels` accepts):
+/// with few ranks on a GPU, every SM it can have is bandwidth — two ranks
+/// of one H200 take 64 of its 132 SMs each.
+pub const MAX_AUTO_CHANNELS: u32 = 64;
 
 /// Bytes a rank's window may spend on bulk slots: 256 MiB whatever the
 /// channels, ranks and slots (32 channels × 8 peers × 4 slots get 256 KiB
@@ -213,13 +213,13 @@ impl Group {
             .iter()
             .map(|d| devices.iter().filter(|&x| x == d).count() as u64)
             .collect();
-        let capacity = ordinals
+        let capacity: Vec<u64> = ordinals
             .iter()
             .map(|d| {
                 let e = &opened[d];
-                Ok(u64::from(e.blocks_per_sm()?) * u64::from(e.sms))
+                u64::from(e.blocks_per_sm()) * u64::from(e.sms)
             })
-            .collect::<Result<Vec<_>, CudaError>>()?;
+            .collect();
         let channels = config
             .channels
             .unwrap_or_else(|| auto_channels(&ranks_on, &capacity));
@@ -456,11 +456,12 @@ mod tests {
 
     #[test]
     fn channels_by_default_share_what_each_gpu_holds() {
-        // One H200 (132 SMs, 2 blocks each): 8 ranks get 33, capped at 32.
-        assert_eq!(auto_channels(&[8], &[264]), 32);
-        assert_eq!(auto_channels(&[16], &[264]), 16);
+        // One H200 (132 SMs, a block each): 8 ranks get 16, 2 get 66,
+        // capped at 64.
+        assert_eq!(auto_channels(&[8], &[132]), 16);
+        assert_eq!(auto_channels(&[2], &[132]), 64);
         // The most crowded GPU decides.
-        assert_eq!(auto_channels(&[1, 4], &[264, 100]), 25);
+        assert_eq!(auto_channels(&[1, 4], &[132, 100]), 25);
         assert_eq!(auto_channels(&[64], &[10]), 1);
     }
 

@@ -28,8 +28,10 @@ fn small_messages_pick_few_steps_and_large_ones_saturate_the_links() {
     ] {
         let s = selector(name, n);
         let small = s.verdict(Collective::AllReduce, 4 << 10).unwrap();
+        // Few steps: direct, a tree, halving-doubling, or a packing of
+        // trees synthesized for the topology.
         assert!(
-            is_latency_optimal(small.candidate.algorithm()),
+            is_latency_optimal(small.candidate.algorithm()) || small.candidate.family() == "trees",
             "{name} 4K: {}",
             small.explain()
         );

@@ -21,8 +21,17 @@ pub struct CostModel {
     pub network_efficiency: f64,
     /// Fixed cost of one collective call on a GPU, µs.
     pub gpu_call_us: f64,
-    /// Cost of one step on a GPU beyond the wire, µs.
+    /// Cost of one step on a GPU beyond the wire, µs: how much later its
+    /// messages arrive (flags travel and are polled).
     pub gpu_step_us: f64,
+    /// Bytes per second (GB/s) one channel's thread block moves through
+    /// its SM, every byte it loads or stores counted: on a GPU a channel
+    /// is a block of the device interpreter, and its loads and stores, not
+    /// only the links, bound what it moves (0: unbounded).
+    pub gpu_block_gbps: f64,
+    /// What one instruction costs a GPU channel before its data moves,
+    /// µs: the block's waits, barriers and fence, holding the channel.
+    pub gpu_instruction_us: f64,
     /// Fixed cost of one collective call on the CPU executor, µs.
     pub thread_call_us: f64,
     /// Cost of one step on the CPU executor beyond its memory traffic, µs.
@@ -89,6 +98,23 @@ pub const GPU_CALL_US: f64 = 8.4;
 /// it delays a message's arrival and does not hold the channel.
 pub const GPU_STEP_US: f64 = 2.8;
 
+/// One interpreter block's throughput through its SM, GB/s of bytes loaded
+/// plus bytes stored. Assumed until a GPU measures it: a block of 512
+/// threads keeps 4 independent 16-byte loads each in flight, 32 KiB, and
+/// HBM answers in about 650 ns on Hopper, so about 50 GB/s of loads and
+/// as much again of stores that need no answer; taken at 50 in all, the
+/// low side. `scripts/gpu-check.sh` measures it (one rank, one channel:
+/// a copy, each byte loaded and stored once, so twice its algbw) and
+/// prints the value to put here.
+pub const GPU_BLOCK_GBPS: f64 = 50.0;
+
+/// One interpreter instruction's cost before its data moves, µs: three
+/// barriers of 512 threads, the waits on flags already set (a load from
+/// a peer's memory each) and one fence. Assumed until measured (the GPU
+/// check derives it from small calls: their device time less the launch,
+/// over the instructions a rank runs).
+pub const GPU_INSTRUCTION_US: f64 = 1.0;
+
 /// The CPU executor's fixed cost per call (checking the call's signature
 /// across ranks and finding the plan), µs. Measured: the 4 KiB rows of
 /// `ferrocoll bench` at 2 ranks take about 3 µs for a two-step schedule
@@ -108,6 +134,8 @@ impl Default for CostModel {
             network_efficiency: NETWORK_EFFICIENCY,
             gpu_call_us: GPU_CALL_US,
             gpu_step_us: GPU_STEP_US,
+            gpu_block_gbps: GPU_BLOCK_GBPS,
+            gpu_instruction_us: GPU_INSTRUCTION_US,
             thread_call_us: THREAD_CALL_US,
             thread_step_us: THREAD_STEP_US,
         }
@@ -115,8 +143,20 @@ impl Default for CostModel {
 }
 
 impl CostModel {
+    /// The model with GPU channels free: no block throughput limit and no
+    /// instruction cost — what the links allow, which is what a search
+    /// for the link bound compares against.
+    pub fn links_only(&self) -> CostModel {
+        CostModel {
+            gpu_block_gbps: 0.0,
+            gpu_instruction_us: 0.0,
+            ..self.clone()
+        }
+    }
+
     /// The same model for calls sent with the low-latency protocol: every
-    /// link at [`ll_share`] of its payload rate, NCCL's LL latencies.
+    /// link at [`ll_share`] of its payload rate, NCCL's LL latencies, and
+    /// a block's throughput halved (a line carries 8 data bytes in 16).
     pub fn low_latency(&self, reduces: bool) -> CostModel {
         let share = ll_share(reduces);
         CostModel {
@@ -126,6 +166,7 @@ impl CostModel {
             network_efficiency: self.network_efficiency * share,
             gpu_call_us: GPU_LL_CALL_US,
             gpu_step_us: GPU_LL_STEP_US,
+            gpu_block_gbps: self.gpu_block_gbps / 2.0,
             ..self.clone()
         }
     }
@@ -140,6 +181,8 @@ impl CostModel {
         let times = [
             self.gpu_call_us,
             self.gpu_step_us,
+            self.gpu_block_gbps,
+            self.gpu_instruction_us,
             self.thread_call_us,
             self.thread_step_us,
         ];
@@ -149,7 +192,7 @@ impl CostModel {
             Ok(())
         } else {
             Err(crate::TopologyError::Invalid(format!(
-                "cost model out of range (efficiencies must be in (0, 1], times finite and >= 0): {self:?}"
+                "cost model out of range (efficiencies must be in (0, 1], times and rates finite and >= 0): {self:?}"
             )))
         }
     }
@@ -180,7 +223,7 @@ impl CostModel {
             },
             _ => Overheads {
                 call_us: self.gpu_call_us,
-                step_busy_us: 0.0,
+                step_busy_us: self.gpu_instruction_us,
                 step_latency_us: self.gpu_step_us,
             },
         }

@@ -56,6 +56,11 @@ pub(crate) struct Network<'a> {
     /// The topology's links indexed by node, built once for every route.
     router: Router<'a>,
     cost: &'a CostModel,
+    /// Resources the topology gives; a run adds its plan's blocks after.
+    base: usize,
+    /// Resource index of each (rank, channel)'s thread block on a GPU, for
+    /// the plan being run.
+    blocks: Vec<Vec<Option<usize>>>,
 }
 
 impl<'a> Network<'a> {
@@ -106,6 +111,7 @@ impl<'a> Network<'a> {
         }
         Network {
             topo,
+            base: resources.len(),
             resources,
             devices,
             link_res,
@@ -114,7 +120,45 @@ impl<'a> Network<'a> {
             routes: HashMap::new(),
             router: Router::new(topo),
             cost,
+            blocks: Vec::new(),
         }
+    }
+
+    /// A resource per GPU channel of `plan`: the thread block that moves
+    /// its bytes, at the cost model's block throughput (none when it is
+    /// 0, or on threads).
+    fn add_blocks(&mut self, plan: &ExecutionPlan) {
+        self.resources.truncate(self.base);
+        self.blocks = plan
+            .ranks
+            .iter()
+            .map(|rp| {
+                (0..rp.channels.len())
+                    .map(|c| {
+                        let gpu = self.kind(rp.rank) != NodeKind::Thread;
+                        (gpu && self.cost.gpu_block_gbps > 0.0).then(|| {
+                            self.resources.push(Resource {
+                                name: format!(
+                                    "{} channel {c} (its SM's loads and stores)",
+                                    self.topo.nodes[self.device(rp.rank)].name
+                                ),
+                                capacity: self.cost.gpu_block_gbps * 1e3,
+                            });
+                            self.resources.len() - 1
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+    }
+
+    /// `uses` and, on a GPU, the channel's block moving `weight` bytes per
+    /// byte of the flow.
+    fn with_block(&self, mut uses: Uses, rank: u32, channel: u32, weight: f64) -> Uses {
+        if let Some(b) = self.blocks[rank as usize][channel as usize] {
+            uses.push((b, weight));
+        }
+        uses
     }
 
     fn device(&self, rank: u32) -> NodeId {
@@ -327,6 +371,7 @@ impl LinkIndex {
 
 /// Run `plan` on `net`.
 pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, TopologyError> {
+    net.add_blocks(plan);
     let carried = vec![0.0; net.resources.len()];
     let mut sim = Run {
         walks: plan.ranks.iter().map(Walk::new).collect(),
@@ -522,7 +567,8 @@ impl Run<'_, '_, '_> {
         let (bytes, uses) = if self.net.fuses_into_sends(rank, ins) {
             (0.0, Uses::new())
         } else {
-            self.net.local_work(rank, ins, m, self.pure_local_copy(ins))
+            let (bytes, uses) = self.net.local_work(rank, ins, m, self.pure_local_copy(ins));
+            (bytes, self.net.with_block(uses, rank, channel, 1.0))
         };
         if bytes > 0.0 && !uses.is_empty() {
             self.flows.push(Flow {
@@ -571,6 +617,15 @@ impl Run<'_, '_, '_> {
             let latency = latency + step_latency;
             if self.net.fuses_into_sends(rank, ins) {
                 uses.extend(self.net.streaming_memory(rank, msg.peer, ins));
+                // The block loads its inputs once for every destination
+                // and stores into each.
+                let reads = if ins.reduces() {
+                    ins.inputs() as f64
+                } else {
+                    1.0
+                };
+                let weight = 1.0 + reads / ins.send.len() as f64;
+                uses = self.net.with_block(uses, rank, channel, weight);
             }
             let done = Done::Transfer { link, latency };
             if m > 0.0 && !uses.is_empty() {

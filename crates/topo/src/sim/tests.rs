@@ -12,14 +12,14 @@ const NV: LinkKind = LinkKind::Nvlink {
     count: 1,
 };
 
-/// A cost model with no overheads and full efficiency, so results can be
-/// compared with closed forms.
+/// A cost model with no overheads and full efficiency, GPU channels
+/// unbounded, so results can be compared with closed forms of the links.
 fn ideal(step_us: f64) -> CostModel {
     CostModel {
         nvlink_efficiency: [1.0; 5],
         gpu_call_us: 0.0,
         gpu_step_us: step_us,
-        ..CostModel::default()
+        ..CostModel::default().links_only()
     }
 }
 
@@ -358,4 +358,77 @@ fn bad_inputs_are_errors_not_panics() {
     // Size 0 and a size not divisible by anything are fine.
     simulate(&s, &t, 0, &SimOptions::default()).unwrap();
     simulate(&s, &t, 12_345, &SimOptions::default()).unwrap();
+}
+
+/// A GPU channel is a thread block: however wide the links, one channel
+/// moves no more than its block's loads and stores allow, and that block
+/// is named as the bottleneck; more channels lift it; each instruction's
+/// cost adds to a call.
+#[test]
+fn a_channels_block_bounds_what_it_moves() {
+    let wide = full_mesh(2, 10_000.0, 0.0);
+    let block = |channels: u32, gbps: f64| {
+        let s = generate(
+            Algorithm::Direct,
+            Collective::AllReduce,
+            2,
+            &AlgorithmParams {
+                channels,
+                ..AlgorithmParams::default()
+            },
+        )
+        .unwrap();
+        let compiler = Compiler::new(std::sync::Arc::new(
+            verify(s, &VerifyOptions::default()).unwrap(),
+        ));
+        let o = SimOptions {
+            max_chunk_bytes: Some(1 << 20),
+            cost: CostModel {
+                gpu_block_gbps: gbps,
+                ..ideal(0.0)
+            },
+            ..SimOptions::default()
+        };
+        simulate(&compiler, &wide, 256 << 20, &o).unwrap()
+    };
+    let one = block(1, 50.0);
+    assert!(
+        one.bottleneck().unwrap().resource.contains("channel 0"),
+        "{:?}",
+        one.bottleneck()
+    );
+    let four = block(4, 50.0);
+    assert!(
+        four.busbw > 3.0 * one.busbw,
+        "{} vs {}",
+        four.busbw,
+        one.busbw
+    );
+    assert!(block(1, 0.0).busbw > 10.0 * one.busbw);
+    // The instruction cost: every instruction of the critical path.
+    let costly = CostModel {
+        gpu_instruction_us: 5.0,
+        ..ideal(0.0)
+    };
+    let o = |cost| SimOptions {
+        cost,
+        ..SimOptions::default()
+    };
+    let s = generate(
+        Algorithm::Ring,
+        Collective::AllReduce,
+        4,
+        &AlgorithmParams::default(),
+    )
+    .unwrap();
+    let compiler = Compiler::new(std::sync::Arc::new(
+        verify(s, &VerifyOptions::default()).unwrap(),
+    ));
+    let t = ring_topology(4, 100.0, 0.0);
+    let free = simulate(&compiler, &t, 4096, &o(ideal(0.0)))
+        .unwrap()
+        .time_us;
+    let paid = simulate(&compiler, &t, 4096, &o(costly)).unwrap().time_us;
+    // A ring all-reduce of 4 ranks runs 6 instructions in a row.
+    assert!(paid - free >= 6.0 * 5.0 - 1e-6, "{paid} - {free}");
 }

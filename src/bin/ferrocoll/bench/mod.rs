@@ -139,7 +139,7 @@ pub(crate) struct BenchArgs {
     max_chunk_bytes: Option<usize>,
     /// Channels of each call (1 to 64): parallel rings or trees, each a
     /// thread block per rank on `cuda` (default there: an equal share of
-    /// what the GPU holds at once, at most 32). Giving it, like
+    /// what the GPU holds at once, at most 64). Giving it, like
     /// `--max-chunk-bytes`, turns `auto` back into the fixed rule.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     channels: Option<u32>,

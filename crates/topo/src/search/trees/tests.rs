@@ -14,7 +14,7 @@ fn dgx1(keep: &[usize]) -> Topology {
 /// The members' all-reduce bound on NVLink alone (the yardstick:
 /// what NCCL's NVLink rings and trees could use at best).
 fn nvlink_bound(t: &Topology) -> f64 {
-    let cost = CostModel::default();
+    let cost = CostModel::default().links_only();
     throughput_bounds(t, &t.devices(), &cost, Fabric::Nvlink, Relays::MembersOnly)
         .unwrap()
         .all_reduce
@@ -23,15 +23,20 @@ fn nvlink_bound(t: &Topology) -> f64 {
 /// The fastest of the load model's first `take` packings, simulated.
 fn best_simulated(t: &Topology, collective: ferrocoll_core::Collective, take: usize) -> f64 {
     let n = t.devices().len() as u32;
-    tree_packings(t, &t.devices(), &CostModel::default(), collective.kind())
-        .unwrap()
-        .into_iter()
-        .take(take)
-        .map(|p| {
-            let s = ferrocoll_core::algorithms::forest::schedule(collective, n, &p.forest);
-            simulated(t, s.unwrap())
-        })
-        .fold(0.0, f64::max)
+    tree_packings(
+        t,
+        &t.devices(),
+        &CostModel::default().links_only(),
+        collective.kind(),
+    )
+    .unwrap()
+    .into_iter()
+    .take(take)
+    .map(|p| {
+        let s = ferrocoll_core::algorithms::forest::schedule(collective, n, &p.forest);
+        simulated(t, s.unwrap())
+    })
+    .fold(0.0, f64::max)
 }
 
 /// Partial DGX-1V allocations without an NVLink Hamiltonian ring (0-4),
@@ -72,9 +77,14 @@ fn synthesized_trees_are_proven_and_run_on_the_cpu_executor_with_nothing_wrong()
             Collective::ReduceScatter,
             Collective::AllReduce,
         ] {
-            let p = trees(t, &t.devices(), &CostModel::default(), collective.kind())
-                .unwrap()
-                .unwrap();
+            let p = trees(
+                t,
+                &t.devices(),
+                &CostModel::default().links_only(),
+                collective.kind(),
+            )
+            .unwrap()
+            .unwrap();
             let s = ferrocoll_core::algorithms::forest::schedule(collective, n, &p.forest).unwrap();
             let verified = ferrocoll_core::verify(s, &Default::default())
                 .unwrap_or_else(|e| panic!("{} {collective}: {e}", t.name));
@@ -126,7 +136,11 @@ fn rail_rings(per_node: u32) -> Vec<Vec<Rank>> {
 fn simulated(t: &Topology, schedule: ferrocoll_core::Schedule) -> f64 {
     let verified = ferrocoll_core::verify(schedule, &Default::default()).unwrap();
     let compiler = ferrocoll_core::plan::Compiler::new(std::sync::Arc::new(verified));
-    crate::sim::simulate(&compiler, t, 1 << 30, &Default::default())
+    let links = crate::sim::SimOptions {
+        cost: CostModel::default().links_only(),
+        ..Default::default()
+    };
+    crate::sim::simulate(&compiler, t, 1 << 30, &links)
         .unwrap()
         .busbw
 }
@@ -136,7 +150,7 @@ fn trees_beat_rail_rings_across_two_dgx_a100_by_a_third() {
     use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, generate};
     let t = presets::by_name("dgx-a100x2", 0).unwrap();
     let devices = t.devices();
-    let cost = CostModel::default();
+    let cost = CostModel::default().links_only();
     for collective in [Collective::AllGather, Collective::AllReduce] {
         let orders = rail_rings(8);
         let params = AlgorithmParams {

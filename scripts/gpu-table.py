@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""The table scripts/gpu-check.sh ends with, from the bench's JSON rows in
+the folder given: all-reduce busbw of ferrocoll's CUDA executor and NCCL
+against the device's copy bound BW*(K-1)/K^2 (K ranks on one GPU; BW the
+copy's read+write rate measured in the same run), and small-call device
+time against NCCL's with one rank. Markdown, for docs/benchmarks.md."""
+import json
+import os
+import sys
+
+
+def load(folder, name):
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def rows(report, nccl):
+    return [r for r in report["rows"] if (r["algorithm"] == "nccl") == nccl]
+
+
+def busbw(row, mode="out_of_place"):
+    m = row.get(mode)
+    return m["busbw"] if m else None
+
+
+def fmt(x, spec="{:.1f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def bandwidth(folder):
+    print("| K | size | BW·(K−1)/K² | ours busbw (out / in place) | ours / bound | NCCL busbw | NCCL / bound | ours / NCCL |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k in (1, 2, 4, 8):
+        report = load(folder, f"bw-{k}.json")
+        if not report:
+            print(f"| {k} | (no run) | | | | | | |")
+            continue
+        bw = (report.get("memory_bandwidth") or {}).get("best")
+        nccl = {r["size"]: r for r in rows(report, True)}
+        for r in rows(report, False):
+            size = r["size"]
+            if k == 1:
+                # One rank: a copy; its algbw is bounded by BW/2.
+                bound = bw / 2 if bw else None
+                ours = r["out_of_place"]["algbw"] if r.get("out_of_place") else None
+                theirs = nccl[size]["out_of_place"]["algbw"] if size in nccl and nccl[size].get("out_of_place") else None
+                label = "algbw vs BW/2"
+            else:
+                bound = bw * (k - 1) / k / k if bw else None
+                ours, theirs = busbw(r), busbw(nccl[size]) if size in nccl else None
+                label = ""
+            ratio = lambda x: x / bound if x and bound else None
+            both = f"{fmt(ours)} / {fmt(busbw(r, 'in_place'))}"
+            print(
+                f"| {k} | {size >> 20} MiB {label}| {fmt(bound)} | {both} | {fmt(ratio(ours), '{:.2f}')} "
+                f"| {fmt(theirs)} | {fmt(ratio(theirs), '{:.2f}')} | {fmt(ours / theirs if ours and theirs else None, '{:.2f}')} |"
+            )
+
+
+def small_calls(folder):
+    nccl1 = load(folder, "lat-simple-1.json")
+    base = {r["size"]: r["out_of_place"]["time_us"] for r in rows(nccl1, True)} if nccl1 else {}
+    print()
+    print("| K | size | ours Simple µs | ours LL µs | NCCL µs | best of ours / NCCL K=1 |")
+    print("|---|---|---|---|---|---|")
+    for k in (1, 2, 8):
+        simple, ll = load(folder, f"lat-simple-{k}.json"), load(folder, f"lat-ll-{k}.json")
+        if not simple:
+            print(f"| {k} | (no run) | | | | |")
+            continue
+        t = lambda rep, nccl: {r["size"]: r["out_of_place"]["time_us"] for r in rows(rep, nccl)} if rep else {}
+        ours_s, ours_l, theirs = t(simple, False), t(ll, False), t(simple, True)
+        for size in sorted(ours_s):
+            best = min(x for x in (ours_s.get(size), ours_l.get(size)) if x is not None)
+            ratio = best / base[size] if size in base and base[size] else None
+            print(
+                f"| {k} | {size} B | {fmt(ours_s.get(size))} | {fmt(ours_l.get(size))} "
+                f"| {fmt(theirs.get(size))} | {fmt(ratio, '{:.2f}')} |"
+            )
+
+
+if __name__ == "__main__":
+    folder = sys.argv[1] if len(sys.argv) > 1 else "/tmp/gpu-check-json"
+    bandwidth(folder)
+    small_calls(folder)
