@@ -238,11 +238,12 @@ impl ProcessCommunicator {
         // The plan's hash comes before the schedule's name, so it survives
         // when a long name is cut to fit the header.
         let signature = format!("{} schedule={}", plan.signature(), plan.schedule);
+        let kernels = ferrocoll_core::kernels::for_plan(plan);
         tracing::debug!(
             rank = self.rank,
             call = number,
             transport = %self.config.transport,
-            kernels = %ferrocoll_core::kernels::chosen(),
+            kernels = %kernels,
             "{}",
             planned.describe()
         );
@@ -264,6 +265,7 @@ impl ProcessCommunicator {
                 number,
                 signature: &signature,
                 timeout: self.config.timeout,
+                kernels,
             };
             self.by_reference += execute::<T>(self.transport.as_mut(), &task)?;
         });

@@ -231,10 +231,11 @@ impl CpuCommunicator {
         let planned = self.group.plan(shape)?;
         let plan = &planned.plan;
         self.agree(number, planned.signature, None, &|| plan.signature())?;
+        let kernels = crate::kernels::for_plan(plan);
         tracing::debug!(
             rank = self.rank,
             call = number,
-            kernels = %crate::kernels::chosen(),
+            kernels = %kernels,
             "{}",
             planned.describe()
         );
@@ -250,6 +251,7 @@ impl CpuCommunicator {
                 rank: self.rank,
                 bases: [input_base, output_base, scratch.as_mut_ptr() as usize],
                 timeout: self.config.timeout,
+                kernels,
             };
             execute::<T>(&task)?;
         });

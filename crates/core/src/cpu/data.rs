@@ -15,13 +15,17 @@ const FAN_OUT_BLOCK: usize = 4096;
 /// of every destination line saves a third of the memory traffic.
 const STREAM_MIN_BYTES: usize = 256 << 10;
 
-/// Reduce `srcs` into every destination. Short stretches reduce into the
-/// first destination and copy from it while it is in cache; long ones
-/// reduce a block at a time into a small buffer that stays in L1 and
-/// stream it to every destination.
-pub(crate) fn combine<T: Reduce>(op: ReduceOp, srcs: &[Extents], dsts: &[Extents]) {
+/// Reduce `srcs` into every destination with `choice` (the call's
+/// variant). Short stretches reduce into the first destination and copy
+/// from it while it is in cache; long ones reduce a block at a time into
+/// a small buffer that stays in L1 and stream it to every destination.
+pub(crate) fn combine<T: Reduce>(
+    choice: KernelChoice,
+    op: ReduceOp,
+    srcs: &[Extents],
+    dsts: &[Extents],
+) {
     let size = std::mem::size_of::<T>();
-    let choice = kernels::chosen();
     let lists: Vec<&Extents> = srcs.iter().chain(dsts).collect();
     let mut streamed = false;
     walk(&lists, |addrs, bytes| {

@@ -38,6 +38,8 @@ pub(crate) struct Task<'a> {
     /// the output's).
     pub bases: [usize; 3],
     pub timeout: Duration,
+    /// The kernel variant of the call: its stores by the call's bytes.
+    pub kernels: crate::kernels::KernelChoice,
 }
 
 /// The links of a rank in one call, looked up once.
@@ -257,7 +259,7 @@ fn try_fire<T: Reduce>(
         srcs = vec![own.clone().expect("direct receives write")];
     }
     if !dsts.is_empty() {
-        combine::<T>(task.plan.op, &srcs, &dsts);
+        combine::<T>(task.kernels, task.plan.op, &srcs, &dsts);
     }
     publish(task, &outgoing, outgoing_msgs, ins);
     for (q, m) in incoming.iter().zip(&ins.recv) {

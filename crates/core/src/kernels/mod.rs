@@ -11,8 +11,12 @@
 
 mod choice;
 mod lines;
+mod rule;
 
-pub use choice::{Calibration, Destination, KernelChoice, Stores, Width, calibration, chosen};
+pub use choice::{
+    Calibration, Destination, KernelChoice, Stores, Width, calibration, chosen, for_call, for_plan,
+};
+pub use rule::{ASSUMED_LLC_BYTES, LLC_SHARE, StoreRule, last_level_cache};
 
 use crate::types::{Reduce, ReduceOp};
 

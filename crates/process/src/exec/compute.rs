@@ -3,7 +3,38 @@
 //! where a room is a source's very bytes.
 
 use super::*;
-use ferrocoll_core::kernels::{Destination, chosen};
+use ferrocoll_core::kernels::{Destination, KernelChoice};
+
+/// Where a long write goes, and the call's kernel variant that decides
+/// its stores: outputs and hand-offs take theirs by the call's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Sink {
+    pub kernels: KernelChoice,
+    pub to: Destination,
+}
+
+impl Sink {
+    /// The variant as it writes here.
+    fn choice(self) -> KernelChoice {
+        self.kernels.to(self.to)
+    }
+
+    /// The same call, writing to an output.
+    pub(super) fn output(self) -> Sink {
+        Sink {
+            to: Destination::Output,
+            ..self
+        }
+    }
+
+    /// The same call, writing to a hand-off.
+    fn handoff(self) -> Sink {
+        Sink {
+            to: Destination::Handoff,
+            ..self
+        }
+    }
+}
 
 /// Reductions at least this long stream their stores (as the in-process
 /// executor does).
@@ -22,7 +53,7 @@ pub(super) unsafe fn compute<T: Reduce>(
     read: Option<&[Span]>,
     write: Option<&[Span]>,
     outgoing: &[*mut T],
-    to: Destination,
+    to: Sink,
     len: usize,
 ) {
     // SAFETY: as below; the fused path checks that no destination
@@ -50,20 +81,13 @@ pub(super) unsafe fn compute<T: Reduce>(
         // sources are valid as the caller guarantees; every room and the
         // write then get a copy of it.
         unsafe {
-            combine(
-                op,
-                messages,
-                read,
-                value.as_mut_ptr(),
-                len,
-                Destination::Handoff,
-            );
+            combine(op, messages, read, value.as_mut_ptr(), len, to.handoff());
             value.set_len(len);
             for &room in outgoing {
                 copy_long(value.as_ptr().cast(), room.cast(), len * size, to);
             }
             if let Some(write) = write {
-                scatter(value.as_ptr(), write);
+                scatter(value.as_ptr(), write, to);
             }
         }
         return;
@@ -78,7 +102,7 @@ pub(super) unsafe fn compute<T: Reduce>(
                 std::ptr::copy_nonoverlapping(first, room, len);
             }
             if let Some(write) = write {
-                scatter(first, write);
+                scatter(first, write, to);
             }
             return;
         }
@@ -98,7 +122,7 @@ pub(super) unsafe fn compute<T: Reduce>(
             None => {
                 for &(offset, address, n) in write {
                     let srcs: Vec<*const T> = messages.iter().map(|m| m.add(offset)).collect();
-                    put(op, &srcs, address as *mut T, n, Destination::Output);
+                    put(op, &srcs, address as *mut T, n, to.output());
                 }
             }
             // Read and write apart (out of place): reduce straight into the
@@ -109,13 +133,7 @@ pub(super) unsafe fn compute<T: Reduce>(
                     for (at, from, m) in sub_spans::<T>(read, offset, n) {
                         let mut srcs = vec![from as *const T];
                         srcs.extend(messages.iter().map(|p| p.add(offset + at)));
-                        put(
-                            op,
-                            &srcs,
-                            (address + at * size) as *mut T,
-                            m,
-                            Destination::Output,
-                        );
+                        put(op, &srcs, (address + at * size) as *mut T, m, to.output());
                     }
                 }
             }
@@ -128,10 +146,10 @@ pub(super) unsafe fn compute<T: Reduce>(
                     Some(read),
                     value.as_mut_ptr(),
                     len,
-                    Destination::Handoff,
+                    to.handoff(),
                 );
                 value.set_len(len);
-                scatter(value.as_ptr(), write);
+                scatter(value.as_ptr(), write, to);
             }
         }
     }
@@ -151,7 +169,7 @@ pub(super) unsafe fn fused<T: Reduce>(
     read: Option<&[Span]>,
     write: Option<&[Span]>,
     outgoing: &[*mut T],
-    to: Destination,
+    to: Sink,
     len: usize,
 ) -> bool {
     let size = std::mem::size_of::<T>();
@@ -181,15 +199,11 @@ pub(super) unsafe fn fused<T: Reduce>(
         .any(|&d| srcs.iter().any(|&s| std::ptr::eq(d.cast_const(), s)));
     // With this rank's output among the destinations, the output's
     // stores; rooms alone take theirs.
-    let kind = if write.is_some() {
-        Destination::Output
-    } else {
-        to
-    };
+    let kind = if write.is_some() { to.output() } else { to };
     let choice = if aliased {
-        chosen().cached()
+        kind.choice().cached()
     } else {
-        chosen().to(kind)
+        kind.choice()
     };
     // SAFETY: every pointer covers `len` elements (the caller's contract);
     // destinations overlap no source but exactly (checked) and no other
@@ -210,7 +224,7 @@ pub(super) unsafe fn combine<T: Reduce>(
     read: Option<&[Span]>,
     dst: *mut T,
     len: usize,
-    to: Destination,
+    to: Sink,
 ) {
     // SAFETY: forwarded from `compute`'s caller.
     unsafe {
@@ -235,7 +249,7 @@ pub(super) unsafe fn put<T: Reduce>(
     srcs: &[*const T],
     dst: *mut T,
     n: usize,
-    to: Destination,
+    to: Sink,
 ) {
     // SAFETY: forwarded; `dst` overlaps no source here.
     unsafe {
@@ -243,7 +257,7 @@ pub(super) unsafe fn put<T: Reduce>(
             [] => {}
             [one] => copy_long(one.cast(), dst.cast(), n * std::mem::size_of::<T>(), to),
             _ if n * std::mem::size_of::<T>() >= STREAM_MIN_BYTES
-                && T::reduce_stream_with(chosen().to(to), op, srcs, &[dst], n) => {}
+                && T::reduce_stream_with(to.choice(), op, srcs, &[dst], n) => {}
             _ => T::reduce(op, srcs, dst, n),
         }
     }
@@ -255,11 +269,11 @@ pub(super) unsafe fn put<T: Reduce>(
 ///
 /// # Safety
 /// As `copy_nonoverlapping`.
-pub(super) unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize, to: Destination) {
+pub(super) unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize, to: Sink) {
     use ferrocoll_core::kernels::{Stores, stream_copy};
     // SAFETY: forwarded from the caller.
     unsafe {
-        if bytes >= STREAM_MIN_BYTES && chosen().to(to).stores() == Stores::NonTemporal {
+        if bytes >= STREAM_MIN_BYTES && to.choice().stores() == Stores::NonTemporal {
             stream_copy(src, dst, bytes);
         } else {
             std::ptr::copy_nonoverlapping(src, dst, bytes);
@@ -272,7 +286,7 @@ pub(super) unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize, to: D
 ///
 /// # Safety
 /// The spans and the room are valid for the value's length and apart.
-pub(super) unsafe fn scatter_from<T>(write: &[Span], room: *mut T, len: usize, to: Destination) {
+pub(super) unsafe fn scatter_from<T>(write: &[Span], room: *mut T, len: usize, to: Sink) {
     let size = std::mem::size_of::<T>();
     for &(offset, address, n) in write {
         debug_assert!(offset + n <= len);
@@ -282,7 +296,7 @@ pub(super) unsafe fn scatter_from<T>(write: &[Span], room: *mut T, len: usize, t
 }
 
 /// Copy a contiguous value out to the write pieces.
-pub(super) unsafe fn scatter<T>(value: *const T, write: &[Span]) {
+pub(super) unsafe fn scatter<T>(value: *const T, write: &[Span], to: Sink) {
     for &(offset, address, n) in write {
         // SAFETY: forwarded; the value is a message room or a staging
         // vector, never the destination.
@@ -291,7 +305,7 @@ pub(super) unsafe fn scatter<T>(value: *const T, write: &[Span]) {
                 value.add(offset).cast(),
                 address as *mut u8,
                 n * std::mem::size_of::<T>(),
-                Destination::Output,
+                to.output(),
             )
         };
     }

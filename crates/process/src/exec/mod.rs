@@ -34,7 +34,7 @@ mod reference;
 #[cfg(test)]
 mod tests;
 
-use compute::{compute, copy_long, scatter_from};
+use compute::{Sink, compute, copy_long, scatter_from};
 use reference::{
     Ref, Step, as_pieces, fire_by_reference, lend, protocol_error, reference, resolve,
 };
@@ -51,6 +51,8 @@ pub(crate) struct Task<'a> {
     /// What every message of the call carries in its header.
     pub signature: &'a str,
     pub timeout: Duration,
+    /// The call's kernel variant: its stores by the call's bytes.
+    pub kernels: ferrocoll_core::kernels::KernelChoice,
 }
 
 /// A contiguous run of a value in local memory: (offset into the value,
@@ -340,10 +342,13 @@ fn try_fire<T: Reduce>(
         rooms: &rooms,
         // Slots are read by their receiver right away; a peer's posted
         // destination is its output.
-        to: if direct_to.iter().any(Option::is_some) {
-            Destination::Output
-        } else {
-            Destination::Handoff
+        to: Sink {
+            kernels: task.kernels,
+            to: if direct_to.iter().any(Option::is_some) {
+                Destination::Output
+            } else {
+                Destination::Handoff
+            },
         },
         len: bytes / std::mem::size_of::<T>(),
     };

@@ -2,7 +2,7 @@
 //! choosing what this rank lends, and running a step whose inputs lie in
 //! peers' memory.
 
-use super::compute::{compute, overlap, sub_spans};
+use super::compute::{Sink, compute, overlap, sub_spans};
 use super::*;
 
 /// Bytes of bounce buffers a by-reference step reduces through at a time,
@@ -126,7 +126,7 @@ pub(super) struct Step<'a, T> {
     pub(super) write: Option<&'a [Span]>,
     pub(super) rooms: &'a [*mut T],
     /// What the rooms are: hand-offs when they are all slots.
-    pub(super) to: Destination,
+    pub(super) to: Sink,
     pub(super) len: usize,
 }
 
@@ -154,7 +154,7 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
             for (src, dst, n) in zero_copy::pair_up(&zero_copy::range(p, from, len), to) {
                 // SAFETY: `src` lies in a peer's mapped heap (checked),
                 // `dst` in this rank's output or bounce buffer.
-                unsafe { copy_long(src as *const u8, dst as *mut u8, n, Destination::Output) };
+                unsafe { copy_long(src as *const u8, dst as *mut u8, n, s.to.output()) };
             }
             Ok(())
         }

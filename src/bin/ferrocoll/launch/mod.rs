@@ -227,15 +227,17 @@ fn spawn_all(
     Ok((children, forwarders))
 }
 
-/// The host kernel variant every rank should run, measured once here so
-/// that all ranks of the job run the same one (each rank calibrating on
-/// its own can pick differently when two variants are within noise);
-/// `None` when the caller forces one with `FERROCOLL_KERNELS` already.
+/// The host kernel width every rank should run, measured once here (the
+/// ranks would time the same widths on the same arrays, but each rank
+/// timing on its own beside the others is noise); the stores are left to
+/// the rule, which every rank applies alike to each call's bytes, so no
+/// rank is forced onto a weaker store than it would pick. `None` when the
+/// caller forces a variant with `FERROCOLL_KERNELS` already.
 fn shared_kernel_choice() -> Option<String> {
     if ferrocoll::settings::kernels_override().is_some() {
         return None;
     }
-    Some(ferrocoll::kernels::chosen().spec())
+    Some(ferrocoll::kernels::chosen().width_spec().to_owned())
 }
 
 /// `ferrocoll` as the command means this very executable, wherever cargo
