@@ -642,8 +642,8 @@ __device__ FcRecords fc_records(const FcCall &a, const FcChannel &ch, unsigned c
 }
 
 // The end of a channel's call (thread 0): messages left in this rank's
-// memory consumed, the links' totals and the call number carried to the
-// next call, and the channel marked done. False once the call failed.
+// memory consumed, the links' totals carried to the next call, and the
+// channel marked done. False once the call failed.
 __device__ bool fc_finish(const FcCall &a, u32 c, const FcProgress &s) {
     for (u32 k = 0; k < a.t.sent_count; ++k) {
         const FcCount n = a.t.sent[k];
@@ -656,11 +656,16 @@ __device__ bool fc_finish(const FcCall &a, u32 c, const FcProgress &s) {
         if (a.t.sent[k].word / a.world == c) s.sent[a.t.sent[k].word] += a.t.sent[k].count;
     for (u32 k = 0; k < a.t.received_count; ++k)
         if (a.t.received[k].word / a.world == c) s.received[a.t.received[k].word] += a.t.received[k].count;
+    fc_store_release(s.done + c, (s.call << 32) | FC_DONE, a.scope);
+    return true;
+}
+
+// The call number carried to the next call (thread 0, once nothing of
+// this call can fail: a failure names the call from it).
+__device__ void fc_close(const FcCall &a, u32 c, const FcProgress &s) {
     a.state[c] = s.call;
     if (c == 0)
         for (u32 k = gridDim.x; k < a.max_channels; ++k) a.state[k] = s.call;
-    fc_store_release(s.done + c, (s.call << 32) | FC_DONE, a.scope);
-    return true;
 }
 
 // avg's division, once every channel of the rank is done: each block a
@@ -697,7 +702,12 @@ __device__ void fc_interpret(const FcCall &a) {
     // (stream order, and the communicator's event between its streams).
     s.call = (u32)(a.state[c] + 1);
     s.hello = (s.call << 32) | a.hash;
-    for (u32 p = threadIdx.x; p < FC_MAX_RANKS; p += blockDim.x) fc_greeted[0][p] = fc_greeted[1][p] = 0;
+    // Nothing of a previous call's greetings or buffers carries over.
+    for (u32 p = threadIdx.x; p < FC_MAX_RANKS; p += blockDim.x)
+        for (int side = 0; side < 2; ++side) {
+            fc_greeted[side][p] = 0;
+            for (int k = 0; k < 3; ++k) fc_peer_buffer[side][p][k] = 0;
+        }
     // A call queued behind a failed one does nothing: its rank's counters
     // stopped where the failure left them. Then this block's channel's
     // buffers and hello, and block 0 those of the channels this plan
@@ -726,12 +736,10 @@ __device__ void fc_interpret(const FcCall &a) {
         if (__syncthreads_or(!go)) return;
         if (threadIdx.x == 0) fc_announce(a, r, op, c, i, s);
     }
-    if (threadIdx.x == 0) stop = !fc_finish(a, c, s);
+    if (threadIdx.x == 0) stop = !fc_finish(a, c, s) || (a.divide.buffer != FC_NONE && !fc_all_done(a, s));
     if (__syncthreads_or(stop)) return;
-    if (a.divide.buffer == FC_NONE) return;
-    if (threadIdx.x == 0) stop = !fc_all_done(a, s);
-    if (__syncthreads_or(stop)) return;
-    fc_divide<T>(a);
+    if (threadIdx.x == 0) fc_close(a, c, s);
+    if (a.divide.buffer != FC_NONE) fc_divide<T>(a);
 }
 
 // One entry point: the interpreter for one reduction and element type

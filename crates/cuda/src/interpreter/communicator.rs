@@ -102,6 +102,7 @@ impl CudaCommunicator {
     }
 
     pub(super) fn with(rank: Rank, group: Arc<Group>, own: Own) -> Self {
+        group.lasts.register(rank as usize, own.last);
         CudaCommunicator {
             rank,
             group,
@@ -229,6 +230,27 @@ impl CudaCommunicator {
         Ok(())
     }
 
+    /// After a failure, wait (at most [`GRACE`]) for the peers' launches
+    /// that may still read or store into this rank's buffers in place
+    /// (see `lasts`); staged messages never touch them.
+    fn wait_for_peers(&self) -> Result<(), InterpreterError> {
+        if !self.group.layout.zero_copy {
+            return Ok(());
+        }
+        let _current = Current::bind(self.context())?;
+        if self.group.lasts.wait_all(deadline(GRACE))? {
+            return Ok(());
+        }
+        Err(CommError::Timeout {
+            rank: self.rank,
+            timeout: GRACE,
+            what: "the peers' launches to end after a failure (this rank's buffers may still be \
+                   in use)"
+                .into(),
+        }
+        .into())
+    }
+
     /// Wait for this rank's last launch; `false` if it did not end by
     /// `deadline`.
     fn wait_last(&self, deadline: Instant) -> Result<bool, CudaError> {
@@ -340,6 +362,9 @@ unsafe impl DeviceCommunicator for CudaCommunicator {
             }
             poller.pause();
         }
+        if self.failed.is_some() {
+            self.wait_for_peers()?;
+        }
         self.check()
     }
 
@@ -357,16 +382,22 @@ impl Drop for CudaCommunicator {
         // Wait for the last launch (it ends by its timeout at the latest;
         // stopped sooner if it has not), then release the programs in
         // stream order behind it.
-        if !matches!(
+        let stuck = !matches!(
             self.wait_last(deadline(self.group.config.timeout)),
             Ok(true)
-        ) {
+        );
+        if stuck {
             self.group.board.fail(self.rank as usize, ABORTED);
             let _ = self.wait_last(deadline(GRACE));
+        }
+        // The scratch the programs hold may be a peer's to read in place.
+        if stuck || self.failed.is_some() {
+            let _ = self.wait_for_peers();
         }
         if let Ok(_current) = Current::bind(&self.group.engine(self.rank as usize).ctx) {
             self.programs
                 .release_all((self.stream.cu_stream(), self.last));
         }
+        self.group.lasts.unregister(self.rank as usize);
     }
 }

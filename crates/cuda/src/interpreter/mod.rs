@@ -29,6 +29,7 @@ mod engine;
 mod error;
 mod host;
 pub mod ipc;
+mod lasts;
 mod loaded;
 mod memory;
 mod residency;

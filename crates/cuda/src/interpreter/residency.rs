@@ -5,6 +5,14 @@
 //! times out. Ranks sharing a GPU (threads of one process in one context)
 //! therefore need all their channels resident together; a group that
 //! cannot have that is refused when it is opened, not when it hangs.
+//!
+//! The capacity counts the interpreter alone: the launch bounds promise
+//! one block of 512 threads per SM, so other work on the GPU (another
+//! process, the caller's kernels on other streams, NCCL) can delay a
+//! rank's blocks but not starve them for good once that work ends. Work
+//! that itself spins forever on the GPU (another persistent kernel) is
+//! outside what this check can see; the calls' timeout then names the
+//! rank that did not arrive.
 
 use crate::error::CudaError;
 
@@ -27,7 +35,8 @@ mod tests {
 
     #[test]
     fn groups_whose_blocks_cannot_all_be_resident_are_refused() {
-        // H200: 132 SMs; 2 interpreter blocks per SM.
+        // A capacity of 264 resident blocks: eight ranks of 32 channels
+        // fit, one block more does not.
         assert!(check(0, 8 * 32, 264).is_ok());
         assert!(check(0, 264, 264).is_ok());
         let e = check(3, 265, 264).unwrap_err();

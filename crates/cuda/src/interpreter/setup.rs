@@ -14,6 +14,7 @@ use ferrocoll_core::select::Protocol as SelectedProtocol;
 use super::board::Board;
 use super::engine::Engine;
 use super::ipc;
+use super::lasts::Lasts;
 use super::memory::{Current, DeviceBlock, HostBlock};
 use super::residency;
 use crate::config::CudaConfig;
@@ -81,6 +82,8 @@ pub struct Group {
     closing: Option<Mutex<Box<dyn ipc::Exchange + Send>>>,
     planner: Mutex<Planner>,
     programs: Mutex<HashMap<u64, Arc<DeviceProgram>>>,
+    /// The in-process ranks' last-launch events.
+    pub(super) lasts: Lasts,
 }
 
 /// The layout a configuration asks for on `n` ranks with `channels`: a
@@ -227,7 +230,13 @@ impl Group {
             let blocks = ranks_on[i] * u64::from(channels);
             residency::check(d, blocks, capacity[i])?;
         }
-        let layout = layout(n, channels, config, p2p)?;
+        // Zero copy reads and writes the callers' buffers across ranks. On
+        // one GPU every buffer is reachable; across GPUs peer access covers
+        // cuMemAlloc memory but not stream-ordered pool memory (cudarc's and
+        // ours), which needs cuMemPoolSetAccess on pools we do not own, so
+        // ranks on different GPUs move data through the windows.
+        let zero_copy = p2p && ordinals.len() == 1;
+        let layout = layout(n, channels, config, zero_copy)?;
         let engines: Vec<Arc<Engine>> = devices.iter().map(|d| opened[d].clone()).collect();
         let window = layout.window().bytes;
         let owned = engines
@@ -264,6 +273,7 @@ impl Group {
             board,
             closing: None,
             programs: Mutex::new(HashMap::new()),
+            lasts: Lasts::new(n as usize),
         })
     }
 
@@ -299,6 +309,7 @@ impl Group {
             board,
             closing: Some(Mutex::new(exchange)),
             programs: Mutex::new(HashMap::new()),
+            lasts: Lasts::new(n),
         }
     }
 
@@ -423,7 +434,7 @@ fn connect(opened: &HashMap<usize, Arc<Engine>>) -> Result<bool, CudaError> {
 
 /// Enable peer access both ways between two devices; `false` if the
 /// hardware refuses it.
-pub(crate) fn enable_peer(a: &CudaContext, b: &CudaContext) -> Result<bool, CudaError> {
+pub(crate) fn enable_peer(a: &Arc<CudaContext>, b: &Arc<CudaContext>) -> Result<bool, CudaError> {
     let mut can = 0;
     // SAFETY: both devices come from opened contexts; the out-pointer is a
     // live local.
@@ -432,7 +443,8 @@ pub(crate) fn enable_peer(a: &CudaContext, b: &CudaContext) -> Result<bool, Cuda
         return Ok(false);
     }
     for (from, to) in [(a, b), (b, a)] {
-        from.bind_to_thread()?;
+        // The caller's thread keeps the context it had.
+        let _current = Current::bind(from)?;
         // SAFETY: `to`'s context is alive; enabling twice only reports
         // "already enabled", which is not an error here.
         let r = unsafe { sys::cuCtxEnablePeerAccess(to.cu_ctx(), 0) };

@@ -48,7 +48,7 @@
 //! plan's hash, which every block writes first thing — with its own: ranks
 //! that disagree on the call fail it with a mismatch before any of their
 //! data lands in the other's memory. The kernel's own source runs on CPU
-//! threads in the tests ([`host_kernel`]), so offsets, slot reuse, the
+//! threads in the tests (`host_kernel`), so offsets, slot reuse, the
 //! transfers and the counters are tested on machines without a GPU.
 
 pub mod abi;
@@ -59,6 +59,7 @@ mod lower;
 pub mod params;
 #[cfg(all(test, unix))]
 mod tests;
+mod validate;
 
 pub use abi::{
     After, BufferId, Channel, Count, End, MAX_RANKS, Op, Params, Piece, Region, Scope, Span,
@@ -245,10 +246,10 @@ impl DeviceProgram {
         }
         let sizes = [self.input_bytes, self.output_bytes, self.scratch_bytes];
         for (r, p) in self.ranks.iter().enumerate() {
-            if let Err(why) = lower::validate_rank(p, l, self.protocol, &sizes) {
+            if let Err(why) = validate::validate_rank(p, l, self.protocol, &sizes) {
                 return bad(format!("rank {r}: {why}"));
             }
         }
-        lower::validate_ends_agree(&self.ranks).map_err(ProgramError::Invalid)
+        validate::validate_ends_agree(&self.ranks).map_err(ProgramError::Invalid)
     }
 }

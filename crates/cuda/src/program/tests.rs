@@ -573,17 +573,7 @@ fn direct_all_reduce_moves_every_byte_once_where_ranks_reach_each_others_buffers
     // The owner of a chunk reads every peer's input chunk where it lies
     // and stores the sum into every peer's output: no message is staged.
     for in_place in [false, true] {
-        let case = Case {
-            collective: Collective::AllReduce,
-            algorithm: Some(Algorithm::Direct),
-            world_size: 4,
-            count: 1000,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-            in_place,
-            seed: 1,
-        };
-        let plan = plan_of(&case, 2);
+        let plan = plan_of(&direct_all_reduce(in_place), 2);
         let count = |p: &DeviceProgram, t: Transfer| {
             p.ranks
                 .iter()
@@ -624,5 +614,77 @@ fn direct_all_reduce_moves_every_byte_once_where_ranks_reach_each_others_buffers
                     .all(|r| r.sent.iter().all(|c| c.drain == 0))
             );
         }
+    }
+}
+
+#[test]
+fn a_zero_copy_program_whose_ends_disagree_is_refused_before_any_store() {
+    // Direct all-reduce where ranks reach each other's buffers: every
+    // message is read in place or stored into its receiver. Each edit
+    // below ran (and stored into the wrong bytes, or handed a buffer
+    // back while a peer still read it) before the checks existed.
+    let plan = plan_of(&direct_all_reduce(false), 1);
+    let layout = layout_for(&plan, 2, true);
+    let good = DeviceProgram::lower(&plan, layout, Protocol::Simple).unwrap();
+    let r1 = &good.ranks[1];
+    // The rank reads a peer's input in place, but names its own output
+    // as the bytes to read.
+    let mut elsewhere = good.clone();
+    let at = first_end(r1, false, Transfer::InSender);
+    elsewhere.ranks[1].ends[at].remote.buffer = crate::program::abi::BufferId::Output;
+    // Its inputs stay in place for peers, but the call would end (and
+    // hand the buffer back) without waiting for them to be read.
+    let mut undrained = good.clone();
+    undrained.ranks[1].sent.iter_mut().for_each(|c| c.drain = 0);
+    // One instruction receives twice from one peer.
+    let mut twice = good.clone();
+    let op = r1.ops.iter().find(|o| o.recv.count >= 2).unwrap();
+    let f = op.recv.first as usize;
+    twice.ranks[1].ends[f + 1].peer = twice.ranks[1].ends[f].peer;
+    for (name, bad) in [
+        ("elsewhere", &elsewhere),
+        ("undrained", &undrained),
+        ("twice", &twice),
+    ] {
+        assert!(bad.validate().is_err(), "{name}");
+    }
+    let Some(fabric) = fabric(layout, Duration::from_secs(20)) else {
+        return;
+    };
+    for bad in [&elsewhere, &undrained, &twice] {
+        let inputs = vec![vec![1.0f32; 1000]; 4];
+        let mut outputs = vec![vec![0.0f32; 1000]; 4];
+        let results = fabric.call(
+            &[&good, bad, &good, &good],
+            f32_buffers(&mut outputs, &inputs),
+        );
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+        assert!(outputs.iter().flatten().all(|&x| x == 0.0), "nothing ran");
+    }
+}
+
+/// The first end of a rank with `transfer`, receiving or sending.
+fn first_end(p: &RankProgram, sending: bool, transfer: Transfer) -> usize {
+    p.ops
+        .iter()
+        .flat_map(|o| {
+            let s = if sending { o.send } else { o.recv };
+            s.first as usize..(s.first + s.count) as usize
+        })
+        .find(|&i| p.ends[i].transfer == transfer)
+        .unwrap()
+}
+
+/// Direct all-reduce of 1000 f32 on four ranks.
+fn direct_all_reduce(in_place: bool) -> Case {
+    Case {
+        collective: Collective::AllReduce,
+        algorithm: Some(Algorithm::Direct),
+        world_size: 4,
+        count: 1000,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        in_place,
+        seed: 1,
     }
 }
