@@ -118,12 +118,24 @@ pub fn nvrtc_present() -> bool {
     true
 }
 
+/// The file names cudarc tries for `lib`.
+#[cfg(feature = "dynamic-loading")]
+fn candidates(lib: &str) -> Vec<String> {
+    cudarc::get_lib_name_candidates(lib)
+}
+
+/// Linked, there is no library to open by name.
+#[cfg(not(feature = "dynamic-loading"))]
+fn candidates(_lib: &str) -> Vec<String> {
+    Vec::new()
+}
+
 /// The driver library has every function the executor calls.
 pub fn driver_symbols_present() -> Result<(), CudaError> {
     if !cfg!(feature = "dynamic-loading") {
         return Ok(());
     }
-    let names = cudarc::get_lib_name_candidates("cuda");
+    let names = candidates("cuda");
     match missing_in(&names, &driver_symbols()) {
         Some(missing) if !missing.is_empty() => Err(lacking(
             "libcuda",
@@ -139,7 +151,7 @@ pub fn nvrtc_symbols() -> Result<(), CudaError> {
     if !cfg!(feature = "dynamic-loading") {
         return Ok(());
     }
-    let names = cudarc::get_lib_name_candidates("nvrtc");
+    let names = candidates("nvrtc");
     match missing_in(&names, &nvrtc_symbols_used()) {
         Some(missing) if !missing.is_empty() => Err(lacking(
             "libnvrtc",
