@@ -10,7 +10,7 @@ use ferrocoll_rendezvous::{JobSecret, Limits, Server, ServerOptions, Store, Stor
 
 #[test]
 fn a_group_with_a_job_secret_forms_over_tcp_and_strangers_cannot_join_its_store() {
-    let secret = JobSecret::new("job-secret-for-this-test".into()).unwrap();
+    let secret = JobSecret::new("job-secret-for-this-test").unwrap();
     let options = ServerOptions {
         secret: Some(secret.clone()),
         limits: Limits::default(),

@@ -7,13 +7,14 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::protocol::{self, GREETING_BYTES, HELLO_BYTES, OP_SET};
+use crate::protocol::{self, ANSWER_BYTES, GREETING_BYTES, HELLO_BYTES, OP_SET};
+use crate::secret::NONCE_BYTES;
 use crate::{JobSecret, Limits, Server, ServerOptions, Store, StoreError};
 
 const T: Duration = Duration::from_secs(5);
 
 fn secret(s: &str) -> JobSecret {
-    JobSecret::new(s.into()).unwrap()
+    JobSecret::new(s).unwrap()
 }
 
 fn serve(secret: Option<JobSecret>, limits: Limits) -> Server {
@@ -32,8 +33,9 @@ fn raw(addr: SocketAddr, s: Option<&JobSecret>) -> TcpStream {
     let mut g = [0u8; GREETING_BYTES];
     c.read_exact(&mut g).unwrap();
     let greeting = protocol::parse_greeting(&g).unwrap();
-    c.write_all(&protocol::hello(s, &greeting.nonce)).unwrap();
-    let mut verdict = [0u8; 1];
+    c.write_all(&protocol::hello(s, &greeting.nonce, &[3; NONCE_BYTES]))
+        .unwrap();
+    let mut verdict = [0u8; ANSWER_BYTES];
     c.read_exact(&mut verdict).unwrap();
     assert_eq!(verdict[0], 0, "admitted");
     c
@@ -79,12 +81,16 @@ fn a_request_sent_before_authenticating_is_refused_and_changes_nothing() {
     attack.resize(HELLO_BYTES.max(attack.len()), 0);
     c.write_all(&attack).unwrap();
     let got = until_closed(&mut c, T);
-    assert_eq!(got.len(), GREETING_BYTES + 1, "greeting, then a verdict");
+    assert_eq!(
+        got.len(),
+        GREETING_BYTES + ANSWER_BYTES,
+        "greeting, then a verdict"
+    );
     assert_eq!(got[GREETING_BYTES], 3, "not a hello");
     // A hello with a wrong proof.
     let mut c = TcpStream::connect(server.addr()).unwrap();
     c.write_all(b"fccl").unwrap();
-    c.write_all(&[0u8; 32]).unwrap();
+    c.write_all(&[0u8; HELLO_BYTES - 4]).unwrap();
     let got = until_closed(&mut c, T);
     assert_eq!(got[GREETING_BYTES], 1, "wrong secret");
     let mut ok = join(&server, Some(&s)).unwrap();
@@ -271,7 +277,7 @@ fn a_store_host_that_exits_is_a_typed_closed_error() {
         c.write_all(&protocol::greeting(false, &[0; 16])).unwrap();
         let mut hello = [0u8; HELLO_BYTES];
         c.read_exact(&mut hello).unwrap();
-        c.write_all(&[0]).unwrap();
+        c.write_all(&[0; ANSWER_BYTES]).unwrap();
     });
     let mut s = Store::join_with(&addr.to_string(), 1, T, None).unwrap();
     host.join().unwrap();
@@ -279,4 +285,33 @@ fn a_store_host_that_exits_is_a_typed_closed_error() {
     assert!(matches!(e, StoreError::Closed { .. }), "{e}");
     assert!(e.to_string().contains("rank 0"), "{e}");
     assert!(!e.to_string().contains("fill whole buffer"), "{e}");
+}
+
+#[test]
+fn a_server_that_cannot_prove_the_secret_back_gets_nothing() {
+    // A process that takes MASTER_PORT before rank 0 and admits everyone
+    // (before: it was treated as the store, learned every key and could
+    // hand out its own addresses for the ranks' data ports).
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let impostor = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        c.write_all(&protocol::greeting(true, &[5; NONCE_BYTES]))
+            .unwrap();
+        let mut hello = [0u8; HELLO_BYTES];
+        c.read_exact(&mut hello).unwrap();
+        // Admitted, with the client's own proof echoed as "ours".
+        let mut answer = [0u8; ANSWER_BYTES];
+        answer[1..].copy_from_slice(&hello[4 + NONCE_BYTES..]);
+        c.write_all(&answer).unwrap();
+        until_closed(&mut c, T)
+    });
+    let e = Store::join_with(&addr.to_string(), 1, T, Some(&secret("ours"))).unwrap_err();
+    assert!(matches!(e, StoreError::Impostor { .. }), "{e}");
+    assert!(e.to_string().contains("nothing was sent"), "{e}");
+    let after_hello = impostor.join().unwrap();
+    assert!(
+        after_hello.is_empty(),
+        "sent {after_hello:?} to an impostor"
+    );
 }

@@ -75,6 +75,16 @@ pub enum StoreError {
         /// The store's address.
         addr: String,
     },
+    /// The server admitted this process without proving that it knows
+    /// the job secret: not this job's store (a process that took the port
+    /// first?). Nothing was sent to it.
+    #[error(
+        "rendezvous: the server at {addr} admitted this process but did not prove it knows the job secret: not this job's store (did another process take MASTER_PORT first?); nothing was sent to it"
+    )]
+    Impostor {
+        /// The server's address.
+        addr: String,
+    },
     /// The store holds its maximum of connections.
     #[error(
         "rendezvous: the store at {addr} holds its maximum of connections (more than {max} processes joined?)"

@@ -15,25 +15,33 @@
 //! | errors | [`StoreError`] |
 //!
 //! ## Authentication
-//! A job may share a secret, [`JobSecret`], read from
+//! A job may share a secret, [`JobSecret`] (any bytes), read from
 //! `FERROCOLL_JOB_SECRET` (`ferrocoll launch` puts 32 random bytes there, as
-//! hex). When rank 0 has one, its server admits only connections that
-//! prove they know it: the server sends a fresh random nonce, the client
-//! answers with HMAC-SHA-256(secret, label ‖ nonce). The secret never
-//! crosses the network, and a recorded answer is useless for any other
-//! nonce. A client holding a secret refuses a store that does not ask for
-//! one. Without a secret the store is **unauthenticated**: anyone who can
-//! reach the port can read and write it — fine on a trusted, single-user
-//! host, not otherwise. The traffic itself is not encrypted.
+//! hex). When rank 0 has one, both ends prove they know it before any
+//! request: the server sends a fresh random nonce, the client answers with
+//! its own nonce and HMAC-SHA-256(secret, client label ‖ both nonces), and
+//! the server, once it has checked that, answers with
+//! HMAC-SHA-256(secret, server label ‖ both nonces). The client sends
+//! nothing more to a server that cannot ([`StoreError::Impostor`]: a
+//! process that took the port before rank 0 learns no key). The secret
+//! never crosses the network, a recorded answer is useless for any other
+//! nonce, and neither side's proof passes for the other's. A client
+//! holding a secret refuses a store that does not ask for one. Without a
+//! secret the store is **unauthenticated**: anyone who can reach the port
+//! can read and write it — fine on a trusted, single-user host, not
+//! otherwise. The traffic itself is not encrypted.
 //!
-//! ## Wire format (version 2)
+//! ## Wire format (version 3)
 //! On connect the server speaks first:
-//! - greeting (22 bytes): `fcst`, version (1 byte: 2), auth (1 byte: 0 no
-//!   secret asked, 1 HMAC-SHA-256 proof asked), nonce (16 bytes);
-//! - hello (36 bytes, client): `fccl`, proof (32 bytes; zeros when none is
-//!   asked);
-//! - verdict (1 byte, server): 0 accepted, 1 wrong secret, 2 too many
-//!   connections, 3 not a hello; on anything but 0 the server closes.
+//! - greeting (22 bytes): `fcst`, version (1 byte: 3), auth (1 byte: 0 no
+//!   secret asked, 1 HMAC-SHA-256 proofs asked), the server's nonce (16
+//!   bytes);
+//! - hello (52 bytes, client): `fccl`, the client's nonce (16 bytes),
+//!   proof (32 bytes; zeros when none is asked);
+//! - answer (33 bytes, server): verdict (0 accepted, 1 wrong secret, 2 too
+//!   many connections, 3 not a hello; on anything but 0 the server
+//!   closes), then the server's proof (32 bytes; zeros without a secret or
+//!   on a refusal).
 //!
 //! Then one request, one reply, on the persistent connection: request = op
 //! (1 byte: 1 set, 2 get, 3 add), key length (u32 LE), key, value length

@@ -13,15 +13,21 @@ pub(crate) const GREETING_MAGIC: [u8; 4] = *b"fcst";
 /// The client's hello starts with these bytes.
 pub(crate) const HELLO_MAGIC: [u8; 4] = *b"fccl";
 /// The wire format's version, in the greeting.
-pub(crate) const VERSION: u8 = 2;
+pub(crate) const VERSION: u8 = 3;
 /// Greeting: magic, version, whether a proof is asked for, nonce.
 pub(crate) const GREETING_BYTES: usize = 4 + 1 + 1 + NONCE_BYTES;
-/// Hello: magic, proof (zeros when none is asked for).
-pub(crate) const HELLO_BYTES: usize = 4 + PROOF_BYTES;
+/// Hello: magic, the client's nonce, proof (zeros when none is asked for).
+pub(crate) const HELLO_BYTES: usize = 4 + NONCE_BYTES + PROOF_BYTES;
+/// The server's answer: the verdict, then its own proof (zeros when no
+/// secret is asked for, or the verdict is a refusal).
+pub(crate) const ANSWER_BYTES: usize = 1 + PROOF_BYTES;
 
 /// What the client proves knowledge of the secret over: this label, then
-/// the server's nonce.
-const PROOF_LABEL: &[u8] = b"ferrocoll-store-v2 hello";
+/// the server's nonce and the client's.
+const PROOF_LABEL: &[u8] = b"ferrocoll-store-v3 client";
+/// What the server proves it over, likewise: another label, so that a
+/// client's proof never passes for a server's.
+const SERVER_LABEL: &[u8] = b"ferrocoll-store-v3 server";
 
 /// Greeting flag: no secret is asked for.
 pub(crate) const AUTH_NONE: u8 = 0;
@@ -163,16 +169,22 @@ pub(crate) fn parse_greeting(g: &[u8; GREETING_BYTES]) -> Option<Greeting> {
     })
 }
 
-fn proof_context(nonce: &[u8; NONCE_BYTES]) -> Vec<u8> {
-    [PROOF_LABEL, nonce.as_slice()].concat()
+fn proof_context(label: &[u8], server: &[u8; NONCE_BYTES], client: &[u8; NONCE_BYTES]) -> Vec<u8> {
+    [label, server.as_slice(), client.as_slice()].concat()
 }
 
-/// The hello a client answers a greeting with.
-pub(crate) fn hello(secret: Option<&JobSecret>, nonce: &[u8; NONCE_BYTES]) -> [u8; HELLO_BYTES] {
+/// The hello a client answers a greeting with: its own fresh nonce (the
+/// server proves itself over it) and its proof.
+pub(crate) fn hello(
+    secret: Option<&JobSecret>,
+    server: &[u8; NONCE_BYTES],
+    client: &[u8; NONCE_BYTES],
+) -> [u8; HELLO_BYTES] {
     let mut h = [0u8; HELLO_BYTES];
     h[..4].copy_from_slice(&HELLO_MAGIC);
+    h[4..4 + NONCE_BYTES].copy_from_slice(client);
     if let Some(s) = secret {
-        h[4..].copy_from_slice(&s.prove(&proof_context(nonce)));
+        h[4 + NONCE_BYTES..].copy_from_slice(&s.prove(&proof_context(PROOF_LABEL, server, client)));
     }
     h
 }
@@ -182,16 +194,56 @@ pub(crate) fn hello(secret: Option<&JobSecret>, nonce: &[u8; NONCE_BYTES]) -> [u
 pub(crate) fn check_hello(
     h: &[u8; HELLO_BYTES],
     secret: Option<&JobSecret>,
-    nonce: &[u8; NONCE_BYTES],
+    server: &[u8; NONCE_BYTES],
 ) -> Admission {
     if h[..4] != HELLO_MAGIC {
         return Admission::BadHello;
     }
     match secret {
         None => Admission::Accepted,
-        Some(s) if s.verify(&proof_context(nonce), &h[4..]) => Admission::Accepted,
+        Some(s)
+            if s.verify(
+                &proof_context(PROOF_LABEL, server, &client_nonce(h)),
+                &h[4 + NONCE_BYTES..],
+            ) =>
+        {
+            Admission::Accepted
+        }
         Some(_) => Admission::BadSecret,
     }
+}
+
+fn client_nonce(h: &[u8; HELLO_BYTES]) -> [u8; NONCE_BYTES] {
+    let mut n = [0u8; NONCE_BYTES];
+    n.copy_from_slice(&h[4..4 + NONCE_BYTES]);
+    n
+}
+
+/// The server's answer to a hello: the verdict and, when it admits a
+/// client that proved the secret, the server's own proof.
+pub(crate) fn answer(
+    verdict: Admission,
+    secret: Option<&JobSecret>,
+    server: &[u8; NONCE_BYTES],
+    h: &[u8; HELLO_BYTES],
+) -> [u8; ANSWER_BYTES] {
+    let mut a = [0u8; ANSWER_BYTES];
+    a[0] = verdict as u8;
+    if let (Admission::Accepted, Some(s)) = (verdict, secret) {
+        a[1..].copy_from_slice(&s.prove(&proof_context(SERVER_LABEL, server, &client_nonce(h))));
+    }
+    a
+}
+
+/// Whether an admitting answer proves that the server knows `secret`
+/// (always, without one: nothing to prove).
+pub(crate) fn server_proved(
+    a: &[u8; ANSWER_BYTES],
+    secret: Option<&JobSecret>,
+    server: &[u8; NONCE_BYTES],
+    client: &[u8; NONCE_BYTES],
+) -> bool {
+    secret.is_none_or(|s| s.verify(&proof_context(SERVER_LABEL, server, client), &a[1..]))
 }
 
 /// A request's operation.
@@ -456,7 +508,7 @@ pub fn fuzz_server(data: &[u8]) {
         max_total_bytes: 2048,
         ..Limits::default()
     };
-    let secret = JobSecret::new("fuzz".into());
+    let secret = JobSecret::new("fuzz");
     let nonce = [7u8; NONCE_BYTES];
     let mut r = data;
     let mut h = [0u8; HELLO_BYTES];
@@ -569,21 +621,25 @@ mod tests {
 
     #[test]
     fn hellos_prove_the_secret_for_this_nonce_only() {
-        let s = JobSecret::new("s3cret".into()).unwrap();
-        let other = JobSecret::new("guess".into()).unwrap();
+        let s = JobSecret::new("s3cret").unwrap();
+        let other = JobSecret::new("guess").unwrap();
         let nonce = [1u8; NONCE_BYTES];
+        let mine = [9u8; NONCE_BYTES];
         let check = |h, secret| check_hello(&h, secret, &nonce);
         assert_eq!(
-            check(hello(Some(&s), &nonce), Some(&s)),
+            check(hello(Some(&s), &nonce, &mine), Some(&s)),
             Admission::Accepted
         );
         assert_eq!(
-            check(hello(Some(&other), &nonce), Some(&s)),
+            check(hello(Some(&other), &nonce, &mine), Some(&s)),
             Admission::BadSecret
         );
-        assert_eq!(check(hello(None, &nonce), Some(&s)), Admission::BadSecret);
         assert_eq!(
-            check(hello(Some(&s), &[2u8; NONCE_BYTES]), Some(&s)),
+            check(hello(None, &nonce, &mine), Some(&s)),
+            Admission::BadSecret
+        );
+        assert_eq!(
+            check(hello(Some(&s), &[2u8; NONCE_BYTES], &mine), Some(&s)),
             Admission::BadSecret,
             "a proof for another nonce is a replay"
         );
@@ -597,10 +653,32 @@ mod tests {
     }
 
     #[test]
+    fn the_server_proves_the_secret_back_over_the_clients_nonce() {
+        let s = JobSecret::new("s3cret").unwrap();
+        let (server, client) = ([1u8; NONCE_BYTES], [9u8; NONCE_BYTES]);
+        let h = hello(Some(&s), &server, &client);
+        let a = answer(Admission::Accepted, Some(&s), &server, &h);
+        assert!(server_proved(&a, Some(&s), &server, &client));
+        // An impostor that admits everyone without the secret, or echoes
+        // the client's own proof, or answers for another client nonce.
+        let blind = answer(Admission::Accepted, None, &server, &h);
+        assert!(!server_proved(&blind, Some(&s), &server, &client));
+        let mut echo = [0u8; ANSWER_BYTES];
+        echo[1..].copy_from_slice(&h[4 + NONCE_BYTES..]);
+        assert!(!server_proved(&echo, Some(&s), &server, &client));
+        assert!(!server_proved(&a, Some(&s), &server, &[8u8; NONCE_BYTES]));
+        // Refusals carry no proof.
+        assert_eq!(
+            answer(Admission::BadSecret, Some(&s), &server, &h)[1..],
+            [0; PROOF_BYTES]
+        );
+    }
+
+    #[test]
     fn the_fuzz_entry_point_survives_odd_inputs() {
         fuzz_server(&[]);
         fuzz_server(&[0xff; 100]);
-        let mut data = hello(None, &[0; NONCE_BYTES]).to_vec();
+        let mut data = hello(None, &[0; NONCE_BYTES], &[0; NONCE_BYTES]).to_vec();
         for i in 0..40u32 {
             data.extend(request(OP_SET, &i.to_le_bytes(), &[1; 200]));
             data.extend(request(OP_ADD, &i.to_le_bytes(), &[1; 8]));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::StoreError;
 use crate::protocol::{
-    self, Admission, HELLO_BYTES, Limits, RequestError, Table, check_hello, greeting,
+    self, Admission, HELLO_BYTES, Limits, RequestError, Table, answer, check_hello, greeting,
 };
 use crate::secret::{JobSecret, NONCE_BYTES, random_bytes};
 
@@ -337,7 +337,7 @@ fn handshake<'a>(
         Admission::Accepted => state.promote(id),
         refused => refused,
     };
-    writer.write_all(&[verdict as u8])?;
+    writer.write_all(&answer(verdict, secret, &nonce, &hello))?;
     writer.flush()?;
     if verdict != Admission::Accepted {
         tracing::debug!("store: refused a connection: {verdict:?}");

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::StoreError;
 use crate::protocol::{
-    self, Admission, GREETING_BYTES, MAX_CONNECTIONS, MAX_KEY_BYTES, MAX_VALUE_BYTES, OP_ADD,
-    OP_GET, OP_SET, REPLY_BAD_REQUEST, REPLY_FULL, REPLY_KEY_TOO_LONG, REPLY_MISSING, REPLY_OK,
-    REPLY_VALUE_TOO_LONG,
+    self, ANSWER_BYTES, Admission, GREETING_BYTES, MAX_CONNECTIONS, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    OP_ADD, OP_GET, OP_SET, REPLY_BAD_REQUEST, REPLY_FULL, REPLY_KEY_TOO_LONG, REPLY_MISSING,
+    REPLY_OK, REPLY_VALUE_TOO_LONG,
 };
-use crate::secret::JobSecret;
+use crate::secret::{JobSecret, NONCE_BYTES, random_bytes};
 use crate::server::{Server, ServerOptions};
 
 /// A connection to the store.
@@ -345,11 +345,19 @@ fn attempt(
         }
         _ => {}
     }
-    conn.write_all(&protocol::hello(secret, &greeting.nonce))
+    let mine: [u8; NONCE_BYTES] = random_bytes();
+    conn.write_all(&protocol::hello(secret, &greeting.nonce, &mine))
         .map_err(Attempt::Retry)?;
-    let mut verdict = [0u8; 1];
+    let mut verdict = [0u8; ANSWER_BYTES];
     conn.read_exact(&mut verdict).map_err(Attempt::Retry)?;
     match Admission::from_byte(verdict[0]) {
+        // Nothing is sent before the server proved the secret back: a
+        // process that took the port first learns no key and no value.
+        Some(Admission::Accepted)
+            if !protocol::server_proved(&verdict, secret, &greeting.nonce, &mine) =>
+        {
+            Err(Attempt::Fail(StoreError::Impostor { addr: owned() }))
+        }
         Some(Admission::Accepted) => Ok(conn),
         Some(Admission::BadSecret) => Err(Attempt::Fail(StoreError::BadSecret { addr: owned() })),
         Some(Admission::Busy) => Err(Attempt::Fail(StoreError::Busy {
@@ -412,7 +420,7 @@ mod tests {
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let t = Duration::from_secs(10);
-        let secret = JobSecret::new("scope test".into()).unwrap();
+        let secret = JobSecret::new("scope test").unwrap();
         let mut zero = Store::join_with(&addr, 0, t, Some(&secret)).unwrap();
         let mut one = Store::join_with(&addr, 1, t, Some(&secret)).unwrap();
         let mut a = zero.scoped("split0.1").unwrap();

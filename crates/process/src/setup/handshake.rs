@@ -1,14 +1,17 @@
 //! The TCP transport's connection handshake: who may become the connection
-//! to which peer.
+//! to which peer, each side proving the job secret to the other.
 //!
 //! The higher rank of each pair dials the lower one's data port (published
 //! in the store). The acceptor speaks first:
-//! - greeting (25 bytes): `fctp`, version (1 byte: 1), the acceptor's rank
-//!   (u32 LE), a fresh random nonce (16 bytes);
-//! - hello (40 bytes, dialer): `fcth`, the dialer's rank (u32 LE), proof
-//!   (32 bytes): HMAC-SHA-256(job secret, label ‖ nonce ‖ dialer ‖ acceptor
-//!   ‖ world size), zeros when the job has no secret;
-//! - verdict (1 byte, acceptor): 0 accepted, 1 refused (then it closes).
+//! - greeting (25 bytes): `fctp`, version (1 byte: 2), the acceptor's rank
+//!   (u32 LE), its fresh random nonce (16 bytes);
+//! - hello (56 bytes, dialer): `fcth`, the dialer's rank (u32 LE), its own
+//!   fresh nonce (16 bytes), proof (32 bytes): HMAC-SHA-256(job secret,
+//!   dialer label ‖ both nonces ‖ dialer ‖ acceptor ‖ world size), zeros
+//!   when the job has no secret;
+//! - answer (33 bytes, acceptor): verdict (0 accepted, 1 refused, then it
+//!   closes) and, when it accepts, its own proof over the acceptor label
+//!   and the same fields (zeros without a secret).
 //!
 //! The acceptor takes a hello only from a rank that should dial it (in
 //! range, above itself), is not connected yet, and proves the secret.
@@ -16,9 +19,11 @@
 //! is refused and the acceptor keeps waiting for the real peer until the
 //! deadline; greetings are read without blocking, so silent strangers
 //! delay nobody, and at most [`MAX_PENDING`] wait at once (the oldest goes).
-//! Without a job secret the rank checks still hold but anyone who reaches
-//! the port first can claim a rank: set `FERROCOLL_JOB_SECRET` on shared
-//! hosts and networks.
+//! The dialer sends nothing more to an acceptor that cannot prove the
+//! secret back (a process listening where the peer's port was). Without a
+//! job secret the rank checks still hold but anyone who reaches the port
+//! first can claim a rank: set `FERROCOLL_JOB_SECRET` on shared hosts and
+//! networks.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -32,10 +37,12 @@ use super::SetupError;
 
 const GREETING_MAGIC: [u8; 4] = *b"fctp";
 const HELLO_MAGIC: [u8; 4] = *b"fcth";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const GREETING_BYTES: usize = 4 + 1 + 4 + NONCE_BYTES;
-pub(crate) const HELLO_BYTES: usize = 4 + 4 + PROOF_BYTES;
-const LABEL: &[u8] = b"ferrocoll-tcp-v1 hello";
+pub(crate) const HELLO_BYTES: usize = 4 + 4 + NONCE_BYTES + PROOF_BYTES;
+const ANSWER_BYTES: usize = 1 + PROOF_BYTES;
+const DIALER: &[u8] = b"ferrocoll-tcp-v2 dialer";
+const ACCEPTOR: &[u8] = b"ferrocoll-tcp-v2 acceptor";
 const ACCEPTED: u8 = 0;
 const REFUSED: u8 = 1;
 /// Connections still handshaking at once; beyond it the oldest is closed.
@@ -60,9 +67,13 @@ pub(crate) enum Refusal {
     AlreadyConnected(u32),
 }
 
-fn context(nonce: &[u8; NONCE_BYTES], dialer: Rank, acceptor: Rank, world: u32) -> Vec<u8> {
-    let mut c = LABEL.to_vec();
-    c.extend_from_slice(nonce);
+/// Both nonces of one handshake: the acceptor's, then the dialer's.
+type Nonces = ([u8; NONCE_BYTES], [u8; NONCE_BYTES]);
+
+fn context(label: &[u8], nonces: &Nonces, dialer: Rank, acceptor: Rank, world: u32) -> Vec<u8> {
+    let mut c = label.to_vec();
+    c.extend_from_slice(&nonces.0);
+    c.extend_from_slice(&nonces.1);
     for v in [dialer, acceptor, world] {
         c.extend_from_slice(&v.to_le_bytes());
     }
@@ -80,7 +91,7 @@ fn greeting(acceptor: Rank, nonce: &[u8; NONCE_BYTES]) -> [u8; GREETING_BYTES] {
 
 pub(crate) fn hello(
     secret: Option<&JobSecret>,
-    nonce: &[u8; NONCE_BYTES],
+    nonces: &Nonces,
     dialer: Rank,
     acceptor: Rank,
     world: u32,
@@ -88,10 +99,19 @@ pub(crate) fn hello(
     let mut h = [0u8; HELLO_BYTES];
     h[..4].copy_from_slice(&HELLO_MAGIC);
     h[4..8].copy_from_slice(&dialer.to_le_bytes());
+    h[8..8 + NONCE_BYTES].copy_from_slice(&nonces.1);
     if let Some(s) = secret {
-        h[8..].copy_from_slice(&s.prove(&context(nonce, dialer, acceptor, world)));
+        h[8 + NONCE_BYTES..]
+            .copy_from_slice(&s.prove(&context(DIALER, nonces, dialer, acceptor, world)));
     }
     h
+}
+
+/// The dialer's nonce in a hello, beside the acceptor's own.
+fn nonces_of(h: &[u8; HELLO_BYTES], mine: &[u8; NONCE_BYTES]) -> Nonces {
+    let mut theirs = [0u8; NONCE_BYTES];
+    theirs.copy_from_slice(&h[8..8 + NONCE_BYTES]);
+    (*mine, theirs)
 }
 
 /// The rank a hello may become the connection of, or why not.
@@ -113,8 +133,12 @@ pub(crate) fn check_hello(
     if peer <= me {
         return Err(Refusal::ShouldNotDial(peer));
     }
+    let nonces = nonces_of(h, nonce);
     if let Some(s) = secret
-        && !s.verify(&context(nonce, peer, me, world), &h[8..])
+        && !s.verify(
+            &context(DIALER, &nonces, peer, me, world),
+            &h[8 + NONCE_BYTES..],
+        )
     {
         return Err(Refusal::BadProof(peer));
     }
@@ -122,6 +146,22 @@ pub(crate) fn check_hello(
         return Err(Refusal::AlreadyConnected(peer));
     }
     Ok(peer)
+}
+
+/// The acceptor's answer admitting `dialer`: the verdict and its proof.
+fn acceptance(
+    secret: Option<&JobSecret>,
+    nonces: &Nonces,
+    dialer: Rank,
+    acceptor: Rank,
+    world: u32,
+) -> [u8; ANSWER_BYTES] {
+    let mut a = [0u8; ANSWER_BYTES];
+    a[0] = ACCEPTED;
+    if let Some(s) = secret {
+        a[1..].copy_from_slice(&s.prove(&context(ACCEPTOR, nonces, dialer, acceptor, world)));
+    }
+    a
 }
 
 /// Run the dialer's half on a fresh connection to `peer`.
@@ -147,15 +187,25 @@ pub(crate) fn dial(
             "the listener is not that rank's ferrocoll data port",
         ));
     }
-    let mut nonce = [0u8; NONCE_BYTES];
-    nonce.copy_from_slice(&g[9..]);
-    stream.write_all(&hello(secret, &nonce, me, peer, world))?;
-    let mut verdict = [0u8; 1];
-    stream.read_exact(&mut verdict)?;
-    if verdict[0] != ACCEPTED {
+    let mut theirs = [0u8; NONCE_BYTES];
+    theirs.copy_from_slice(&g[9..]);
+    let nonces = (theirs, random_bytes());
+    stream.write_all(&hello(secret, &nonces, me, peer, world))?;
+    let mut answer = [0u8; ANSWER_BYTES];
+    stream.read_exact(&mut answer)?;
+    if answer[0] != ACCEPTED {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             "it refused the handshake (a different FERROCOLL_JOB_SECRET?)",
+        ));
+    }
+    if let Some(s) = secret
+        && !s.verify(&context(ACCEPTOR, &nonces, me, peer, world), &answer[1..])
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "it admitted this rank without proving the job secret: not that rank's data port \
+             (another process listening there?); nothing was sent to it",
         ));
     }
     stream.set_read_timeout(None)
@@ -304,14 +354,17 @@ fn poll_pending(
         let connected = |r: Rank| streams[r as usize].is_some();
         match check_hello(&hello, me, world, connected, secret, &p.nonce) {
             Ok(peer) => {
-                if let Some(stream) = admit(p.stream) {
+                let answer = acceptance(secret, &nonces_of(&hello, &p.nonce), peer, me, world);
+                if let Some(stream) = admit(p.stream, &answer) {
                     streams[peer as usize] = Some(stream);
                 }
             }
             Err(why) => {
                 let from = p.stream.peer_addr().ok();
                 tracing::warn!(?from, "tcp: refused a connection to rank {me}: {why:?}");
-                let _ = (&p.stream).write_all(&[REFUSED]);
+                let mut refusal = [0u8; ANSWER_BYTES];
+                refusal[0] = REFUSED;
+                let _ = (&p.stream).write_all(&refusal);
             }
         }
     }
@@ -319,12 +372,12 @@ fn poll_pending(
 }
 
 /// Tell an accepted dialer so, and hand its stream over in blocking mode.
-fn admit(stream: TcpStream) -> Option<TcpStream> {
+fn admit(stream: TcpStream, answer: &[u8; ANSWER_BYTES]) -> Option<TcpStream> {
     stream.set_nonblocking(false).ok()?;
     stream
         .set_write_timeout(Some(Duration::from_secs(1)))
         .ok()?;
-    (&stream).write_all(&[ACCEPTED]).ok()?;
+    (&stream).write_all(answer).ok()?;
     Some(stream)
 }
 
@@ -345,10 +398,15 @@ pub fn fuzz_hello(data: &[u8]) {
     if let Ok(peer) = check_hello(&h, 1, 4, connected, None, &nonce) {
         assert_eq!(peer, 2, "only the unconnected rank above 1");
     }
-    let secret = JobSecret::new("fuzz".into());
+    let secret = JobSecret::new("fuzz");
     if let Ok(peer) = check_hello(&h, 1, 4, connected, secret.as_ref(), &nonce) {
         assert_eq!(peer, 2);
-        assert_eq!(h, hello(secret.as_ref(), &nonce, 2, 1, 4), "a forged proof");
+        let nonces = nonces_of(&h, &nonce);
+        assert_eq!(
+            h,
+            hello(secret.as_ref(), &nonces, 2, 1, 4),
+            "a forged proof"
+        );
     }
 }
 
@@ -360,7 +418,7 @@ mod tests {
     const WORLD: u32 = 3;
 
     fn secret(s: &str) -> JobSecret {
-        JobSecret::new(s.into()).unwrap()
+        JobSecret::new(s).unwrap()
     }
 
     /// Rank 0 accepting on a thread; returns its address and the ranks it admitted.
@@ -405,6 +463,7 @@ mod tests {
         s.read_exact(&mut g).unwrap();
         let mut h = HELLO_MAGIC.to_vec();
         h.extend_from_slice(&claim.to_le_bytes());
+        h.extend_from_slice(&[7; NONCE_BYTES]);
         h.extend_from_slice(&proof);
         s.write_all(&h).unwrap();
         let mut rest = Vec::new();
@@ -418,7 +477,9 @@ mod tests {
         let (addr, rank0) = acceptor(Some(s.clone()), Duration::from_secs(10));
         // A silent stranger, and strangers claiming ranks without the secret.
         let _silent = TcpStream::connect(addr).unwrap();
-        assert_eq!(raw_hello(addr, 2, [0; PROOF_BYTES]), [REFUSED]);
+        let mut refused = [0u8; ANSWER_BYTES];
+        refused[0] = REFUSED;
+        assert_eq!(raw_hello(addr, 2, [0; PROOF_BYTES]), refused);
         let e = dial_as(addr, 1, Some(&secret("another job"))).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
         let e = dial_as(addr, 2, None).unwrap_err();
@@ -437,7 +498,8 @@ mod tests {
     fn a_second_connection_for_a_connected_rank_is_refused() {
         let s = secret("job");
         let nonce = [3u8; NONCE_BYTES];
-        let h = hello(Some(&s), &nonce, 2, 0, WORLD);
+        let nonces = (nonce, [5u8; NONCE_BYTES]);
+        let h = hello(Some(&s), &nonces, 2, 0, WORLD);
         assert_eq!(
             check_hello(&h, 0, WORLD, |_| false, Some(&s), &nonce),
             Ok(2)
@@ -452,7 +514,7 @@ mod tests {
             Err(Refusal::BadProof(2))
         );
         // Without a secret, the rank checks still hold.
-        let h = hello(None, &nonce, 0, 1, WORLD);
+        let h = hello(None, &nonces, 0, 1, WORLD);
         assert_eq!(
             check_hello(&h, 1, WORLD, |_| false, None, &nonce),
             Err(Refusal::ShouldNotDial(0))
@@ -471,13 +533,41 @@ mod tests {
     fn the_fuzz_entry_point_survives_odd_inputs() {
         fuzz_hello(&[]);
         fuzz_hello(&[0xff; 100]);
-        fuzz_hello(&hello(None, &[9; NONCE_BYTES], 2, 1, 4));
-        fuzz_hello(&hello(
-            JobSecret::new("fuzz".into()).as_ref(),
-            &[9; NONCE_BYTES],
-            2,
-            1,
-            4,
-        ));
+        let nonces = ([9; NONCE_BYTES], [1; NONCE_BYTES]);
+        fuzz_hello(&hello(None, &nonces, 2, 1, 4));
+        fuzz_hello(&hello(JobSecret::new("fuzz").as_ref(), &nonces, 2, 1, 4));
+    }
+
+    #[test]
+    fn a_listener_that_cannot_prove_the_secret_back_gets_no_data() {
+        // Something listens where rank 0's data port was and admits
+        // anyone, echoing the dialer's proof as its own (before: the
+        // dialer took it for rank 0 and sent it its data).
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let impostor = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            c.write_all(&greeting(0, &[2; NONCE_BYTES])).unwrap();
+            let mut h = [0u8; HELLO_BYTES];
+            c.read_exact(&mut h).unwrap();
+            let mut answer = [ACCEPTED; ANSWER_BYTES];
+            answer[1..].copy_from_slice(&h[8 + NONCE_BYTES..]);
+            c.write_all(&answer).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut rest = Vec::new();
+            let _ = c.read_to_end(&mut rest);
+            rest
+        });
+        let e = {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            dial(&mut stream, 1, 0, WORLD, Some(&secret("job")), deadline).unwrap_err()
+        };
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("without proving"), "{e}");
+        assert!(
+            impostor.join().unwrap().is_empty(),
+            "nothing after the hello"
+        );
     }
 }

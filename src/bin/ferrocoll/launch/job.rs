@@ -15,7 +15,10 @@ pub(crate) struct Job {
 impl Job {
     pub fn new() -> Job {
         let secret = JobSecret::from_env().unwrap_or_else(JobSecret::generate);
-        let id = JobSecret::generate().expose()[..16].to_owned();
+        let id = ferrocoll::rendezvous::random_bytes::<8>()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         Job { secret, id }
     }
 

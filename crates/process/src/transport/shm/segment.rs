@@ -33,11 +33,15 @@ impl Segment {
     /// Create `path` (which must not exist) with `len` zeroed bytes, backed
     /// now rather than on first touch, so a full tmpfs is an error here and
     /// not a SIGBUS in the middle of a collective.
+    /// Only this user may open it (mode 0600): the segment holds the
+    /// group's data and its control words.
     pub fn create(path: &Path, len: usize) -> std::io::Result<Segment> {
+        use std::os::unix::fs::OpenOptionsExt;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)?;
         // A failure past this point must not leave the file behind.
         let made = file
@@ -52,9 +56,26 @@ impl Segment {
 
     /// Map an existing segment, which must hold exactly `len` bytes (every
     /// rank lays its segment out from the same settings).
+    /// A segment another user made (planted under a name this group
+    /// will use) is refused: its owner could read or rewrite every call.
     pub fn open(path: &Path, len: usize) -> std::io::Result<Segment> {
+        use std::os::unix::fs::MetadataExt;
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let actual = file.metadata()?.len();
+        let meta = file.metadata()?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me || meta.mode() & 0o077 != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} belongs to uid {} with mode {:o}, not to this user alone (uid {me})",
+                    path.display(),
+                    meta.uid(),
+                    meta.mode() & 0o777
+                ),
+            ));
+        }
+        let actual = meta.len();
         if actual != len as u64 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -146,4 +167,26 @@ fn reserve(file: &File, len: usize) -> std::io::Result<()> {
 #[cfg(not(target_os = "linux"))]
 fn reserve(_file: &File, _len: usize) -> std::io::Result<()> {
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn segments_are_this_users_alone_and_others_are_refused() {
+        let path = directory().join(format!("ferrocoll-test-perm.{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let seg = Segment::create(&path, 4096).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        // Before: 0644 under the usual umask, readable by every user.
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        drop(Segment::open(&path, 4096).unwrap());
+        // A segment others may read or write is not opened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = Segment::open(&path, 4096).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        seg.unlink();
+    }
 }
