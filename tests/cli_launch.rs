@@ -6,6 +6,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{alive, launch_banner, processes_with, unique_secret};
+
 fn ferrocoll(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
         .args(args)
@@ -300,34 +303,6 @@ fn killing_one_of_four_bench_processes_fails_the_others_fast_over_tcp() {
     kill_one_mid_bench("tcp");
 }
 
-/// The pids and job id `launch` prints on its first line.
-fn launch_banner(line: &str) -> (Vec<u32>, String) {
-    let pids = line
-        .split("pids ")
-        .nth(1)
-        .unwrap_or("")
-        .split_whitespace()
-        .filter_map(|p| p.split('=').nth(1)?.parse().ok())
-        .collect();
-    let job = line
-        .split("job ")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .unwrap_or("")
-        .to_owned();
-    (pids, job)
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        !s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
-}
-
 fn segments_of(job: &str) -> usize {
     let prefix = format!("ferrocoll-{job}.");
     std::fs::read_dir("/dev/shm").map_or(0, |d| {
@@ -426,32 +401,6 @@ fn a_killed_launcher_leaves_no_orphan() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(processes_with(&secret), Vec::<u32>::new(), "orphans");
-}
-
-/// A secret no other test's processes carry.
-fn unique_secret() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("cli-launch-{}-{nanos}", std::process::id())
-}
-
-/// Live processes whose environment holds the job secret `secret` (the
-/// launcher passes the caller's on to every rank and ranks' children).
-fn processes_with(secret: &str) -> Vec<u32> {
-    let needle = format!("FERROCOLL_JOB_SECRET={secret}");
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| alive(pid))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == needle.as_bytes()))
-        })
-        .collect()
 }
 
 /// Ctrl-C while the launcher is still starting its ranks stops the

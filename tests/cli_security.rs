@@ -8,13 +8,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+use common::{free_port, wait_within};
 
 /// `ferrocoll rendezvous` as `rank` of two, meeting at `port`.
 fn rank(rank: u32, port: u16, secret: Option<&OsStr>) -> Command {
@@ -59,12 +54,8 @@ fn a_job_secret_that_is_not_unicode_still_authenticates() {
         String::from_utf8_lossy(&member.stderr)
     );
     assert!(text.contains("all 2 ranks met"), "{text}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while host.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() >= deadline {
-            let _ = host.kill();
-            panic!("rank 0 did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        wait_within(&mut host, Duration::from_secs(10)).is_some(),
+        "rank 0 did not finish"
+    );
 }

@@ -99,9 +99,14 @@ impl Header {
     }
 
     /// What the sender called, as it described it.
+    /// Ours never hold control characters: one that does (a peer's
+    /// bytes, printed in a mismatch) reads as garbled.
     pub fn signature(&self) -> &str {
         let n = usize::from(self.signature_len).min(SIGNATURE_BYTES);
-        std::str::from_utf8(&self.signature[..n]).unwrap_or("<garbled signature>")
+        match std::str::from_utf8(&self.signature[..n]) {
+            Ok(s) if !s.chars().any(char::is_control) => s,
+            _ => "<garbled signature>",
+        }
     }
 
     /// Whether a message with this header belongs to the call `call`

@@ -214,6 +214,28 @@ pub fn check_disjoint(
     }
 }
 
+/// `text` from another process (a peer's failure reason), safe to print:
+/// control characters — terminal escape sequences, carriage returns,
+/// newlines — and the bidirectional overrides that reorder what a reader
+/// sees are written as `\u{..}` escapes, so a peer cannot redraw or hide
+/// parts of a survivor's terminal.
+pub fn printable(text: &str) -> String {
+    let hidden =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !text.chars().any(hidden) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if hidden(c) {
+                format!("\\u{{{:x}}}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// `Err(RankOutOfRange)` unless `rank` (a root or a peer) is a rank of a
 /// group of `world_size`.
 pub fn check_rank(rank: Rank, world_size: u32) -> Result<(), CommError> {
@@ -292,5 +314,21 @@ pub fn block_count(
         }
         (_, Some(i)) if i != out_len => Err(buffer_size("output", out_len, i)),
         _ => Ok(out_len),
+    }
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::printable;
+
+    #[test]
+    fn escape_sequences_from_peers_are_shown_not_obeyed() {
+        assert_eq!(printable("plain reason: é ✓"), "plain reason: é ✓");
+        assert_eq!(
+            printable("\u{1b}[2J\u{1b}]0;owned\u{7}gone\r\nnext"),
+            "\\u{1b}[2J\\u{1b}]0;owned\\u{7}gone\\u{d}\\u{a}next"
+        );
+        assert_eq!(printable("a\u{202e}b"), "a\\u{202e}b");
+        assert_eq!(printable("\u{9b}31m"), "\\u{9b}31m");
     }
 }

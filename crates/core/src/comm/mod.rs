@@ -38,6 +38,7 @@ mod work;
 pub use call::{Call, Checked, HostSlice, HostSliceMut, Operation};
 pub use error::{
     BackendError, CommError, block_count, check_disjoint, check_peer, check_rank, check_root,
+    printable,
 };
 pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};

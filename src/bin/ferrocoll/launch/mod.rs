@@ -12,17 +12,21 @@
 //! launcher itself is killed. Segments that ranks killed during setup
 //! left in tmpfs are removed at the end.
 
+mod forward;
 mod job;
 mod signals;
+mod supervise;
 pub(crate) mod watchdog;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use forward::forward;
 use job::Job;
+use supervise::{Timing, stop, supervise};
 use watchdog::Watchdog;
 
 /// The most ranks one launch starts: a local launcher for one host.
@@ -50,13 +54,6 @@ pub(crate) struct LaunchArgs {
     command: Vec<String>,
 }
 
-/// Kill a rank and everything in its process group.
-fn stop(child: &mut Child) {
-    #[cfg(unix)]
-    signals::send_group(child.id(), libc::SIGKILL);
-    let _ = child.kill();
-}
-
 fn free_port() -> Result<u16, String> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -64,22 +61,10 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port for the rendezvous: {e}"))
 }
 
-/// Copy a child's stream to ours, one prefixed line at a time.
-fn forward(
-    stream: impl std::io::Read + Send + 'static,
-    rank: u32,
-    err: bool,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if err {
-                eprintln!("[rank {rank}] {line}");
-            } else {
-                println!("[rank {rank}] {line}");
-            }
-        }
-    })
-}
+/// How long the launcher waits, once every rank has ended and what they
+/// left behind is killed, for their output to drain: only a process that
+/// left the rank's process group (`setsid`) can still hold a pipe then.
+const DRAIN: Duration = Duration::from_secs(1);
 
 /// Seconds from a flag: finite and at least 0.
 fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
@@ -102,6 +87,13 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         return Err("no command given after `--`".into());
     }
     let port = match args.port {
+        Some(0) => {
+            return Err(
+                "--port must be between 1 and 65535 (0 is no port: omit the flag for a \
+                        free one)"
+                    .into(),
+            );
+        }
         Some(p) => p,
         None => free_port()?,
     };
@@ -129,14 +121,18 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         job.id,
         pids.join(" ")
     );
-    let mut end = supervise(children, grace, term_timeout);
+    let mut end = supervise(
+        children,
+        &Timing {
+            grace,
+            term_timeout,
+        },
+    );
     // A signal that stopped the starting before any rank ran.
     if end.signal.is_none() {
         end.signal = signals::received().map(|(signal, _)| signal);
     }
-    for f in forwarders {
-        let _ = f.join();
-    }
+    drain(forwarders, DRAIN);
     let removed = job.remove_segments();
     if let Some(w) = watchdog {
         w.done();
@@ -145,6 +141,19 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         eprintln!("ferrocoll launch: removed {removed} shared-memory segments ranks left behind");
     }
     Ok(end.report())
+}
+
+/// Wait up to `within` for the forwarders to pass on what is left; a
+/// forwarder still blocked then (its pipe held by an escaped process) is
+/// left behind, to end with the launcher.
+fn drain(forwarders: Vec<JoinHandle<()>>, within: Duration) {
+    let until = Instant::now() + within;
+    while forwarders.iter().any(|f| !f.is_finished()) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for f in forwarders.into_iter().filter(JoinHandle::is_finished) {
+        let _ = f.join();
+    }
 }
 
 /// Start every rank with its env:// variables, its output forwarded with
@@ -280,211 +289,3 @@ fn die_with_launcher(command: &mut Command) {
 
 #[cfg(not(unix))]
 fn die_with_launcher(_command: &mut Command) {}
-
-/// How long after the first failure a rank killed by a signal still
-/// takes the blame from it: a killed rank's peers can see the broken link
-/// and exit with an error before the kernel has finished tearing the
-/// killed process down and the launcher can reap it.
-const BLAME_SETTLE: Duration = Duration::from_millis(500);
-
-/// How the ranks ended.
-struct End {
-    /// The first rank to fail, and how.
-    failed: Option<(u32, String)>,
-    /// When `failed` was set, and whether that rank was killed by a signal.
-    failed_at: Option<(Instant, bool)>,
-    /// A signal the launcher received and forwarded.
-    signal: Option<i32>,
-    /// How the others ended after that.
-    after: Vec<String>,
-}
-
-impl End {
-    /// Say how the job ended; the exit code follows the shell's
-    /// convention (128 + signal) when the launcher was interrupted.
-    fn report(&self) -> ExitCode {
-        let rest = if self.after.is_empty() {
-            String::new()
-        } else {
-            format!("; then {}", self.after.join(", "))
-        };
-        if let Some(signal) = self.signal {
-            eprintln!(
-                "ferrocoll launch: interrupted by {}: forwarded to every rank{rest}",
-                signals::name(signal)
-            );
-            return ExitCode::from(128u8.saturating_add(signal.clamp(0, 127) as u8));
-        }
-        match &self.failed {
-            None => ExitCode::SUCCESS,
-            Some((rank, why)) => {
-                eprintln!("ferrocoll launch: rank {rank} failed first ({why}){rest}");
-                ExitCode::from(1)
-            }
-        }
-    }
-}
-
-/// Wait for every rank. The first failure kills the rest after `grace`;
-/// a signal is forwarded to every rank, which are killed `term_timeout`
-/// later (at once on a second signal).
-fn supervise(children: Vec<(u32, Child)>, grace: Duration, term_timeout: Duration) -> End {
-    let mut end = End {
-        failed: None,
-        failed_at: None,
-        signal: None,
-        after: Vec::new(),
-    };
-    let mut kill_at: Option<Instant> = None;
-    let mut forwarded = 0u32;
-    let mut running: Vec<(u32, Child)> = children;
-    while !running.is_empty() {
-        if let Some((signal, count)) = signals::received()
-            && count > forwarded
-        {
-            forwarded = count;
-            end.signal = Some(signal);
-            for (_, child) in &running {
-                signals::send_group(child.id(), signal);
-            }
-            let at = if count > 1 {
-                Instant::now()
-            } else {
-                Instant::now() + term_timeout
-            };
-            kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
-        }
-        running = reap(running, &mut end);
-        if end.failed.is_some() && kill_at.is_none() {
-            kill_at = Some(Instant::now() + grace);
-        }
-        if kill_at.is_some_and(|at| Instant::now() >= at) {
-            for (rank, child) in &mut running {
-                stop(child);
-                end.after.push(format!("rank {rank} killed"));
-            }
-            for (_, child) in &mut running {
-                let _ = child.wait();
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    end
-}
-
-/// Collect the ranks that ended since the last look; keep the rest.
-fn reap(running: Vec<(u32, Child)>, end: &mut End) -> Vec<(u32, Child)> {
-    let mut still = Vec::new();
-    let mut ended = Vec::new();
-    for (rank, mut child) in running {
-        match child.try_wait() {
-            Ok(Some(status)) => ended.push((rank, status)),
-            Ok(None) => still.push((rank, child)),
-            Err(e) => {
-                end.failed.get_or_insert((rank, e.to_string()));
-            }
-        }
-    }
-    // Of ranks that ended since the last look, one killed by a signal
-    // is the likelier cause: its peers exit with errors right after.
-    ended.sort_by_key(|(_, status)| !killed_by_signal(status));
-    for (rank, status) in ended {
-        end.record(rank, status);
-    }
-    still
-}
-
-impl End {
-    /// Note how one rank ended.
-    fn record(&mut self, rank: u32, status: std::process::ExitStatus) {
-        let signaled = killed_by_signal(&status);
-        if self.signal.is_none() && !status.success() && self.takes_blame(signaled) {
-            if let Some((first, why)) = self.failed.take() {
-                self.after.insert(0, format!("rank {first} {why}"));
-            }
-            self.failed = Some((rank, status.to_string()));
-            self.failed_at = Some((Instant::now(), signaled));
-        } else if self.failed.is_some() || self.signal.is_some() {
-            self.after.push(if status.success() {
-                format!("rank {rank} exited cleanly")
-            } else {
-                format!("rank {rank} {status}")
-            });
-        }
-    }
-
-    /// Whether a rank that just failed (by a signal or not) is the one to
-    /// name: the first failure, or a killed rank reaped shortly after a
-    /// first failure that was an ordinary error exit.
-    fn takes_blame(&self, signaled: bool) -> bool {
-        match self.failed_at {
-            None => self.failed.is_none(),
-            Some((at, first_signaled)) => {
-                signaled && !first_signaled && at.elapsed() < BLAME_SETTLE
-            }
-        }
-    }
-}
-
-fn killed_by_signal(status: &std::process::ExitStatus) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt;
-        status.signal().is_some()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = status;
-        false
-    }
-}
-
-#[cfg(all(test, unix))]
-mod tests {
-    use super::*;
-    use std::os::unix::process::ExitStatusExt;
-    use std::process::ExitStatus;
-
-    fn fresh() -> End {
-        End {
-            failed: None,
-            failed_at: None,
-            signal: None,
-            after: Vec::new(),
-        }
-    }
-
-    const EXIT_2: i32 = 2 << 8;
-    const SIGKILL: i32 = 9;
-
-    #[test]
-    fn a_killed_rank_reaped_just_after_its_peers_error_takes_the_blame() {
-        let mut end = fresh();
-        end.record(0, ExitStatus::from_raw(EXIT_2));
-        end.record(2, ExitStatus::from_raw(SIGKILL));
-        end.record(1, ExitStatus::from_raw(EXIT_2));
-        assert_eq!(end.failed.as_ref().unwrap().0, 2);
-        assert_eq!(end.after.len(), 2);
-        assert!(end.after[0].starts_with("rank 0 "), "{:?}", end.after);
-    }
-
-    #[test]
-    fn a_first_error_stands_once_the_settle_time_is_over() {
-        let mut end = fresh();
-        end.record(0, ExitStatus::from_raw(EXIT_2));
-        end.failed_at = Some((Instant::now() - BLAME_SETTLE, false));
-        end.record(2, ExitStatus::from_raw(SIGKILL));
-        assert_eq!(end.failed.as_ref().unwrap().0, 0);
-    }
-
-    #[test]
-    fn a_first_kill_is_never_replaced() {
-        let mut end = fresh();
-        end.record(3, ExitStatus::from_raw(SIGKILL));
-        end.record(1, ExitStatus::from_raw(SIGKILL));
-        end.record(0, ExitStatus::from_raw(0));
-        assert_eq!(end.failed.as_ref().unwrap().0, 3);
-        assert_eq!(end.after.len(), 2);
-    }
-}

@@ -80,11 +80,15 @@ impl Watchdog {
 /// The watchdog's side: read groups until `done` (exit quietly) or end of
 /// input (the launcher died: kill every group, remove the segments).
 pub(crate) fn run(args: &WatchdogArgs) -> Result<std::process::ExitCode, String> {
+    // Only the end of its input stops it: a `pkill`'s SIGTERM, a
+    // terminal's hangup or Ctrl-C must not leave the job unguarded (a
+    // launcher SIGKILLed after that once left its ranks' children).
     #[cfg(unix)]
     // SAFETY: ignoring signals at the start of a single-threaded process.
     unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        for signal in [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGQUIT] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
     }
     let mut groups = Vec::new();
     for line in std::io::stdin().lock().lines() {

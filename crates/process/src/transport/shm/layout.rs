@@ -248,6 +248,8 @@ impl Segments {
             );
         }
         let culprit = self.word32(rank, CULPRIT_AT).load(Ordering::Relaxed);
-        Some((culprit, String::from_utf8_lossy(&bytes).into_owned()))
+        // Another process wrote it: shown, never obeyed by a terminal.
+        let reason = ferrocoll_core::comm::printable(&String::from_utf8_lossy(&bytes));
+        Some((culprit, reason))
     }
 }

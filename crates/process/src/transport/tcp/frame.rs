@@ -176,7 +176,8 @@ pub(super) fn decode(prefix: &Prefix, body: &[u8], world_size: u32) -> std::io::
             }
             Ok(Frame::Fail {
                 culprit,
-                reason: String::from_utf8_lossy(body).into_owned(),
+                // A peer's text: shown, never obeyed by a terminal.
+                reason: ferrocoll_core::comm::printable(&String::from_utf8_lossy(body)),
             })
         }
         _ => Ok(Frame::Bye),

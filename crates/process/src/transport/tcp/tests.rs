@@ -130,6 +130,23 @@ fn a_fail_frame_blaming_a_rank_outside_the_group_is_a_protocol_error_of_the_send
 }
 
 #[test]
+fn a_peers_failure_text_reaches_the_survivor_with_its_escape_codes_defused() {
+    // Before: "\x1b[2J" in a peer's reason cleared the survivor's screen
+    // when the error was printed.
+    let (mut t, mut peer) = pair();
+    let reason = b"\x1b[2J\x1b]0;title\x07panicked\r\n";
+    peer.write_all(&frame(FAIL, 1, reason.len() as u64))
+        .unwrap();
+    peer.write_all(reason).unwrap();
+    let text = failure_of(&mut t);
+    assert!(!text.chars().any(char::is_control), "{text:?}");
+    assert!(
+        text.contains("\\u{1b}[2J") && text.contains("panicked"),
+        "{text}"
+    );
+}
+
+#[test]
 fn frames_on_channels_past_the_wire_bound_are_protocol_errors() {
     for channel in [MAX_WIRE_CHANNELS, u32::MAX - 1] {
         let mut bad = frame(ACK, channel, 8);

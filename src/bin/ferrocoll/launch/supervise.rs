@@ -1,0 +1,397 @@
+//! Watching the ranks until they end: the first failure kills the rest
+//! after `--grace`, a signal is forwarded and kills `--term-timeout`
+//! later, ranks left stopped with nothing else running are a failure,
+//! and the end says who failed first.
+
+use std::process::{Child, ExitCode, ExitStatus};
+use std::time::{Duration, Instant};
+
+use super::signals;
+
+/// How long after the first failure a rank that failed harder (killed by
+/// a signal, or panicked) still takes the blame from it: its peers see
+/// the broken link and exit with an error before the kernel has torn the
+/// killed process down (or the panicking one has unwound) and the
+/// launcher can reap it.
+pub(super) const BLAME_SETTLE: Duration = Duration::from_millis(500);
+
+/// The exit code of a Rust program whose main thread panicked.
+const PANIC_EXIT: i32 = 101;
+
+/// How the ranks ended.
+pub(super) struct End {
+    /// The first rank to fail, and how.
+    failed: Option<(u32, String)>,
+    /// When `failed` was set, and how hard that rank failed.
+    failed_at: Option<(Instant, Severity)>,
+    /// A signal the launcher received and forwarded.
+    pub(super) signal: Option<i32>,
+    /// How the others ended after that.
+    after: Vec<String>,
+}
+
+/// How hard a rank failed: of ranks failing at about the same time, the
+/// hardest is the likelier cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Severity {
+    /// An error exit (often: it saw a peer fail).
+    Error,
+    /// A Rust panic.
+    Panic,
+    /// Killed by a signal.
+    Killed,
+}
+
+fn severity(status: &ExitStatus) -> Severity {
+    if killed_by_signal(status) {
+        Severity::Killed
+    } else if status.code() == Some(PANIC_EXIT) {
+        Severity::Panic
+    } else {
+        Severity::Error
+    }
+}
+
+impl End {
+    pub(super) fn new() -> End {
+        End {
+            failed: None,
+            failed_at: None,
+            signal: None,
+            after: Vec::new(),
+        }
+    }
+
+    /// Say how the job ended. A signal before any failure exits the
+    /// shell's way (128 + signal); a failure stays the job's outcome even
+    /// when a signal came during the grace after it.
+    pub(super) fn report(&self) -> ExitCode {
+        let rest = if self.after.is_empty() {
+            String::new()
+        } else {
+            format!("; then {}", self.after.join(", "))
+        };
+        match (&self.failed, self.signal) {
+            (Some((rank, why)), Some(signal)) => {
+                eprintln!(
+                    "ferrocoll launch: rank {rank} failed first ({why}); then interrupted by {}: \
+                     forwarded to every rank{rest}",
+                    signals::name(signal)
+                );
+                ExitCode::from(1)
+            }
+            (None, Some(signal)) => {
+                eprintln!(
+                    "ferrocoll launch: interrupted by {}: forwarded to every rank{rest}",
+                    signals::name(signal)
+                );
+                ExitCode::from(128u8.saturating_add(signal.clamp(0, 127) as u8))
+            }
+            (Some((rank, why)), None) => {
+                eprintln!("ferrocoll launch: rank {rank} failed first ({why}){rest}");
+                ExitCode::from(1)
+            }
+            (None, None) => ExitCode::SUCCESS,
+        }
+    }
+
+    /// Note how one rank ended.
+    pub(super) fn record(&mut self, rank: u32, status: ExitStatus) {
+        let how = severity(&status);
+        if self.signal.is_none() && !status.success() && self.takes_blame(how) {
+            if let Some((first, why)) = self.failed.take() {
+                self.after.insert(0, format!("rank {first} {why}"));
+            }
+            self.failed = Some((rank, describe(&status)));
+            self.failed_at = Some((Instant::now(), how));
+        } else if self.failed.is_some() || self.signal.is_some() {
+            self.after.push(if status.success() {
+                format!("rank {rank} exited cleanly")
+            } else {
+                format!("rank {rank} {}", describe(&status))
+            });
+        }
+    }
+
+    /// A failure that is not an exit (the launcher could not wait for a
+    /// rank, or stopped one that could not go on).
+    fn fail(&mut self, rank: u32, why: String) {
+        if self.failed.is_none() {
+            self.failed = Some((rank, why));
+            self.failed_at = Some((Instant::now(), Severity::Killed));
+        } else {
+            self.after.push(format!("rank {rank} {why}"));
+        }
+    }
+
+    /// Whether a rank that just failed this hard is the one to name: the
+    /// first failure, or a harder one reaped shortly after it.
+    fn takes_blame(&self, how: Severity) -> bool {
+        match self.failed_at {
+            None => self.failed.is_none(),
+            Some((at, first)) => how > first && at.elapsed() < BLAME_SETTLE,
+        }
+    }
+}
+
+/// An exit status in words ("exit status: 101 (panicked)").
+fn describe(status: &ExitStatus) -> String {
+    if status.code() == Some(PANIC_EXIT) {
+        format!("{status} (panicked)")
+    } else {
+        status.to_string()
+    }
+}
+
+/// The supervision's timing: grace after a failure, and the time allowed
+/// after a forwarded signal (and to ranks left stopped alone).
+pub(super) struct Timing {
+    pub grace: Duration,
+    pub term_timeout: Duration,
+}
+
+/// Wait for every rank. The first failure kills the rest after `grace`;
+/// a signal is forwarded to every rank, which are killed `term_timeout`
+/// later (at once on a second signal); ranks left stopped (SIGSTOP) once
+/// some rank has ended, with none running, are killed `term_timeout`
+/// later as a failure.
+pub(super) fn supervise(children: Vec<(u32, Child)>, timing: &Timing) -> End {
+    let mut end = End::new();
+    let mut kill_at: Option<Instant> = None;
+    let mut forwarded = 0u32;
+    let total = children.len();
+    let mut running: Vec<(u32, Child)> = children;
+    let mut stopped_since: Option<Instant> = None;
+    while !running.is_empty() {
+        if let Some((signal, count)) = signals::received()
+            && count > forwarded
+        {
+            forwarded = count;
+            end.signal = Some(signal);
+            for (_, child) in &running {
+                signals::send_group(child.id(), signal);
+            }
+            let at = if count > 1 {
+                Instant::now()
+            } else {
+                Instant::now() + timing.term_timeout
+            };
+            kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+        }
+        running = reap(running, &mut end);
+        if end.failed.is_some() && kill_at.is_none() {
+            kill_at = Some(Instant::now() + timing.grace);
+        }
+        stopped_since = alone_and_stopped(&running, total, stopped_since);
+        if let Some(since) = stopped_since
+            && since.elapsed() >= timing.term_timeout
+        {
+            for (rank, _) in &running {
+                end.fail(
+                    *rank,
+                    "stayed stopped (SIGSTOP) after the other ranks ended".into(),
+                );
+            }
+            kill_at = Some(Instant::now());
+        }
+        if kill_at.is_some_and(|at| Instant::now() >= at) {
+            for (rank, child) in &mut running {
+                stop(child);
+                end.after.push(format!("rank {rank} killed"));
+            }
+            for (_, child) in &mut running {
+                let _ = child.wait();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    end
+}
+
+/// Kill a rank and everything in its process group.
+pub(super) fn stop(child: &mut Child) {
+    #[cfg(unix)]
+    signals::send_group(child.id(), libc::SIGKILL);
+    let _ = child.kill();
+}
+
+/// Since when every rank still running has been stopped by a signal,
+/// once some rank has ended (`None` otherwise): such ranks wait for a
+/// SIGCONT that nothing in the job will send.
+fn alone_and_stopped(
+    running: &[(u32, Child)],
+    total: usize,
+    since: Option<Instant>,
+) -> Option<Instant> {
+    let all_stopped = running.len() < total
+        && !running.is_empty()
+        && running.iter().all(|(_, c)| is_stopped(c.id()));
+    all_stopped.then(|| since.unwrap_or_else(Instant::now))
+}
+
+/// Whether `pid` is stopped by a signal (state `T` in `/proc`; a
+/// debugger's tracing stop, `t`, does not count).
+fn is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and
+    // may itself hold spaces or parentheses.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        == Some("T")
+}
+
+/// Collect the ranks that ended since the last look; keep the rest.
+fn reap(running: Vec<(u32, Child)>, end: &mut End) -> Vec<(u32, Child)> {
+    let mut still = Vec::new();
+    let mut ended = Vec::new();
+    for (rank, mut child) in running {
+        // The job ends when its ranks do: what a rank left running in its
+        // process group (a shell's `cmd &`, holding the rank's pipes)
+        // goes with it — killed while the rank is still unreaped, so its
+        // group's id cannot have been reused.
+        if exited_unreaped(child.id()) {
+            #[cfg(unix)]
+            signals::send_group(child.id(), libc::SIGKILL);
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => ended.push((rank, status)),
+            Ok(None) => still.push((rank, child)),
+            Err(e) => end.fail(rank, e.to_string()),
+        }
+    }
+    // Of ranks that ended since the last look, the hardest failure is the
+    // likelier cause: its peers exit with errors right after.
+    ended.sort_by_key(|(_, status)| std::cmp::Reverse(severity(status)));
+    for (rank, status) in ended {
+        end.record(rank, status);
+    }
+    still
+}
+
+/// Whether the child `pid` has exited, without reaping it.
+#[cfg(unix)]
+fn exited_unreaped(pid: u32) -> bool {
+    let id: libc::id_t = pid;
+    // SAFETY: a zeroed siginfo for the kernel to fill; WNOWAIT leaves the
+    // child waitable, so `Child::try_wait` still reaps it.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_PID,
+            id,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        rc == 0 && info.si_pid() != 0
+    }
+}
+
+#[cfg(not(unix))]
+fn exited_unreaped(_pid: u32) -> bool {
+    false
+}
+
+fn killed_by_signal(status: &ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal().is_some()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    const EXIT_2: i32 = 2 << 8;
+    const PANICKED: i32 = PANIC_EXIT << 8;
+    const SIGKILL: i32 = 9;
+
+    #[test]
+    fn a_killed_rank_reaped_just_after_its_peers_error_takes_the_blame() {
+        let mut end = End::new();
+        end.record(0, ExitStatus::from_raw(EXIT_2));
+        end.record(2, ExitStatus::from_raw(SIGKILL));
+        end.record(1, ExitStatus::from_raw(EXIT_2));
+        assert_eq!(end.failed.as_ref().unwrap().0, 2);
+        assert_eq!(end.after.len(), 2);
+        assert!(end.after[0].starts_with("rank 0 "), "{:?}", end.after);
+    }
+
+    #[test]
+    fn a_panicking_rank_reaped_after_the_survivors_it_failed_takes_the_blame() {
+        // The survivors report the panic and exit before the panicking
+        // rank has finished unwinding (before: rank 1 was named).
+        let mut end = End::new();
+        end.record(1, ExitStatus::from_raw(EXIT_2));
+        end.record(3, ExitStatus::from_raw(EXIT_2));
+        end.record(0, ExitStatus::from_raw(PANICKED));
+        let (rank, why) = end.failed.clone().unwrap();
+        assert_eq!(rank, 0);
+        assert!(why.contains("panicked"), "{why}");
+        // A kill still outranks a panic.
+        end.record(2, ExitStatus::from_raw(SIGKILL));
+        assert_eq!(end.failed.as_ref().unwrap().0, 2);
+    }
+
+    #[test]
+    fn a_first_error_stands_once_the_settle_time_is_over() {
+        let mut end = End::new();
+        end.record(0, ExitStatus::from_raw(EXIT_2));
+        end.failed_at = Some((Instant::now() - BLAME_SETTLE, Severity::Error));
+        end.record(2, ExitStatus::from_raw(SIGKILL));
+        assert_eq!(end.failed.as_ref().unwrap().0, 0);
+    }
+
+    #[test]
+    fn a_first_kill_is_never_replaced() {
+        let mut end = End::new();
+        end.record(3, ExitStatus::from_raw(SIGKILL));
+        end.record(1, ExitStatus::from_raw(SIGKILL));
+        end.record(0, ExitStatus::from_raw(0));
+        assert_eq!(end.failed.as_ref().unwrap().0, 3);
+        assert_eq!(end.after.len(), 2);
+    }
+
+    #[test]
+    fn a_signal_during_the_grace_keeps_the_first_failure() {
+        // Before: Ctrl-C while the others had their grace replaced the
+        // failure with "interrupted" and exit 130.
+        let mut end = End::new();
+        end.record(2, ExitStatus::from_raw(EXIT_2));
+        end.signal = Some(libc::SIGINT);
+        end.record(0, ExitStatus::from_raw(SIGKILL));
+        assert_eq!(end.failed.as_ref().unwrap().0, 2);
+        assert_eq!(end.report(), ExitCode::from(1));
+        let mut interrupted = End::new();
+        interrupted.signal = Some(libc::SIGINT);
+        assert_eq!(interrupted.report(), ExitCode::from(130));
+    }
+
+    #[test]
+    fn a_stopped_process_reads_as_stopped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert!(!is_stopped(child.id()));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !is_stopped(child.id()) {
+            assert!(Instant::now() < deadline, "never seen stopped");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
