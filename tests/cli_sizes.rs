@@ -42,11 +42,25 @@ fn bench_larger_than_memory_says_what_it_needs() {
 fn bench_with_more_ranks_than_threads_allows_is_refused() {
     refused(
         &["bench", "--ranks", "100000", "-b", "4", "-e", "4"],
-        "more than the 1024 ranks",
+        "more than the 256 ranks",
+    );
+    // 1024 was allowed: one 4 KiB row took a minute and 4 GB.
+    refused(
+        &["bench", "--ranks", "1024", "-b", "4K", "-e", "4K"],
+        "more than the 256 ranks",
+    );
+}
+
+#[test]
+fn bench_with_absurd_iteration_counts_is_refused_not_an_abort() {
+    // -n 4294967295 once aborted allocating 32 GiB for the calls' times.
+    refused(
+        &["bench", "-n", "4294967295", "-b", "4K", "-e", "4K"],
+        "at most 1000000",
     );
     refused(
-        &["bench", "--ranks", "1025", "-b", "4", "-e", "4"],
-        "more than the 1024 ranks",
+        &["bench", "-w", "4294967295", "-b", "4K", "-e", "4K"],
+        "at most 1000000",
     );
 }
 

@@ -13,6 +13,14 @@ use std::time::{Duration, Instant};
 /// A Python asked where NCCL lives gets this long to answer.
 const PYTHON_PATIENCE: Duration = Duration::from_secs(5);
 
+/// All the Pythons on `PATH` together get this long: a `PATH` of many
+/// slow interpreters (twelve once took a minute) costs no more.
+const SEARCH_PATIENCE: Duration = Duration::from_secs(8);
+
+/// The most of a Python's answer read: a few folder names. One that
+/// floods its output is cut off here (one once took `info` to 2.8 GB).
+const MAX_ANSWER_BYTES: u64 = 64 << 10;
+
 /// What each Python prints: the `lib` folder of its `nvidia.nccl`
 /// (importing the package, wherever it is installed), then that folder
 /// under each of its site-packages, one per line.
@@ -90,12 +98,19 @@ fn dedup(mut out: Vec<PathBuf>) -> Vec<PathBuf> {
 pub fn from_pythons(path: &OsStr) -> Vec<PathBuf> {
     let mut asked = std::collections::HashSet::new();
     let mut out = Vec::new();
+    let until = Instant::now() + SEARCH_PATIENCE;
     for dir in std::env::split_paths(path).filter(|d| d.is_absolute()) {
         for name in ["python3", "python"] {
             let exe = dir.join(name);
             let real = std::fs::canonicalize(&exe).unwrap_or_else(|_| exe.clone());
-            if exe.is_file() && asked.insert(real) {
-                out.extend(ask(&exe).into_iter().map(|d| d.join("libnccl.so.2")));
+            let left = until.saturating_duration_since(Instant::now());
+            if exe.is_file() && !left.is_zero() && asked.insert(real) {
+                let patience = left.min(PYTHON_PATIENCE);
+                out.extend(
+                    ask(&exe, patience)
+                        .into_iter()
+                        .map(|d| d.join("libnccl.so.2")),
+                );
             }
         }
     }
@@ -103,50 +118,88 @@ pub fn from_pythons(path: &OsStr) -> Vec<PathBuf> {
     dedup(out)
 }
 
-/// The folders one Python names, or none when it fails or hangs. It runs
-/// isolated (`-I`: no current folder or `PYTHON*` variables on its path,
-/// so nothing where the program happens to run is imported) from `/`;
-/// its answer is read on a helper thread, so a child that leaves the pipe
-/// open behind it cannot block the caller past the limit.
-fn ask(python: &Path) -> Vec<PathBuf> {
-    let Ok(mut child) = Command::new(python)
+/// The folders one Python names, or none when it fails, hangs past
+/// `patience` or floods its output. It runs isolated (`-I`: no current
+/// folder or `PYTHON*` variables on its path, so nothing where the program
+/// happens to run is imported) from `/`, leading a process group of its
+/// own that is killed when it ends: whatever it forked goes with it. Its
+/// answer is read on a helper thread, at most [`MAX_ANSWER_BYTES`], so a
+/// child that leaves the pipe open cannot block the caller past the limit.
+fn ask(python: &Path, patience: Duration) -> Vec<PathBuf> {
+    let mut command = Command::new(python);
+    command
         .args(["-I", "-c", ASK_PYTHON])
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-    else {
+        .stderr(Stdio::null());
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let Ok(mut child) = command.spawn() else {
         return Vec::new();
     };
     let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(mut stdout) = child.stdout.take() {
+    if let Some(stdout) = child.stdout.take() {
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut stdout, &mut bytes);
-            let _ = tx.send(bytes);
+            let read = std::io::Read::read_to_end(
+                &mut std::io::Read::take(stdout, MAX_ANSWER_BYTES + 1),
+                &mut bytes,
+            );
+            // Past the cap: no answer (and the pipe closes on it).
+            let whole = read.is_ok() && bytes.len() as u64 <= MAX_ANSWER_BYTES;
+            let _ = tx.send(whole.then_some(bytes));
         });
     }
-    let until = Instant::now() + PYTHON_PATIENCE;
+    let until = Instant::now() + patience;
     let ok = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status.success(),
-            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break false;
-            }
+        if exited(&child) || Instant::now() >= until {
+            // Its group first, while it is unreaped (its id not reusable).
+            kill_group(&child);
+            break child.wait().is_ok_and(|s| s.success());
         }
+        std::thread::sleep(Duration::from_millis(5));
     };
     let left = until.saturating_duration_since(Instant::now());
     match rx.recv_timeout(left.max(Duration::from_millis(100))) {
-        Ok(bytes) if ok => bytes
+        Ok(Some(bytes)) if ok => bytes
             .split(|&b| b == b'\n')
             .map(path_of)
             .filter(|p| p.is_absolute())
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// Whether `child` has exited, without reaping it.
+#[cfg(unix)]
+fn exited(child: &std::process::Child) -> bool {
+    // SAFETY: a zeroed siginfo for the kernel to fill; WNOWAIT leaves the
+    // child to be reaped by `Child::wait`.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_PID,
+            child.id() as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        rc != 0 || info.si_pid() != 0
+    }
+}
+
+#[cfg(not(unix))]
+fn exited(child: &std::process::Child) -> bool {
+    let _ = child;
+    true
+}
+
+/// Kill `child`'s process group (it leads one), itself included.
+fn kill_group(child: &std::process::Child) {
+    #[cfg(unix)]
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: signalling the group this search created for the child.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
     }
 }
 
@@ -253,6 +306,75 @@ mod tests {
         for d in [failing, hanging] {
             std::fs::remove_dir_all(d).unwrap();
         }
+    }
+
+    #[test]
+    fn a_python_that_floods_its_output_is_cut_off() {
+        let _serial = serial();
+        // Before: read to the end, gigabytes of it.
+        let flooding = fake_python("floods", "exec yes /opt/env/nvidia/nccl/lib");
+        let started = Instant::now();
+        assert!(from_pythons(flooding.as_os_str()).is_empty());
+        assert!(started.elapsed() < PYTHON_PATIENCE + Duration::from_secs(5));
+        std::fs::remove_dir_all(flooding).unwrap();
+    }
+
+    #[test]
+    fn many_slow_pythons_cost_the_search_its_patience_once() {
+        let _serial = serial();
+        // Before: twelve of them took a minute.
+        let dirs: Vec<PathBuf> = (0..12)
+            .map(|i| fake_python(&format!("slow{i}"), "exec sleep 60"))
+            .collect();
+        let path = std::env::join_paths(&dirs).unwrap();
+        let started = Instant::now();
+        assert!(from_pythons(&path).is_empty());
+        assert!(
+            started.elapsed() < SEARCH_PATIENCE + Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        for d in dirs {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn what_a_python_forks_does_not_outlive_the_question() {
+        let _serial = serial();
+        // Before: the background child stayed behind.
+        let dir = std::env::temp_dir().join(format!("nccl-search-{}-forks", std::process::id()));
+        let marker = dir.join("child.pid");
+        let forking = fake_python(
+            "forks",
+            &format!("sleep 300 & echo $! > {}; echo /opt/x", marker.display()),
+        );
+        let _ = from_pythons(forking.as_os_str());
+        let pid: u32 = std::fs::read_to_string(&marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while running(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "the forked child {pid} still runs"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::fs::remove_dir_all(forking).unwrap();
+    }
+
+    /// Whether `pid` runs (a zombie does not).
+    fn running(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
     }
 
     /// The real Python of this machine, if any, answers without error (the

@@ -215,8 +215,21 @@ fn form(
         TransportKind::Tcp => Box::new(tcp(store, watch, rank, world_size, config)?),
     };
     watch.barrier(store, "pg/connected")?;
+    reclaim(store, world_size)?;
     tracing::debug!(rank, world_size, transport = %config.transport, "process group formed");
     Ok(transport)
+}
+
+/// Remove the setup's keys once every member is past its last use of
+/// them: each member counts itself done after the last barrier, and the
+/// last to do so (nobody reads them any more) deletes them. Without this
+/// a store that forms a group per `split` fills after some thousands.
+fn reclaim(store: &mut Store, world_size: u32) -> Result<(), SetupError> {
+    if store.add("pg/done", 1)? == i64::from(world_size) {
+        store.delete_prefix("pg/")?;
+        store.delete_prefix("barrier/pg/")?;
+    }
+    Ok(())
 }
 
 /// Open the TCP transport: publish a data port, dial every lower rank and
@@ -238,7 +251,7 @@ fn tcp(
         .local_addr()
         .map_err(tcp_err("read the listening address".into()))?;
     store.set(&format!("pg/tcp/{rank}"), addr.to_string().as_bytes())?;
-    let deadline = Instant::now() + config.timeout;
+    let deadline = watch.deadline();
     let mut streams: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
     // Dial every lower rank (each answers once it has dialed its own lower
     // ranks, so rank 0 first), then accept every higher one.

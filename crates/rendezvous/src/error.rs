@@ -50,6 +50,18 @@ pub enum StoreError {
         /// The store's address.
         addr: String,
     },
+    /// The store accepted a request and did not answer it within the
+    /// timeout: rank 0, which hosts it, is frozen (stopped, swapping) or
+    /// overloaded. The connection is not used again.
+    #[error(
+        "rendezvous: the store at {addr} did not answer within {timeout:?} (rank 0, which hosts it, stopped or overloaded?)"
+    )]
+    Unresponsive {
+        /// The store's address.
+        addr: String,
+        /// How long the request waited.
+        timeout: Duration,
+    },
     /// The store asks for the job secret and this process has none.
     #[error(
         "rendezvous: the store at {addr} requires the job secret, and FERROCOLL_JOB_SECRET is not set in this process"

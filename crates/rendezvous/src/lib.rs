@@ -44,10 +44,12 @@
 //!   on a refusal).
 //!
 //! Then one request, one reply, on the persistent connection: request = op
-//! (1 byte: 1 set, 2 get, 3 add), key length (u32 LE), key, value length
+//! (1 byte: 1 set, 2 get, 3 add, 4 delete every key with this prefix), key
+//! length (u32 LE), key, value length
 //! (u32 LE), value; reply = status (1 byte: 0 ok/found, 1 missing, 2 key
 //! too long, 3 value too long, 4 store full, 5 bad request), value length
-//! (u32 LE), value. `add`'s value and reply are an i64 LE; a too-long
+//! (u32 LE), value. `add`'s value and reply are an i64 LE, a delete's reply the number of keys
+//! removed (u64 LE); a too-long
 //! reply's value is the cap as a u64 LE; a full or bad-request reply's is
 //! a message. After a too-long or bad request the server closes the
 //! connection (it did not read the rest).

@@ -65,6 +65,8 @@ impl Admission {
 pub(crate) const OP_SET: u8 = 1;
 pub(crate) const OP_GET: u8 = 2;
 pub(crate) const OP_ADD: u8 = 3;
+/// Remove every key that starts with the request's key.
+pub(crate) const OP_DELETE_PREFIX: u8 = 4;
 
 /// Reply statuses.
 pub(crate) const REPLY_OK: u8 = 0;
@@ -252,6 +254,7 @@ pub(crate) enum Op {
     Set,
     Get,
     Add,
+    DeletePrefix,
 }
 
 /// One request, read in full.
@@ -308,6 +311,7 @@ fn op_of(byte: u8) -> Result<Op, RequestError> {
         OP_SET => Ok(Op::Set),
         OP_GET => Ok(Op::Get),
         OP_ADD => Ok(Op::Add),
+        OP_DELETE_PREFIX => Ok(Op::DeletePrefix),
         other => Err(RequestError::Refused((
             REPLY_BAD_REQUEST,
             format!("unknown operation {other}").into_bytes(),
@@ -430,7 +434,26 @@ impl Table {
                 None => (REPLY_MISSING, Vec::new()),
             },
             Op::Add => self.add(req.key, &req.value, limits),
+            Op::DeletePrefix => {
+                let removed = self.delete_prefix(&req.key);
+                (REPLY_OK, (removed as u64).to_le_bytes().to_vec())
+            }
         }
+    }
+
+    /// Remove every key starting with `prefix`; returns how many.
+    fn delete_prefix(&mut self, prefix: &[u8]) -> usize {
+        let before = self.map.len();
+        let mut freed = 0;
+        self.map.retain(|k, v| {
+            let keep = !k.starts_with(prefix);
+            if !keep {
+                freed += cost(k, v);
+            }
+            keep
+        });
+        self.bytes -= freed;
+        before - self.map.len()
     }
 
     fn add(&mut self, key: Vec<u8>, delta: &[u8], limits: &Limits) -> Reply {
@@ -589,6 +612,30 @@ mod tests {
         assert_eq!(status, REPLY_FULL, "{}", String::from_utf8_lossy(&why));
         assert!(t.bytes() <= limits.max_total_bytes);
         assert!(t.reserve(limits.max_total_bytes, &limits).is_err());
+    }
+
+    #[test]
+    fn deleting_a_prefix_frees_its_keys_and_their_bytes_only() {
+        let limits = Limits::default();
+        let mut t = Table::default();
+        let set = |k: &str| Request {
+            op: Op::Set,
+            key: k.into(),
+            value: b"v".to_vec(),
+        };
+        for k in ["split1.0/pg/a", "split1.0/pg/b", "split1.1/pg/a", "other"] {
+            assert_eq!(t.apply(set(k), &limits).0, REPLY_OK);
+        }
+        let before = t.bytes();
+        let del = Request {
+            op: Op::DeletePrefix,
+            key: b"split1.0/".to_vec(),
+            value: Vec::new(),
+        };
+        let (status, n) = t.apply(del, &limits);
+        assert_eq!((status, n), (REPLY_OK, 2u64.to_le_bytes().to_vec()));
+        assert_eq!(t.keys(), 2);
+        assert_eq!(t.bytes(), before - 2 * cost(b"split1.0/pg/a", b"v"));
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use crate::error::StoreError;
 use crate::protocol::{
     self, ANSWER_BYTES, Admission, GREETING_BYTES, MAX_CONNECTIONS, MAX_KEY_BYTES, MAX_VALUE_BYTES,
-    OP_ADD, OP_GET, OP_SET, REPLY_BAD_REQUEST, REPLY_FULL, REPLY_KEY_TOO_LONG, REPLY_MISSING,
-    REPLY_OK, REPLY_VALUE_TOO_LONG,
+    OP_ADD, OP_DELETE_PREFIX, OP_GET, OP_SET, REPLY_BAD_REQUEST, REPLY_FULL, REPLY_KEY_TOO_LONG,
+    REPLY_MISSING, REPLY_OK, REPLY_VALUE_TOO_LONG,
 };
 use crate::secret::{JobSecret, NONCE_BYTES, random_bytes};
 use crate::server::{Server, ServerOptions};
@@ -29,6 +29,9 @@ pub struct Store {
     namespace: String,
     /// Kept alive on rank 0 for the life of the store.
     _server: Option<Server>,
+    /// Set once a request went unanswered: a late reply would be read as
+    /// the next request's, so every later request fails at once with it.
+    broken: Option<StoreError>,
 }
 
 fn io(e: io::Error) -> StoreError {
@@ -99,6 +102,7 @@ impl Store {
             target,
             namespace: String::new(),
             _server: server,
+            broken: None,
         })
     }
 
@@ -117,6 +121,7 @@ impl Store {
             target: self.target,
             namespace: format!("{}{namespace}/", self.namespace),
             _server: None,
+            broken: None,
         })
     }
 
@@ -143,10 +148,21 @@ impl Store {
         }
     }
 
-    /// An I/O error on the open connection, typed.
-    fn lost(&self, e: io::Error) -> StoreError {
+    /// An I/O error on the open connection, typed. A reply that did not
+    /// come within the timeout leaves the connection unusable.
+    fn lost(&mut self, e: io::Error) -> StoreError {
         if is_closed(&e) {
             self.closed()
+        } else if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            let e = StoreError::Unresponsive {
+                addr: self.addr.clone(),
+                timeout: self.timeout,
+            };
+            self.broken = Some(e.clone());
+            e
         } else {
             StoreError::Io(format!("talking to the store at {}: {e}", self.addr))
         }
@@ -162,6 +178,9 @@ impl Store {
         };
         check_len("key", key.len(), MAX_KEY_BYTES)?;
         check_len("value", value.len(), MAX_VALUE_BYTES)?;
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
         self.send(op, key, value).map_err(|e| self.lost(e))?;
         let (status, v) = self.receive().map_err(|e| self.lost(e))?;
         match status {
@@ -219,6 +238,22 @@ impl Store {
             .map(i64::from_le_bytes)
             .map_err(|_| StoreError::Protocol("a counter reply that is not 8 bytes".into()))
     }
+    /// Remove every key of this store's scope that starts with `prefix`
+    /// (not empty); returns how many there were. What a group removes once
+    /// every member is past its last use of them, so that a store serving
+    /// many groups (a split per training step) does not fill.
+    pub fn delete_prefix(&mut self, prefix: &str) -> Result<u64, StoreError> {
+        if prefix.is_empty() {
+            return Err(StoreError::Protocol(
+                "an empty prefix would delete every key of the scope".into(),
+            ));
+        }
+        let (_, v) = self.request(OP_DELETE_PREFIX, prefix, &[])?;
+        v.try_into()
+            .map(u64::from_le_bytes)
+            .map_err(|_| StoreError::Protocol("a delete reply that is not 8 bytes".into()))
+    }
+
     /// The value under `key`, waiting for it up to the store's timeout.
     pub fn wait(&mut self, key: &str) -> Result<Vec<u8>, StoreError> {
         self.wait_all(&[key]).map(|mut v| v.remove(0))

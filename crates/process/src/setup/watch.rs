@@ -39,6 +39,9 @@ pub(super) struct Watch {
     /// nobody is watched).
     here: Option<String>,
     timeout: Duration,
+    /// When the whole formation must be done: one timeout for all its
+    /// waits, not one per wait.
+    deadline: Instant,
     last_look: Option<Instant>,
 }
 
@@ -58,8 +61,14 @@ impl Watch {
             pids: vec![Peer::Unknown; world_size as usize],
             here,
             timeout,
+            deadline: Instant::now() + timeout,
             last_look: None,
         })
+    }
+
+    /// When the formation must be done.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
     }
 
     /// `Err` once a peer that published its pid is no longer running
@@ -165,7 +174,7 @@ impl Watch {
         key: &str,
         mut ready: impl FnMut(&mut Store) -> Result<Option<Vec<u8>>, StoreError>,
     ) -> Result<Vec<u8>, SetupError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = self.deadline;
         let mut pause = Duration::from_micros(200);
         loop {
             if let Some(v) = ready(store)? {

@@ -13,9 +13,11 @@ use super::{Backend, BenchArgs};
 
 /// Most ranks one process runs as threads (`--backend cpu` without
 /// `--transport`, `cuda`, `nccl`). Each rank is an OS thread that polls its
-/// peers; past a thousand the run measures the scheduler rather than the
-/// collective, and a group of 100 000 would exhaust the process's threads.
-pub(crate) const MAX_THREAD_RANKS: u32 = 1024;
+/// peers, and a call's plan grows with the square of the ranks: measured
+/// (release, 2 cores), a 4 KiB all-reduce row took 3.5 s and 200 MB at 256
+/// ranks but 58 s and 4 GB at 1024 — a run that measures the scheduler and
+/// the allocator, not the collective.
+pub(crate) const MAX_THREAD_RANKS: u32 = 256;
 
 /// Whether every rank of the run is a thread of this process.
 pub(crate) fn ranks_are_threads(args: &BenchArgs) -> bool {
@@ -132,7 +134,10 @@ fn memory_need(args: &BenchArgs, setup: &Setup, here: u32) -> Result<Need, Strin
         let elem = section.dtype.size_bytes();
         let blocks = collective.size_blocks(args.ranks) as usize;
         let count = size / elem.checked_mul(blocks).ok_or_else(overflow)?.max(1);
+        // Each rank keeps one time per timed call (the median needs them).
+        let samples = u64::from(args.iters) * std::mem::size_of::<f64>() as u64;
         let per_rank = bytes_per_rank(collective, args.ranks, count, elem, args.check != 0)
+            .and_then(|b| b.checked_add(samples))
             .ok_or_else(overflow)?;
         let total = per_rank.checked_mul(u64::from(here)).ok_or_else(overflow)?;
         if worst.as_ref().is_none_or(|w| total > w.total) {

@@ -218,6 +218,13 @@ impl Timing {
 /// and the first rows alone would pay for it.
 const SETTLE_CALLS: u32 = 200;
 
+/// The settling calls for `n` ranks: fewer when there are many (each call
+/// then lasts longer, and the same time passes in fewer); the same on
+/// every rank.
+fn settle_calls(n: u32) -> u32 {
+    (SETTLE_CALLS * 8 / n.max(1)).clamp(5, SETTLE_CALLS)
+}
+
 fn typed<T: KitElement, B: Backend>(
     args: &BenchArgs,
     backend: &B,
@@ -234,7 +241,7 @@ fn typed<T: KitElement, B: Backend>(
     let rows: Mutex<Vec<Row>> = Mutex::new(Vec::new());
     let wrong: Mutex<Vec<[u64; 2]>> = Mutex::new(vec![[0, 0]; sizes.len()]);
     let settle = BenchArgs {
-        iters: SETTLE_CALLS,
+        iters: settle_calls(n),
         warmup: 0,
         check: 0,
         ..args.clone()

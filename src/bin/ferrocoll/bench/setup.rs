@@ -29,6 +29,9 @@ pub(crate) struct Setup {
     pub sizes: Vec<usize>,
 }
 
+/// The most timed (or warm-up) calls per row.
+pub(crate) const MAX_ITERS: u32 = 1_000_000;
+
 impl Setup {
     /// Check the arguments and list what to run; `custom` is the schedule
     /// file `--algo` names, already proven.
@@ -39,6 +42,13 @@ impl Setup {
         if args.iters == 0 {
             // Zero timed iterations would print times of nothing.
             return Err("-n (--iters) must be at least 1".to_owned());
+        }
+        if args.iters > MAX_ITERS || args.warmup > MAX_ITERS {
+            // Each timed call keeps its time (and, on a GPU, a CUDA event).
+            return Err(format!(
+                "-n (--iters) and -w (--warmup_iters) are at most {MAX_ITERS}; a row's median \
+                 settles long before that"
+            ));
         }
         if args.root >= args.ranks {
             return Err(format!(
