@@ -243,3 +243,31 @@ fn ctrl_c_during_the_grace_keeps_the_first_failure() {
     assert!(rest.contains("rank 0 failed first"), "{rest}");
     assert!(rest.contains("interrupted by SIGINT"), "{rest}");
 }
+
+#[test]
+fn a_launcher_whose_output_is_closed_keeps_its_ranks_running() {
+    // `ferrocoll launch … | head -1`. Before: the launcher died of SIGPIPE
+    // at its next line, and its ranks with it.
+    let dir = std::env::temp_dir().join(format!("launch-head-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("finished");
+    let script = format!(
+        r#"i=0; while [ $i -lt 20000 ]; do echo "line $i"; i=$((i+1)); done; echo ok > {}"#,
+        marker.display()
+    );
+    let mut child = launch(&["-n", "1", "--", "sh", "-c", &script], &unique_secret())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("[rank 0] line 0"), "{first}");
+    // The reader is gone now: the pipe is closed.
+    let status = wait_within(&mut child, Duration::from_secs(30)).expect("the launcher hung");
+    assert!(status.success(), "{status}");
+    assert!(marker.exists(), "the rank did not finish");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -120,3 +120,74 @@ fn the_simulator_and_topo_refuse_absurd_rank_counts() {
         "--ranks must be between 1 and",
     );
 }
+
+/// `ferrocoll args` with the work budget `budget`, given `within` to end.
+fn with_budget(args: &[&str], budget: &str, within: std::time::Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(args)
+        .env("FERROCOLL_WORK_BUDGET", budget)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + within;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            child.kill().unwrap();
+            panic!("{args:?} ran past {within:?}: no work budget");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn the_topology_tools_stop_at_their_work_budget() {
+    // Before: `sim` on the 64-GPU preset ran for over ten minutes, and
+    // `synth` of its trees for a minute, with nothing to stop them.
+    let within = std::time::Duration::from_secs(60);
+    for args in [
+        &["sim", "--topo", "dgx-h100x8"][..],
+        &[
+            "synth",
+            "--topo",
+            "dgx-h100x8",
+            "--kind",
+            "trees",
+            "-o",
+            "/dev/null",
+        ],
+        &[
+            "sim", "--topo", "host", "--ranks", "1000", "-b", "4K", "-e", "4K",
+        ],
+    ] {
+        let out = with_budget(args, "100000000", within);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("work budget"), "{args:?}: {err}");
+    }
+    // A small question fits the same budget.
+    let out = with_budget(
+        &["sim", "--topo", "dgx-h100", "-b", "4K", "-e", "64K"],
+        "100000000",
+        within,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    refused_with_budget("0");
+    refused_with_budget("lots");
+}
+
+fn refused_with_budget(budget: &str) {
+    let out = with_budget(
+        &["sim", "--topo", "dgx-h100"],
+        budget,
+        std::time::Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("FERROCOLL_WORK_BUDGET"), "{err}");
+}

@@ -82,6 +82,15 @@ pub enum TopologyError {
         /// The OS error.
         message: String,
     },
+    /// The question needs more work than the tool's budget allows
+    /// ([`crate::work`]).
+    #[error(
+        "this needs more than the work budget of {limit} steps (simulated instructions and search steps): ask for less — fewer sizes (-b/-e/-f), ranks or algorithms — or raise FERROCOLL_WORK_BUDGET"
+    )]
+    Budget {
+        /// The budget that ran out.
+        limit: u64,
+    },
     /// The schedule needs more ranks than the topology has devices.
     #[error("the schedule has {ranks} ranks but the topology `{topology}` has {devices} devices")]
     TooFewDevices {

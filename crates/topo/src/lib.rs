@@ -37,6 +37,7 @@ pub mod search;
 pub mod select;
 pub mod sim;
 pub mod sources;
+pub mod work;
 
 pub use error::TopologyError;
 pub use graph::{LinkKind, Node, NodeKind, PathClass, PhysicalLink, Route, Topology};

@@ -35,6 +35,9 @@ pub use candidate::{Candidate, LL_CANDIDATE_MAX_BYTES, LL_MESSAGE_BYTES, human_b
 type VerdictCell = OnceLock<Result<Arc<Verdict>, TopologyError>>;
 
 /// Cached verdicts kept at most; past it the cache starts over.
+/// Work units ([`crate::work`]) charged per step of a schedule to prove.
+const PROOF_WORK: u64 = 256;
+
 const CACHE_LIMIT: usize = 4096;
 
 /// The default [`SelectOptions::tie_margin`]: 3 %.
@@ -545,6 +548,8 @@ impl TopologySelector {
                 let invalid = |e: String| TopologyError::Invalid(e);
                 let schedule = generate(algorithm, collective, self.world_size, params)
                     .map_err(|e| invalid(e.to_string()))?;
+                // Proving follows every step's chunks symbolically.
+                crate::work::charge(PROOF_WORK * schedule.step_count() as u64)?;
                 verify(schedule, &VerifyOptions::default())
                     .map(Arc::new)
                     .map_err(|e| invalid(e.to_string()))

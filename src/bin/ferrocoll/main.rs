@@ -79,10 +79,10 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify_cmd::run(&args),
         Command::Schedule(args) => schedule_cmd::run(&args),
         Command::Plan(args) => plan_cmd::run(&args),
-        Command::Topo(args) => topo::run(&args),
-        Command::Sim(args) => sim_cmd::run(&args),
-        Command::Synth(args) => synth_cmd::run(&args),
-        Command::Estimate(args) => estimate_cmd::run(&args),
+        Command::Topo(args) => budgeted(|| topo::run(&args)),
+        Command::Sim(args) => budgeted(|| sim_cmd::run(&args)),
+        Command::Synth(args) => budgeted(|| synth_cmd::run(&args)),
+        Command::Estimate(args) => budgeted(|| estimate_cmd::run(&args)),
         Command::Launch(args) => launch::run(&args),
         Command::LaunchWatchdog(args) => launch::watchdog::run(&args),
         Command::Rendezvous(args) => rendezvous_cmd::run(&args),
@@ -95,6 +95,28 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Work the topology tools may do for one command (simulated
+/// instructions and search steps; `FERROCOLL_WORK_BUDGET` sets it).
+const WORK_BUDGET: u64 = 4_000_000_000;
+
+/// Run a topology tool within the work budget (see `ferrocoll::topo::work`).
+fn budgeted(run: impl FnOnce() -> Result<ExitCode, String>) -> Result<ExitCode, String> {
+    let budget = match std::env::var("FERROCOLL_WORK_BUDGET") {
+        Err(_) => WORK_BUDGET,
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                format!("FERROCOLL_WORK_BUDGET={v:?} is not a whole number of at least 1")
+            })?,
+    };
+    let (result, spent) = ferrocoll::topo::work::within(budget, run);
+    tracing::debug!(spent, budget, "work of the topology tools");
+    result
 }
 
 /// Let `ferrocoll topo | head` end quietly, as other Unix tools do: Rust

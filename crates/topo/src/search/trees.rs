@@ -98,14 +98,14 @@ pub fn tree_packings(
         return Ok(Vec::new());
     }
     let costs = Costs::new(topo, devices, cost)?;
-    let Some(weights) = weigh(&costs, direction, rounds(devices.len())) else {
+    let Some(weights) = weigh(&costs, direction, rounds(devices.len()))? else {
         return Ok(Vec::new());
     };
     let many = round(&costs, direction, &weights, MAX_TREES_PER_ROOT as usize);
     let fractional = many.as_ref().map_or(0.0, |p| p.fractional);
     let mut all: Vec<TreePacking> = many.into_iter().collect();
     for k in 1..=MAX_CHUNKS_PER_ROOT {
-        let few = weigh(&costs, direction, k as usize)
+        let few = weigh(&costs, direction, k as usize)?
             .and_then(|w| round(&costs, direction, &w, k as usize));
         if let Some(p) = few
             && !all.iter().any(|q| q.forest == p.forest)
@@ -132,7 +132,13 @@ fn rounds(n: usize) -> usize {
     (4000 / n.max(1)).clamp(24, 400)
 }
 
-fn weigh(costs: &Costs, direction: Direction, rounds: usize) -> Option<Weights> {
+/// `Ok(None)` where some rank cannot be reached; `Err` once the work
+/// budget is spent.
+fn weigh(
+    costs: &Costs,
+    direction: Direction,
+    rounds: usize,
+) -> Result<Option<Weights>, TopologyError> {
     let n = costs.n;
     let mut load = vec![0.0; costs.capacity.len()];
     let mut weights: Weights = vec![HashMap::new(); n];
@@ -147,13 +153,18 @@ fn weigh(costs: &Costs, direction: Direction, rounds: usize) -> Option<Weights> 
                     }
                 }
             }
-            let parent = arborescence::cheapest(n, &edge_cost, root)?;
+            // Pricing every edge along its path and the arborescence:
+            // measured, about as much as 2n³ simulated steps.
+            crate::work::charge(2 * (n * n * n) as u64)?;
+            let Some(parent) = arborescence::cheapest(n, &edge_cost, root) else {
+                return Ok(None);
+            };
             let parent: Vec<Option<Rank>> = parent.iter().map(|p| p.map(|p| p as Rank)).collect();
             add_tree(costs, direction, &parent, 1.0, &mut load);
             *chosen.entry(parent).or_insert(0) += 1;
         }
     }
-    Some(weights)
+    Ok(Some(weights))
 }
 
 /// Each resource's price per unit of traffic: exponential in its load

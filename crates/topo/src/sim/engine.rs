@@ -394,6 +394,9 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
         plan,
     };
     loop {
+        // A step costs about a pass over the flows and the resources
+        // (the fair shares are recomputed): what the work budget counts.
+        crate::work::charge((1 + sim.flows.len() + sim.net.resources.len()) as u64)?;
         sim.start_ready();
         if !sim.advance_time() {
             break;

@@ -134,6 +134,9 @@ fn placement(
     Ok(devices)
 }
 
+/// Work units ([`crate::work`]) charged per instruction of a compiled plan.
+const COMPILE_WORK: u64 = 32;
+
 /// Simulate a call of `size` bytes (in the nccl-tests sense: the larger
 /// of one rank's input and output buffers) of `compiler`'s schedule on
 /// `topology`: compile its plan as `options` say and run it; a pipeline
@@ -168,9 +171,13 @@ pub fn simulate(
         }
     });
     let compile = |count, chunking| {
-        compiler
+        let plan = compiler
             .compile(&shape(count), chunking, options.slots_per_link.max(1))
-            .map_err(|e| TopologyError::Invalid(e.to_string()))
+            .map_err(|e| TopologyError::Invalid(e.to_string()))?;
+        // Compiling costs about as much per instruction as a few dozen
+        // simulated steps.
+        crate::work::charge(COMPILE_WORK * plan.instruction_count() as u64)?;
+        Ok::<_, TopologyError>(plan)
     };
     let segments = compiler.segments(&shape(count), Chunking::MaxBytes(chunk));
     let mut network = engine::Network::new(topology, devices, &options.cost);

@@ -98,6 +98,14 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         None => free_port()?,
     };
     signals::install()?;
+    // Our output closing (piped into `head`) must not take the launcher,
+    // and with it every rank, down: forwarders see EPIPE and drain. The
+    // ranks start with SIGPIPE at its default (std resets it on spawn).
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     let job = Job::new();
     let mut watchdog = Watchdog::start(&job);
     let started = spawn_all(args, port, &job, watchdog.as_mut());
