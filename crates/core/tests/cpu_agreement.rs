@@ -213,3 +213,39 @@ fn nan_propagates_through_min_and_max_whatever_the_order() {
         }
     }
 }
+
+#[test]
+fn a_gathers_descriptions_against_a_plain_all_gather_of_their_shape_is_a_mismatch() {
+    // A gather first all-gathers five words per rank describing itself.
+    // Before: a peer's plain all-gather of five u64 matched it and
+    // returned Ok with the descriptions as its data.
+    let started = Instant::now();
+    let results = cpu::run(3, &config(), |comm| {
+        if comm.rank() == 1 {
+            let mut out = [0u64; 15];
+            comm.all_gather(&[7u64; 5], &mut out)
+        } else {
+            let mut out = vec![0u32; if comm.rank() == 0 { 12 } else { 0 }];
+            comm.gather(&[1u32; 4], &mut out, 0)
+        }
+    });
+    quick(started);
+    every_rank_mismatched(&results);
+}
+
+#[test]
+fn a_splits_exchange_against_a_plain_all_gather_of_its_shape_is_a_mismatch() {
+    // Before: the plain all-gather returned Ok with colors and keys, and
+    // the splitting ranks read its data as rank 1's color and key.
+    let started = Instant::now();
+    let results = cpu::run(3, &config(), |comm| {
+        if comm.rank() == 1 {
+            let mut out = [0u64; 6];
+            comm.all_gather(&[1u64, 0], &mut out)
+        } else {
+            comm.split(Some(0), comm.rank()).map(|_| ())
+        }
+    });
+    quick(started);
+    every_rank_mismatched(&results);
+}

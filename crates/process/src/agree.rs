@@ -171,8 +171,8 @@ impl Agreement {
         Ok(missing)
     }
 
-    /// `Err` when a peer that has not announced the call left the group:
-    /// it never will. Announcements are looked at again once a departure
+    /// `Err` when a peer that has not announced the call is gone (left or
+    /// lost): it never will. Announcements are looked at again once a departure
     /// is seen: a peer may have announced the call, finished it and left
     /// since `missing` was taken (its announcement arrives before its
     /// departure), and then it did not leave *before* the call.
@@ -190,9 +190,7 @@ impl Agreement {
         match still.iter().find(|&&p| t.departed(p)) {
             Some(&gone) => Err(CommError::PeerFailed {
                 rank: gone,
-                reason: format!(
-                    "left the group (its communicator was dropped) before call #{number} ({signature})"
-                ),
+                reason: format!("{} before call #{number} ({signature})", t.farewell(gone)),
             }),
             None => Ok(()),
         }

@@ -15,7 +15,7 @@ use crate::agree::Agreement;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::exec::{Task, execute};
 use crate::setup::{SetupError, connect};
-use crate::transport::Transport;
+use crate::transport::{Transport, between, inside};
 use crate::wire::Header;
 
 /// One rank of a process group: the [`Communicator`](ferrocoll_core::comm::Communicator)
@@ -297,7 +297,8 @@ impl ProcessCommunicator {
                 return Err(CommError::PeerFailed {
                     rank: peer,
                     reason: format!(
-                        "left the group (its communicator was dropped) while this rank waited for {}",
+                        "{} while this rank waited for {}",
+                        self.transport.farewell(peer),
                         what()
                     ),
                 });
@@ -442,6 +443,37 @@ impl Communicator for ProcessCommunicator {
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
         let checked = call.check(self.rank, self.n)?;
+        // Inside a collective (or barrier) it is call `self.calls`;
+        // point-to-point calls sit between collectives.
+        let collective = matches!(checked, Checked::Collective { .. } | Checked::Barrier);
+        if collective {
+            self.transport.set_position(inside(self.calls));
+        }
+        let result = self.dispatch(checked);
+        self.transport.set_position(between(self.calls));
+        result
+    }
+    fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
+        ProcessCommunicator::split(self, color, key).map(split::boxed)
+    }
+
+    fn aborter(&self) -> Option<ferrocoll_core::comm::Aborter> {
+        // Peers touch this process's memory (its shared heap) only while
+        // one of its calls runs, and a failing call withdraws its posts
+        // before it returns: failing the transport is all an abort needs.
+        let abort = self.transport.aborter();
+        Some(std::sync::Arc::new(move |why: &str| abort(why)))
+    }
+}
+
+impl ProcessCommunicator {
+    /// Run one checked call; on an error other than a bad argument, fail
+    /// the group (stamped with this call's position).
+    fn dispatch(&mut self, checked: Checked<'_>) -> Result<(), CommError> {
         if self.poisoned {
             self.transport.check()?;
         }
@@ -475,22 +507,6 @@ impl Communicator for ProcessCommunicator {
         };
         self.transport.settle();
         self.fail_on(result)
-    }
-
-    fn split(
-        &mut self,
-        color: Option<u32>,
-        key: u32,
-    ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
-        ProcessCommunicator::split(self, color, key).map(split::boxed)
-    }
-
-    fn aborter(&self) -> Option<ferrocoll_core::comm::Aborter> {
-        // Peers touch this process's memory (its shared heap) only while
-        // one of its calls runs, and a failing call withdraws its posts
-        // before it returns: failing the transport is all an abort needs.
-        let abort = self.transport.aborter();
-        Some(std::sync::Arc::new(move |why: &str| abort(why)))
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
 use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
-use ferrocoll_process::{ProcessConfig, TransportKind};
+use ferrocoll_process::TransportKind;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -51,14 +51,9 @@ fn call(scenario: &str, comm: &mut impl Communicator, rank: u32) -> Result<(), C
 #[test]
 #[ignore = "one rank of the multi-process tests in this file: they start copies of this binary running it with FERROCOLL_TEST_RANK set; alone it does nothing"]
 fn child() {
-    let Some(env) = common::child_env() else {
+    let Some((env, mut comm)) = common::child_group(TIMEOUT) else {
         return;
     };
-    let config = ProcessConfig {
-        timeout: TIMEOUT,
-        ..ProcessConfig::builtin()
-    };
-    let mut comm = common::connect(&env, config);
     match call(&env.scenario, &mut comm, env.rank) {
         Ok(()) => println!("rank {} finished", env.rank),
         Err(e @ CommError::Mismatch { .. }) => {

@@ -4,9 +4,12 @@
 //! trials one process is lost, at a random phase: killed by the parent
 //! while the group forms, aborting (as a crash would) at a random call or
 //! after its last call (teardown), or stopped with SIGSTOP mid-run (alive
-//! but silent: peers must time out, not hang). Counts hangs, wrong
-//! results, survivors that did not report an error in time and segments
-//! left in /dev/shm (all must be 0), and prints them.
+//! but silent: peers must time out, not hang); or one rank disagrees on a
+//! random call, which every rank must report as a mismatch of that call,
+//! with every earlier call correct. Counts hangs, wrong results, survivors
+//! that did not report an error in time, segments left in /dev/shm and
+//! processes of the trial still alive after it (all must be 0), and
+//! prints them.
 //! `FERROCOLL_SOAK_TRIALS` sets the number of trials (CI runs a short version).
 
 mod common;
@@ -67,12 +70,15 @@ fn child() {
         if victim == Some(env.rank) && call == die_at {
             std::process::abort();
         }
+        let mut case = case(seed, call);
+        if victim.is_some() && die_at == DISAGREE && call == seed % CALLS {
+            return disagree(&mut comm, &mut case, victim == Some(env.rank), call);
+        }
         if victim == Some(env.rank) && die_at == STOPPED && call == seed % CALLS {
             // Alive but silent from here on, as a process under a debugger.
             // SAFETY: stopping this very process; the parent kills it later.
             unsafe { libc::raise(libc::SIGSTOP) };
         }
-        let case = case(seed, call);
         comm.set_algorithm(case.algorithm);
         if let Err(e) = check_rank(&mut comm, &case) {
             if e.contains("element") || e.contains("changed") {
@@ -89,22 +95,53 @@ fn child() {
     println!("finished {CALLS} calls");
 }
 
+/// Call `call` with one more element on the disagreeing rank: every rank
+/// must exit with [`MISMATCH`], having completed every earlier call.
+fn disagree(
+    comm: &mut ferrocoll_process::ProcessCommunicator,
+    case: &mut Case,
+    odd: bool,
+    call: u64,
+) {
+    case.count += usize::from(odd);
+    comm.set_algorithm(case.algorithm);
+    match check_rank(comm, case) {
+        Ok(()) => {
+            println!("WRONG: call {call} returned Ok though a rank disagreed");
+            std::process::exit(4);
+        }
+        Err(e) if e.contains(", but rank ") && !e.contains(" failed: ") => {
+            println!("mismatch: {e}");
+            std::process::exit(MISMATCH);
+        }
+        Err(e) => {
+            println!("error instead of a mismatch: {e}");
+            std::process::exit(3);
+        }
+    }
+}
+
 /// `die_at` values past the calls: a phase instead of a call number.
 const SETUP_KILL: u64 = 1000;
 const TEARDOWN: u64 = 1001;
 const STOPPED: u64 = 1002;
+const DISAGREE: u64 = 1003;
+/// The exit code of a rank that saw the disagreement as a mismatch.
+const MISMATCH: i32 = 6;
 
 /// How trial `trial` loses a process: (victim, phase or call).
 fn fate(trial: u64) -> (Option<u32>, u64) {
     let mut rng = SplitMix64(trial ^ 0xfeed);
     let victim = rng.next_u64() as u32 % RANKS;
     let call = rng.next_u64() % CALLS;
-    match trial % 5 {
+    // Halved, so that each fate meets both transports (they alternate).
+    match (trial / 2) % 6 {
         0 => (None, 0),
         1 => (Some(victim), call),
         2 => (Some(victim), SETUP_KILL),
         3 => (Some(victim), TEARDOWN),
-        _ => (Some(victim), STOPPED),
+        4 => (Some(victim), STOPPED),
+        _ => (Some(victim), DISAGREE),
     }
 }
 
@@ -116,6 +153,20 @@ fn leaked(job: &str) -> usize {
             .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
             .count()
     })
+}
+
+/// Processes still alive that carry job `job` in their environment: a
+/// rank, or anything it started, that outlived its trial.
+fn orphans(job: &str) -> usize {
+    let marker = format!("FERROCOLL_JOB_ID={job}");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("environ")).ok())
+        .filter(|env| env.split(|&b| b == 0).any(|v| v == marker.as_bytes()))
+        .count()
 }
 
 /// Kill or stop the victim at its phase; returns when that happened.
@@ -158,11 +209,11 @@ fn random_collectives_across_processes_never_hang_or_go_wrong() {
     let trials: u64 = std::env::var("FERROCOLL_SOAK_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
-        // Ten trials: every fate on both transports.
-        .unwrap_or(10);
+        // Twelve trials: every fate on both transports.
+        .unwrap_or(12);
     let (mut hangs, mut wrong, mut late, mut killed_trials, mut finished_anyway, mut calls) =
         (0, 0, 0, 0, 0, 0u64);
-    let mut leaks = 0;
+    let (mut leaks, mut orphaned, mut disagreements) = (0, 0, 0);
     let started = std::time::Instant::now();
     for trial in 0..trials {
         let transport = if trial % 2 == 0 {
@@ -191,8 +242,24 @@ fn random_collectives_across_processes_never_hang_or_go_wrong() {
         // stopped victim is killed at that point (so it never counts).
         let finished = ranks.finish(TIMEOUT * 6, Vec::new());
         let died_at = struck.or_else(|| victim.map(|v| finished[v as usize].at));
-        killed_trials += u64::from(victim.is_some());
+        killed_trials += u64::from(victim.is_some() && die_at != DISAGREE);
         leaks += leaked(&job);
+        orphaned += orphans(&job);
+        if die_at == DISAGREE && victim.is_some() {
+            disagreements += 1;
+            for f in finished.iter().filter(|f| f.code != Some(MISMATCH)) {
+                if f.code.is_none() {
+                    hangs += 1;
+                } else {
+                    wrong += 1;
+                }
+                eprintln!(
+                    "trial {trial} ({transport}, {scenario}) rank {} exit {:?} instead of a mismatch:\n{}",
+                    f.rank, f.code, f.output
+                );
+            }
+            continue;
+        }
         for f in &finished {
             if Some(f.rank) == victim {
                 continue;
@@ -239,10 +306,10 @@ fn random_collectives_across_processes_never_hang_or_go_wrong() {
     println!(
         "soak across processes: {trials} trials of {RANKS} processes × {CALLS} random collectives \
          ({killed_trials} losing a process: killed during setup, aborted mid-run or in teardown, \
-         or stopped), {calls} rank-calls checked in {:?}: hangs {hangs}, wrong {wrong}, \
-         survivors without an error in time {late}, survivors that finished anyway \
-         {finished_anyway}, leaked segments {leaks}",
+         or stopped; {disagreements} with a rank disagreeing), {calls} rank-calls checked in {:?}: \
+         hangs {hangs}, wrong {wrong}, survivors without an error in time {late}, survivors \
+         that finished anyway {finished_anyway}, leaked segments {leaks}, orphans {orphaned}",
         started.elapsed()
     );
-    assert_eq!((hangs, wrong, late, leaks), (0, 0, 0, 0));
+    assert_eq!((hangs, wrong, late, leaks, orphaned), (0, 0, 0, 0, 0));
 }

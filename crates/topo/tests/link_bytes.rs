@@ -35,6 +35,7 @@ fn shape(collective: Collective) -> CallShape {
         dtype: DataType::F32,
         op: ReduceOp::Sum,
         in_place: false,
+        purpose: Default::default(),
     }
 }
 

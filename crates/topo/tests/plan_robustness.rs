@@ -32,6 +32,7 @@ fn plans() -> Vec<ExecutionPlan> {
             dtype: DataType::F32,
             op: ReduceOp::Sum,
             in_place: false,
+            purpose: Default::default(),
         };
         c.compile(&shape, Chunking::Segments(2), 2).unwrap()
     })

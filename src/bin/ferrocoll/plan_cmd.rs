@@ -98,6 +98,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<ExitCode, String> {
         dtype: args.dtype,
         op: args.redop,
         in_place: args.in_place,
+        purpose: Default::default(),
     };
     let planned = Planner::new(args.ranks, config.planner_settings())
         .plan(&shape)

@@ -63,6 +63,7 @@ fn check_replay(
             dtype: DataType::U64,
             op,
             in_place,
+            purpose: Default::default(),
         };
         let plan = compile(verified, &shape, chunking, 2).expect("a verified schedule compiles");
         plan.check().expect("compiled plans are well formed");

@@ -5,7 +5,7 @@
 use std::marker::PhantomData;
 
 use super::error::{CommError, block_count, check_peer, check_root};
-use crate::plan::CallShape;
+use crate::plan::{CallShape, Purpose};
 use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
 
 /// A borrowed host slice of any element type: `&'a [T]` with `T` erased.
@@ -187,6 +187,7 @@ pub struct Call<'a> {
     operation: Operation,
     input: Option<HostSlice<'a>>,
     output: Option<HostSliceMut<'a>>,
+    purpose: Purpose,
 }
 
 impl<'a> Call<'a> {
@@ -201,7 +202,15 @@ impl<'a> Call<'a> {
             operation: Operation::Collective { collective, op },
             input,
             output: Some(output),
+            purpose: Purpose::User,
         }
+    }
+
+    /// The same call, made for `purpose`: a library's own exchange, which
+    /// must not match a program's call of the same shape on another rank.
+    pub fn for_purpose(mut self, purpose: Purpose) -> Self {
+        self.purpose = purpose;
+        self
     }
 
     /// Send `data` to `peer`.
@@ -210,6 +219,7 @@ impl<'a> Call<'a> {
             operation: Operation::Send { peer },
             input: Some(data),
             output: None,
+            purpose: Purpose::User,
         }
     }
 
@@ -219,6 +229,7 @@ impl<'a> Call<'a> {
             operation: Operation::Recv { peer },
             input: None,
             output: Some(buffer),
+            purpose: Purpose::User,
         }
     }
 
@@ -228,6 +239,7 @@ impl<'a> Call<'a> {
             operation: Operation::Barrier,
             input: None,
             output: None,
+            purpose: Purpose::User,
         }
     }
 
@@ -245,7 +257,8 @@ impl<'a> Call<'a> {
     pub fn check(self, rank: Rank, world_size: u32) -> Result<Checked<'a>, CommError> {
         match (self.operation, self.input, self.output) {
             (Operation::Collective { collective, op }, input, Some(output)) => {
-                let shape = shape(collective, op, input.as_ref(), &output, world_size)?;
+                let mut shape = shape(collective, op, input.as_ref(), &output, world_size)?;
+                shape.purpose = self.purpose;
                 Ok(Checked::Collective {
                     shape,
                     input,
@@ -330,5 +343,6 @@ fn shape(
         dtype: output.dtype(),
         op,
         in_place: input.is_none(),
+        purpose: Purpose::User,
     })
 }

@@ -9,7 +9,9 @@
 //! takes part in the exchange and gets no communicator.
 
 use super::error::CommError;
-use super::{Communicator, CommunicatorExt};
+use super::{Call, Communicator};
+use crate::Collective;
+use crate::plan::Purpose;
 use crate::types::Rank;
 
 /// This rank's place in the group its color forms.
@@ -33,7 +35,17 @@ pub fn exchange<C: Communicator + ?Sized>(
     let n = comm.world_size() as usize;
     let mine = [color.map_or(0, |c| u64::from(c) + 1), u64::from(key)];
     let mut all = vec![0u64; 2 * n];
-    comm.all_gather(&mine, &mut all)?;
+    // Made as split's own call: a peer's plain all-gather of the same
+    // shape is a mismatch, not a color and key.
+    comm.execute(
+        Call::collective(
+            Collective::AllGather,
+            crate::ReduceOp::Sum,
+            Some((&mine[..]).into()),
+            (&mut all[..]).into(),
+        )
+        .for_purpose(Purpose::Split),
+    )?;
     let choices: Vec<(Option<u32>, u32)> = all
         .chunks_exact(2)
         .map(|c| ((c[0] != 0).then(|| (c[0] - 1) as u32), c[1] as u32))

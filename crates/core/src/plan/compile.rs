@@ -36,6 +36,46 @@ pub struct CallShape {
     pub op: ReduceOp,
     /// One buffer (the output) instead of two.
     pub in_place: bool,
+    /// What the call is for: a library's own exchange never matches a
+    /// user's call of the same shape.
+    #[serde(default, skip_serializing_if = "Purpose::is_user")]
+    pub purpose: Purpose,
+}
+
+/// What a collective is for, beyond its shape. The library runs calls of
+/// its own — `split`'s exchange of colors and keys, the descriptions a
+/// gather, scatter or `-v` call compares before moving data — and a rank
+/// making one of those while a peer makes a user's call of the same shape
+/// must be a mismatch, not an `Ok` with the other call's data. Part of the
+/// plan's signature, so every executor's agreement compares it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Purpose {
+    /// A call the program made.
+    #[default]
+    User,
+    /// `split`'s exchange of every rank's color and key.
+    Split,
+    /// The descriptions a gather, scatter, all-gather-v or all-to-all-v
+    /// compares before any data moves.
+    Describe,
+}
+
+impl Purpose {
+    /// Whether this is a program's own call.
+    pub fn is_user(&self) -> bool {
+        *self == Purpose::User
+    }
+}
+
+impl std::fmt::Display for Purpose {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Purpose::User => "user",
+            Purpose::Split => "split",
+            Purpose::Describe => "describe",
+        })
+    }
 }
 
 impl CallShape {
@@ -129,6 +169,7 @@ impl Compiler {
             dtype: call.dtype,
             op: call.op,
             in_place: call.in_place,
+            purpose: call.purpose,
             world_size: n,
             channels: s.channel_count() as u32,
             chunks_per_block: s.chunks_per_block,

@@ -45,6 +45,8 @@ struct Hashed<'a> {
     dtype: crate::DataType,
     op: crate::ReduceOp,
     in_place: bool,
+    #[serde(skip_serializing_if = "super::Purpose::is_user")]
+    purpose: super::Purpose,
     world_size: u32,
     channels: u32,
     chunks_per_block: u32,
@@ -72,6 +74,7 @@ impl ExecutionPlan {
             dtype: self.dtype,
             op: self.op,
             in_place: self.in_place,
+            purpose: self.purpose,
             world_size: self.world_size,
             channels: self.channels,
             chunks_per_block: self.chunks_per_block,

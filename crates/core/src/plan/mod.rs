@@ -72,7 +72,7 @@ mod stretch;
 mod walk;
 
 pub use check::PlanError;
-pub use compile::{CallShape, Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, compile};
+pub use compile::{CallShape, Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, Purpose, compile};
 pub use oneshot::{Gather, ONE_SHOT_BYTES, OneShot, OneShotRule, describe as one_shot_describe};
 pub use planner::{Planned, Planner, PlannerSettings, link_slots};
 pub use render::human_bytes;
@@ -122,6 +122,10 @@ pub struct ExecutionPlan {
     pub op: ReduceOp,
     /// In place: the caller passes one buffer, [`Buffer::Output`].
     pub in_place: bool,
+    /// What the call is for (a program's own call unless the library
+    /// exchanges something of its own).
+    #[serde(default, skip_serializing_if = "Purpose::is_user")]
+    pub purpose: Purpose,
     /// Ranks.
     pub world_size: u32,
     /// Channels of the busiest rank.
@@ -372,8 +376,12 @@ impl ExecutionPlan {
 
     /// The call in one line, with the plan's hash: what ranks compare.
     pub fn signature(&self) -> String {
+        let purpose = match self.purpose {
+            Purpose::User => String::new(),
+            other => format!("{other} "),
+        };
         format!(
-            "{} count={} type={} op={} in_place={} plan={:016x}",
+            "{purpose}{} count={} type={} op={} in_place={} plan={:016x}",
             self.collective, self.count, self.dtype, self.op, self.in_place, self.hash
         )
     }

@@ -258,8 +258,12 @@ pub fn signature(shape: &CallShape, world: u32) -> u64 {
 
 /// How a one-shot call reads in logs and mismatch reports.
 pub fn describe(shape: &CallShape) -> String {
+    let purpose = match shape.purpose {
+        super::Purpose::User => String::new(),
+        other => format!("{other} "),
+    };
     format!(
-        "{} count={} type={} op={} in_place={} protocol=one-shot",
+        "{purpose}{} count={} type={} op={} in_place={} protocol=one-shot",
         shape.collective, shape.count, shape.dtype, shape.op, shape.in_place
     )
 }
@@ -276,6 +280,7 @@ mod tests {
             dtype: DataType::F32,
             op: ReduceOp::Avg,
             in_place,
+            purpose: Default::default(),
         }
     }
 

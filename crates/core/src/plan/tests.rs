@@ -20,6 +20,7 @@ pub(super) fn shape(collective: Collective, count: usize, in_place: bool) -> Cal
         dtype: DataType::F32,
         op: ReduceOp::Sum,
         in_place,
+        purpose: Default::default(),
     }
 }
 
@@ -549,6 +550,7 @@ fn gathers_are_stored_by_their_senders() {
                 dtype: DataType::F32,
                 op: ReduceOp::Sum,
                 in_place,
+                purpose: Default::default(),
             };
             let plan = compiler
                 .compile(&shape, Chunking::MaxBytes(64 << 10), 2)

@@ -164,6 +164,7 @@ impl CudaCommunicator {
             dtype: call.dtype,
             op: call.op,
             in_place: call.input.is_none(),
+            purpose: Default::default(),
         };
         let planned = self.group.plan(&shape)?;
         let engine = self.group.engine(rank).clone();

@@ -41,6 +41,7 @@ impl Communicator for CudaCommunicator {
                     dtype: DataType::U8,
                     op: ReduceOp::Max,
                     in_place: true,
+                    purpose: Default::default(),
                 };
                 self.staged(&shape, None, &mut [0])
             }

@@ -280,6 +280,7 @@ mod tests {
             dtype: DataType::F32,
             op: ReduceOp::Avg,
             in_place: false,
+            purpose: Default::default(),
         };
         let plan = compiler
             .compile(&shape, Chunking::MaxBytes(256), 2)

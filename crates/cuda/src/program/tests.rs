@@ -48,6 +48,7 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
         dtype: DataType::F32,
         op: ReduceOp::Sum,
         in_place: false,
+        purpose: Default::default(),
     };
     let planned = planner.plan(&shape).unwrap();
     assert_eq!(setup::protocol(&planned, &layout, &config), Protocol::Ll);
@@ -142,6 +143,7 @@ fn a_selected_ll_call_runs_as_ll_with_its_chunks_cut_to_the_ll_slot() {
             dtype: case.dtype,
             op: case.op,
             in_place: false,
+            purpose: Default::default(),
         };
         let planned = planner.plan(&shape).unwrap();
         assert_eq!(planned.plan.schedule, "halving-doubling");

@@ -190,8 +190,10 @@ fn drain(t: &mut dyn Transport, task: &Task, lent: &mut Vec<(Rank, u32)>) -> Res
             return Err(CommError::PeerFailed {
                 rank: peer,
                 reason: format!(
-                    "left the group (its communicator was dropped) before reading call #{}'s data ({})",
-                    task.number, task.signature
+                    "{} before reading call #{}'s data ({})",
+                    t.farewell(peer),
+                    task.number,
+                    task.signature
                 ),
             });
         }
@@ -223,8 +225,9 @@ fn find_mismatch(t: &mut dyn Transport, task: &Task, channels: u32) -> Result<()
     Ok(())
 }
 
-/// A peer this rank is blocked on that has left the group: it will never
-/// send or consume again, so waiting out the timeout would only delay the error.
+/// A peer this rank is blocked on that is gone (left the group, or its
+/// process was lost): it will never send or consume again, so waiting out
+/// the timeout would only delay the error.
 fn find_departed(t: &mut dyn Transport, task: &Task, walk: &Walk) -> Result<(), CommError> {
     for channel in 0..walk.channels() {
         let Some((_, ins)) = walk.next(channel) else {
@@ -237,8 +240,10 @@ fn find_departed(t: &mut dyn Transport, task: &Task, walk: &Walk) -> Result<(), 
                 return Err(CommError::PeerFailed {
                     rank: peer,
                     reason: format!(
-                        "left the group (its communicator was dropped) before call #{} ({}) finished",
-                        task.number, task.signature
+                        "{} before call #{} ({}) finished",
+                        t.farewell(peer),
+                        task.number,
+                        task.signature
                     ),
                 });
             }

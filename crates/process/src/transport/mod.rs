@@ -21,6 +21,26 @@ use crate::wire::Header;
 /// TCP transport's bound on channel numbers, apart from point-to-point.
 pub(crate) const CONTROL_CHANNEL: u32 = (1 << 16) - 1;
 
+/// Where a rank is in its sequence of collective calls: `2k + 1` inside
+/// call `k`, `2k` after `k` calls and before the next (where point-to-point
+/// calls and aborts happen). Every failure is stamped with its rank's
+/// position, and a rank is concerned only by failures stamped at or before
+/// its own: a peer that failed later had already finished everything this
+/// rank's call needs from it (it sent or stored every message, and drained
+/// what it lent), so the call completes here as it did there — a
+/// disagreement on call `k + 1` never fails call `k` on a slower rank.
+pub(crate) type Position = u64;
+
+/// The position inside collective call `call`.
+pub(crate) fn inside(call: u64) -> Position {
+    2 * call + 1
+}
+
+/// The position after `calls` collective calls.
+pub(crate) fn between(calls: u64) -> Position {
+    2 * calls
+}
+
 /// A received message, valid until [`Transport::release`] on its link.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Incoming {
@@ -64,12 +84,20 @@ pub(crate) trait Transport: Send {
     /// is checked meanwhile.
     fn wait(&mut self, seen: u64, until: Instant);
 
-    /// `Err` once this rank or any peer failed or was lost.
+    /// `Err` once this rank failed, or a peer failed at or before this
+    /// rank's [`Position`]. A peer that is gone (left or lost) is not a
+    /// failure by itself: it fails the calls that wait on it
+    /// ([`departed`](Self::departed)).
     fn check(&mut self) -> Result<(), CommError>;
 
+    /// This rank's position from now on (see [`Position`]): what its
+    /// failures are stamped with and which of its peers' concern it.
+    fn set_position(&mut self, position: Position);
+
     /// Tell every peer this rank failed because `culprit` did (itself, or
-    /// the peer whose failure it saw), and why; the first failure wins, so
-    /// every survivor names the rank that started it.
+    /// the peer whose failure it saw), and why, stamped with this rank's
+    /// position; the first failure wins, so every survivor names the rank
+    /// that started it.
     fn fail(&mut self, culprit: Rank, reason: &str);
 
     /// The highest channel number usable (`None`: unbounded).
@@ -84,8 +112,17 @@ pub(crate) trait Transport: Send {
     /// Leave the group cleanly: peers will not count this rank's exit as a loss.
     fn depart(&mut self);
 
-    /// Whether `peer` has left the group cleanly.
+    /// Whether `peer` is gone — it left the group (dropped its
+    /// communicator) or was lost (its process ended without leaving): it
+    /// will never send or consume again. What it sent before is still
+    /// delivered, so only a call waiting on it fails.
     fn departed(&mut self, peer: Rank) -> bool;
+
+    /// Why `peer` is gone, for an error of a call that waited on it.
+    fn farewell(&self, peer: Rank) -> String {
+        let _ = peer;
+        "left the group (its communicator was dropped)".to_owned()
+    }
 
     /// A reader of peers' memory when the whole group may read each
     /// other's (shared memory after a successful probe): then values may

@@ -52,6 +52,18 @@ pub fn connect(env: &ChildEnv, config: ProcessConfig) -> ProcessCommunicator {
     .expect("form the group")
 }
 
+/// A child's settings and its group, formed with the built-in settings
+/// and `timeout`; `None` when this is not a child run.
+pub fn child_group(timeout: Duration) -> Option<(ChildEnv, ProcessCommunicator)> {
+    let env = child_env()?;
+    let config = ProcessConfig {
+        timeout,
+        ..ProcessConfig::builtin()
+    };
+    let comm = connect(&env, config);
+    Some((env, comm))
+}
+
 /// A finished child: exit code and everything it printed.
 #[derive(Debug)]
 pub struct Finished {

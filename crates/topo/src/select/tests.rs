@@ -193,6 +193,7 @@ fn auto_runs_a_tree_packing_where_no_nvlink_ring_exists() {
                 dtype: DataType::F32,
                 op: ferrocoll_core::ReduceOp::Sum,
                 in_place: false,
+                purpose: Default::default(),
             },
             ferrocoll_core::plan::Chunking::MaxBytes(512 << 10),
             ferrocoll_core::verify::DEFAULT_SLOTS_PER_LINK,

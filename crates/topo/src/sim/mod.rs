@@ -161,6 +161,7 @@ pub fn simulate(
         dtype: options.dtype,
         op: ferrocoll_core::ReduceOp::Sum,
         in_place: options.in_place,
+        purpose: Default::default(),
     };
     let count = size / (element * blocks);
     let chunk = options.max_chunk_bytes.unwrap_or_else(|| {

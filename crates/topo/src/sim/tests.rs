@@ -328,6 +328,7 @@ fn bad_inputs_are_errors_not_panics() {
         dtype: ferrocoll_core::DataType::F32,
         op: ferrocoll_core::ReduceOp::Sum,
         in_place: false,
+        purpose: Default::default(),
     };
     let plan = s
         .compile(&shape, ferrocoll_core::plan::Chunking::Segments(1), 2)

@@ -48,6 +48,7 @@ impl Predictor {
             dtype,
             op: ReduceOp::Sum,
             in_place: false,
+            purpose: Default::default(),
         };
         let planned = Planner::new(self.n, config.planner_settings())
             .plan(&shape)

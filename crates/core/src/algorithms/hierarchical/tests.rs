@@ -93,6 +93,7 @@ fn plans_move_the_cost_line_and_cross_nodes_only_on_rails() {
                 dtype: DataType::F32,
                 op: ReduceOp::Sum,
                 in_place: false,
+                purpose: Default::default(),
             };
             let plan = compiler
                 .compile(&shape, Chunking::MaxBytes(256), 2)

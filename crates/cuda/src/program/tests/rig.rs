@@ -50,6 +50,7 @@ pub(super) fn plan_of(case: &Case, channels: u32) -> ExecutionPlan {
         dtype: case.dtype,
         op: case.op,
         in_place: case.in_place,
+        purpose: Default::default(),
     };
     compiler.compile(&shape, Chunking::MaxBytes(48), 2).unwrap()
 }
@@ -140,6 +141,7 @@ impl Harness for GroupPlanned {
             dtype: case.dtype,
             op: case.op,
             in_place: case.in_place,
+            purpose: Default::default(),
         };
         let planned = planner.plan(&shape).map_err(|e| e.to_string())?;
         let protocol = setup::protocol(&planned, &layout, &config);

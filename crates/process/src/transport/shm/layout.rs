@@ -22,6 +22,8 @@ pub(super) const CULPRIT_AT: usize = 136;
 /// Where this process's probe word lies in its own memory (see
 /// [`crate::zero_copy`]).
 pub(super) const PROBE_AT: usize = 144;
+/// The [`Position`](crate::transport::Position) this rank failed at.
+pub(super) const FAILED_AT_AT: usize = 152;
 /// The announcement board: a sequence word, then a [`Header`] as words.
 pub(super) const BOARD_SEQ_AT: usize = 256;
 pub(super) const BOARD_AT: usize = 264;
@@ -158,7 +160,7 @@ impl Segments {
 
     /// Record `rank`'s failure, caused by `culprit` (first one wins), and
     /// wake everyone.
-    pub(super) fn fail(&self, rank: Rank, culprit: Rank, reason: &str) {
+    pub(super) fn fail(&self, rank: Rank, culprit: Rank, reason: &str, at: u64) {
         let state = self.word32(rank, STATE_AT);
         if state
             .compare_exchange(LIVE, WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -175,6 +177,7 @@ impl Segments {
                 .store(bytes.len() as u32, Ordering::Relaxed);
             self.word32(rank, CULPRIT_AT)
                 .store(culprit, Ordering::Relaxed);
+            self.word64(rank, FAILED_AT_AT).store(at, Ordering::Relaxed);
             state.store(FAILED, Ordering::Release);
             // Peers that read this rank's heap check this flag after the
             // read: order it before anything the caller writes next.
@@ -231,8 +234,9 @@ impl Segments {
         None
     }
 
-    /// `rank`'s failure: the rank that caused it, and why.
-    pub(super) fn failure(&self, rank: Rank) -> Option<(Rank, String)> {
+    /// `rank`'s failure: the rank that caused it, why, and the position
+    /// `rank` failed at.
+    pub(super) fn failure(&self, rank: Rank) -> Option<(Rank, String, u64)> {
         if self.word32(rank, STATE_AT).load(Ordering::Acquire) != FAILED {
             return None;
         }
@@ -250,6 +254,7 @@ impl Segments {
         let culprit = self.word32(rank, CULPRIT_AT).load(Ordering::Relaxed);
         // Another process wrote it: shown, never obeyed by a terminal.
         let reason = ferrocoll_core::comm::printable(&String::from_utf8_lossy(&bytes));
-        Some((culprit, reason))
+        let at = self.word64(rank, FAILED_AT_AT).load(Ordering::Relaxed);
+        Some((culprit, reason, at))
     }
 }

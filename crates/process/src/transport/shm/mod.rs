@@ -22,13 +22,13 @@ pub(crate) mod liveness;
 pub(crate) mod segment;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
-use super::{Incoming, Transport};
+use super::{Incoming, Position, Transport};
 use crate::wire::{HEADER_BYTES, Header};
 use crate::zero_copy::{self, PeerReader};
 use heap::{Heap, Heaps};
@@ -43,7 +43,10 @@ pub(crate) struct ShmTransport {
     pids: Vec<u32>,
     spin: bool,
     last_health: Instant,
-    lost: Option<(Rank, String)>,
+    /// Per peer, why it is gone when its process ended without leaving.
+    lost: Vec<Option<String>>,
+    /// This rank's position (shared with its aborter).
+    position: Arc<AtomicU64>,
     /// The call this rank's board holds.
     posted: Option<u64>,
     /// Reads peers' memory, when the whole group may.
@@ -108,7 +111,8 @@ impl ShmTransport {
             segments,
             pids,
             last_health: Instant::now(),
-            lost: None,
+            lost: vec![None; shape.world_size as usize],
+            position: Arc::new(AtomicU64::new(0)),
             posted: None,
             reader: None,
         }
@@ -131,13 +135,12 @@ impl ShmTransport {
         self.reader = Some(Arc::new(PeerReader::new(self.pids.clone())));
     }
 
+    /// Note the peers whose processes ended without leaving: gone, not
+    /// failed — a call fails only where it waits on one of them.
     fn health(&mut self) {
         self.last_health = Instant::now();
-        if self.lost.is_some() {
-            return;
-        }
         for peer in 0..self.segments.shape.world_size {
-            if peer == self.rank {
+            if peer == self.rank || self.lost[peer as usize].is_some() {
                 continue;
             }
             let state = self.segments.word32(peer, STATE_AT).load(Ordering::Acquire);
@@ -146,13 +149,11 @@ impl ShmTransport {
             }
             let pid = self.pids[peer as usize];
             if !liveness::alive(pid) {
-                self.lost = Some((
-                    peer,
-                    format!(
-                        "lost: its process {pid} exited without leaving the group (killed or crashed)"
-                    ),
+                self.lost[peer as usize] = Some(format!(
+                    "lost: its process {pid} exited without leaving the group (killed or crashed)"
                 ));
-                return;
+                // Whoever waits on it looks again.
+                self.segments.ring(self.rank);
             }
         }
     }
@@ -285,25 +286,28 @@ impl Transport for ShmTransport {
 
     fn check(&mut self) -> Result<(), CommError> {
         let s = &self.segments;
-        if let Some((rank, reason)) = s.failure(self.rank) {
+        if let Some((rank, reason, _)) = s.failure(self.rank) {
             return Err(CommError::PeerFailed { rank, reason });
         }
-        for peer in 0..s.shape.world_size {
-            if let Some((rank, reason)) = s.failure(peer) {
-                return Err(CommError::PeerFailed { rank, reason });
-            }
+        let here = self.position.load(Ordering::Relaxed);
+        // Of the failures that concern this position, the earliest.
+        let first = (0..s.shape.world_size)
+            .filter_map(|peer| s.failure(peer))
+            .filter(|&(_, _, at)| at <= here)
+            .min_by_key(|&(_, _, at)| at);
+        match first {
+            Some((rank, reason, _)) => Err(CommError::PeerFailed { rank, reason }),
+            None => Ok(()),
         }
-        if let Some((rank, reason)) = &self.lost {
-            return Err(CommError::PeerFailed {
-                rank: *rank,
-                reason: reason.clone(),
-            });
-        }
-        Ok(())
+    }
+
+    fn set_position(&mut self, position: Position) {
+        self.position.store(position, Ordering::Relaxed);
     }
 
     fn fail(&mut self, culprit: Rank, reason: &str) {
-        self.segments.fail(self.rank, culprit, reason);
+        let at = self.position.load(Ordering::Relaxed);
+        self.segments.fail(self.rank, culprit, reason, at);
     }
 
     fn max_channel(&self) -> Option<u32> {
@@ -316,7 +320,8 @@ impl Transport for ShmTransport {
 
     fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
         let (segments, rank) = (self.segments.clone(), self.rank);
-        Box::new(move |reason| segments.fail(rank, rank, reason))
+        let position = self.position.clone();
+        Box::new(move |reason| segments.fail(rank, rank, reason, position.load(Ordering::Relaxed)))
     }
 
     fn depart(&mut self) {
@@ -334,7 +339,13 @@ impl Transport for ShmTransport {
     }
 
     fn departed(&mut self, peer: Rank) -> bool {
-        self.departed_peer(peer)
+        self.departed_peer(peer) || self.lost[peer as usize].is_some()
+    }
+
+    fn farewell(&self, peer: Rank) -> String {
+        self.lost[peer as usize]
+            .clone()
+            .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
     }
 
     fn peer_reader(&self) -> Option<Arc<PeerReader>> {

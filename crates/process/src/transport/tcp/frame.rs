@@ -1,7 +1,8 @@
 //! The TCP transport's frames on the wire, and the checks that trust none
 //! of their fields: a 16-byte prefix (kind, channel, length), then for
 //! data the message header and payload, for credits their count, for a
-//! failure its reason (the prefix's channel field names the culprit).
+//! failure the position it happened at (u64 LE) and its reason (the
+//! prefix's channel field names the culprit).
 
 use ferrocoll_core::Rank;
 
@@ -16,6 +17,8 @@ pub(super) const PREFIX_BYTES: usize = 16;
 pub(super) const ACK_BYTES: usize = 8;
 /// The longest failure reason sent to peers.
 pub(super) const MAX_REASON: usize = 4096;
+/// A failure frame's body before its reason: the position it happened at.
+pub(super) const FAIL_AT_BYTES: usize = 8;
 /// Channel numbers a data or ack frame may carry (besides the
 /// point-to-point channel, `u32::MAX`): far more than any schedule uses,
 /// few enough that a peer cannot grow the per-channel queues without bound.
@@ -33,8 +36,12 @@ pub(super) enum Frame {
     },
     /// `count` credits returned on `channel`.
     Ack { channel: u32, count: u64 },
-    /// The peer failed because `culprit` did.
-    Fail { culprit: Rank, reason: String },
+    /// The peer failed because `culprit` did, at position `at`.
+    Fail {
+        culprit: Rank,
+        reason: String,
+        at: u64,
+    },
     /// The peer left cleanly.
     Bye,
 }
@@ -87,7 +94,7 @@ pub(super) fn parse_prefix(
             (HEADER_BYTES as u64..=HEADER_BYTES.saturating_add(max_payload) as u64).contains(&len)
         }
         ACK => len == ACK_BYTES as u64,
-        FAIL => len <= MAX_REASON as u64,
+        FAIL => (FAIL_AT_BYTES as u64..=(FAIL_AT_BYTES + MAX_REASON) as u64).contains(&len),
         BYE => len == 0,
         other => return Err(protocol_error(format!("unknown frame kind {other}"))),
     };
@@ -174,10 +181,12 @@ pub(super) fn decode(prefix: &Prefix, body: &[u8], world_size: u32) -> std::io::
                     "a failure blamed on rank {culprit} of a {world_size}-rank group"
                 )));
             }
+            let (at, reason) = body.split_at(FAIL_AT_BYTES);
             Ok(Frame::Fail {
                 culprit,
                 // A peer's text: shown, never obeyed by a terminal.
-                reason: ferrocoll_core::comm::printable(&String::from_utf8_lossy(body)),
+                reason: ferrocoll_core::comm::printable(&String::from_utf8_lossy(reason)),
+                at: u64::from_le_bytes(at.try_into().expect("split at the position")),
             })
         }
         _ => Ok(Frame::Bye),

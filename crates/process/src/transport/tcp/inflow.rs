@@ -187,8 +187,11 @@ fn check_frame(f: Frame) {
             assert!(header.len as usize <= 4096 && data.len() * 8 >= header.len as usize);
             let _ = header.signature();
         }
-        Frame::Fail { culprit, reason } => {
-            assert!(culprit < 4 && reason.len() <= 3 * frame::MAX_REASON)
+        // Escaping a control character takes at most six bytes for one.
+        Frame::Fail {
+            culprit, reason, ..
+        } => {
+            assert!(culprit < 4 && reason.len() <= 6 * frame::MAX_REASON)
         }
         Frame::Ack { channel, count } => assert!(frame::channel_ok(channel) && count > 0),
         Frame::Bye => {}

@@ -30,9 +30,13 @@ pub(super) struct Mailbox {
     /// not acknowledged yet (sent with the next frame to that peer, before
     /// this rank sleeps, and when a call ends).
     pub owed: Vec<HashMap<u32, u64>>,
-    /// The first peer failure heard of (with the rank that caused it).
-    pub failure: Option<(Rank, String)>,
+    /// Per peer, the failure it reported: the rank that caused it, why,
+    /// and the position it failed at (its first report stands).
+    pub failures: Vec<Option<(Rank, String, u64)>>,
     pub departed: Vec<bool>,
+    /// Per peer, why it is gone when its connection ended without a
+    /// goodbye (or a write to it failed).
+    pub lost: Vec<Option<String>>,
     /// This rank is leaving: a connection ending is expected.
     pub closing: bool,
 }
@@ -44,8 +48,9 @@ impl Mailbox {
             queues: HashMap::new(),
             acked: HashMap::new(),
             owed: vec![HashMap::new(); world_size],
-            failure: None,
+            failures: vec![None; world_size],
             departed: vec![false; world_size],
+            lost: vec![None; world_size],
             closing: false,
         }
     }
@@ -77,8 +82,12 @@ impl Mailbox {
                 let acked = self.acked.entry((peer, channel)).or_default();
                 *acked = acked.saturating_add(count);
             }
-            Frame::Fail { culprit, reason } => {
-                self.failure.get_or_insert((culprit, reason));
+            Frame::Fail {
+                culprit,
+                reason,
+                at,
+            } => {
+                self.failures[peer as usize].get_or_insert((culprit, reason, at));
             }
             Frame::Bye => self.departed[peer as usize] = true,
         }
@@ -86,11 +95,22 @@ impl Mailbox {
         Ok(())
     }
 
-    /// The connection from `peer` ended with `why`: a loss, unless the
-    /// peer said goodbye first or this rank is leaving.
+    /// The connection from `peer` ended with `why`: the peer is lost,
+    /// unless it said goodbye first (or failed, or this rank is leaving).
+    /// Every frame it sent before is delivered; only calls that wait on it
+    /// fail.
     pub fn ended(&mut self, peer: Rank, why: &std::io::Error) {
         self.ticket += 1;
-        if self.closing || self.departed[peer as usize] || self.failure.is_some() {
+        let p = peer as usize;
+        if self.closing || self.departed[p] || self.failures[p].is_some() || self.lost[p].is_some()
+        {
+            return;
+        }
+        // A frame no ferrocoll rank sends: the peer is broken, and whatever
+        // else it sent cannot be trusted. A failure of the whole group,
+        // concerning every call (position 0).
+        if why.kind() == std::io::ErrorKind::InvalidData {
+            self.failures[p] = Some((peer, format!("lost: {why}"), 0));
             return;
         }
         let why = if matches!(
@@ -101,7 +121,23 @@ impl Mailbox {
         } else {
             format!("its connection failed: {why}")
         };
-        self.failure = Some((peer, format!("lost: {why}")));
+        self.lost[p] = Some(format!("lost: {why}"));
+    }
+
+    /// Whether `peer` will never send or consume again.
+    pub fn gone(&self, peer: Rank) -> bool {
+        self.departed[peer as usize] || self.lost[peer as usize].is_some()
+    }
+
+    /// Of the failures peers reported at or before position `here`, the
+    /// earliest: the culprit and why.
+    pub fn failure_at(&self, here: u64) -> Option<(Rank, String)> {
+        self.failures
+            .iter()
+            .flatten()
+            .filter(|(_, _, at)| *at <= here)
+            .min_by_key(|(_, _, at)| *at)
+            .map(|(rank, reason, _)| (*rank, reason.clone()))
     }
 
     /// The credits owed to `peer`, taken (the caller sends them).

@@ -70,6 +70,8 @@ const CONTROL_PATIENCE: Duration = Duration::from_millis(200);
 struct Shared {
     /// This rank's own failure (with the rank that caused it); first wins.
     own_failure: Mutex<Option<(Rank, String)>>,
+    /// This rank's position, which its failures are stamped with.
+    position: AtomicU64,
     /// Moves when `own_failure` is set, so a waiter looks again.
     alarms: AtomicU64,
     waker: Waker,
@@ -129,14 +131,10 @@ impl Shared {
         while !reason.is_char_boundary(end) {
             end -= 1;
         }
+        let mut body = self.position.load(Ordering::Relaxed).to_le_bytes().to_vec();
+        body.extend_from_slice(&reason.as_bytes()[..end]);
         for peer in 0..self.writers.len() as Rank {
-            self.send_control(
-                peer,
-                FAIL,
-                culprit,
-                &reason.as_bytes()[..end],
-                CONTROL_PATIENCE,
-            );
+            self.send_control(peer, FAIL, culprit, &body, CONTROL_PATIENCE);
         }
     }
 }
@@ -285,6 +283,7 @@ impl TcpTransport {
             spin: n <= cores,
             shared: Arc::new(Shared {
                 own_failure: Mutex::new(None),
+                position: AtomicU64::new(0),
                 alarms: AtomicU64::new(0),
                 waker,
                 writers,
@@ -353,12 +352,13 @@ impl TcpTransport {
                 .map(|&(c, k)| ack_frame(c, k))
                 .collect();
             let mut slices: Vec<IoSlice<'_>> = acks.iter().map(|a| IoSlice::new(a)).collect();
+            if self.mail.gone(peer) {
+                // A peer that is gone needs no credit.
+                continue;
+            }
             if let Err(e) = self.write_frames(peer, &mut slices) {
-                // The peer needs no credit once it left; otherwise the
-                // next call on this link reports the broken connection.
-                if !self.mail.departed[peer as usize] {
-                    self.note_lost(peer, &e);
-                }
+                // The next call that waits on this peer reports it.
+                self.note_lost(peer, &e);
             }
         }
     }
@@ -375,7 +375,7 @@ impl TcpTransport {
         let until = Instant::now() + self.timeout;
         let written = write_all(stream, slices, until, &mut || {
             self.progress();
-            if self.mail.failure.is_some() || lock(&self.shared.own_failure).is_some() {
+            if self.failed_here().is_some() || self.mail.gone(to) {
                 return Err(std::io::Error::other("the group failed meanwhile"));
             }
             Ok(self.open_fds())
@@ -392,20 +392,26 @@ impl TcpTransport {
     /// connections mid-write; a write gives up once the group failed),
     /// else `to` is lost.
     fn note_lost(&mut self, to: Rank, e: &std::io::Error) -> CommError {
-        let known = lock(&self.shared.own_failure)
-            .clone()
-            .or_else(|| self.mail.failure.clone());
-        if let Some((rank, reason)) = known {
+        if let Some((rank, reason)) = self.failed_here() {
             return CommError::PeerFailed { rank, reason };
         }
         let reason = if self.mail.departed[to as usize] {
             "left the group (its communicator was dropped) while messages were still due".to_owned()
         } else {
-            format!("lost: connection from rank {} broke: {e}", self.rank)
+            let reason = format!("lost: connection from rank {} broke: {e}", self.rank);
+            self.mail.lost[to as usize].get_or_insert(reason).clone()
         };
-        self.mail.failure.get_or_insert((to, reason.clone()));
         self.mail.ticket += 1;
         CommError::PeerFailed { rank: to, reason }
+    }
+
+    /// This rank's failure, or the earliest failure a peer reported at or
+    /// before this rank's position.
+    fn failed_here(&self) -> Option<(Rank, String)> {
+        lock(&self.shared.own_failure).clone().or_else(|| {
+            let here = self.shared.position.load(Ordering::Relaxed);
+            self.mail.failure_at(here)
+        })
     }
 
     fn open_fds(&self) -> Vec<poller::Fd> {
@@ -532,16 +538,14 @@ impl Transport for TcpTransport {
 
     fn check(&mut self) -> Result<(), CommError> {
         self.progress();
-        if let Some((rank, reason)) = lock(&self.shared.own_failure).clone() {
-            return Err(CommError::PeerFailed { rank, reason });
+        match self.failed_here() {
+            Some((rank, reason)) => Err(CommError::PeerFailed { rank, reason }),
+            None => Ok(()),
         }
-        if let Some((rank, reason)) = &self.mail.failure {
-            return Err(CommError::PeerFailed {
-                rank: *rank,
-                reason: reason.clone(),
-            });
-        }
-        Ok(())
+    }
+
+    fn set_position(&mut self, position: super::Position) {
+        self.shared.position.store(position, Ordering::Relaxed);
     }
 
     fn fail(&mut self, culprit: Rank, reason: &str) {
@@ -575,11 +579,16 @@ impl Transport for TcpTransport {
     }
 
     fn departed(&mut self, peer: Rank) -> bool {
+        (peer as usize) < self.mail.departed.len() && self.mail.gone(peer)
+    }
+
+    fn farewell(&self, peer: Rank) -> String {
         self.mail
-            .departed
+            .lost
             .get(peer as usize)
-            .copied()
-            .unwrap_or(false)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
     }
 
     fn settle(&mut self) {

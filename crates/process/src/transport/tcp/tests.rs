@@ -135,8 +135,10 @@ fn a_peers_failure_text_reaches_the_survivor_with_its_escape_codes_defused() {
     // when the error was printed.
     let (mut t, mut peer) = pair();
     let reason = b"\x1b[2J\x1b]0;title\x07panicked\r\n";
-    peer.write_all(&frame(FAIL, 1, reason.len() as u64))
+    // Failed at position 0: it concerns every call.
+    peer.write_all(&frame(FAIL, 1, 8 + reason.len() as u64))
         .unwrap();
+    peer.write_all(&0u64.to_le_bytes()).unwrap();
     peer.write_all(reason).unwrap();
     let text = failure_of(&mut t);
     assert!(!text.chars().any(char::is_control), "{text:?}");
@@ -265,9 +267,23 @@ fn a_payload_that_disagrees_with_its_header_is_refused() {
 
 #[test]
 fn a_closed_connection_is_a_lost_peer_and_bye_is_not() {
-    let (mut t, peer) = pair();
+    // A lost peer is gone, not a failure of calls that need nothing
+    // more from it: what it sent is still delivered.
+    let (mut t, mut peer) = pair();
+    peer.write_all(&data_frame(5, 0, &[9u8; 16])).unwrap();
     drop(peer);
-    assert!(failure_of(&mut t).contains("lost"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !t.departed(1) {
+        assert!(Instant::now() < deadline);
+        let seen = t.ticket();
+        t.wait(seen, Instant::now() + Duration::from_millis(5));
+    }
+    assert!(t.farewell(1).contains("lost"), "{}", t.farewell(1));
+    assert!(t.check().is_ok());
+    assert!(
+        t.peek(1, 5).unwrap().is_some(),
+        "its last message is still here"
+    );
     let (mut t, mut peer) = pair();
     peer.write_all(&frame(BYE, 0, 0)).unwrap();
     drop(peer);
