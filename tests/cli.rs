@@ -264,8 +264,12 @@ fn malformed_or_unproven_schedule_files_are_refused_with_where_and_why() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(err.contains("line 4") && !err.contains("panicked"), "{err}");
+    // Which file, too: a run may read several.
+    assert!(err.contains(syntax.to_str().unwrap()), "{err}");
     let out = ferrocoll(&["bench", "--ranks", "3", "--algo", syntax.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains(syntax.to_str().unwrap()), "{err}");
     let _ = std::fs::remove_file(&syntax);
 
     // A file that parses but is wrong: bench refuses to run it and says why.

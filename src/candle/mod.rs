@@ -56,3 +56,12 @@ pub enum CandleError {
     #[error("{0}")]
     Unsupported(String),
 }
+
+/// A refused gradient sync, its communicator dropped.
+impl<C: crate::comm::Communicator + Send + 'static> From<Box<crate::grad_sync::Refused<C>>>
+    for CandleError
+{
+    fn from(refused: Box<crate::grad_sync::Refused<C>>) -> CandleError {
+        CandleError::Sync(refused.error)
+    }
+}

@@ -45,6 +45,15 @@ pub enum ScheduleFileError {
         /// The version this build reads and writes.
         supported: u32,
     },
+    /// A file read by [`Schedule::load`](crate::Schedule::load) is not a
+    /// schedule: its path and what is wrong.
+    #[error("{path}: {error}")]
+    InFile {
+        /// The path given.
+        path: String,
+        /// What is wrong with its content.
+        error: Box<ScheduleFileError>,
+    },
     /// The file could not be opened or read.
     #[error("cannot read schedule file {path}: {source}")]
     Io {

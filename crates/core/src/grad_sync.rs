@@ -66,6 +66,44 @@ pub enum SyncError {
     },
 }
 
+/// [`GradientSync::new`] refused: why, and the communicator back. The
+/// refusal is agreed (a layout that differs fails on every rank alike), so
+/// the communicator stays usable, for another layout or other calls.
+pub struct Refused<C: Communicator + Send + 'static> {
+    /// Why.
+    pub error: SyncError,
+    /// The communicator that was passed in.
+    pub comm: AsyncCommunicator<C>,
+}
+
+impl<C: Communicator + Send + 'static> std::fmt::Debug for Refused<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refused")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Communicator + Send + 'static> std::fmt::Display for Refused<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<C: Communicator + Send + 'static> std::error::Error for Refused<C> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
+/// Where the communicator is not wanted back: `?` in a function that
+/// returns [`SyncError`].
+impl<C: Communicator + Send + 'static> From<Box<Refused<C>>> for SyncError {
+    fn from(refused: Box<Refused<C>>) -> SyncError {
+        refused.error
+    }
+}
+
 /// Compare the bucket layout across ranks: a rank that buckets its
 /// parameters differently would average unrelated gradients.
 fn agree_layout<C: Communicator + Send + 'static>(
@@ -114,6 +152,8 @@ pub struct GradientSync<T: Reduce, C: Communicator + Send + 'static> {
     place: Vec<(usize, usize, usize)>,
     buckets: Vec<Bucket<T>>,
     ready: Vec<bool>,
+    /// Per parameter: whether its gradient was zeroed in this step.
+    zeroed: Vec<bool>,
     /// The next bucket to start: buckets start in order on every rank.
     next: usize,
 }
@@ -123,13 +163,20 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// about `bucket_bytes` (a parameter larger than that gets a bucket of
     /// its own), over `comm`. Every rank must pass the same lengths and
     /// bucket size: they are compared across ranks here (one all-gather),
-    /// and a difference is [`CommError::Disagreement`] on every rank.
+    /// and a difference is [`CommError::Disagreement`] on every rank,
+    /// returned with the communicator in [`Refused`] (boxed: a
+    /// communicator is large and the refusal rare).
     pub fn new(
         mut comm: AsyncCommunicator<C>,
         param_lens: &[usize],
         bucket_bytes: usize,
-    ) -> Result<Self, SyncError> {
-        agree_layout(&mut comm, param_lens, bucket_bytes)?;
+    ) -> Result<Self, Box<Refused<C>>> {
+        if let Err(e) = agree_layout(&mut comm, param_lens, bucket_bytes) {
+            return Err(Box::new(Refused {
+                error: e.into(),
+                comm,
+            }));
+        }
         let per_bucket = (bucket_bytes / std::mem::size_of::<T>()).max(1);
         let mut place = vec![(0, 0, 0); param_lens.len()];
         let mut buckets: Vec<Bucket<T>> = Vec::new();
@@ -159,6 +206,7 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
             comm,
             place,
             ready: vec![false; param_lens.len()],
+            zeroed: vec![false; param_lens.len()],
             buckets,
             next: 0,
         })
@@ -173,7 +221,7 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// Parameter `param`'s gradient is final: copy it into its bucket and
     /// start every bucket that is now complete, in bucket order.
     pub fn mark_ready(&mut self, param: usize, grad: &[T]) -> Result<(), SyncError> {
-        let view = self.gradient_mut(param)?;
+        let view = self.slot(param)?;
         if grad.len() != view.len() {
             return Err(SyncError::Length {
                 param,
@@ -189,7 +237,28 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// write it there directly (PyTorch's `gradient_as_bucket_view`) and
     /// then call [`mark_ready_in_place`](Self::mark_ready_in_place), saving
     /// the copy. Refused once the parameter is marked ready in this step.
+    ///
+    /// The first access in each step zeroes it, so a backward that
+    /// accumulates (`+=`, several micro-batches) starts from zero, as after
+    /// PyTorch's `zero_grad`. Until then [`gradient`](Self::gradient) still
+    /// reads the last step's average.
     pub fn gradient_mut(&mut self, param: usize) -> Result<&mut [T], SyncError> {
+        let first = self
+            .zeroed
+            .get(param)
+            .is_some_and(|&zeroed| !zeroed && !self.ready[param]);
+        if let Some(zeroed) = self.zeroed.get_mut(param) {
+            *zeroed = true;
+        }
+        let view = self.slot(param)?;
+        if first {
+            view.fill(T::default());
+        }
+        Ok(view)
+    }
+
+    /// Parameter `param`'s place in its bucket, as it is.
+    fn slot(&mut self, param: usize) -> Result<&mut [T], SyncError> {
         let params = self.place.len();
         let &(bucket, offset, len) = self
             .place
@@ -264,6 +333,7 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
             b.waiting = b.params.len();
         }
         self.ready.iter_mut().for_each(|r| *r = false);
+        self.zeroed.iter_mut().for_each(|z| *z = false);
         self.next = 0;
         let most_missing = match verdict.wait() {
             Ok(v) => v[0],

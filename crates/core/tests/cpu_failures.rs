@@ -280,9 +280,9 @@ fn a_recv_buffer_of_the_wrong_size_is_named_on_both_sides() {
         matches!(
             receiver,
             CommError::BufferSize {
-                what: "recv buffer (bytes)",
-                got: 36,
-                needed: 40
+                what: "recv buffer",
+                got: 9,
+                needed: 10
             }
         ),
         "{receiver}"

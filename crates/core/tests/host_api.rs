@@ -563,11 +563,51 @@ fn gradient_sync_keeps_ranks_in_step_when_one_misses_a_gradient() {
 }
 
 #[test]
+fn gradient_buffers_start_each_step_at_zero_for_a_backward_that_accumulates() {
+    // Before: gradient_mut handed back last step's averages, so `+=` added
+    // this step's gradient to them.
+    use ferrocoll_core::grad_sync::GradientSync;
+    let lens = [4usize, 6];
+    let results = run_async(2, |comm| {
+        let r = f32::from(comm.rank() as u8);
+        let mut sync = GradientSync::<f32, _>::new(comm, &lens, 1 << 20).unwrap();
+        let mut seen = Vec::new();
+        for step in 1..=3 {
+            for p in (0..lens.len()).rev() {
+                // Two micro-batches, accumulated.
+                for _ in 0..2 {
+                    for g in sync.gradient_mut(p).unwrap() {
+                        *g += r + step as f32;
+                    }
+                }
+                sync.mark_ready_in_place(p).unwrap();
+            }
+            sync.finish().unwrap();
+            seen.push(sync.gradient(1).unwrap()[0]);
+        }
+        Ok(seen)
+    });
+    for r in results {
+        // avg over ranks 0 and 1 of 2 * (rank + step).
+        assert_eq!(r.unwrap(), vec![3.0, 5.0, 7.0]);
+    }
+}
+
+#[test]
 fn gradient_sync_refuses_layouts_that_differ_across_ranks() {
     use ferrocoll_core::grad_sync::{GradientSync, SyncError};
     let results = run_async(2, |comm| {
         let lens: &[usize] = if comm.rank() == 0 { &[1, 3] } else { &[3, 1] };
-        Ok(GradientSync::<f32, _>::new(comm, lens, 1024).err())
+        match GradientSync::<f32, _>::new(comm, lens, 1024) {
+            Ok(_) => Ok(None),
+            Err(refused) => {
+                // The communicator comes back, still usable.
+                let mut comm = refused.comm;
+                let sum = comm.all_reduce(vec![1u32], ReduceOp::Sum).wait().unwrap();
+                assert_eq!(sum, [2]);
+                Ok(Some(refused.error))
+            }
+        }
     });
     for r in results {
         let e = r.unwrap().expect("layouts differ");

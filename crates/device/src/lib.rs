@@ -8,8 +8,8 @@
 //! capture it in a CUDA graph.
 //!
 //! [`DeviceCommunicator`] is the one interface both GPU backends
-//! implement: NCCL (`ferrocoll-nccl`) today, ferrocoll's own CUDA
-//! executor when it runs on the device (issue 17).
+//! implement: NCCL (`ferrocoll-nccl`) and ferrocoll's own CUDA executor
+//! (`ferrocoll-cuda`'s device interpreter).
 //! A backend implements four things — [`enqueue`](DeviceCommunicator::enqueue)
 //! on raw device pointers, the non-blocking error
 //! [`check`](DeviceCommunicator::check), a bounded

@@ -396,10 +396,13 @@ impl ProcessCommunicator {
                 });
             }
             if m.call as usize != wanted || at + m.len > wanted {
+                // In elements, like every other size check (the header
+                // said the types agree).
+                let size = dtype.size_bytes();
                 let e = CommError::BufferSize {
-                    what: "recv buffer (bytes)",
-                    got: wanted,
-                    needed: m.call as usize,
+                    what: "recv buffer",
+                    got: wanted / size,
+                    needed: (m.call as usize).div_ceil(size),
                 };
                 // The send cannot complete: fail the group (this rank is
                 // the culprit) so the sender does not wait out its timeout.

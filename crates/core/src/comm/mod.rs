@@ -49,9 +49,10 @@ use crate::types::{Collective, Rank, Reduce, ReduceOp};
 /// Collective operations on host memory, one communicator per rank.
 ///
 /// Every rank of the group must make the same calls in the same order with
-/// the same counts, types, ops and roots; a mismatch is detected and
-/// reported as [`CommError::Mismatch`] on the rank that noticed, and as
-/// [`CommError::PeerFailed`] on the others. `count` is always the
+/// the same counts, types, ops and roots; a mismatch is detected before
+/// any rank writes into another's memory and reported as
+/// [`CommError::Mismatch`] on every rank (threads and processes; the NCCL
+/// backend cannot check). `count` is always the
 /// per-rank block: for reduce-scatter the output length, for all-gather the
 /// input length, for all-to-all the elements exchanged with each peer.
 pub trait Communicator {

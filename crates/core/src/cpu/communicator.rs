@@ -333,10 +333,12 @@ impl CpuCommunicator {
                 got: format!("recv of {wanted} bytes of {}", buffer.dtype()),
             })
         } else if bytes != wanted {
+            // In elements, like every other size check (the types agree).
+            let size = dtype.size_bytes();
             Some(CommError::BufferSize {
-                what: "recv buffer (bytes)",
-                got: wanted,
-                needed: bytes,
+                what: "recv buffer",
+                got: wanted / size,
+                needed: bytes.div_ceil(size),
             })
         } else {
             None

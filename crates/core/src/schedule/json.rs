@@ -82,13 +82,27 @@ impl Schedule {
             path: path.display().to_string(),
             source,
         })?;
-        Schedule::from_json(&text)
+        Schedule::from_json(&text).map_err(|error| ScheduleFileError::InFile {
+            path: path.display().to_string(),
+            error: Box::new(error),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_malformed_file_is_named_in_its_error() {
+        let path =
+            std::env::temp_dir().join(format!("fc-bad-schedule-{}.json", std::process::id()));
+        std::fs::write(&path, "{\"version\": 1, ").unwrap();
+        let err = Schedule::load(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
+        assert!(err.starts_with(&path.display().to_string()), "{err}");
+        assert!(err.contains("line 1 column"), "{err}");
+    }
 
     #[test]
     fn unknown_fields_and_versions_are_rejected_with_context() {
