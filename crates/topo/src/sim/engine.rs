@@ -11,7 +11,7 @@
 //! plan's; the engine derives none of them.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
 use ferrocoll_core::flow::Link;
 use ferrocoll_core::plan::{ExecutionPlan, Instruction, LinkLoad, Walk};
@@ -220,22 +220,26 @@ impl<'a> Network<'a> {
     }
 
     /// Bytes of local memory traffic for an instruction moving `m` bytes,
-    /// and the resources it crosses.
+    /// and the resources it crosses. `at_rest`: its one received message
+    /// was sent from bytes at rest, not computed by the sending step.
     fn local_work(
         &self,
         rank: u32,
         ins: &Instruction,
         m: f64,
         pure_local_copy: bool,
+        at_rest: bool,
     ) -> (f64, Uses) {
         let dev = self.device(rank);
         let inputs = ins.inputs() as f64;
         match self.kind(rank) {
             NodeKind::Thread => {
                 // Shared memory: every value computed is read once per
-                // input and written once; a value only forwarded is written
-                // straight into the consumer's buffer by the producer.
-                let received_copy = ins.recv.len() == 1 && ins.read.is_none();
+                // input and written once; a value the producing step
+                // computes is written straight into the consumer's buffer
+                // as it is computed (one write), but a value sent from
+                // bytes at rest is read there and written here (two).
+                let received_copy = ins.recv.len() == 1 && ins.read.is_none() && !at_rest;
                 let bytes = if pure_local_copy {
                     0.0
                 } else if ins.reduces() {
@@ -316,6 +320,33 @@ struct Run<'p, 'n, 'a> {
     traffic: BTreeMap<Link, LinkLoad>,
     now: f64,
     dirty: Vec<u32>,
+    /// Messages (link, number) sent by a step that computes nothing: a
+    /// plain send of bytes at rest.
+    at_rest: HashSet<(Link, u64)>,
+}
+
+/// The messages of `plan` sent by plain sends (nothing received, nothing
+/// written): their receivers copy bytes at rest.
+fn sent_at_rest(plan: &ExecutionPlan) -> HashSet<(Link, u64)> {
+    let mut set = HashSet::new();
+    for rank in &plan.ranks {
+        for (c, channel) in rank.channels.iter().enumerate() {
+            for ins in channel
+                .iter()
+                .filter(|i| i.recv.is_empty() && i.write.is_none())
+            {
+                for m in &ins.send {
+                    let link = Link {
+                        from: rank.rank,
+                        to: m.peer,
+                        channel: c as u32,
+                    };
+                    set.insert((link, m.index));
+                }
+            }
+        }
+    }
+    set
 }
 
 /// Entries a dense link index may have; past it (absurd rank or channel
@@ -390,6 +421,7 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
         traffic: BTreeMap::new(),
         now: 0.0,
         dirty: (0..plan.world_size).collect(),
+        at_rest: sent_at_rest(plan),
         net,
         plan,
     };
@@ -570,7 +602,16 @@ impl Run<'_, '_, '_> {
         let (bytes, uses) = if self.net.fuses_into_sends(rank, ins) {
             (0.0, Uses::new())
         } else {
-            let (bytes, uses) = self.net.local_work(rank, ins, m, self.pure_local_copy(ins));
+            let at_rest = ins.recv.first().is_some_and(|msg| {
+                let link = Link {
+                    from: msg.peer,
+                    to: rank,
+                    channel,
+                };
+                self.at_rest.contains(&(link, msg.index))
+            });
+            let pure = self.pure_local_copy(ins);
+            let (bytes, uses) = self.net.local_work(rank, ins, m, pure, at_rest);
             (bytes, self.net.with_block(uses, rank, channel, 1.0))
         };
         if bytes > 0.0 && !uses.is_empty() {

@@ -433,3 +433,45 @@ fn a_channels_block_bounds_what_it_moves() {
     // A ring all-reduce of 4 ranks runs 6 instructions in a row.
     assert!(paid - free >= 6.0 * 5.0 - 1e-6, "{paid} - {free}");
 }
+
+/// Two threads on a host whose memory, not its cores, is the limit.
+fn memory_bound_host() -> Topology {
+    let host = crate::probe::HostMeasurement {
+        cores: 2,
+        memory_gbps: 50.0,
+        core_gbps: 40.0,
+        handoff_us: 0.5,
+        oversubscribed_handoff_us: 5.0,
+    };
+    presets::host(2, &host)
+}
+
+#[test]
+fn a_value_copied_from_bytes_at_rest_is_read_and_written_on_the_host() {
+    // Before: a receiver copying a plain send's bytes paid only the write,
+    // so tree all-reduce at 2 ranks (reduce, then a plain send of the
+    // result) looked as cheap as direct (the reducer stores the result
+    // into both outputs as it computes it): the selector chose tree, which
+    // ran 1.3-1.5x slower. Per byte of the buffer, direct moves 2 reads
+    // and 2 writes per half; tree 3 + 2.
+    let t = memory_bound_host();
+    let o = SimOptions::default();
+    let bytes = 64 << 20;
+    let memory = |a: Algorithm| {
+        let p = sim(a, Collective::AllReduce, &t, 2, bytes, &o);
+        let load = p
+            .loads
+            .iter()
+            .find(|l| l.resource == "CPU0 memory")
+            .unwrap();
+        (load.bytes / bytes as f64, p.time_us)
+    };
+    let (direct, direct_us) = memory(Algorithm::Direct);
+    let (tree, tree_us) = memory(Algorithm::Tree);
+    assert!(
+        (direct - 4.0).abs() < 0.1,
+        "direct moves {direct} x the buffer"
+    );
+    assert!((tree - 5.0).abs() < 0.1, "tree moves {tree} x the buffer");
+    assert!(tree_us > 1.2 * direct_us, "{tree_us} vs {direct_us}");
+}
