@@ -53,7 +53,7 @@
 //!     for comm in comms {
 //!         s.spawn(move || {
 //!             let mut comm = AsyncCommunicator::new(comm)?;
-//!             let work = comm.all_reduce(vec![1.0f32; 4096], ReduceOp::Avg);
+//!             let work = comm.iall_reduce(vec![1.0f32; 4096], ReduceOp::Avg);
 //!             // ... backward of earlier layers runs here ...
 //!             let grads = work.wait()?;
 //!             assert_eq!(grads[0], 1.0);

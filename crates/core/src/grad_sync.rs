@@ -295,7 +295,7 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
             && b.waiting == 0
         {
             let buffer = b.buffer.take().unwrap_or_else(|| vec![T::default(); b.len]);
-            b.work = Some(self.comm.all_reduce(buffer, ReduceOp::Avg));
+            b.work = Some(self.comm.iall_reduce(buffer, ReduceOp::Avg));
             self.next += 1;
         }
     }
@@ -318,7 +318,7 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
         let missing: Vec<usize> = (0..self.ready.len()).filter(|&p| !self.ready[p]).collect();
         let verdict = self
             .comm
-            .all_reduce(vec![missing.len() as u64], ReduceOp::Max);
+            .iall_reduce(vec![missing.len() as u64], ReduceOp::Max);
         let mut first_error = None;
         for b in &mut self.buckets {
             if let Some(work) = b.work.take() {

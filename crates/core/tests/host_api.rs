@@ -40,10 +40,10 @@ fn run_async<R: Send>(
 fn started_calls_run_in_issue_order_while_the_caller_computes() {
     let results = run_async(4, |mut comm| {
         let r = comm.rank() as f32;
-        let sum = comm.all_reduce(vec![r + 1.0; 1001], ReduceOp::Sum);
-        let bcast = comm.broadcast(vec![r; 17], 2);
-        let gathered = comm.all_gather_into(vec![r; 3], vec![0.0f32; 12]);
-        let max = comm.all_reduce_into(vec![r as i64; 5], vec![0i64; 5], ReduceOp::Max);
+        let sum = comm.iall_reduce(vec![r + 1.0; 1001], ReduceOp::Sum);
+        let bcast = comm.ibroadcast(vec![r; 17], 2);
+        let gathered = comm.iall_gather_into(vec![r; 3], vec![0.0f32; 12]);
+        let max = comm.iall_reduce_into(vec![r as i64; 5], vec![0i64; 5], ReduceOp::Max);
         // The caller's thread is free meanwhile.
         let busy: u64 = (0..100_000u64).sum();
         assert!(busy > 0);
@@ -59,7 +59,7 @@ fn started_calls_run_in_issue_order_while_the_caller_computes() {
         assert_eq!(max.wait()?.1, vec![3; 5]);
         comm.ibarrier().wait()?;
         // Blocking calls queue behind started ones.
-        let pending = comm.all_reduce(vec![1u32; 4], ReduceOp::Sum);
+        let pending = comm.iall_reduce(vec![1u32; 4], ReduceOp::Sum);
         let mut x = [1u8; 3];
         comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
         assert_eq!(x, [4; 3]);
@@ -81,7 +81,7 @@ fn a_failed_group_fails_every_outstanding_work_and_returns_the_buffers() {
             return Ok(Vec::new());
         }
         let works: Vec<_> = (0..4)
-            .map(|i| comm.all_reduce(vec![i as f32; 64], ReduceOp::Sum))
+            .map(|i| comm.iall_reduce(vec![i as f32; 64], ReduceOp::Sum))
             .collect();
         let mut errors = Vec::new();
         for work in works {
@@ -105,7 +105,7 @@ fn a_call_that_panics_on_one_rank_fails_the_peer_at_once() {
         let work = if comm.rank() == 0 {
             comm.start(vec![0u8; 3], |_, _| panic!("rank 0 panics"))
         } else {
-            comm.all_reduce(vec![1u8; 3], ReduceOp::Sum)
+            comm.iall_reduce(vec![1u8; 3], ReduceOp::Sum)
         };
         Ok(work.wait().unwrap_err().error.to_string())
     });
@@ -129,13 +129,13 @@ fn abort_from_the_caller_fails_pending_work_without_queueing_behind_it() {
             std::thread::sleep(Duration::from_millis(300));
             return Ok(String::new());
         }
-        let mut pending = comm.all_reduce(vec![1.0f32; 8], ReduceOp::Sum);
+        let mut pending = comm.iall_reduce(vec![1.0f32; 8], ReduceOp::Sum);
         assert!(!pending.wait_timeout(Duration::from_millis(100)));
         comm.abort();
         let failed = pending.wait().unwrap_err();
         assert_eq!(failed.buffers, Some(vec![1.0; 8]));
         let after = comm
-            .all_reduce(vec![1.0f32; 8], ReduceOp::Sum)
+            .iall_reduce(vec![1.0f32; 8], ReduceOp::Sum)
             .wait()
             .unwrap_err();
         Ok(format!("{} / {}", failed.error, after.error))
@@ -153,7 +153,7 @@ fn abort_from_the_caller_fails_pending_work_without_queueing_behind_it() {
 fn a_panicking_call_fails_the_calls_after_it_and_keeps_the_buffers() {
     let results = run_async(2, |mut comm| {
         let boom = comm.start(vec![7u8; 3], |_, _| panic!("boom"));
-        let after = comm.all_reduce(vec![1.0f64; 2], ReduceOp::Sum);
+        let after = comm.iall_reduce(vec![1.0f64; 2], ReduceOp::Sum);
         let boom = boom.wait().expect_err("it panicked");
         assert!(boom.error.to_string().contains("boom"), "{}", boom.error);
         assert_eq!(boom.buffers, Some(vec![7u8; 3]));
@@ -179,8 +179,8 @@ fn a_2_by_3_grid_reduces_along_rows_and_columns_at_the_same_time() {
         let mut rows = AsyncCommunicator::new(row_comm)?;
         let mut cols = AsyncCommunicator::new(col_comm)?;
         let r = comm.rank() as u64;
-        let along_row = rows.all_reduce(vec![r; 4099], ReduceOp::Sum);
-        let along_col = cols.all_reduce(vec![r; 4099], ReduceOp::Sum);
+        let along_row = rows.iall_reduce(vec![r; 4099], ReduceOp::Sum);
+        let along_col = cols.iall_reduce(vec![r; 4099], ReduceOp::Sum);
         // The parent stays usable alongside its children.
         let mut all = [r];
         comm.all_reduce_in_place(&mut all, ReduceOp::Sum)?;
@@ -457,7 +457,7 @@ fn a_backend_chosen_at_run_time_runs_behind_a_progress_thread() {
                     let mut comm = AsyncCommunicator::new(boxed)?;
                     let mut sub = comm.split(Some(0), 1)?.unwrap();
                     sub.barrier()?;
-                    comm.all_reduce(vec![2i32; 3], ReduceOp::Prod)
+                    comm.iall_reduce(vec![2i32; 3], ReduceOp::Prod)
                         .wait()
                         .map_err(CommError::from)
                 })
@@ -603,7 +603,7 @@ fn gradient_sync_refuses_layouts_that_differ_across_ranks() {
             Err(refused) => {
                 // The communicator comes back, still usable.
                 let mut comm = refused.comm;
-                let sum = comm.all_reduce(vec![1u32], ReduceOp::Sum).wait().unwrap();
+                let sum = comm.iall_reduce(vec![1u32], ReduceOp::Sum).wait().unwrap();
                 assert_eq!(sum, [2]);
                 Ok(Some(refused.error))
             }

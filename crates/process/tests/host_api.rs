@@ -29,8 +29,8 @@ fn grid(comm: ferrocoll_process::ProcessCommunicator, cols: u32) -> Result<(), C
     let mut cols_comm = AsyncCommunicator::new(col_comm)?;
     let r = u64::from(rank);
     // Rows and columns at the same time, the parent alongside.
-    let along_row = rows.all_reduce(vec![r; 70_001], ReduceOp::Sum);
-    let along_col = cols_comm.all_reduce(vec![r; 70_001], ReduceOp::Sum);
+    let along_row = rows.iall_reduce(vec![r; 70_001], ReduceOp::Sum);
+    let along_col = cols_comm.iall_reduce(vec![r; 70_001], ReduceOp::Sum);
     let mut all = [r];
     comm.all_reduce_in_place(&mut all, ReduceOp::Sum)?;
     let row_sum: u64 = (0..u64::from(cols))
@@ -164,7 +164,7 @@ fn child() {
         }
         "dies" => {
             let mut comm = AsyncCommunicator::new(comm).unwrap();
-            comm.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)
+            comm.iall_reduce(vec![1.0f32; 1000], ReduceOp::Sum)
                 .wait()
                 .unwrap();
             if rank == 2 {
@@ -177,7 +177,7 @@ fn child() {
                 std::process::exit(3);
             }
             let works: Vec<_> = (0..3)
-                .map(|_| comm.all_reduce(vec![1.0f32; 100_000], ReduceOp::Sum))
+                .map(|_| comm.iall_reduce(vec![1.0f32; 100_000], ReduceOp::Sum))
                 .collect();
             for w in works {
                 let failed = w.wait().expect_err("rank 2 is gone");

@@ -2,6 +2,11 @@
 //! its own, so a call starts now, returns a [`Work`], and communicates
 //! while the caller computes.
 //!
+//! The calls that start are named as MPI names them, with an `i`
+//! (`iall_reduce`, `ibroadcast`, `isend`, `ibarrier`, …), so they never
+//! hide the blocking calls of the same collective, which an
+//! `AsyncCommunicator` has too (it is a [`Communicator`]).
+//!
 //! Invariants:
 //! - **Issue order is execution order.** One queue, one thread: calls run
 //!   one after another in the order they were started, which is what keeps
@@ -47,7 +52,7 @@ pub type P2pBuffers<I, B> = (Vec<(I, Rank)>, Vec<(B, Rank)>);
 ///         .into_iter()
 ///         .map(|comm| s.spawn(move || {
 ///             let mut comm = AsyncCommunicator::new(comm)?;
-///             let work = comm.all_reduce(vec![1.0f32; 1024], ReduceOp::Sum);
+///             let work = comm.iall_reduce(vec![1.0f32; 1024], ReduceOp::Sum);
 ///             // ... compute here while the all-reduce runs ...
 ///             let grads = work.wait()?;
 ///             Ok::<f32, ferrocoll_core::comm::CommError>(grads[0])
@@ -143,7 +148,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     }
 
     /// Start an in-place all-reduce of `buffer`.
-    pub fn all_reduce<T, B>(&mut self, buffer: B, op: ReduceOp) -> Work<B>
+    pub fn iall_reduce<T, B>(&mut self, buffer: B, op: ReduceOp) -> Work<B>
     where
         T: Reduce,
         B: AsMut<[T]> + Send + 'static,
@@ -152,7 +157,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     }
 
     /// Start an out-of-place all-reduce of `input` into `output`.
-    pub fn all_reduce_into<T, I, O>(&mut self, input: I, output: O, op: ReduceOp) -> Work<(I, O)>
+    pub fn iall_reduce_into<T, I, O>(&mut self, input: I, output: O, op: ReduceOp) -> Work<(I, O)>
     where
         T: Reduce,
         I: AsRef<[T]> + Send + 'static,
@@ -164,7 +169,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     }
 
     /// Start an in-place broadcast of `root`'s `buffer`.
-    pub fn broadcast<T, B>(&mut self, buffer: B, root: Rank) -> Work<B>
+    pub fn ibroadcast<T, B>(&mut self, buffer: B, root: Rank) -> Work<B>
     where
         T: Reduce,
         B: AsMut<[T]> + Send + 'static,
@@ -173,7 +178,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     }
 
     /// Start an all-gather of every rank's `input` into `output` (`n` blocks).
-    pub fn all_gather_into<T, I, O>(&mut self, input: I, output: O) -> Work<(I, O)>
+    pub fn iall_gather_into<T, I, O>(&mut self, input: I, output: O) -> Work<(I, O)>
     where
         T: Reduce,
         I: AsRef<[T]> + Send + 'static,
@@ -185,7 +190,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     }
 
     /// Start a reduce-scatter of `input` (`n` blocks) into `output`.
-    pub fn reduce_scatter_into<T, I, O>(
+    pub fn ireduce_scatter_into<T, I, O>(
         &mut self,
         input: I,
         output: O,
@@ -202,7 +207,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     }
 
     /// Start an all-to-all of `input` into `output` (`n` blocks each).
-    pub fn all_to_all_into<T, I, O>(&mut self, input: I, output: O) -> Work<(I, O)>
+    pub fn iall_to_all_into<T, I, O>(&mut self, input: I, output: O) -> Work<(I, O)>
     where
         T: Reduce,
         I: AsRef<[T]> + Send + 'static,
