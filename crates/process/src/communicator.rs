@@ -456,6 +456,7 @@ impl Communicator for ProcessCommunicator {
         self.transport.set_position(between(self.calls));
         result
     }
+
     fn split(
         &mut self,
         color: Option<u32>,
