@@ -147,8 +147,11 @@ __device__ __forceinline__ unsigned char *fc_slot(const FcCall &a, u32 owner, u3
     return a.window[owner] + slot * a.slot_bytes;
 }
 
-// An LL message's flag (program::Protocol::ll_flag): never 0, never the
-// flag of the message that used the slot before.
+// An LL message's flag, from its number g over the link's life: never 0
+// (what an unused slot holds) and never the flag of the message that used
+// the slot before (g - slots). Lines a shorter later message leaves keep an
+// older flag, which equals this one only after lcm(2^32 - 1, slots)
+// messages on the link (1.7e10 at 4 slots).
 __device__ __forceinline__ u32 fc_ll_flag(u64 g) { return (u32)((g + 1) % 0xffffffffull) + 1; }
 
 // ---- failures -------------------------------------------------------------

@@ -64,15 +64,19 @@ impl fmt::Display for Choice {
     }
 }
 
-/// How a device executor moves a call's messages.
+/// How a device executor moves a call's messages: what the selector
+/// chooses and what the CUDA executor's programs carry (the values are
+/// the kernel's `FC_SIMPLE` and `FC_LL`).
+#[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Protocol {
     /// In bulk: a slot's worth of data, then a flag announcing it (full
     /// bandwidth, a flag round trip per message).
-    Simple,
+    Simple = 0,
     /// With the flag in the data (NCCL's LL): no announcement to wait for,
-    /// a fraction of the bandwidth.
-    LowLatency,
+    /// a fraction of the bandwidth. On the device always staged, 8 data
+    /// bytes per 16-byte line, each half carrying the message's flag.
+    LowLatency = 1,
 }
 
 impl fmt::Display for Protocol {

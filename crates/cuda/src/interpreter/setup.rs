@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, sys};
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::plan::{Planned, Planner, PlannerSettings};
-use ferrocoll_core::select::Protocol as SelectedProtocol;
 
 use super::board::Board;
 use super::engine::Engine;
@@ -159,12 +158,11 @@ pub fn protocol(planned: &Planned, layout: &Layout, config: &CudaConfig) -> Prot
             .iter()
             .all(|l| l.largest <= layout.ll_message_bytes());
     let wanted = match planned.protocol {
-        Some(SelectedProtocol::LowLatency) => true,
-        Some(SelectedProtocol::Simple) => false,
+        Some(chosen) => chosen == Protocol::LowLatency,
         None => plan.size_bytes() <= config.ll_max_bytes as u64,
     };
     if fits && wanted {
-        Protocol::Ll
+        Protocol::LowLatency
     } else {
         Protocol::Simple
     }

@@ -64,7 +64,7 @@ const DEFINES: &[(&str, u64)] = &[
     ("FC_IN_SENDER", Transfer::InSender as u64),
     ("FC_IN_RECEIVER", Transfer::InReceiver as u64),
     ("FC_SIMPLE", super::Protocol::Simple as u64),
-    ("FC_LL", super::Protocol::Ll as u64),
+    ("FC_LL", super::Protocol::LowLatency as u64),
     ("FC_SCOPE_GPU", Scope::Gpu as u64),
     ("FC_SCOPE_SYS", Scope::System as u64),
     ("FC_MISMATCH", super::params::MISMATCH),

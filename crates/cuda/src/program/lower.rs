@@ -63,7 +63,7 @@ pub(super) fn check(
             plan.slots_per_link, layout.slots
         )));
     }
-    if protocol == Protocol::Ll
+    if protocol == Protocol::LowLatency
         && let Some(l) = plan
             .links
             .iter()

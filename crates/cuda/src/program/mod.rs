@@ -124,33 +124,9 @@ pub struct RankProgram {
     pub received: Vec<Count>,
 }
 
-/// How messages travel.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Protocol {
-    /// Into the receiver's memory (a slot, or its buffer) or read from the
-    /// sender's, then announced by `posted` (after a fence): one round
-    /// trip per message, full bandwidth.
-    Simple = 0,
-    /// Into the LL inbox, 8 data bytes per 16-byte line, each half carrying
-    /// the message's flag: the receiver polls the data itself, with no
-    /// fence and no separate announcement — half the bandwidth, a fraction
-    /// of the latency (NCCL's LL protocol works the same way). Always
-    /// staged.
-    Ll = 1,
-}
-
-impl Protocol {
-    /// The flag of message `g` of a link (its number over the link's
-    /// life): never 0 (what an unused slot holds), and different from the
-    /// flag of the message that used the slot before it (`g − slots`).
-    /// Lines a shorter later message leaves untouched keep an older
-    /// message's flag, which equals this one only after
-    /// lcm(2³² − 1, slots) messages on the link (1.7 · 10¹⁰ at 4 slots).
-    pub fn ll_flag(g: u64) -> u32 {
-        ((g + 1) % 0xffff_ffff) as u32 + 1
-    }
-}
+/// How messages travel: the selector's [`Protocol`], one type from the
+/// choice to the kernel.
+pub use ferrocoll_core::select::Protocol;
 
 /// A plan lowered for a layout.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -293,7 +293,7 @@ mod tests {
             ll_slot_bytes: 512,
             zero_copy: true,
         };
-        let program = DeviceProgram::lower(&plan, layout, Protocol::Ll).unwrap();
+        let program = DeviceProgram::lower(&plan, layout, Protocol::LowLatency).unwrap();
         for (rank, p) in program.ranks.iter().enumerate() {
             let (blob, at) = pack(p);
             assert_eq!(

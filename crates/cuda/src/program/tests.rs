@@ -51,7 +51,10 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
         purpose: Default::default(),
     };
     let planned = planner.plan(&shape).unwrap();
-    assert_eq!(setup::protocol(&planned, &layout, &config), Protocol::Ll);
+    assert_eq!(
+        setup::protocol(&planned, &layout, &config),
+        Protocol::LowLatency
+    );
     shape.count = 257;
     let planned = planner.plan(&shape).unwrap();
     assert_eq!(
@@ -147,7 +150,10 @@ fn a_selected_ll_call_runs_as_ll_with_its_chunks_cut_to_the_ll_slot() {
         };
         let planned = planner.plan(&shape).unwrap();
         assert_eq!(planned.plan.schedule, "halving-doubling");
-        assert_eq!(setup::protocol(&planned, &layout, &config), Protocol::Ll);
+        assert_eq!(
+            setup::protocol(&planned, &layout, &config),
+            Protocol::LowLatency
+        );
         check_group_planned(&config, &case);
     }
 }
@@ -605,7 +611,7 @@ fn direct_all_reduce_moves_every_byte_once_where_ranks_reach_each_others_buffers
                 .iter()
                 .all(|r| r.sent.iter().any(|c| c.drain == 1))
         );
-        for (zero_copy, protocol) in [(false, Protocol::Simple), (true, Protocol::Ll)] {
+        for (zero_copy, protocol) in [(false, Protocol::Simple), (true, Protocol::LowLatency)] {
             let staged =
                 DeviceProgram::lower(&plan, layout_for(&plan, 2, zero_copy), protocol).unwrap();
             assert_eq!(count(&staged, Transfer::Slot), ends, "{protocol:?}");

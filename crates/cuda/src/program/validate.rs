@@ -175,7 +175,7 @@ fn validate_op(
     }
     let largest = match protocol {
         Protocol::Simple => l.slot_bytes,
-        Protocol::Ll => l.ll_message_bytes(),
+        Protocol::LowLatency => l.ll_message_bytes(),
     };
     let ends = |s: Span| &p.ends[s.first as usize..][..s.count as usize];
     // A block's threads greet an instruction's peers at once, one each:

@@ -87,7 +87,7 @@ pub(super) const WAYS: [Way; 3] = [
         zero_copy: false,
     },
     Way {
-        protocol: Protocol::Ll,
+        protocol: Protocol::LowLatency,
         zero_copy: false,
     },
 ];
@@ -235,7 +235,7 @@ pub(super) fn both_protocols(case: &Case) -> (DeviceProgram, DeviceProgram) {
     let plan = plan_of(case, 2);
     let layout = layout_for(&plan, 2, true);
     let lower = |p| DeviceProgram::lower(&plan, layout, p).unwrap();
-    (lower(Protocol::Simple), lower(Protocol::Ll))
+    (lower(Protocol::Simple), lower(Protocol::LowLatency))
 }
 
 /// Each rank's f32 buffers, out of place.
