@@ -90,9 +90,14 @@
 //!
 //! ## This crate
 //!
-//! This facade re-exports [`ferrocoll_core`], reads the environment
-//! ([`env`](mod@env), the only place that does) and ships the `ferrocoll`
-//! command-line tool (`bench`, `verify`, `schedule`, `launch`, ...).
+//! This facade re-exports [`ferrocoll_core`], reads the launcher's
+//! environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, … in
+//! [`env`](mod@env)) and ships the `ferrocoll` command-line tool (`bench`,
+//! `verify`, `schedule`, `launch`, ...). The `FERROCOLL_*` settings are
+//! read in one place, core's `settings`, which every entry point applies;
+//! beyond those, the crates below read only what locates their own
+//! libraries (CUDA's and NCCL's, from `PATH`, `HOME` and Python
+//! environments) and the job secret (`ferrocoll-rendezvous`).
 //!
 //! Cargo features (all on by default): `cli` (the tool and its crates),
 //! `log` (`ferrocoll::log::init`), `topo` (`ferrocoll::topo`,

@@ -43,8 +43,10 @@
 //! - Executors run plans compiled from a [`Verified`] schedule and treat any
 //!   state the verifier rules out (a missing message, an overrun slot) as a
 //!   bug, not an error.
-//! - Nothing here reads the environment or touches a GPU; only [`cpu::run`]
-//!   spawns threads (one per rank, scoped to the call).
+//! - Only [`settings`] reads the environment (the `FERROCOLL_*` variables,
+//!   applied by `CpuConfig::default` and the facade's `from_env`;
+//!   `builtin()` configurations read nothing). Nothing here touches a GPU;
+//!   only [`cpu::run`] spawns threads (one per rank, scoped to the call).
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
