@@ -8,6 +8,26 @@ use super::error::{CommError, block_count, check_peer, check_root};
 use crate::plan::{CallShape, Purpose};
 use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
 
+/// All-gather `mine` from every rank into `all`, as the library's own
+/// exchange for `purpose` (a split's colors, a v-call's descriptions): a
+/// peer's plain all-gather of the same shape is a mismatch, never data.
+pub(crate) fn exchange<C: super::Communicator + ?Sized>(
+    comm: &mut C,
+    purpose: Purpose,
+    mine: &[u64],
+    all: &mut [u64],
+) -> Result<(), CommError> {
+    comm.execute(
+        Call::collective(
+            Collective::AllGather,
+            ReduceOp::Sum,
+            Some(mine.into()),
+            all.into(),
+        )
+        .for_purpose(purpose),
+    )
+}
+
 /// A borrowed host slice of any element type: `&'a [T]` with `T` erased.
 #[derive(Clone, Copy)]
 pub struct HostSlice<'a> {

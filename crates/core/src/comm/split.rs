@@ -8,9 +8,8 @@
 //! `MPI_Comm_split` and `ncclCommSplit`; a rank with no color (`None`)
 //! takes part in the exchange and gets no communicator.
 
+use super::Communicator;
 use super::error::CommError;
-use super::{Call, Communicator};
-use crate::Collective;
 use crate::plan::Purpose;
 use crate::types::Rank;
 
@@ -35,17 +34,7 @@ pub fn exchange<C: Communicator + ?Sized>(
     let n = comm.world_size() as usize;
     let mine = [color.map_or(0, |c| u64::from(c) + 1), u64::from(key)];
     let mut all = vec![0u64; 2 * n];
-    // Made as split's own call: a peer's plain all-gather of the same
-    // shape is a mismatch, not a color and key.
-    comm.execute(
-        Call::collective(
-            Collective::AllGather,
-            crate::ReduceOp::Sum,
-            Some((&mine[..]).into()),
-            (&mut all[..]).into(),
-        )
-        .for_purpose(Purpose::Split),
-    )?;
+    super::call::exchange(comm, Purpose::Split, &mine, &mut all)?;
     let choices: Vec<(Option<u32>, u32)> = all
         .chunks_exact(2)
         .map(|c| ((c[0] != 0).then(|| (c[0] - 1) as u32), c[1] as u32))

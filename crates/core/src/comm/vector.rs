@@ -121,18 +121,8 @@ fn agree<C: Communicator + ?Sized>(
     let n = comm.world_size() as usize;
     let published = if local.is_ok() { mine } else { mine.invalid() };
     let mut all = vec![0u64; 5 * n];
-    // Made as a description: a peer's plain all-gather of the same shape
-    // is a mismatch, not a description.
     let words = published.words();
-    comm.execute(
-        super::Call::collective(
-            crate::Collective::AllGather,
-            ReduceOp::Sum,
-            Some((&words[..]).into()),
-            (&mut all[..]).into(),
-        )
-        .for_purpose(crate::plan::Purpose::Describe),
-    )?;
+    super::call::exchange(comm, crate::plan::Purpose::Describe, &words, &mut all)?;
     local?;
     for (other, words) in all.chunks_exact(5).enumerate() {
         let theirs = Description::from_words(words);
