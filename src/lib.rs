@@ -143,3 +143,37 @@ pub mod build_info {
     /// The cargo profile (`debug` or `release`).
     pub const PROFILE: &str = env!("FERROCOLL_BUILD_PROFILE");
 }
+
+/// The README's and the guides' code blocks, compiled (and run, unless a
+/// block says `no_run`) as doctests, so the docs cannot drift from the API.
+#[cfg(doctest)]
+mod docs_compile {
+    #[doc = include_str!("../README.md")]
+    mod readme {}
+    #[doc = include_str!("../docs/architecture.md")]
+    mod architecture {}
+    #[doc = include_str!("../docs/benchmarks.md")]
+    mod benchmarks {}
+    #[doc = include_str!("../docs/cpu-executor.md")]
+    mod cpu_executor {}
+    #[doc = include_str!("../docs/cuda-executor.md")]
+    mod cuda_executor {}
+    #[doc = include_str!("../docs/nccl.md")]
+    mod nccl {}
+    #[doc = include_str!("../docs/plan.md")]
+    mod plan {}
+    #[doc = include_str!("../docs/processes.md")]
+    mod processes {}
+    #[doc = include_str!("../docs/reliability.md")]
+    mod reliability {}
+    #[doc = include_str!("../docs/schedules.md")]
+    mod schedules {}
+    #[doc = include_str!("../docs/synthesis.md")]
+    mod synthesis {}
+    #[doc = include_str!("../docs/topology.md")]
+    mod topology {}
+    #[doc = include_str!("../docs/training.md")]
+    mod training {}
+    #[doc = include_str!("../cuda/README.md")]
+    mod cuda_readme {}
+}
