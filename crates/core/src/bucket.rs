@@ -7,7 +7,7 @@
 //! copy. Every rank must pass the same tensor lengths in the same order.
 
 use crate::comm::{CommError, Communicator, CommunicatorExt};
-use crate::types::Reduce;
+use crate::kernels::Reduce;
 use crate::types::ReduceOp;
 
 /// DDP's default bucket size.

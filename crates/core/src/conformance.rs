@@ -11,7 +11,7 @@
 use half::{bf16, f16};
 
 use crate::algorithms::Algorithm;
-use crate::types::Reduce;
+use crate::kernels::Reduce;
 use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
 
 /// One collective call to check.

@@ -21,22 +21,8 @@
 //! completes too (each segment starts from empty links), and by confluence
 //! so does every other interleaving: verifying one segment covers any number.
 
-use serde::{Deserialize, Serialize};
-
 use crate::schedule::{Schedule, Step, StepAt, StepRef};
-use crate::types::Rank;
-
-/// Identifies a link: sender, receiver, channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Link {
-    /// The sending rank.
-    pub from: Rank,
-    /// The receiving rank.
-    pub to: Rank,
-    /// The channel both ends use.
-    pub channel: u32,
-}
+use crate::types::{Link, Rank};
 
 /// Why a step could not fire when the engine stalled.
 #[derive(Debug, Clone, PartialEq, Eq)]

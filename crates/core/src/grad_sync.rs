@@ -14,8 +14,9 @@
 use thiserror::Error;
 
 use crate::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, Work};
+use crate::kernels::Reduce;
 use crate::plan::stable_hash;
-use crate::types::{Reduce, ReduceOp};
+use crate::types::ReduceOp;
 
 /// Why a step of gradient sync failed.
 #[derive(Debug, Clone, Error)]

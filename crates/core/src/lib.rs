@@ -74,14 +74,16 @@ pub use half;
 
 pub use algorithms::{Algorithm, AlgorithmError, AlgorithmParams, generate};
 pub use error::{ParseNameError, ScheduleFileError};
+pub use kernels::Reduce;
 pub use plan::ExecutionPlan;
-pub use schedule::{Buffer, Schedule, ScheduleBuilder, Step};
-pub use types::{Collective, CollectiveKind, DataType, Element, Rank, Reduce, ReduceOp};
+pub use schedule::{Schedule, ScheduleBuilder, Step};
+pub use types::{Buffer, Collective, CollectiveKind, DataType, Element, Rank, ReduceOp};
 pub use verify::{Verified, VerifyError, VerifyOptions, verify};
 
 /// What a program that calls collectives needs in scope.
 pub mod prelude {
     pub use crate::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, Work};
     pub use crate::grad_sync::GradientSync;
-    pub use crate::types::{Collective, DataType, Element, Rank, Reduce, ReduceOp};
+    pub use crate::kernels::Reduce;
+    pub use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
 }

@@ -9,10 +9,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::flow::Link;
 use crate::plan::{ExecutionPlan, Instruction, Region, Walk};
-use crate::schedule::Buffer;
-use crate::types::{InPlaceAlias, Rank};
+use crate::types::{Buffer, InPlaceAlias, Link, Rank};
 
 /// Run `plan` on `inputs` (one vector of `input_blocks × count` elements
 /// per rank), starting from `outputs` (one vector of `output_blocks ×

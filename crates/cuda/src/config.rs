@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrocoll_core::plan::{DEVICE_CHUNK_BYTES, PlannerSettings};
+use ferrocoll_core::comm::PlannerSettings;
+use ferrocoll_core::plan::DEVICE_CHUNK_BYTES;
 use ferrocoll_core::select::SharedSelector;
 use ferrocoll_core::{Algorithm, CollectiveKind, Verified};
 
@@ -135,7 +136,7 @@ impl CudaConfig {
             max_chunk_bytes: self.max_chunk_bytes,
             max_message_bytes: None,
             max_ll_message_bytes: None,
-            slots_per_link: ferrocoll_core::plan::link_slots(
+            slots_per_link: ferrocoll_core::comm::link_slots(
                 self.slots_per_link,
                 self.schedule.as_deref(),
             ),

@@ -22,6 +22,8 @@
 
 mod config;
 pub mod error;
+#[cfg(all(test, unix))]
+pub mod host_kernel;
 pub mod info;
 pub mod interpreter;
 pub mod kernels;

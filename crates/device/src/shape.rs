@@ -1,67 +1,40 @@
-//! From buffer lengths to a call's element count, the same rule for every
-//! backend: `count` is elements per block, as in `ferrocoll_core`'s
-//! [`CallShape`](ferrocoll_core::plan::CallShape).
+//! From buffer lengths to a call's element count: core's one rule
+//! ([`ferrocoll_core::types::block_count`], which the host API applies
+//! too), with the device API's own refusals and errors.
 
 use ferrocoll_core::Collective;
+use ferrocoll_core::types::ShapeError;
 
 use crate::ArgumentError;
 
 /// The elements per block of `collective` on `n` ranks with an output
 /// (or, in place, the one buffer) of `output` elements and, out of place,
-/// an input of `input` elements. In place the buffer holds
-/// [`Collective::size_blocks`] blocks; out of place each buffer its own
-/// number of blocks.
+/// an input of `input` elements: core's rule, where the buffer of fewer
+/// blocks sets the count. Point-to-point is not a call of the device API.
 pub fn block_count(
     collective: Collective,
     n: u32,
     input: Option<usize>,
     output: usize,
 ) -> Result<usize, ArgumentError> {
-    let name = collective.to_string();
-    let blocks = |b: u32| b as usize;
     if collective == Collective::SendRecv {
         return Err(ArgumentError::Unsupported(
             "point-to-point is not a collective of the device API".into(),
         ));
     }
-    let Some(input) = input else {
-        if collective == Collective::AllToAll {
-            return Err(ArgumentError::Unsupported(
-                "all-to-all has no in-place form".into(),
-            ));
-        }
-        let per = blocks(collective.size_blocks(n));
-        return whole(&name, "buffer", output, per);
-    };
-    let count = whole(&name, "output", output, blocks(collective.output_blocks(n)))?;
-    let want = count * blocks(collective.input_blocks(n));
-    if input != want {
-        return Err(ArgumentError::Length {
-            collective: name,
-            buffer: "input",
-            len: input,
-            want: format!("the output's length asks for {want}"),
-        });
-    }
-    Ok(count)
-}
-
-/// `len / per`, or the error when `len` is not whole blocks.
-fn whole(
-    collective: &str,
-    buffer: &'static str,
-    len: usize,
-    per: usize,
-) -> Result<usize, ArgumentError> {
-    if len % per != 0 {
-        return Err(ArgumentError::Length {
-            collective: collective.to_owned(),
+    ferrocoll_core::types::block_count(collective, n, input, output).map_err(|e| match e {
+        ShapeError::Length {
             buffer,
             len,
-            want: format!("a multiple of {per} (one block per rank)"),
-        });
-    }
-    Ok(len / per)
+            needed,
+        } => ArgumentError::Length {
+            collective: collective.to_string(),
+            buffer,
+            len,
+            want: format!("the call needs {needed}"),
+        },
+        ShapeError::NoInPlace(_) => ArgumentError::Unsupported(e.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -69,21 +42,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_follow_each_collectives_blocks() {
-        let n = 4;
-        assert_eq!(block_count(Collective::AllReduce, n, Some(10), 10), Ok(10));
-        assert_eq!(block_count(Collective::AllReduce, n, None, 7), Ok(7));
-        assert_eq!(block_count(Collective::AllGather, n, Some(3), 12), Ok(3));
-        assert_eq!(block_count(Collective::AllGather, n, None, 12), Ok(3));
-        assert_eq!(
-            block_count(Collective::ReduceScatter, n, Some(12), 3),
-            Ok(3)
-        );
-        assert_eq!(block_count(Collective::ReduceScatter, n, None, 12), Ok(3));
-        assert_eq!(block_count(Collective::AllToAll, n, Some(8), 8), Ok(2));
-        let root = Collective::Broadcast { root: 1 };
-        assert_eq!(block_count(root, n, Some(5), 5), Ok(5));
-        assert_eq!(block_count(Collective::AllReduce, n, Some(0), 0), Ok(0));
+    fn counts_are_cores() {
+        // The rule itself is tested with core's `block_count`; here, that
+        // the device API applies it.
+        assert_eq!(block_count(Collective::AllGather, 4, Some(3), 12), Ok(3));
+        assert_eq!(block_count(Collective::ReduceScatter, 4, None, 12), Ok(3));
     }
 
     #[test]
@@ -94,8 +57,8 @@ mod tests {
             matches!(
                 e,
                 ArgumentError::Length {
-                    buffer: "input",
-                    len: 9,
+                    buffer: "output",
+                    len: 10,
                     ..
                 }
             ),
@@ -118,14 +81,14 @@ mod tests {
             matches!(
                 e,
                 ArgumentError::Length {
-                    buffer: "buffer",
+                    buffer: "in-place buffer",
                     ..
                 }
             ),
             "{e}"
         );
         let e = block_count(Collective::ReduceScatter, n, Some(13), 3).unwrap_err();
-        assert!(e.to_string().contains("asks for 12"), "{e}");
+        assert!(e.to_string().contains("the call needs 12"), "{e}");
     }
 
     #[test]

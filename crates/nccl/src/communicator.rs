@@ -10,7 +10,7 @@ use ferrocoll_core::comm::{
     Call, Checked, CommError, Communicator, CommunicatorExt, HostSlice, HostSliceMut,
     send_recv_by_pairs,
 };
-use ferrocoll_core::plan::CallShape;
+use ferrocoll_core::types::CallShape;
 use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use ferrocoll_device::DeviceCall;
 use nccl_rs_sys::{
@@ -649,6 +649,10 @@ impl Communicator for NcclCommunicator {
         color: Option<u32>,
         key: u32,
     ) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
-        crate::split::split_boxed(self, color, key)
+        // `split_nccl` is the inherent method of `split.rs`, which builds
+        // on this file (not the other way round).
+        Ok(self
+            .split_nccl(color, key)?
+            .map(|c| Box::new(c) as Box<dyn Communicator + Send>))
     }
 }

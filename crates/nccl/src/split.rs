@@ -1,7 +1,6 @@
 //! `split` on NCCL: `ncclCommSplit`, non-blocking like initialisation, the
 //! new communicator's rank and size read back from NCCL.
 
-use ferrocoll_core::comm::{CommError, Communicator};
 use nccl_rs_sys::{NCCL_SPLIT_NOCOLOR, library, ncclComm_t};
 
 use crate::communicator::NcclCommunicator;
@@ -101,17 +100,6 @@ fn abandon(comm: ncclComm_t) {
             tracing::warn!("ncclCommAbort of a failed split: {r:?}");
         }
     }
-}
-
-/// `split` through the `Communicator` trait: the new communicator boxed.
-pub(crate) fn split_boxed(
-    comm: &mut NcclCommunicator,
-    color: Option<u32>,
-    key: u32,
-) -> Result<Option<Box<dyn Communicator + Send>>, CommError> {
-    Ok(comm
-        .split_nccl(color, key)?
-        .map(|c| Box::new(c) as Box<dyn Communicator + Send>))
 }
 
 #[cfg(test)]

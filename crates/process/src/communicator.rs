@@ -8,7 +8,8 @@ use ferrocoll_core::algorithms::Algorithm;
 use ferrocoll_core::comm::{
     Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, split,
 };
-use ferrocoll_core::plan::{CallShape, Planned, Planner};
+use ferrocoll_core::comm::{Planned, Planner};
+use ferrocoll_core::types::CallShape;
 use ferrocoll_rendezvous::Store;
 
 use crate::agree::Agreement;
@@ -238,7 +239,7 @@ impl ProcessCommunicator {
         // The plan's hash comes before the schedule's name, so it survives
         // when a long name is cut to fit the header.
         let signature = format!("{} schedule={}", plan.signature(), plan.schedule);
-        let kernels = ferrocoll_core::kernels::for_plan(plan);
+        let kernels = ferrocoll_core::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
         tracing::debug!(
             rank = self.rank,
             call = number,

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrocoll_core::plan::PlannerSettings;
+use ferrocoll_core::comm::PlannerSettings;
 use ferrocoll_core::select::{SharedSelector, host_rule};
 use ferrocoll_core::settings::{EnvOverrides, SettingsError};
 use ferrocoll_core::{Algorithm, Verified};
@@ -181,8 +181,8 @@ impl ProcessConfig {
         self.planner_settings().one_shot_rule(world_size)
     }
 
-    /// Slots each link gets (see [`ferrocoll_core::plan::link_slots`]).
+    /// Slots each link gets (see [`ferrocoll_core::comm::link_slots`]).
     pub(crate) fn link_slots(&self) -> u32 {
-        ferrocoll_core::plan::link_slots(self.slots_per_link, self.schedule.as_deref())
+        ferrocoll_core::comm::link_slots(self.slots_per_link, self.schedule.as_deref())
     }
 }

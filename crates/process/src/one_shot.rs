@@ -16,9 +16,10 @@
 use std::time::Instant;
 
 use ferrocoll_core::Rank;
+use ferrocoll_core::Reduce;
 use ferrocoll_core::comm::{CommError, HostSlice, HostSliceMut};
-use ferrocoll_core::plan::{CallShape, OneShot, one_shot_describe};
-use ferrocoll_core::schedule::Buffer;
+use ferrocoll_core::plan::{OneShot, one_shot_describe};
+use ferrocoll_core::types::{Buffer, CallShape};
 
 use crate::ProcessCommunicator;
 
@@ -89,7 +90,8 @@ impl ProcessCommunicator {
             // announces call `number + 2`, which waits for our next
             // announcement.
             unsafe {
-                shot.build_output::<T>(|r| staged[r as usize], output_base, shape.op, n)
+                let staged = |r: Rank| staged[r as usize];
+                shot.build_output(staged, output_base, (shape.op, n), T::reduce, T::divide)
             };
         });
         self.one_shot_calls += 1;

@@ -10,10 +10,10 @@ mod common;
 use std::collections::BTreeMap;
 
 use ferrocoll_core::algorithms::{applicable, traffic_blocks};
-use ferrocoll_core::comm::{Call, Communicator};
+use ferrocoll_core::comm::{Call, Communicator, Planner};
 use ferrocoll_core::cpu::{self, CpuConfig};
-use ferrocoll_core::flow::Link;
-use ferrocoll_core::plan::{CallShape, ExecutionPlan, LinkLoad, Planner};
+use ferrocoll_core::plan::{ExecutionPlan, LinkLoad};
+use ferrocoll_core::types::{CallShape, Link};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
 use ferrocoll_topo::sim::{SimOptions, simulate_plan};
 

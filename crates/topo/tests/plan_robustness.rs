@@ -8,7 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use ferrocoll_core::plan::dag::Dag;
-use ferrocoll_core::plan::{CallShape, Chunking, Compiler, ExecutionPlan};
+use ferrocoll_core::plan::{Chunking, Compiler, ExecutionPlan};
+use ferrocoll_core::types::CallShape;
 use ferrocoll_core::{
     Algorithm, AlgorithmParams, Collective, DataType, ReduceOp, VerifyOptions, generate, verify,
 };

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
+use ferrocoll::comm::Planner;
 use ferrocoll::cpu::CpuConfig;
-use ferrocoll::plan::{CallShape, Planner};
+use ferrocoll::types::CallShape;
 use ferrocoll::{CollectiveKind, DataType, ReduceOp};
 
 use crate::bench::setup::custom_schedule;

@@ -22,8 +22,8 @@
 //! and reduce n−1; send/recv n.
 
 use super::peers;
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
-use crate::types::{Collective, Rank};
+use crate::schedule::{Schedule, ScheduleBuilder, Step};
+use crate::types::{Buffer, Collective, Rank};
 
 pub(super) fn generate(collective: Collective, n: u32, channels: u32) -> Schedule {
     let cpb = match collective {

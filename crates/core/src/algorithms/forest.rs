@@ -35,8 +35,8 @@
 
 use thiserror::Error;
 
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step, StepRef};
-use crate::types::{Collective, Rank};
+use crate::schedule::{Schedule, ScheduleBuilder, Step, StepRef};
+use crate::types::{Buffer, Collective, Rank};
 
 /// One spanning tree of a packing, directed away from its root (a
 /// reduce-scatter runs it toward the root).

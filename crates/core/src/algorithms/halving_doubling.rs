@@ -26,8 +26,8 @@
 //! doubling level moves n blocks over every pair, the fold moves a whole
 //! buffer one way and one block the other).
 
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
-use crate::types::{Collective, Rank};
+use crate::schedule::{Schedule, ScheduleBuilder, Step};
+use crate::types::{Buffer, Collective, Rank};
 
 /// The fold that turns n ranks into a power of two of virtual ranks.
 struct Fold {

@@ -34,8 +34,8 @@
 use thiserror::Error;
 
 use super::wrap;
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step, StepRef};
-use crate::types::{Collective, Rank};
+use crate::schedule::{Schedule, ScheduleBuilder, Step, StepRef};
+use crate::types::{Buffer, Collective, Rank};
 
 /// Ranks grouped into nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

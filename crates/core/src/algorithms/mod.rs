@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::error::ParseNameError;
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
-use crate::types::{Collective, CollectiveKind, Rank};
+use crate::schedule::{Schedule, ScheduleBuilder, Step};
+use crate::types::{Buffer, Collective, CollectiveKind, Rank};
 
 /// A built-in schedule generator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -26,8 +26,8 @@
 //! share of the chunks.
 
 use super::{AlgorithmError, AlgorithmParams, wrap};
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
-use crate::types::{Collective, Rank};
+use crate::schedule::{Schedule, ScheduleBuilder, Step};
+use crate::types::{Buffer, Collective, Rank};
 
 /// One channel's ring: the order and each rank's position in it.
 struct Ring {

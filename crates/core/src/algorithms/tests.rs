@@ -2,9 +2,9 @@
 //! proven by the verifier and replayed on concrete data.
 
 use super::*;
-use crate::plan::{CallShape, Chunking, compile};
+use crate::plan::{Chunking, compile};
 use crate::replay::replay;
-use crate::types::DataType;
+use crate::types::{CallShape, DataType};
 use crate::verify::{VerifyOptions, verify};
 
 fn supported() -> Vec<(Algorithm, CollectiveKind)> {

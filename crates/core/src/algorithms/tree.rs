@@ -28,8 +28,8 @@
 //! stream up the tree while earlier segments stream down; the root's down
 //! step waits (`after`) for its up step.
 
-use crate::schedule::{Buffer, Schedule, ScheduleBuilder, Step};
-use crate::types::{Collective, Rank};
+use crate::schedule::{Schedule, ScheduleBuilder, Step};
+use crate::types::{Buffer, Collective, Rank};
 
 /// A rooted binary tree over positions `0..n`.
 #[derive(Debug, Clone)]

@@ -4,9 +4,10 @@
 
 use std::marker::PhantomData;
 
-use super::error::{CommError, block_count, check_peer, check_root};
-use crate::plan::{CallShape, Purpose};
-use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
+use super::error::{CommError, check_peer, check_root};
+use crate::types::{
+    CallShape, Collective, DataType, Element, Purpose, Rank, ReduceOp, block_count,
+};
 
 /// All-gather `mine` from every rank into `all`, as the library's own
 /// exchange for `purpose` (a split's colors, a v-call's descriptions): a
@@ -351,12 +352,7 @@ fn shape(
             output: output.dtype(),
         });
     }
-    let count = block_count(
-        collective,
-        world_size as usize,
-        input.map(|i| i.len()),
-        output.len(),
-    )?;
+    let count = block_count(collective, world_size, input.map(|i| i.len()), output.len())?;
     Ok(CallShape {
         collective,
         count,

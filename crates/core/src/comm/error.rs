@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use crate::algorithms::AlgorithmError;
 use crate::plan::PlanError;
-use crate::types::{Collective, DataType, Rank};
+use crate::types::{Collective, DataType, Rank, ShapeError};
 use crate::verify::VerifyError;
 
 /// The error of a backend (CUDA driver, NVRTC, NCCL, a transport), kept
@@ -262,58 +262,22 @@ pub fn check_peer(peer: Rank, me: Rank, world_size: u32) -> Result<(), CommError
     Ok(())
 }
 
-fn buffer_size(what: &'static str, got: usize, needed: usize) -> CommError {
-    CommError::BufferSize { what, got, needed }
-}
-
-/// The per-rank block count (`count`) of a call on `n` ranks from its
-/// buffer lengths (`in_len` is `None` in place), or the
-/// [`CommError::BufferSize`] that explains which buffer is off.
-pub fn block_count(
-    collective: Collective,
-    n: usize,
-    in_len: Option<usize>,
-    out_len: usize,
-) -> Result<usize, CommError> {
-    use Collective as C;
-    let whole = |len: usize, what: &'static str| {
-        if len % n == 0 {
-            Ok(len / n)
-        } else {
-            Err(buffer_size(what, len, len.div_ceil(n) * n))
+impl From<ShapeError> for CommError {
+    fn from(e: ShapeError) -> Self {
+        match e {
+            ShapeError::Length {
+                buffer,
+                len,
+                needed,
+            } => CommError::BufferSize {
+                what: buffer,
+                got: len,
+                needed,
+            },
+            ShapeError::NoInPlace(collective) => CommError::InPlaceUnsupported {
+                collective: collective.kind().to_string(),
+            },
         }
-    };
-    match (collective, in_len) {
-        (C::ReduceScatter, None) => whole(out_len, "in-place reduce-scatter buffer"),
-        (C::AllGather, None) => whole(out_len, "in-place all-gather buffer"),
-        (C::ReduceScatter, Some(i)) => {
-            if Some(i) != out_len.checked_mul(n) {
-                return Err(buffer_size(
-                    "reduce-scatter input",
-                    i,
-                    out_len.saturating_mul(n),
-                ));
-            }
-            Ok(out_len)
-        }
-        (C::AllGather, Some(i)) => {
-            if Some(out_len) != i.checked_mul(n) {
-                return Err(buffer_size(
-                    "all-gather output",
-                    out_len,
-                    i.saturating_mul(n),
-                ));
-            }
-            Ok(i)
-        }
-        (C::AllToAll, Some(i)) => {
-            if out_len != i {
-                return Err(buffer_size("all-to-all output", out_len, i));
-            }
-            whole(i, "all-to-all input")
-        }
-        (_, Some(i)) if i != out_len => Err(buffer_size("output", out_len, i)),
-        _ => Ok(out_len),
     }
 }
 

@@ -31,20 +31,22 @@ mod call;
 mod error;
 mod nonblocking;
 mod p2p;
+mod planner;
 pub mod split;
 mod vector;
 mod work;
 
 pub use call::{Call, Checked, HostSlice, HostSliceMut, Operation};
 pub use error::{
-    BackendError, CommError, block_count, check_disjoint, check_peer, check_rank, check_root,
-    printable,
+    BackendError, CommError, check_disjoint, check_peer, check_rank, check_root, printable,
 };
 pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};
+pub use planner::{Planned, Planner, PlannerSettings, link_slots};
 pub use work::{Failed, Work};
 
-use crate::types::{Collective, Rank, Reduce, ReduceOp};
+use crate::kernels::Reduce;
+use crate::types::{Collective, Rank, ReduceOp};
 
 /// Collective operations on host memory, one communicator per rank.
 ///

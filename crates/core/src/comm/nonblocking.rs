@@ -28,7 +28,8 @@ use super::error::CommError;
 use super::p2p::{P2pOp, send_recv_batch};
 use super::work::{Outcome, Work};
 use super::{Aborter, Communicator, CommunicatorExt};
-use crate::types::{Collective, Rank, Reduce, ReduceOp};
+use crate::kernels::Reduce;
+use crate::types::{Collective, Rank, ReduceOp};
 
 /// A queued call: runs on the progress thread with the communicator and
 /// the group's failure so far.

@@ -10,8 +10,7 @@
 
 use super::Communicator;
 use super::error::CommError;
-use crate::plan::Purpose;
-use crate::types::Rank;
+use crate::types::{Purpose, Rank};
 
 /// This rank's place in the group its color forms.
 #[derive(Debug, Clone, PartialEq, Eq)]

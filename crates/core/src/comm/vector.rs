@@ -14,8 +14,9 @@ use super::call::{HostSlice, HostSliceMut};
 use super::error::{CommError, check_rank};
 use super::p2p::{P2pOp, send_recv_batch};
 use super::{Communicator, CommunicatorExt};
+use crate::kernels::Reduce;
 use crate::plan::stable_hash;
-use crate::types::{DataType, Rank, Reduce, ReduceOp};
+use crate::types::{DataType, Rank, ReduceOp};
 
 /// Which call a description is of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +123,7 @@ fn agree<C: Communicator + ?Sized>(
     let published = if local.is_ok() { mine } else { mine.invalid() };
     let mut all = vec![0u64; 5 * n];
     let words = published.words();
-    super::call::exchange(comm, crate::plan::Purpose::Describe, &words, &mut all)?;
+    super::call::exchange(comm, crate::types::Purpose::Describe, &words, &mut all)?;
     local?;
     for (other, words) in all.chunks_exact(5).enumerate() {
         let theirs = Description::from_words(words);

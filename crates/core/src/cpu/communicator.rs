@@ -8,9 +8,11 @@ use std::time::Instant;
 use super::CpuConfig;
 use super::executor::{Task, execute};
 use super::group::{Group, Msg};
-use crate::comm::{Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, split};
-use crate::plan::{CallShape, LinkLoad, OneShot, Planner};
-use crate::types::Rank;
+use crate::comm::{
+    Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, Planner, split,
+};
+use crate::plan::{LinkLoad, OneShot};
+use crate::types::{CallShape, Rank};
 
 /// Channel id reserved for point-to-point send/recv (schedules never reach it).
 const P2P_CHANNEL: u32 = u32::MAX;
@@ -231,7 +233,7 @@ impl CpuCommunicator {
         let planned = self.group.plan(shape)?;
         let plan = &planned.plan;
         self.agree(number, planned.signature, None, &|| plan.signature())?;
-        let kernels = crate::kernels::for_plan(plan);
+        let kernels = crate::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
         tracing::debug!(
             rank = self.rank,
             call = number,

@@ -3,8 +3,8 @@
 //! long stretches, and the final division of `Avg`.
 
 use super::group::Extents;
-use crate::kernels::{self, KernelChoice, Stores};
-use crate::types::{Reduce, ReduceOp};
+use crate::kernels::{self, KernelChoice, Reduce, Stores};
+use crate::types::ReduceOp;
 
 /// Elements reduced into the first destination before it is copied to the
 /// others: small enough that the copies read from L1/L2.

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 use super::data::{combine, divide};
 use super::group::{Extents, Group, LinkQueue, Msg};
 use crate::comm::CommError;
+use crate::kernels::Reduce;
 use crate::plan::{ExecutionPlan, Instruction, Message, RankPlan, Region, Source, Walk};
-use crate::types::{Rank, Reduce};
+use crate::types::Rank;
 
 /// Instructions a channel looks ahead to post direct-write destinations.
 const POST_LOOKAHEAD: usize = 64;

@@ -9,10 +9,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
 use super::board::Board;
-use crate::comm::CommError;
-use crate::flow::Link;
-use crate::plan::{CallShape, LinkLoad, OneShotRule, Planned, Planner};
-use crate::types::{DataType, Rank};
+use crate::comm::{CommError, Planned, Planner};
+use crate::plan::{LinkLoad, OneShotRule};
+use crate::types::{CallShape, DataType, Link, Rank};
 
 /// Byte ranges of some rank's memory: (address, length).
 pub(crate) type Extents = Vec<(usize, usize)>;

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithms::Algorithm;
-use crate::plan::PlannerSettings;
+use crate::comm::PlannerSettings;
 use crate::select::{SharedSelector, host_rule};
 use crate::settings::{EnvOverrides, SettingsError};
 use crate::verify::Verified;
@@ -148,8 +148,8 @@ impl CpuConfig {
         }
     }
 
-    /// Slots each link gets (see [`crate::plan::link_slots`]).
+    /// Slots each link gets (see [`crate::comm::link_slots`]).
     pub(crate) fn link_slots(&self) -> u32 {
-        crate::plan::link_slots(self.slots_per_link, self.schedule.as_deref())
+        crate::comm::link_slots(self.slots_per_link, self.schedule.as_deref())
     }
 }

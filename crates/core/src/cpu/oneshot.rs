@@ -9,9 +9,9 @@ use std::sync::Arc;
 use super::CpuCommunicator;
 use super::board::Board;
 use crate::comm::{CommError, HostSlice, HostSliceMut};
-use crate::plan::{CallShape, OneShot, one_shot_describe};
-use crate::schedule::Buffer;
-use crate::types::Rank;
+use crate::kernels::Reduce;
+use crate::plan::{OneShot, one_shot_describe};
+use crate::types::{Buffer, CallShape, Rank};
 
 impl CpuCommunicator {
     /// A call small enough for the one-shot protocol: the input travels
@@ -63,7 +63,8 @@ impl CpuCommunicator {
             // and the staging is the group's own memory.
             unsafe {
                 let posts = &self.group.posts;
-                shot.build_output::<T>(|r| posts.staged(r, number), output_base, shape.op, n)
+                let staged = |r| posts.staged(r, number);
+                shot.build_output(staged, output_base, (shape.op, n), T::reduce, T::divide)
             };
         });
         Ok(())

@@ -8,7 +8,7 @@
 //! One function per element type takes a [`KernelChoice`]; behind it, one
 //! `#[target_feature]` body per vector width.
 
-use super::choice::{KernelChoice, Stores, Width};
+use super::variant::{KernelChoice, Stores, Width};
 
 /// Bytes in a cache line: the unit every destination is written in.
 const LINE: usize = 64;

@@ -11,14 +11,17 @@
 
 mod choice;
 mod lines;
+mod reduce;
 mod rule;
+mod variant;
 
-pub use choice::{
-    Calibration, Destination, KernelChoice, Stores, Width, calibration, chosen, for_call, for_plan,
-};
+pub use choice::{Calibration, calibration, chosen, for_call};
 pub use rule::{ASSUMED_LLC_BYTES, LLC_SHARE, StoreRule, last_level_cache};
+pub use variant::{Destination, KernelChoice, Stores, Width};
 
-use crate::types::{Reduce, ReduceOp};
+pub use reduce::Reduce;
+
+use crate::types::ReduceOp;
 
 /// Elements processed per block: small enough to stay in L1 while several
 /// sources are folded into the destination.

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use super::choice::Stores;
+use super::variant::Stores;
 
 /// The share of the last-level cache a call's bytes may take and still
 /// be read back from it: the caller's other data, the other ranks' and

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use super::{ExecutionPlan, Instruction, LinkLoad, PLAN_FORMAT_VERSION, Region};
-use crate::flow::Link;
-use crate::types::{Collective, Rank};
+use crate::types::{Collective, Link, Rank};
 
 /// Why a call has no plan, or a plan is not well formed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -13,82 +13,14 @@ use super::{
     ExecutionPlan, Instruction, LinkLoad, Message, PLAN_FORMAT_VERSION, Piece, PlanError, RankPlan,
     Region, Wait,
 };
-use crate::flow::Link;
-use crate::schedule::{Buffer, Schedule, Slice, Step};
-use crate::types::{Collective, DataType, InPlaceAlias, Rank, ReduceOp};
+use crate::schedule::{Schedule, Slice, Step};
+use crate::types::{Buffer, CallShape, Collective, InPlaceAlias, Link, Rank, ReduceOp};
 use crate::verify::Verified;
 
 /// Instructions a plan may hold over all ranks; past it, compiling fails
 /// with [`PlanError::TooLarge`] rather than exhaust memory (about 250 bytes
 /// each). Raise the chunk size to fit.
 pub const MAX_PLAN_INSTRUCTIONS: u64 = 1 << 22;
-
-/// The call a plan is compiled for: what every rank must agree on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct CallShape {
-    /// The collective, with its root.
-    pub collective: Collective,
-    /// Elements per block (the per-rank `count`).
-    pub count: usize,
-    /// The element type.
-    pub dtype: DataType,
-    /// The reduction op.
-    pub op: ReduceOp,
-    /// One buffer (the output) instead of two.
-    pub in_place: bool,
-    /// What the call is for: a library's own exchange never matches a
-    /// user's call of the same shape.
-    #[serde(default, skip_serializing_if = "Purpose::is_user")]
-    pub purpose: Purpose,
-}
-
-/// What a collective is for, beyond its shape. The library runs calls of
-/// its own — `split`'s exchange of colors and keys, the descriptions a
-/// gather, scatter or `-v` call compares before moving data — and a rank
-/// making one of those while a peer makes a user's call of the same shape
-/// must be a mismatch, not an `Ok` with the other call's data. Part of the
-/// plan's signature, so every executor's agreement compares it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Purpose {
-    /// A call the program made.
-    #[default]
-    User,
-    /// `split`'s exchange of every rank's color and key.
-    Split,
-    /// The descriptions a gather, scatter, all-gather-v or all-to-all-v
-    /// compares before any data moves.
-    Describe,
-}
-
-impl Purpose {
-    /// Whether this is a program's own call.
-    pub fn is_user(&self) -> bool {
-        *self == Purpose::User
-    }
-}
-
-impl std::fmt::Display for Purpose {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Purpose::User => "user",
-            Purpose::Split => "split",
-            Purpose::Describe => "describe",
-        })
-    }
-}
-
-impl CallShape {
-    /// nccl-tests' size of the call on `world_size` ranks: the larger of one
-    /// rank's buffers, in bytes (saturating).
-    pub fn size_bytes(&self, world_size: u32) -> usize {
-        let c = self.collective;
-        let blocks = c.size_blocks(world_size) as usize;
-        self.count
-            .saturating_mul(blocks)
-            .saturating_mul(self.dtype.size_bytes())
-    }
-}
 
 /// How a call's chunks are cut into segments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

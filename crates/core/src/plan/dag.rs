@@ -13,8 +13,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::{ExecutionPlan, PlanError};
-use crate::flow::Link;
-use crate::types::Rank;
+use crate::types::{Link, Rank};
 
 /// One instruction of the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

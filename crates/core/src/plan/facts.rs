@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use super::Source;
 use crate::flow::{self, HappensBefore, Semantics};
-use crate::schedule::{Buffer, Schedule, Slice, Step, StepAt};
+use crate::schedule::{Schedule, Slice, Step, StepAt};
+use crate::types::Buffer;
 
 /// The facts of one step (the same in every segment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -45,8 +45,8 @@ struct Hashed<'a> {
     dtype: crate::DataType,
     op: crate::ReduceOp,
     in_place: bool,
-    #[serde(skip_serializing_if = "super::Purpose::is_user")]
-    purpose: super::Purpose,
+    #[serde(skip_serializing_if = "crate::types::Purpose::is_user")]
+    purpose: crate::types::Purpose,
     world_size: u32,
     channels: u32,
     chunks_per_block: u32,

@@ -66,24 +66,20 @@ mod hash;
 pub(crate) use hash::stable_hash;
 mod layout;
 mod oneshot;
-mod planner;
 mod render;
 mod stretch;
 mod walk;
 
 pub use check::PlanError;
-pub use compile::{CallShape, Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, Purpose, compile};
+pub use compile::{Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, compile};
 pub use oneshot::{Gather, ONE_SHOT_BYTES, OneShot, OneShotRule, describe as one_shot_describe};
-pub use planner::{Planned, Planner, PlannerSettings, link_slots};
 pub use render::human_bytes;
 pub use stretch::Stretch;
 pub use walk::Walk;
 
 use serde::{Deserialize, Serialize};
 
-use crate::flow::Link;
-use crate::schedule::Buffer;
-use crate::types::{Collective, DataType, Rank, ReduceOp};
+use crate::types::{Buffer, Collective, DataType, Link, Purpose, Rank, ReduceOp};
 
 /// The version of the plan's JSON form (and of what its hash covers).
 pub const PLAN_FORMAT_VERSION: u32 = 1;
@@ -331,6 +327,14 @@ impl LinkLoad {
 }
 
 impl ExecutionPlan {
+    /// The bytes the call touches on one host: every rank's input, output
+    /// and scratch (what a host's kernels weigh against its last-level
+    /// cache, which the ranks share).
+    pub fn host_bytes(&self) -> u64 {
+        let per_rank = self.input_bytes + self.output_bytes + self.scratch_bytes;
+        per_rank.saturating_mul(u64::from(self.world_size))
+    }
+
     /// Bytes of `buffer` on every rank.
     pub fn buffer_bytes(&self, buffer: Buffer) -> u64 {
         match buffer {
@@ -388,4 +392,4 @@ impl ExecutionPlan {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

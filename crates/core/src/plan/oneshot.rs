@@ -16,10 +16,8 @@
 //! divides — lives here, like every other byte map of a call; executors
 //! read a [`OneShot`] and compute nothing.
 
-use super::CallShape;
 use super::hash::stable_hash;
-use crate::schedule::Buffer;
-use crate::types::{Collective, Rank};
+use crate::types::{Buffer, CallShape, Collective, Element, Rank, ReduceOp};
 
 /// The total one-shot budget by default: world size × published bytes.
 /// A one-shot rank reads every peer's whole input, so the traffic grows
@@ -201,19 +199,22 @@ impl OneShot {
     /// Build this rank's output at `output` from the staged inputs, the
     /// start of rank `r`'s being `staged(r)`, then divide for `Avg` — the
     /// one reading of the byte map, shared by the executors (threads and
-    /// processes stage in different places).
+    /// processes stage in different places). The arithmetic is the
+    /// executor's kernels' (`kernels::Reduce`: `T::reduce`, `T::divide`),
+    /// passed in so that the plan knows no kernel.
     ///
     /// # Safety
     /// `staged(r)` points at rank `r`'s whole published input of this call,
     /// element-aligned, unchanged while this runs; `output` is this rank's
     /// output buffer, valid for writes of every gather and overlapping no
     /// staged input.
-    pub unsafe fn build_output<T: crate::types::Reduce>(
+    pub unsafe fn build_output<T: Element>(
         &self,
         staged: impl Fn(Rank) -> *const u8,
         output: usize,
-        op: crate::ReduceOp,
-        world: u32,
+        (op, world): (ReduceOp, u32),
+        reduce: unsafe fn(ReduceOp, &[*const T], *mut T, usize),
+        divide: fn(T, u32) -> T,
     ) {
         let size = std::mem::size_of::<T>();
         let mut srcs: Vec<*const T> = Vec::with_capacity(world as usize);
@@ -232,7 +233,7 @@ impl OneShot {
             unsafe {
                 match srcs.as_slice() {
                     [one] => std::ptr::copy_nonoverlapping(*one, dst, len),
-                    many => T::reduce(op, many, dst, len),
+                    many => reduce(op, many, dst, len),
                 }
             }
         }
@@ -245,7 +246,7 @@ impl OneShot {
                 )
             };
             for x in out {
-                *x = x.divide(world);
+                *x = divide(*x, world);
             }
         }
     }
@@ -259,7 +260,7 @@ pub fn signature(shape: &CallShape, world: u32) -> u64 {
 /// How a one-shot call reads in logs and mismatch reports.
 pub fn describe(shape: &CallShape) -> String {
     let purpose = match shape.purpose {
-        super::Purpose::User => String::new(),
+        crate::types::Purpose::User => String::new(),
         other => format!("{other} "),
     };
     format!(

@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use super::{ExecutionPlan, Instruction, Message, Region, Source};
-use crate::schedule::Buffer;
+use crate::types::Buffer;
 
 /// `1.5 KiB`, `4 MiB`, `12 B`.
 pub fn human_bytes(b: u64) -> String {

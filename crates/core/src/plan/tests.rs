@@ -1,6 +1,7 @@
 //! The plan's invariants for every built-in schedule, its hash, its
 //! checks against tampering, and the planner's cache.
 
+use crate::types::CallShape;
 use std::sync::Arc;
 
 use super::dag::Dag;
@@ -8,12 +9,12 @@ use super::*;
 use crate::algorithms::{Algorithm, AlgorithmParams, applicable, generate};
 use crate::verify::{VerifyOptions, verify};
 
-pub(super) fn verified(algorithm: Algorithm, collective: Collective, n: u32) -> crate::Verified {
+pub(crate) fn verified(algorithm: Algorithm, collective: Collective, n: u32) -> crate::Verified {
     let s = generate(algorithm, collective, n, &AlgorithmParams::default()).unwrap();
     verify(s, &VerifyOptions::default()).unwrap()
 }
 
-pub(super) fn shape(collective: Collective, count: usize, in_place: bool) -> CallShape {
+pub(crate) fn shape(collective: Collective, count: usize, in_place: bool) -> CallShape {
     CallShape {
         collective,
         count,

@@ -22,11 +22,11 @@ pub use builder::ScheduleBuilder;
 pub use json::FORMAT_VERSION;
 pub use render::render_grid;
 pub(crate) use step::primitive_name;
-pub use step::{Buffer, Slice, Step, StepAt, StepRef};
+pub use step::{Slice, Step, StepAt, StepRef};
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{Collective, InPlaceAlias, Rank};
+use crate::types::{Buffer, Collective, InPlaceAlias, Rank};
 
 /// A complete schedule: one program per rank.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

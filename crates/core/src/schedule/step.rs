@@ -2,30 +2,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::Rank;
-
-/// A rank-local buffer a step reads or writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Buffer {
-    /// The caller's send buffer. Read-only: no step may write it.
-    Input,
-    /// The caller's receive buffer.
-    Output,
-    /// Executor-owned scratch space, `scratch_chunks` chunks per rank.
-    Scratch,
-}
-
-impl Buffer {
-    /// Short name used in the ASCII grid (`in`, `out`, `tmp`).
-    pub const fn short_name(self) -> &'static str {
-        match self {
-            Buffer::Input => "in",
-            Buffer::Output => "out",
-            Buffer::Scratch => "tmp",
-        }
-    }
-}
+use crate::types::{Buffer, Rank};
 
 /// `chunks` consecutive chunks of a buffer, starting at `chunk`; the length
 /// comes from the step that holds the slice.

@@ -170,7 +170,7 @@ fn run(schedule: &Schedule, mode: Mode, slots: u32) -> Violations {
         ));
     }
     // Messages waiting for a stalled receiver are part of that stall.
-    let receiver_stalled = |link: &flow::Link| {
+    let receiver_stalled = |link: &crate::types::Link| {
         outcome
             .stalled
             .iter()

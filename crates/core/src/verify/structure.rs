@@ -1,7 +1,8 @@
 //! Checks that need no execution: sizes, peers, bounds, references.
 
 use super::violation::{Mode, Violation, ViolationKind as K, Violations};
-use crate::schedule::{Buffer, Schedule, Slice, Step, StepAt};
+use crate::schedule::{Schedule, Slice, Step, StepAt};
+use crate::types::Buffer;
 
 pub(crate) fn check(schedule: &Schedule) -> Violations {
     let mut out = Violations::default();

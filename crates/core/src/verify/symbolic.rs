@@ -4,8 +4,8 @@
 
 use super::violation::{Mode, Violation, ViolationKind as K, Violations};
 use crate::flow::Semantics;
-use crate::schedule::{Buffer, Schedule, Slice, Step, StepAt};
-use crate::types::{Contributors, InPlaceAlias, Rank};
+use crate::schedule::{Schedule, Slice, Step, StepAt};
+use crate::types::{Buffer, Contributors, InPlaceAlias, Rank};
 
 /// No step has written this cell.
 const UNSET: u32 = u32::MAX;

@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
-use crate::schedule::{Buffer, ScheduleBuilder, Step};
-use crate::types::Collective;
+use crate::schedule::{ScheduleBuilder, Step};
+use crate::types::{Buffer, Collective};
 
 fn built_in(algorithm: Algorithm, collective: Collective, n: u32) -> Schedule {
     generate(algorithm, collective, n, &AlgorithmParams::default()).unwrap()

@@ -3,8 +3,8 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::flow::Wait;
-use crate::schedule::{Buffer, StepAt};
-use crate::types::Rank;
+use crate::schedule::StepAt;
+use crate::types::{Buffer, Rank};
 
 /// Which buffer arrangement a violation was found under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
-use ferrocoll_core::plan::CallShape;
+use ferrocoll_core::types::CallShape;
 use ferrocoll_device::{DeviceCall, DeviceCommunicator};
 
 use super::error::InterpreterError;
@@ -19,7 +19,8 @@ use super::memory::{Current, Pool};
 use super::setup::Group;
 use crate::error::CudaError;
 use crate::program::Params;
-use crate::program::params::{ABORTED, Addresses};
+use crate::program::abi::ABORTED;
+use crate::program::params::Addresses;
 use ferrocoll_device::Poller;
 
 /// How long launches stopped by a failure get to end before `synchronize`

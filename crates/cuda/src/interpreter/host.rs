@@ -8,7 +8,7 @@ use cudarc::driver::result;
 
 use super::memory::Pool;
 use ferrocoll_core::comm::{Call, Checked, CommError, Communicator};
-use ferrocoll_core::plan::CallShape;
+use ferrocoll_core::types::CallShape;
 use ferrocoll_core::{Collective, DataType, Rank, ReduceOp};
 use ferrocoll_device::{DeviceCall, DeviceCommunicator};
 

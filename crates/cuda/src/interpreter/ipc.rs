@@ -11,12 +11,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, sys};
+use cudarc::driver::sys;
 use ferrocoll_core::Rank;
 
 use super::board::Board;
 use super::communicator::{CudaCommunicator, Own};
 use super::engine::Engine;
+pub use super::mapped::Exchange;
+use super::mapped::{Opened, Parts};
 use super::memory::{Current, DeviceBlock};
 use super::residency;
 use super::setup::{self, Group};
@@ -24,42 +26,6 @@ use crate::config::CudaConfig;
 use crate::error::CudaError;
 use crate::probe;
 use crate::program::Layout;
-
-/// How the processes of a group swap bytes while they set up.
-pub trait Exchange {
-    /// Publish `mine` under `key` and return every rank's, by rank, once
-    /// all have published (bounded by the exchange's own timeout).
-    fn all_gather(&mut self, key: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>, String>;
-}
-
-/// What a joining rank set up, for [`Group::across_processes`].
-pub(super) struct Parts {
-    pub rank: usize,
-    pub layout: Layout,
-    pub engine: Arc<Engine>,
-    pub window: DeviceBlock,
-    pub state: DeviceBlock,
-    pub windows: Vec<u64>,
-    pub opened: Vec<Opened>,
-    pub board: Board,
-    pub exchange: Box<dyn Exchange + Send>,
-}
-
-/// Another process's window mapped here, unmapped on drop.
-pub(super) struct Opened {
-    ctx: Arc<CudaContext>,
-    ptr: u64,
-}
-
-impl Drop for Opened {
-    fn drop(&mut self) {
-        if let Ok(_current) = Current::bind(&self.ctx) {
-            // SAFETY: opened by `cuIpcOpenMemHandle` in this context and
-            // closed once; the group drops it after its launches ended.
-            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
-        }
-    }
-}
 
 const KEY: &str = "ferrocoll-interpreter";
 

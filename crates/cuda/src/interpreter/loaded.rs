@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, result, sys};
-use ferrocoll_core::plan::Planned;
+use ferrocoll_core::comm::Planned;
 
 use super::error::InterpreterError;
 use super::memory::Pool;

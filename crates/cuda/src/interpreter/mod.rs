@@ -21,7 +21,7 @@
 //! device and on the host is bounded by the configured timeout; a failure
 //! anywhere raises every rank's alarm and is on the board, which every
 //! rank's `check` reads, so no rank waits out a dead peer. The protocol
-//! runs on CPU threads in the tests (`program::host_kernel`).
+//! runs on CPU threads in the tests (`host_kernel`).
 
 mod board;
 mod communicator;
@@ -31,6 +31,7 @@ mod host;
 pub mod ipc;
 mod lasts;
 mod loaded;
+mod mapped;
 mod memory;
 mod residency;
 pub(crate) mod setup;

@@ -7,19 +7,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, sys};
-use ferrocoll_core::comm::CommError;
-use ferrocoll_core::plan::{Planned, Planner, PlannerSettings};
+use ferrocoll_core::comm::{CommError, Planned, Planner, PlannerSettings};
 
 use super::board::Board;
 use super::engine::Engine;
-use super::ipc;
 use super::lasts::Lasts;
+use super::mapped::{Exchange, Opened, Parts};
 use super::memory::{Current, DeviceBlock, HostBlock};
 use super::residency;
 use crate::config::CudaConfig;
 use crate::error::CudaError;
 use crate::probe;
-use crate::program::params::ABORTED;
+use crate::program::abi::ABORTED;
 use crate::program::{DeviceProgram, Layout, MAX_RANKS, Protocol, Scope};
 
 /// Channels a group takes by default at most (what `--channels` accepts):
@@ -71,14 +70,14 @@ pub struct Group {
     /// The windows allocated here.
     _owned: Vec<WindowBlock>,
     /// The windows of other processes' ranks, mapped here.
-    _opened: Vec<ipc::Opened>,
+    _opened: Vec<Opened>,
     /// The private state of each rank in this process.
     states: Vec<Option<DeviceBlock>>,
     /// The failure board.
     pub board: Board,
     /// Across processes: where the ranks meet once more before their
     /// windows go (`None`: every rank is a thread of this process).
-    closing: Option<Mutex<Box<dyn ipc::Exchange + Send>>>,
+    closing: Option<Mutex<Box<dyn Exchange + Send>>>,
     planner: Mutex<Planner>,
     programs: Mutex<HashMap<u64, Arc<DeviceProgram>>>,
     /// The in-process ranks' last-launch events.
@@ -107,7 +106,7 @@ pub fn layout(
             config.max_chunk_bytes, config.ll_max_bytes
         ))
     };
-    let slots = ferrocoll_core::plan::link_slots(config.slots_per_link, config.schedule.as_deref());
+    let slots = ferrocoll_core::comm::link_slots(config.slots_per_link, config.schedule.as_deref());
     let links = u64::from(channels.max(1)) * u64::from(n) * u64::from(slots.max(1));
     let within = |budget: u64| (budget / links.max(1)) / 16 * 16;
     let slot_bytes = (config.max_chunk_bytes.max(16) as u64)
@@ -184,6 +183,11 @@ pub fn planner_settings(config: &CudaConfig, layout: &Layout) -> PlannerSettings
     }
     settings
 }
+
+/// Lowered programs a group keeps: as many as four ranks keep loaded on
+/// their devices (`loaded.rs`), so a group's working set of calls is
+/// lowered once.
+const LOWERED_KEEP: usize = 256;
 
 impl Group {
     /// Open `devices` (one entry per rank; a device may repeat) for
@@ -276,9 +280,9 @@ impl Group {
     }
 
     /// One rank of a group whose other ranks are other processes: `parts`
-    /// is what `ipc::join` set up.
-    pub(super) fn across_processes(config: &CudaConfig, parts: ipc::Parts) -> Group {
-        let ipc::Parts {
+    /// is what the join (`ipc.rs`) set up.
+    pub(super) fn across_processes(config: &CudaConfig, parts: Parts) -> Group {
+        let Parts {
             rank,
             layout,
             engine,
@@ -327,7 +331,7 @@ impl Group {
     }
 
     /// The plan of a call.
-    pub fn plan(&self, shape: &ferrocoll_core::plan::CallShape) -> Result<Planned, CommError> {
+    pub fn plan(&self, shape: &ferrocoll_core::types::CallShape) -> Result<Planned, CommError> {
         self.planner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -348,8 +352,8 @@ impl Group {
         })?;
         let p = Arc::new(p);
         // Ranks hold the programs they use; the group's map only saves
-        // lowering a plan once per rank: bounded like a rank's.
-        if programs.len() >= 4 * super::loaded::KEEP {
+        // lowering a plan once per rank.
+        if programs.len() >= LOWERED_KEEP {
             programs.clear();
         }
         programs.insert(planned.signature, p.clone());

@@ -67,11 +67,21 @@ const DEFINES: &[(&str, u64)] = &[
     ("FC_LL", super::Protocol::LowLatency as u64),
     ("FC_SCOPE_GPU", Scope::Gpu as u64),
     ("FC_SCOPE_SYS", Scope::System as u64),
-    ("FC_MISMATCH", super::params::MISMATCH),
-    ("FC_TIMEOUT", super::params::TIMEOUT),
-    ("FC_PEER_FAILED", super::params::PEER_FAILED),
-    ("FC_ABORTED", super::params::ABORTED),
+    ("FC_MISMATCH", MISMATCH),
+    ("FC_TIMEOUT", TIMEOUT),
+    ("FC_PEER_FAILED", PEER_FAILED),
+    ("FC_ABORTED", ABORTED),
 ];
+
+/// Board reason: the rank's hello disagreed with a peer's.
+pub const MISMATCH: u64 = 1;
+/// Board reason: a wait outlasted the timeout.
+pub const TIMEOUT: u64 = 2;
+/// Board reason: another rank failed first.
+pub const PEER_FAILED: u64 = 3;
+/// Board reason, written by the host to stop a rank's blocks (no call
+/// number: the host's count names the call).
+pub const ABORTED: u64 = 4;
 
 /// Which buffer a region is in, as the device encodes it.
 #[repr(u32)]

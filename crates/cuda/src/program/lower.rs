@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ferrocoll_core::plan::{ExecutionPlan, Instruction, Message, RankPlan, Source};
-use ferrocoll_core::schedule::Buffer;
+use ferrocoll_core::types::Buffer;
 
 use super::abi::{After, BufferId, Channel, Count, End, Op, Piece, Region, Span, Transfer};
 use super::{DeviceProgram, Layout, ProgramError, Protocol, RankProgram};

@@ -48,12 +48,10 @@
 //! plan's hash, which every block writes first thing — with its own: ranks
 //! that disagree on the call fail it with a mismatch before any of their
 //! data lands in the other's memory. The kernel's own source runs on CPU
-//! threads in the tests (`host_kernel`), so offsets, slot reuse, the
+//! threads in the tests (`crate::host_kernel`), so offsets, slot reuse, the
 //! transfers and the counters are tested on machines without a GPU.
 
 pub mod abi;
-#[cfg(all(test, unix))]
-pub mod host_kernel;
 mod layout;
 mod lower;
 pub mod params;

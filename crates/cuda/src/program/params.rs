@@ -9,18 +9,10 @@ use std::time::Duration;
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
-use super::abi::{Params, RECORDS_SHARED_MAX, Region, Scope, Tables};
+use super::abi::{
+    MISMATCH, PEER_FAILED, Params, RECORDS_SHARED_MAX, Region, Scope, TIMEOUT, Tables,
+};
 use super::{DeviceProgram, MAX_RANKS, RankProgram};
-
-/// Board reason: the rank's hello disagreed with a peer's.
-pub const MISMATCH: u64 = 1;
-/// Board reason: a wait outlasted the timeout.
-pub const TIMEOUT: u64 = 2;
-/// Board reason: another rank failed first.
-pub const PEER_FAILED: u64 = 3;
-/// Board reason, written by the host to stop a rank's blocks (no call
-/// number: the host's count names the call).
-pub const ABORTED: u64 = 4;
 
 /// Byte offsets of a rank's tables inside its packed block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -245,6 +237,7 @@ impl Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::program::abi::ABORTED;
     use crate::program::{Layout, Protocol};
     use std::mem::size_of;
 
@@ -263,7 +256,8 @@ mod tests {
     #[test]
     fn a_packed_rank_reads_back_as_its_records_and_params_point_into_the_block() {
         use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, generate};
-        use ferrocoll_core::plan::{CallShape, Chunking, Compiler};
+        use ferrocoll_core::plan::{Chunking, Compiler};
+        use ferrocoll_core::types::CallShape;
         use ferrocoll_core::verify::{VerifyOptions, verify};
         use ferrocoll_core::{Collective, DataType, ReduceOp};
         let params = AlgorithmParams {

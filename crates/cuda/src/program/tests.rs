@@ -1,5 +1,5 @@
 //! The device protocol on the kernel's own source, on CPU threads
-//! ([`host_kernel`](crate::program::host_kernel)), end to end: every
+//! ([`host_kernel`](crate::host_kernel)), end to end: every
 //! built-in algorithm and collective through the conformance kit (each
 //! case run twice on one fabric, so the second call's messages start
 //! mid-ring in every slot) in every way messages travel (zero copy,
@@ -14,17 +14,17 @@ use std::time::Duration;
 use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, applicable};
 use ferrocoll_core::comm::CommError;
 use ferrocoll_core::conformance::{Case, SplitMix64};
-use ferrocoll_core::plan::CallShape;
+use ferrocoll_core::types::CallShape;
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 
+use crate::host_kernel::Buffers;
 use crate::interpreter::setup;
-use crate::program::host_kernel::Buffers;
 use crate::program::{DeviceProgram, Layout, ProgramError, Protocol, RankProgram, Transfer};
 
 mod rig;
 use rig::*;
 
-use crate::program::host_kernel::HostFabric;
+use crate::host_kernel::HostFabric;
 
 #[test]
 fn the_interpreter_groups_plans_run_through_the_device_protocol() {
@@ -41,7 +41,7 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
     let mut rng = SplitMix64(29);
     let layout = setup::layout(3, 2, &config, true).unwrap();
     let mut planner =
-        ferrocoll_core::plan::Planner::new(3, setup::planner_settings(&config, &layout));
+        ferrocoll_core::comm::Planner::new(3, setup::planner_settings(&config, &layout));
     let mut shape = CallShape {
         collective: Collective::AllReduce,
         count: 256,
@@ -127,7 +127,7 @@ fn a_selected_ll_call_runs_as_ll_with_its_chunks_cut_to_the_ll_slot() {
     };
     let layout = setup::layout(4, 1, &config, true).unwrap();
     let mut planner =
-        ferrocoll_core::plan::Planner::new(4, setup::planner_settings(&config, &layout));
+        ferrocoll_core::comm::Planner::new(4, setup::planner_settings(&config, &layout));
     let mut rng = SplitMix64(31);
     for count in [2000, 2001, 3] {
         let case = Case {

@@ -142,7 +142,7 @@ impl Node {
 
 /// One direction of a physical connection between two nodes. (A
 /// schedule's *link* — sender, receiver, channel — is
-/// `ferrocoll_core::flow::Link`; many of those may share one physical link.)
+/// `ferrocoll_core::types::Link`; many of those may share one physical link.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PhysicalLink {
     /// Source node.

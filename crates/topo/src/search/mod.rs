@@ -16,11 +16,13 @@
 //! for the hierarchical all-reduce.
 
 mod arborescence;
+mod costs;
 mod hierarchy;
 mod packing;
 mod ring;
 mod trees;
 
+pub use costs::RingSet;
 pub use hierarchy::hierarchy;
-pub use ring::{EXHAUSTIVE_MAX_RANKS, HEURISTIC_BUDGET, MAX_RINGS, RingSet, rings, tree_order};
+pub use ring::{EXHAUSTIVE_MAX_RANKS, HEURISTIC_BUDGET, MAX_RINGS, rings, tree_order};
 pub use trees::{MAX_TREES_PER_ROOT, TreePacking, tree_packings, trees};

@@ -12,7 +12,7 @@
 
 use ferrocoll_core::Rank;
 
-use super::ring::{Costs, RingSet};
+use super::costs::{Costs, RingSet};
 
 /// Up to this many ranks rings are packed (`2^12 · 144` steps per ring).
 pub const PACKING_MAX_RANKS: usize = 12;

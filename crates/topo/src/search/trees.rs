@@ -21,7 +21,7 @@ use ferrocoll_core::algorithms::forest::{Forest, PackedTree};
 use ferrocoll_core::{CollectiveKind, Rank};
 
 use super::arborescence;
-use super::ring::Costs;
+use super::costs::Costs;
 use crate::error::TopologyError;
 use crate::graph::{NodeId, Topology};
 use crate::sim::CostModel;

@@ -187,7 +187,7 @@ fn auto_runs_a_tree_packing_where_no_nvlink_ring_exists() {
     let count = size / 4;
     let plan = Compiler::new(trees.clone())
         .compile(
-            &ferrocoll_core::plan::CallShape {
+            &ferrocoll_core::types::CallShape {
                 collective: Collective::AllReduce,
                 count,
                 dtype: DataType::F32,

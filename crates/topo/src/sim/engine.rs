@@ -13,9 +13,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
-use ferrocoll_core::flow::Link;
 use ferrocoll_core::plan::{ExecutionPlan, Instruction, LinkLoad, Walk};
-use ferrocoll_core::schedule::Buffer;
+use ferrocoll_core::types::{Buffer, Link};
 
 use super::cost::CostModel;
 use super::fairshare::{self, Uses};

@@ -18,8 +18,9 @@ pub use cost::{CostModel, Overheads};
 
 use ferrocoll_core::DataType;
 use ferrocoll_core::plan::{
-    CallShape, Chunking, Compiler, DEVICE_CHUNK_BYTES, ExecutionPlan, HOST_CHUNK_BYTES, LinkLoad,
+    Chunking, Compiler, DEVICE_CHUNK_BYTES, ExecutionPlan, HOST_CHUNK_BYTES, LinkLoad,
 };
+use ferrocoll_core::types::CallShape;
 use serde::Serialize;
 
 use crate::error::TopologyError;

@@ -322,7 +322,7 @@ fn bad_inputs_are_errors_not_panics() {
     };
     assert!(simulate(&s, &t, 1024, &o(None, zero)).is_err());
     // A plan edited by hand: checked, refused, never a panic.
-    let shape = ferrocoll_core::plan::CallShape {
+    let shape = ferrocoll_core::types::CallShape {
         collective: Collective::AllToAll,
         count: 8,
         dtype: ferrocoll_core::DataType::F32,

@@ -3,12 +3,13 @@
 //! cost model (docs/topology.md). The simulator runs the very plan the
 //! executor runs: the same planner settings give the same plan.
 
+use ferrocoll::comm::Planner;
 use ferrocoll::cpu::CpuConfig;
-use ferrocoll::plan::{CallShape, Planner};
 use ferrocoll::topo::probe::host;
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 use ferrocoll::topo::sim::{self, SimOptions};
 use ferrocoll::topo::{Topology, presets};
+use ferrocoll::types::CallShape;
 use ferrocoll::{Collective, DataType, ReduceOp};
 
 /// Predicts rows the way the executor runs them.

@@ -77,8 +77,8 @@ fn random_hierarchies_run_on_the_cpu_executor_with_nothing_wrong() {
 
 #[test]
 fn plans_move_the_cost_line_and_cross_nodes_only_on_rails() {
-    use crate::plan::{CallShape, Chunking, Compiler};
-    use crate::types::{DataType, ReduceOp};
+    use crate::plan::{Chunking, Compiler};
+    use crate::types::{CallShape, DataType, ReduceOp};
     for (per_node, nodes) in [(1, 4), (4, 1), (2, 3), (8, 2), (4, 4)] {
         let n = per_node * nodes;
         let h = blocks(per_node, nodes);

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, generate};
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, in_place_buffer};
-use ferrocoll_core::plan::{CallShape, Chunking, Compiler, ExecutionPlan};
+use ferrocoll_core::plan::{Chunking, Compiler, ExecutionPlan};
+use ferrocoll_core::types::CallShape;
 use ferrocoll_core::verify::{VerifyOptions, verify};
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 
+use crate::host_kernel::{self, Buffers, HostFabric};
 use crate::interpreter::setup;
-use crate::program::host_kernel::{self, Buffers, HostFabric};
 use crate::program::{DeviceProgram, Layout, Protocol};
 
 /// Threads per block: several, so that threads stride over a message and
@@ -131,7 +132,7 @@ impl Harness for GroupPlanned {
         };
         let layout = setup::layout(case.world_size, config.channels.unwrap_or(1), &config, true)
             .map_err(|e| e.to_string())?;
-        let mut planner = ferrocoll_core::plan::Planner::new(
+        let mut planner = ferrocoll_core::comm::Planner::new(
             case.world_size,
             setup::planner_settings(&config, &layout),
         );

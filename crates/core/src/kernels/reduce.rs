@@ -1,8 +1,9 @@
 //! [`Reduce`]: an element type every backend can combine with a
-//! [`ReduceOp`]. The host implementations live in [`crate::kernels`].
+//! [`ReduceOp`]: the trait's declaration; its bodies for the ten element
+//! types are the kernels beside it.
 
-use super::{Element, ReduceOp};
-use crate::kernels::{KernelChoice, chosen};
+use super::{KernelChoice, chosen};
+use crate::types::{Element, ReduceOp};
 
 /// An element type that can be reduced: the bound of every collective
 /// that combines values, on every backend.

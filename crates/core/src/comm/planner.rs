@@ -4,11 +4,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{CallShape, Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
+use super::CommError;
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
-use crate::comm::CommError;
+use crate::plan::{Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
 use crate::select::{Choice, Protocol, Rule, Selection, SharedSelector, select};
-use crate::types::Collective;
+use crate::types::{CallShape, Collective};
 use crate::verify::{Verified, VerifyOptions, verify};
 
 /// Plans kept per planner; the least recently used goes first.
@@ -279,7 +279,7 @@ impl Planner {
                     Choice::Synthesized(v) => {
                         self.check_synthesized(&v, shape)?;
                         let key = ScheduleKey::Synthesized {
-                            hash: super::stable_hash(v.schedule()),
+                            hash: crate::plan::stable_hash(v.schedule()),
                             slots_per_link: v.slots_per_link(),
                             in_place: v.supports_in_place(),
                         };
@@ -307,7 +307,7 @@ impl Planner {
                 other => CommError::Plan(other),
             })?;
         Ok(Planned {
-            signature: super::stable_hash(&plan.signature()),
+            signature: crate::plan::stable_hash(&plan.signature()),
             plan: Arc::new(plan),
             why: why.into(),
             protocol,

@@ -35,11 +35,12 @@ use std::time::Duration;
 
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
-use ferrocoll_core::types::Reduce;
+use ferrocoll_core::kernels::Reduce;
 
-use super::params::{ABORTED, Addresses, Failure, pack};
-use super::{DeviceProgram, Layout, Params, Scope};
 use crate::kernels;
+use crate::program::abi::ABORTED;
+use crate::program::params::{Addresses, Failure, pack};
+use crate::program::{DeviceProgram, Layout, Params, Scope};
 
 /// The source built for the host, loaded.
 pub struct HostKernel {
@@ -111,9 +112,9 @@ fn compile_and_load(dir: &Path) -> Result<HostKernel, String> {
     let library = dir.join("libinterpret.so");
     let text = format!(
         "{}\n{}\n{}",
-        include_str!("../../../../cuda/host.h"),
+        include_str!("../../../cuda/host.h"),
         kernels::source(),
-        include_str!("../../../../cuda/host_launch.h"),
+        include_str!("../../../cuda/host_launch.h"),
     );
     std::fs::write(&source, text).map_err(|e| format!("{}: {e}", source.display()))?;
     // `CXX` may carry a launcher (`ccache g++`).
