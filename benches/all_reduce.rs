@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ferrocoll::comm::{Communicator, CommunicatorExt};
+use ferrocoll::comm::{Communicator, CommunicatorExt, Planning};
 use ferrocoll::cpu::{self, CpuConfig};
 use ferrocoll::{Algorithm, ReduceOp};
 
@@ -18,7 +18,10 @@ fn all_reduce(c: &mut Criterion) {
         group.sample_size(10);
         for algorithm in Algorithm::ALL {
             let config = CpuConfig {
-                algorithm: Some(algorithm),
+                planning: Planning {
+                    algorithm: Some(algorithm),
+                    ..CpuConfig::default().planning
+                },
                 ..CpuConfig::default()
             };
             group.bench_function(BenchmarkId::from_parameter(algorithm.name()), |b| {

@@ -11,7 +11,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ferrocoll::comm::{CommError, Communicator, CommunicatorExt};
+use ferrocoll::comm::{CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll::cuda::{CudaConfig, probe};
 use ferrocoll::nccl::NcclConfig;
 use ferrocoll::{Algorithm, ReduceOp};
@@ -58,7 +58,10 @@ fn main() {
     };
 
     let cuda = CudaConfig {
-        algorithm: Some(Algorithm::Ring),
+        planning: Planning {
+            algorithm: Some(Algorithm::Ring),
+            ..CudaConfig::default().planning
+        },
         ..CudaConfig::default()
     };
     let ours = ferrocoll::cuda::run(&devices, &cuda, |c| {

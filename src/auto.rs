@@ -17,6 +17,7 @@ use ferrocoll_topo::presets;
 use ferrocoll_topo::probe::host;
 use ferrocoll_topo::select::{SelectOptions, TopologySelector};
 
+use crate::comm::Planning;
 use crate::env::{EnvError, cpu_config_from_env};
 
 /// A selector per world size, built on first use for the CPU host.
@@ -62,7 +63,10 @@ pub fn host_selector() -> SharedSelector {
 /// `FERROCOLL_*` overrides applied: what the `ferrocoll` tool runs with.
 pub fn cpu_config(base: CpuConfig) -> Result<CpuConfig, EnvError> {
     cpu_config_from_env(CpuConfig {
-        selector: Some(host_selector()),
+        planning: Planning {
+            selector: Some(host_selector()),
+            ..base.planning
+        },
         ..base
     })
 }
@@ -74,7 +78,7 @@ mod tests {
     #[test]
     fn auto_runs_what_the_host_selector_chooses() {
         let config = cpu_config(CpuConfig::default()).unwrap();
-        let selector = config.selector.clone().unwrap();
+        let selector = config.planning.selector.clone().unwrap();
         let selection = selector
             .0
             .select(Collective::AllReduce, 3, 1 << 20)

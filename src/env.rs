@@ -119,7 +119,7 @@ pub fn process_communicator_from_env(
     config: &ferrocoll_process::ProcessConfig,
 ) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
     let config = config.clone().with_env().map_err(EnvError::from)?;
-    let b = bootstrap_from_env(config.timeout)?;
+    let b = bootstrap_from_env(config.planning.timeout)?;
     Ok(ferrocoll_process::ProcessCommunicator::connect(
         b.store,
         b.rank,

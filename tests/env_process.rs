@@ -25,7 +25,10 @@ fn the_timeout_variable_bounds_a_group_whose_peer_never_comes() {
         std::env::set_var("MASTER_PORT", port.to_string());
         std::env::set_var("FERROCOLL_TIMEOUT_MS", "300");
     }
-    assert_eq!(ProcessConfig::default().timeout, Duration::from_millis(300));
+    assert_eq!(
+        ProcessConfig::default().planning.timeout,
+        Duration::from_millis(300)
+    );
     let started = Instant::now();
     let err = ferrocoll::env::process_communicator_from_env(&ProcessConfig::builtin())
         .expect_err("rank 1 never starts");

@@ -90,7 +90,7 @@ impl Drop for StoreExchange {
 /// it sees). Each process holds one rank on its own GPU; ranks sharing a
 /// GPU belong in one process (`ferrocoll::cuda::group`).
 pub fn cuda_communicator_from_env(config: &CudaConfig) -> Result<CudaCommunicator, CudaJoinError> {
-    let b = bootstrap_from_env(config.timeout.max(Duration::from_secs(1)))?;
+    let b = bootstrap_from_env(config.planning.timeout.max(Duration::from_secs(1)))?;
     let job = ferrocoll_core::settings::EnvOverrides::read()
         .map_err(EnvError::from)?
         .job_id;

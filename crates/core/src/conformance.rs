@@ -11,6 +11,7 @@
 use half::{bf16, f16};
 
 use crate::algorithms::Algorithm;
+use crate::comm::Planning;
 use crate::kernels::Reduce;
 use crate::types::{Collective, DataType, Element, Rank, ReduceOp};
 
@@ -418,7 +419,10 @@ impl Harness for CpuThreads {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let config = crate::cpu::CpuConfig {
-            algorithm: case.algorithm.or(self.config.algorithm),
+            planning: Planning {
+                algorithm: case.algorithm.or(self.config.planning.algorithm),
+                ..self.config.clone().planning
+            },
             ..self.config.clone()
         };
         run_on_threads(case, inputs, outputs, |f| {
@@ -442,8 +446,11 @@ pub fn check_schedule_on_threads(
     };
     let harness = CpuThreads {
         config: crate::cpu::CpuConfig {
-            schedule: Some(verified),
-            max_chunk_bytes: 64,
+            planning: Planning {
+                schedule: Some(verified),
+                max_chunk_bytes: Some(64),
+                ..Planning::default()
+            },
             ..Default::default()
         },
     };

@@ -3,7 +3,7 @@
 //! errors that leave the group usable), and a call that has no plan.
 
 use ferrocoll_core::comm::{
-    Call, CommError, Communicator, CommunicatorExt, HostSlice, send_recv_by_pairs,
+    Call, CommError, Communicator, CommunicatorExt, HostSlice, Planning, send_recv_by_pairs,
 };
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::plan::PlanError;
@@ -98,8 +98,11 @@ fn type_erased_calls_are_checked_once_for_every_backend() {
 fn a_call_too_large_to_plan_is_a_typed_error_on_every_rank() {
     // One-element chunks over 4 Mi elements: more instructions than a plan holds.
     let config = CpuConfig {
-        algorithm: Some(Algorithm::Ring),
-        max_chunk_bytes: 1,
+        planning: Planning {
+            algorithm: Some(Algorithm::Ring),
+            max_chunk_bytes: Some(1),
+            ..CpuConfig::default().planning
+        },
         ..CpuConfig::default()
     };
     let results = cpu::run(2, &config, |comm| {
@@ -121,7 +124,10 @@ fn a_call_too_large_to_plan_is_a_typed_error_on_every_rank() {
 #[test]
 fn the_traffic_counters_see_every_message() {
     let config = CpuConfig {
-        algorithm: Some(Algorithm::Ring),
+        planning: Planning {
+            algorithm: Some(Algorithm::Ring),
+            ..CpuConfig::default().planning
+        },
         ..CpuConfig::default()
     };
     let results = cpu::run(4, &config, |comm| {
@@ -157,7 +163,10 @@ fn the_traffic_counters_see_every_message() {
 fn ranks_that_disagree_on_in_place_are_a_mismatch_not_a_hang() {
     for (count, marker) in [(100_000, "plan="), (1000, "protocol=one-shot")] {
         let config = CpuConfig {
-            timeout: std::time::Duration::from_secs(20),
+            planning: Planning {
+                timeout: std::time::Duration::from_secs(20),
+                ..CpuConfig::default().planning
+            },
             ..CpuConfig::default()
         };
         let started = std::time::Instant::now();

@@ -3,14 +3,17 @@
 
 use std::time::{Duration, Instant};
 
-use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{Algorithm, ReduceOp};
 
 /// A long timeout: every test must end far sooner, by detection.
 fn config() -> CpuConfig {
     CpuConfig {
-        timeout: Duration::from_secs(30),
+        planning: Planning {
+            timeout: Duration::from_secs(30),
+            ..CpuConfig::builtin().planning
+        },
         ..CpuConfig::builtin()
     }
 }
@@ -139,7 +142,10 @@ fn a_recv_of_another_type_with_the_same_bytes_is_a_mismatch_not_reinterpreted_bi
 #[test]
 fn a_timeout_names_the_ranks_that_never_arrived() {
     let cfg = CpuConfig {
-        timeout: Duration::from_millis(300),
+        planning: Planning {
+            timeout: Duration::from_millis(300),
+            ..CpuConfig::builtin().planning
+        },
         ..CpuConfig::builtin()
     };
     let results = cpu::run(4, &cfg, |comm| {
@@ -166,7 +172,10 @@ fn a_timeout_names_the_ranks_that_never_arrived() {
 #[test]
 fn a_forced_algorithm_that_cannot_run_a_collective_falls_back_instead_of_failing() {
     let cfg = CpuConfig {
-        algorithm: Some(Algorithm::Tree),
+        planning: Planning {
+            algorithm: Some(Algorithm::Tree),
+            ..config().planning
+        },
         ..config()
     };
     let results = cpu::run(3, &cfg, |comm| {

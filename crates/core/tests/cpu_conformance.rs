@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::Cpu;
 use ferrocoll_core::conformance::{Case, check_case};
-use ferrocoll_core::cpu::CpuConfig;
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
 
 fn supported() -> Vec<(Algorithm, CollectiveKind)> {
@@ -156,7 +155,7 @@ fn auto_choice_and_default_chunking_work_too() {
         in_place: n % 2 == 0,
         seed: n as u64,
     });
-    run_all(cases, CpuConfig::default().max_chunk_bytes);
+    run_all(cases, ferrocoll_core::plan::HOST_CHUNK_BYTES);
 }
 
 #[test]

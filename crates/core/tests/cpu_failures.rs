@@ -2,14 +2,17 @@
 
 use std::time::{Duration, Instant};
 
-use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{Algorithm, ReduceOp};
 
 fn config(timeout_ms: u64) -> CpuConfig {
     CpuConfig {
-        timeout: Duration::from_millis(timeout_ms),
-        max_chunk_bytes: 256,
+        planning: Planning {
+            timeout: Duration::from_millis(timeout_ms),
+            max_chunk_bytes: Some(256),
+            ..CpuConfig::default().planning
+        },
         ..CpuConfig::default()
     }
 }
@@ -19,7 +22,10 @@ fn a_rank_that_panics_mid_collective_fails_every_other_rank() {
     for algorithm in Algorithm::ALL {
         let started = Instant::now();
         let cfg = CpuConfig {
-            algorithm: Some(algorithm),
+            planning: Planning {
+                algorithm: Some(algorithm),
+                ..config(10_000).planning
+            },
             ..config(10_000)
         };
         let results = cpu::run(4, &cfg, |comm| {

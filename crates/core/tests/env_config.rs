@@ -17,14 +17,20 @@ fn default_and_from_env_apply_the_environment_and_builtin_ignores_it() {
         std::env::set_var("FERROCOLL_ALGO", "ring");
     }
     let d = CpuConfig::default();
-    assert_eq!(d.timeout, Duration::from_millis(1234));
-    assert_eq!(d.algorithm, Some(Algorithm::Ring));
+    assert_eq!(d.planning.timeout, Duration::from_millis(1234));
+    assert_eq!(d.planning.algorithm, Some(Algorithm::Ring));
     assert_eq!(CpuConfig::from_env().unwrap(), d);
-    assert_eq!(CpuConfig::builtin().timeout, Duration::from_secs(60));
+    assert_eq!(
+        CpuConfig::builtin().planning.timeout,
+        Duration::from_secs(60)
+    );
     // SAFETY: as above.
     unsafe { std::env::set_var("FERROCOLL_TIMEOUT_MS", "soon") };
     let e = CpuConfig::from_env().unwrap_err();
     assert!(e.to_string().contains("FERROCOLL_TIMEOUT_MS"), "{e}");
     // Default cannot fail: the bad value is logged and ignored.
-    assert_eq!(CpuConfig::default().timeout, Duration::from_secs(60));
+    assert_eq!(
+        CpuConfig::default().planning.timeout,
+        Duration::from_secs(60)
+    );
 }

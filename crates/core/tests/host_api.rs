@@ -6,13 +6,18 @@
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, P2pOp};
+use ferrocoll_core::comm::{
+    AsyncCommunicator, CommError, Communicator, CommunicatorExt, P2pOp, Planning,
+};
 use ferrocoll_core::cpu::{self, CpuCommunicator, CpuConfig};
 
 fn config() -> CpuConfig {
     CpuConfig {
-        timeout: Duration::from_secs(20),
-        max_chunk_bytes: 256,
+        planning: Planning {
+            timeout: Duration::from_secs(20),
+            max_chunk_bytes: Some(256),
+            ..CpuConfig::builtin().planning
+        },
         ..CpuConfig::builtin()
     }
 }

@@ -16,7 +16,7 @@ mod common;
 
 use std::time::Duration;
 
-use ferrocoll_core::comm::{Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{Communicator, CommunicatorExt, Planning};
 use ferrocoll_core::conformance::{Case, check_case};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{DataType, ReduceOp};
@@ -63,8 +63,11 @@ fn every_algorithm_on_small_groups_is_free_of_undefined_behaviour() {
 #[test]
 fn point_to_point_and_a_failing_rank_are_free_of_undefined_behaviour() {
     let config = CpuConfig {
-        timeout: Duration::from_secs(600),
-        max_chunk_bytes: 8,
+        planning: Planning {
+            timeout: Duration::from_secs(600),
+            max_chunk_bytes: Some(8),
+            ..CpuConfig::default().planning
+        },
         ..CpuConfig::default()
     };
     let results = cpu::run(2, &config, |comm| {

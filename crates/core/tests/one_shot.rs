@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, run_on_threads};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{Collective, CollectiveKind, DataType, ReduceOp};
@@ -20,8 +20,11 @@ struct OneShotThreads {
 
 fn config(budget: usize) -> CpuConfig {
     CpuConfig {
-        timeout: Duration::from_secs(20),
         one_shot_bytes: budget,
+        planning: Planning {
+            timeout: Duration::from_secs(20),
+            ..CpuConfig::builtin().planning
+        },
         ..CpuConfig::builtin()
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ferrocoll_core::comm::CommError;
+use ferrocoll_core::comm::{CommError, Planning};
 use ferrocoll_core::conformance::{Case, Harness, KitElement, SplitMix64, call_case, check_case};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::{DataType, ReduceOp};
@@ -30,9 +30,12 @@ impl Harness for Cpu {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let config = CpuConfig {
-            timeout: TIMEOUT,
-            algorithm: case.algorithm,
-            max_chunk_bytes: 1024,
+            planning: Planning {
+                timeout: TIMEOUT,
+                algorithm: case.algorithm,
+                max_chunk_bytes: Some(1024),
+                ..CpuConfig::default().planning
+            },
             ..CpuConfig::default()
         };
         let outputs: Vec<Mutex<Vec<T>>> = outputs.into_iter().map(Mutex::new).collect();

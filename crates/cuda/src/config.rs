@@ -1,13 +1,9 @@
 //! Settings of a CUDA group, and its rule for calls nothing else decides.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-
-use ferrocoll_core::comm::PlannerSettings;
+use ferrocoll_core::comm::Planning;
 use ferrocoll_core::plan::DEVICE_CHUNK_BYTES;
-use ferrocoll_core::select::SharedSelector;
-use ferrocoll_core::{Algorithm, CollectiveKind, Verified};
+use ferrocoll_core::{Algorithm, CollectiveKind};
+use std::path::PathBuf;
 
 /// The largest call the device interpreter sends as LL by default: about
 /// where NCCL's LL gives way to its bulk protocols on NVLink. To be
@@ -23,30 +19,20 @@ pub const SMALL_CALL_BYTES: usize = 64 << 10;
 /// Settings every rank of a CUDA group shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaConfig {
-    /// The longest any wait (for peers, or for the device) may last.
-    pub timeout: Duration,
-    /// Force an algorithm; `None` asks `selector`, then [`device_rule`].
-    pub algorithm: Option<Algorithm>,
-    /// Selects the algorithm of calls that force none (its selection brings
-    /// its own channels and chunk size).
-    pub selector: Option<SharedSelector>,
-    /// Channels (a thread block each, per rank); `None`: an equal share of
-    /// the blocks each GPU holds at once among its ranks, at most 64.
-    pub channels: Option<u32>,
-    /// The largest message a slot carries, in bytes (the windows' slots
-    /// are this size, within a memory budget; plans cut chunks to fit).
-    pub max_chunk_bytes: usize,
-    /// Slots per link (at least the verifier's 2).
-    pub slots_per_link: u32,
+    /// How calls are planned: timeout (for peers, and for the device),
+    /// algorithm or schedule, selector (without one, [`device_rule`], or
+    /// [`staged_rule`] where messages are staged), channels (a thread block
+    /// each, per rank; unless set, an equal share of the blocks each GPU
+    /// holds at once among its ranks, at most 64), chunk size (the
+    /// windows' slot size, within a memory budget; [`DEVICE_CHUNK_BYTES`]
+    /// unless set), slots.
+    pub planning: Planning,
     /// Use peer access between devices where the hardware allows it;
     /// `false` places every window in pinned host memory all GPUs map and
     /// stages every message there (like `NCCL_P2P_DISABLE=1`), even
     /// between ranks sharing a GPU — which is how the relay is tested on
     /// one device.
     pub p2p: bool,
-    /// A schedule of your own for calls whose collective and world size
-    /// match it.
-    pub schedule: Option<Arc<Verified>>,
     /// The small-message (LL) protocol: an LL slot carries messages of up
     /// to this many bytes (0 turns LL off). Without a topology selector,
     /// calls of up to this size take LL; with one, the selector chooses
@@ -61,14 +47,8 @@ pub struct CudaConfig {
 impl Default for CudaConfig {
     fn default() -> Self {
         CudaConfig {
-            timeout: Duration::from_secs(60),
-            algorithm: None,
-            selector: None,
-            channels: None,
-            max_chunk_bytes: DEVICE_CHUNK_BYTES,
-            slots_per_link: 4,
+            planning: Planning::default(),
             p2p: true,
-            schedule: None,
             ll_max_bytes: DEFAULT_LL_MAX_BYTES,
             kernel_cache: None,
         }
@@ -127,24 +107,9 @@ pub fn staged_rule(
 }
 
 impl CudaConfig {
-    /// How the group plans its calls (the group narrows it to its layout).
-    pub fn planner_settings(&self) -> PlannerSettings {
-        PlannerSettings {
-            algorithm: self.algorithm,
-            selector: self.selector.clone(),
-            channels: self.channels.unwrap_or(1),
-            max_chunk_bytes: self.max_chunk_bytes,
-            max_message_bytes: None,
-            max_ll_message_bytes: None,
-            slots_per_link: ferrocoll_core::comm::link_slots(
-                self.slots_per_link,
-                self.schedule.as_deref(),
-            ),
-            schedule: self.schedule.clone(),
-            rule: device_rule,
-            one_shot_bytes: 0,
-            max_channels: None,
-        }
+    /// The chunk size: as set, or the built-in.
+    pub fn max_chunk_bytes(&self) -> usize {
+        self.planning.max_chunk_bytes.unwrap_or(DEVICE_CHUNK_BYTES)
     }
 }
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, sys};
-use ferrocoll_core::comm::{CommError, CommunicatorExt};
+use ferrocoll_core::comm::{CommError, CommunicatorExt, Planning};
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, run_on_threads};
 use ferrocoll_core::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp};
 use ferrocoll_cuda::{CudaCommunicator, CudaConfig, CudaError, probe};
@@ -90,10 +90,13 @@ const WAYS: [Cuda; 3] = [
 
 fn config(algorithm: Option<Algorithm>, max_chunk_bytes: usize, timeout: u64) -> CudaConfig {
     CudaConfig {
-        timeout: Duration::from_secs(timeout),
-        algorithm,
-        channels: Some(2),
-        max_chunk_bytes,
+        planning: Planning {
+            timeout: Duration::from_secs(timeout),
+            algorithm,
+            channels: Some(2),
+            max_chunk_bytes: Some(max_chunk_bytes),
+            ..CudaConfig::default().planning
+        },
         ..CudaConfig::default()
     }
 }

@@ -23,7 +23,7 @@ use crate::wire::Header;
 /// of ranks that are processes, on one host (shared memory) or many (TCP).
 ///
 /// Failure semantics match the in-process executor: every wait is bounded
-/// by [`ProcessConfig::timeout`]; a rank that errors tells every peer, a
+/// by [`ProcessConfig::planning`]`.timeout`; a rank that errors tells every peer, a
 /// peer whose process dies is noticed (shared memory: its process is gone;
 /// TCP: its connection closed), and every pending and later call then
 /// returns [`CommError::PeerFailed`]. Inputs of out-of-place calls are
@@ -125,7 +125,7 @@ impl ProcessCommunicator {
     /// that does not is caught by the first message's header
     /// ([`CommError::Mismatch`] names both schedules).
     pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
-        self.config.algorithm = algorithm;
+        self.config.planning.algorithm = algorithm;
         self.planner.set_algorithm(algorithm);
     }
 
@@ -252,7 +252,7 @@ impl ProcessCommunicator {
             self.transport.as_mut(),
             number,
             &signature,
-            self.config.timeout,
+            self.config.planning.timeout,
         )?;
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
@@ -265,7 +265,7 @@ impl ProcessCommunicator {
                 bases: [input_base, output_base, scratch.as_mut_ptr() as usize],
                 number,
                 signature: &signature,
-                timeout: self.config.timeout,
+                timeout: self.config.planning.timeout,
                 kernels,
             };
             self.by_reference += execute::<T>(self.transport.as_mut(), &task)?;
@@ -287,7 +287,7 @@ impl ProcessCommunicator {
         what: impl Fn() -> String,
         mut ready: impl FnMut(&mut dyn Transport) -> Result<bool, CommError>,
     ) -> Result<(), CommError> {
-        let deadline = Instant::now() + self.config.timeout;
+        let deadline = Instant::now() + self.config.planning.timeout;
         loop {
             let seen = self.transport.ticket();
             if ready(self.transport.as_mut())? {
@@ -307,7 +307,7 @@ impl ProcessCommunicator {
             if Instant::now() >= deadline {
                 return Err(CommError::Timeout {
                     rank: self.rank,
-                    timeout: self.config.timeout,
+                    timeout: self.config.planning.timeout,
                     what: what(),
                 });
             }
@@ -431,7 +431,7 @@ impl ProcessCommunicator {
             self.transport.as_mut(),
             number,
             "barrier",
-            self.config.timeout,
+            self.config.planning.timeout,
         )
     }
 }

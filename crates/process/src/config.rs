@@ -1,14 +1,10 @@
 //! Settings of a process group.
 
+use ferrocoll_core::comm::{Executor, PlannerSettings, Planning};
+use ferrocoll_core::select::host_rule;
+use ferrocoll_core::settings::{EnvOverrides, SettingsError};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
-
-use ferrocoll_core::comm::PlannerSettings;
-use ferrocoll_core::select::{SharedSelector, host_rule};
-use ferrocoll_core::settings::{EnvOverrides, SettingsError};
-use ferrocoll_core::{Algorithm, Verified};
 
 /// How the processes of a group exchange messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,6 +36,11 @@ impl FromStr for TransportKind {
     }
 }
 
+/// The built-in message size: large enough that the per-message cost (a
+/// header and a doorbell) is small against the copy, small enough that a
+/// segment of 8 ranks stays in the tens of MiB.
+const MESSAGE_BYTES: usize = 512 << 10;
+
 /// Settings of a process group; every rank must pass the same ones
 /// (the shared-memory segments are sized from them, and the plan of each
 /// call must come out the same everywhere).
@@ -47,29 +48,20 @@ impl FromStr for TransportKind {
 pub struct ProcessConfig {
     /// Shared memory or TCP.
     pub transport: TransportKind,
-    /// The longest any wait may last; a peer that dies is noticed sooner
-    /// (shared memory: within about 20 ms; TCP: when its connection closes).
-    pub timeout: Duration,
-    /// Force an algorithm; `None` asks `selector`, then the host rule.
-    pub algorithm: Option<Algorithm>,
-    /// Picks each call's algorithm. It must answer the same in every
-    /// process — feed it one topology (rank 0's, say), not each process's
-    /// own measurement.
-    pub selector: Option<SharedSelector>,
-    /// Channels for ring, tree and direct.
-    pub channels: u32,
+    /// How calls are planned: timeout (a peer that dies is noticed
+    /// sooner: shared memory within about 20 ms, TCP when its connection
+    /// closes), algorithm or schedule, selector (it must answer the same
+    /// in every process: feed it one topology, rank 0's say, not each
+    /// process's own measurement), channels (1 unless set), chunk size
+    /// (`max_message_bytes` unless set; a message never exceeds it), slots.
+    pub planning: Planning,
     /// The largest message, in bytes: the shared-memory slot size, and the
     /// bound on a step's message over TCP. Chunks are cut so that the
     /// widest step of a schedule fits.
     pub max_message_bytes: usize,
-    /// Messages each link holds in flight (at least the verifier's 2).
-    pub slots_per_link: u32,
     /// Channels the shared-memory segments have room for; a schedule with
     /// more is refused with an error naming this field.
     pub max_channels: u32,
-    /// A schedule of your own: every call whose collective (with its root)
-    /// and world size match it runs this schedule.
-    pub schedule: Option<Arc<Verified>>,
     /// Names the group's shared-memory segments (`FERROCOLL_JOB_ID`, which
     /// `ferrocoll launch` sets), so the launcher can remove what ranks
     /// killed during setup left behind; `None`: names of this group alone.
@@ -110,17 +102,9 @@ impl ProcessConfig {
     pub fn builtin() -> Self {
         ProcessConfig {
             transport: TransportKind::Shm,
-            timeout: Duration::from_secs(60),
-            algorithm: None,
-            selector: None,
-            channels: 1,
-            // Large enough that the per-message cost (a header and a
-            // doorbell) is small against the copy, small enough that a
-            // segment of 8 ranks stays in the tens of MiB.
-            max_message_bytes: 512 << 10,
-            slots_per_link: 4,
+            planning: Planning::default(),
+            max_message_bytes: MESSAGE_BYTES,
             max_channels: 4,
-            schedule: None,
             job_id: None,
             // Measured slower than the slot copies on the hosts tried
             // (docs/benchmarks.md): opt in.
@@ -142,7 +126,7 @@ impl ProcessConfig {
     }
 
     fn with(mut self, env: EnvOverrides) -> Self {
-        env.apply(&mut self.algorithm, &mut self.timeout);
+        self.planning = self.planning.with_overrides(&env);
         if env.job_id.is_some() {
             self.job_id = env.job_id;
         }
@@ -158,22 +142,18 @@ impl ProcessConfig {
     /// How every rank plans its calls: the same settings in every process,
     /// so every rank compiles the same plans.
     pub fn planner_settings(&self) -> PlannerSettings {
-        PlannerSettings {
-            algorithm: self.algorithm,
-            selector: self.selector.clone(),
-            channels: self.channels,
+        self.planning.settings(Executor {
+            rule: host_rule,
+            channels: 1,
             max_chunk_bytes: self.max_message_bytes,
             max_message_bytes: Some(self.max_message_bytes),
             max_ll_message_bytes: None,
-            slots_per_link: self.link_slots(),
-            schedule: self.schedule.clone(),
-            rule: host_rule,
+            // Shared memory lays out its slots per channel at setup.
+            max_channels: (self.transport == TransportKind::Shm).then_some(self.max_channels),
             // Shared memory publishes inputs in its staging, TCP with the
             // call's announcement.
             one_shot_bytes: self.one_shot_bytes,
-            // Shared memory lays out its slots per channel at setup.
-            max_channels: (self.transport == TransportKind::Shm).then_some(self.max_channels),
-        }
+        })
     }
 
     /// Which calls take the one-shot protocol on `world_size` ranks.
@@ -183,6 +163,6 @@ impl ProcessConfig {
 
     /// Slots each link gets (see [`ferrocoll_core::comm::link_slots`]).
     pub(crate) fn link_slots(&self) -> u32 {
-        ferrocoll_core::comm::link_slots(self.slots_per_link, self.schedule.as_deref())
+        self.planning.link_slots()
     }
 }

@@ -72,7 +72,7 @@ impl ProcessCommunicator {
             self.transport.as_mut(),
             number,
             &signature,
-            self.config.timeout,
+            self.config.planning.timeout,
         )?;
         tracing::debug!(
             rank,

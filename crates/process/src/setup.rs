@@ -112,15 +112,19 @@ pub enum SetupError {
 /// The settings every rank must share, as text to compare.
 fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={:?} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={}",
         config.transport,
         config.max_message_bytes,
-        config.slots_per_link,
+        config.planning.slots_per_link,
         config.max_channels,
-        config.channels,
-        config.algorithm,
-        config.selector.is_some(),
-        config.schedule.as_ref().map(|v| &v.schedule().name),
+        config.planning.channels,
+        config.planning.algorithm,
+        config.planning.selector.is_some(),
+        config
+            .planning
+            .schedule
+            .as_ref()
+            .map(|v| &v.schedule().name),
         // The staging and the heap are laid out from these: ranks that
         // differ would read each other's segments at other offsets.
         config.one_shot_rule(world_size).budget(),
@@ -149,7 +153,7 @@ pub(crate) fn connect(
         TransportKind::Shm => shm::check_capacity(world_size, config)?,
         TransportKind::Tcp => check_files(world_size)?,
     }
-    let mut watch = Watch::start(store, rank, world_size, config.timeout)?;
+    let mut watch = Watch::start(store, rank, world_size, config.planning.timeout)?;
     let formed = form(store, &mut watch, rank, world_size, config);
     formed.map_err(|e| {
         // Name the root cause, and leave it for peers that see us exit.
@@ -280,7 +284,7 @@ fn tcp(
         rank,
         streams,
         config.link_slots(),
-        config.timeout,
+        config.planning.timeout,
         config.max_message_bytes.max(64),
         config.one_shot_rule(world_size).staging_bytes(world_size),
     )

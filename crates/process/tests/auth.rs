@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::CommunicatorExt;
+use ferrocoll_core::comm::{CommunicatorExt, Planning};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, TransportKind};
 use ferrocoll_rendezvous::{JobSecret, Limits, Server, ServerOptions, Store, StoreError};
 
@@ -22,7 +22,10 @@ fn a_group_with_a_job_secret_forms_over_tcp_and_strangers_cannot_join_its_store(
     assert!(matches!(e, StoreError::SecretRequired { .. }), "{e}");
     let config = ProcessConfig {
         transport: TransportKind::Tcp,
-        timeout: t,
+        planning: Planning {
+            timeout: t,
+            ..ProcessConfig::default().planning
+        },
         ..ProcessConfig::default()
     };
     let sums: Vec<bool> = std::thread::scope(|s| {

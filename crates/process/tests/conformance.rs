@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use ferrocoll_core::comm::Planning;
 use ferrocoll_core::conformance::check_rank;
 use ferrocoll_process::{ProcessConfig, TransportKind};
 
@@ -21,10 +22,13 @@ fn child() {
     let mut comm = common::connect(
         &env,
         ProcessConfig {
-            timeout: Duration::from_secs(30),
             // Small messages, so that even short buffers cross many
             // segments and every slot of every link is reused.
             max_message_bytes: 4096,
+            planning: Planning {
+                timeout: Duration::from_secs(30),
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         },
     );

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll_process::{ProcessConfig, TransportKind};
 
 /// Long enough that a survivor reporting within a few seconds proves the
@@ -63,8 +63,11 @@ fn child() {
     let mut comm = common::connect(
         &env,
         ProcessConfig {
-            timeout: TIMEOUT,
             shared_heap_bytes: 4 << 20,
+            planning: Planning {
+                timeout: TIMEOUT,
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         },
     );

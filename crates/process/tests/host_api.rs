@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll_core::grad_sync::GradientSync;
 use ferrocoll_process::{ProcessConfig, TransportKind};
 
@@ -151,8 +151,11 @@ fn child() {
     let comm = common::connect(
         &env,
         ProcessConfig {
-            timeout: TIMEOUT,
             max_message_bytes: 8192,
+            planning: Planning {
+                timeout: TIMEOUT,
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         },
     );

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, SetupError, TransportKind};
 use ferrocoll_rendezvous::{Server, Store};
 
@@ -58,7 +58,10 @@ fn ranks_with_different_settings_are_refused_with_both_settings_named() {
         2,
         |r| ProcessConfig {
             max_message_bytes: if r == 1 { 8192 } else { 4096 },
-            timeout: Duration::from_secs(2),
+            planning: Planning {
+                timeout: Duration::from_secs(2),
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         },
         |comm| comm.err().map(|e| e.to_string()),
@@ -88,7 +91,10 @@ fn ranks_with_different_one_shot_or_heap_settings_are_refused() {
                 ProcessConfig {
                     one_shot_bytes,
                     shared_heap_bytes,
-                    timeout: Duration::from_secs(2),
+                    planning: Planning {
+                        timeout: Duration::from_secs(2),
+                        ..ProcessConfig::builtin().planning
+                    },
                     ..ProcessConfig::builtin()
                 }
             },
@@ -168,7 +174,10 @@ fn a_recv_buffer_of_the_wrong_size_is_named() {
     let errors = threads(
         2,
         |_| ProcessConfig {
-            timeout: Duration::from_secs(5),
+            planning: Planning {
+                timeout: Duration::from_secs(5),
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         },
         |comm| {
@@ -201,7 +210,10 @@ fn waiting_on_a_rank_that_left_is_an_error_at_once_not_a_timeout() {
             2,
             |_| ProcessConfig {
                 transport,
-                timeout: Duration::from_secs(30),
+                planning: Planning {
+                    timeout: Duration::from_secs(30),
+                    ..ProcessConfig::default().planning
+                },
                 ..ProcessConfig::default()
             },
             |comm| {
@@ -259,7 +271,10 @@ fn a_frozen_store_fails_setup_within_the_timeout_with_a_typed_error() {
         let store = Store::join(&addr, 1, timeout).unwrap();
         let config = ProcessConfig {
             transport,
-            timeout,
+            planning: Planning {
+                timeout,
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         };
         let started = std::time::Instant::now();

@@ -6,6 +6,7 @@
 
 mod common;
 
+use ferrocoll_core::comm::Planning;
 use std::time::{Duration, Instant};
 
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, SetupError, TransportKind};
@@ -22,7 +23,10 @@ fn child() {
     let store = Store::join(&env.store, 1, Duration::from_secs(30)).expect("join the store");
     let config = ProcessConfig {
         transport: env.transport,
-        timeout: Duration::from_secs(60),
+        planning: Planning {
+            timeout: Duration::from_secs(60),
+            ..ProcessConfig::default().planning
+        },
         // The environment's settings: the job id names the segments.
         ..ProcessConfig::default()
     };
@@ -120,7 +124,10 @@ fn an_absurd_world_size_is_refused_before_any_segment_exists() {
         let server = Server::start("127.0.0.1:0".parse().unwrap()).unwrap();
         let store = Store::join(&server.addr().to_string(), 1, Duration::from_secs(5)).unwrap();
         let config = ProcessConfig {
-            timeout: Duration::from_secs(2),
+            planning: Planning {
+                timeout: Duration::from_secs(2),
+                ..ProcessConfig::builtin().planning
+            },
             ..ProcessConfig::builtin()
         };
         let started = Instant::now();

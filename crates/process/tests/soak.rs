@@ -16,6 +16,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use ferrocoll_core::comm::Planning;
 use ferrocoll_core::conformance::{Case, SplitMix64, check_rank};
 use ferrocoll_core::{DataType, ReduceOp};
 use ferrocoll_process::{ProcessConfig, TransportKind};
@@ -61,8 +62,11 @@ fn child() {
     let mut comm = common::connect(
         &env,
         ProcessConfig {
-            timeout: TIMEOUT,
             max_message_bytes: 2048,
+            planning: Planning {
+                timeout: TIMEOUT,
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         },
     );

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use ferrocoll_core::ReduceOp;
-use ferrocoll_core::comm::CommunicatorExt;
+use ferrocoll_core::comm::{CommunicatorExt, Planning};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, TransportKind};
 use ferrocoll_rendezvous::{Limits, Server, ServerOptions, Store};
 
@@ -26,7 +26,10 @@ fn many_splits(transport: TransportKind) {
     let t = Duration::from_secs(20);
     let config = ProcessConfig {
         transport,
-        timeout: t,
+        planning: Planning {
+            timeout: t,
+            ..ProcessConfig::default().planning
+        },
         ..ProcessConfig::default()
     };
     let splits = 60;

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use ferrocoll_core::comm::{Call, CommError, Communicator, CommunicatorExt};
+use ferrocoll_core::comm::{Call, CommError, Communicator, CommunicatorExt, Planning};
 use ferrocoll_core::conformance::{
     Case, KitElement, case_inputs, check_output, check_rank, in_place_buffer, poisoned_output,
 };
@@ -67,7 +67,10 @@ fn child() {
         let mut comm = common::connect(
             &env,
             ProcessConfig {
-                timeout: Duration::from_secs(30),
+                planning: Planning {
+                    timeout: Duration::from_secs(30),
+                    ..ProcessConfig::default().planning
+                },
                 ..ProcessConfig::default()
             },
         );
@@ -107,11 +110,14 @@ fn child() {
         return;
     }
     let config = ProcessConfig {
-        timeout: Duration::from_secs(30),
         // Small messages: short buffers still cross many segments.
         max_message_bytes: 4096,
         shared_heap_bytes: 8 << 20,
         peer_reads: env.scenario == "peer-reads",
+        planning: Planning {
+            timeout: Duration::from_secs(30),
+            ..ProcessConfig::default().planning
+        },
         ..ProcessConfig::default()
     };
     let mut comm = common::connect(&env, config);
@@ -165,8 +171,11 @@ fn large_in_heap(env: &common::ChildEnv) {
     let mut comm = common::connect(
         env,
         ProcessConfig {
-            timeout: Duration::from_secs(30),
             shared_heap_bytes: 64 << 20,
+            planning: Planning {
+                timeout: Duration::from_secs(30),
+                ..ProcessConfig::default().planning
+            },
             ..ProcessConfig::default()
         },
     );

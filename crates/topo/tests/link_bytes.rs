@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use ferrocoll_core::algorithms::{applicable, traffic_blocks};
-use ferrocoll_core::comm::{Call, Communicator, Planner};
+use ferrocoll_core::comm::{Call, Communicator, Planner, Planning};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::plan::{ExecutionPlan, LinkLoad};
 use ferrocoll_core::types::{CallShape, Link};
@@ -21,9 +21,12 @@ const COUNT: usize = 1001;
 
 fn config(algorithm: Algorithm) -> CpuConfig {
     CpuConfig {
-        algorithm: Some(algorithm),
-        // Several segments, every slot reused.
-        max_chunk_bytes: 256,
+        planning: Planning {
+            algorithm: Some(algorithm),
+            // Several segments, every slot reused.
+            max_chunk_bytes: Some(256),
+            ..CpuConfig::default().planning
+        },
         ..CpuConfig::default()
     }
 }
@@ -221,7 +224,7 @@ fn a_mutated_plan_fails_the_comparison() {
 
     // The plan of another call: every link carries a little more.
     let mut other = config(algorithm);
-    other.max_chunk_bytes = 256;
+    other.planning.max_chunk_bytes = Some(256);
     let longer = Planner::new(n, other.planner_settings())
         .plan(&CallShape {
             count: COUNT + 1,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use ferrocoll::comm::Planner;
+use ferrocoll::comm::{Planner, Planning};
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::types::CallShape;
 use ferrocoll::{CollectiveKind, DataType, ReduceOp};
@@ -48,7 +48,7 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_parser = parse_size)]
     max_chunk_bytes: Option<usize>,
     /// Slots per link.
-    #[arg(long, default_value_t = CpuConfig::builtin().slots_per_link)]
+    #[arg(long, default_value_t = CpuConfig::builtin().planning.slots_per_link)]
     slots: u32,
     /// Print the JSON form.
     #[arg(long)]
@@ -66,26 +66,30 @@ pub(crate) fn run(args: &PlanArgs) -> Result<ExitCode, String> {
         ));
     }
     let base = CpuConfig {
-        channels: args.channels,
-        slots_per_link: args.slots,
-        max_chunk_bytes: args
-            .max_chunk_bytes
-            .unwrap_or(CpuConfig::builtin().max_chunk_bytes),
+        planning: Planning {
+            channels: Some(args.channels),
+            slots_per_link: args.slots,
+            max_chunk_bytes: Some(
+                args.max_chunk_bytes
+                    .unwrap_or(ferrocoll::plan::HOST_CHUNK_BYTES),
+            ),
+            ..CpuConfig::builtin().planning
+        },
         ..CpuConfig::builtin()
     };
     let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
     if args.max_chunk_bytes.is_some() {
-        config.selector = None;
+        config.planning.selector = None;
     }
     let mut collective = args.op.with_root(args.root);
     match &args.algo {
         AlgoSpec::Auto => {}
-        AlgoSpec::Builtin(list) if list.len() == 1 => config.algorithm = Some(list[0]),
+        AlgoSpec::Builtin(list) if list.len() == 1 => config.planning.algorithm = Some(list[0]),
         AlgoSpec::File(_) => {
             let custom = custom_schedule(&args.algo, args.ranks)?.map(Arc::unwrap_or_clone);
             let custom = custom.expect("a file names a schedule");
             collective = custom.schedule().collective;
-            config.schedule = Some(Arc::new(custom));
+            config.planning.schedule = Some(Arc::new(custom));
         }
         other => {
             return Err(format!(

@@ -39,7 +39,7 @@ pub(crate) struct SynthArgs {
     #[arg(short = 'r', long, default_value_t = 0)]
     root: u32,
     /// Where to write the schedule (JSON, loadable by `bench --algo`,
-    /// `sim --algo` and `ProcessConfig::schedule`).
+    /// `sim --algo` and `ProcessConfig::planning.schedule`).
     #[arg(short = 'o', long)]
     output: PathBuf,
     /// Call size the report simulates.

@@ -32,6 +32,7 @@ mod error;
 mod nonblocking;
 mod p2p;
 mod planner;
+mod planning;
 pub mod split;
 mod vector;
 mod work;
@@ -43,6 +44,7 @@ pub use error::{
 pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};
 pub use planner::{Planned, Planner, PlannerSettings, link_slots};
+pub use planning::{Executor, Planning};
 pub use work::{Failed, Work};
 
 use crate::kernels::Reduce;

@@ -58,7 +58,7 @@ impl CpuCommunicator {
         what: &dyn Fn() -> String,
     ) -> Result<(), CommError> {
         let (n, me) = (self.group.n, self.rank);
-        let deadline = Instant::now() + self.config.timeout;
+        let deadline = Instant::now() + self.config.planning.timeout;
         loop {
             let seen = self.group.generation(me);
             let (mut differs, mut arrived) = (false, 0);
@@ -93,9 +93,13 @@ impl CpuCommunicator {
                     what()
                 )
             };
-            let waited = self
-                .group
-                .wait(me, seen, deadline, never_arrived, self.config.timeout);
+            let waited = self.group.wait(
+                me,
+                seen,
+                deadline,
+                never_arrived,
+                self.config.planning.timeout,
+            );
             if let Err(e) = waited {
                 if self.group.has_conflict(number) {
                     return self.name_mismatch(number, &what());
@@ -109,7 +113,7 @@ impl CpuCommunicator {
     /// every rank has: the board reports which rank called what.
     fn name_mismatch(&self, number: u64, what: &str) -> Result<(), CommError> {
         self.group.register_call(number, self.rank, what)?;
-        let deadline = Instant::now() + self.config.timeout;
+        let deadline = Instant::now() + self.config.planning.timeout;
         let never_arrived = || match self.group.agreement(number, self.rank) {
             Ok(Agreement::Waiting(missing)) => {
                 format!("ranks {missing:?} to make call #{number} ({what}); they never arrived")
@@ -144,7 +148,7 @@ impl CpuCommunicator {
                 seen,
                 deadline,
                 never_arrived,
-                self.config.timeout,
+                self.config.planning.timeout,
             );
             if let Err(e) = waited {
                 self.group.agreement(number, self.rank)?;

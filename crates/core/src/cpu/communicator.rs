@@ -252,7 +252,7 @@ impl CpuCommunicator {
                 plan,
                 rank: self.rank,
                 bases: [input_base, output_base, scratch.as_mut_ptr() as usize],
-                timeout: self.config.timeout,
+                timeout: self.config.planning.timeout,
                 kernels,
             };
             execute::<T>(&task)?;
@@ -267,7 +267,7 @@ impl CpuCommunicator {
     }
 
     fn wait_for(&self, what: &str, mut done: impl FnMut(&Group) -> bool) -> Result<(), CommError> {
-        let deadline = Instant::now() + self.config.timeout;
+        let deadline = Instant::now() + self.config.planning.timeout;
         loop {
             let seen = self.group.generation(self.rank);
             self.group.check()?;
@@ -279,7 +279,7 @@ impl CpuCommunicator {
                 seen,
                 deadline,
                 || what.to_owned(),
-                self.config.timeout,
+                self.config.planning.timeout,
             )?;
         }
     }

@@ -17,7 +17,7 @@
 //! }
 //! ```
 //!
-//! Waits are bounded by [`CpuConfig::timeout`]; a rank that errors, times
+//! Waits are bounded by [`CpuConfig::planning`]`.timeout`; a rank that errors, times
 //! out or panics marks the group failed, and every other rank's pending and
 //! later calls return [`CommError::PeerFailed`](crate::comm::CommError::PeerFailed)
 //! instead of hanging.
@@ -33,36 +33,18 @@ mod pin;
 
 pub use communicator::{AbortHandle, CpuCommunicator, group, run};
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use crate::algorithms::Algorithm;
-use crate::comm::PlannerSettings;
-use crate::select::{SharedSelector, host_rule};
+use crate::comm::{Executor, PlannerSettings, Planning};
+use crate::select::host_rule;
 use crate::settings::{EnvOverrides, SettingsError};
-use crate::verify::Verified;
 
 /// Settings of a CPU group. Every rank of a group shares them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuConfig {
-    /// The longest any wait may last before the rank gives up and fails the group.
-    pub timeout: Duration,
-    /// Force an algorithm; `None` asks `selector`, then [`host_rule`].
-    pub algorithm: Option<Algorithm>,
-    /// Selects the algorithm of calls that do not force one (the facade
-    /// plugs in the topology-aware selector); `None` uses [`host_rule`].
-    /// A selection brings its own channels and chunk size, which then
-    /// replace `channels` and `max_chunk_bytes` for that call; leave it
-    /// `None` to set those yourself.
-    pub selector: Option<SharedSelector>,
-    /// Channels for ring, tree and direct.
-    pub channels: u32,
-    /// The largest chunk, in bytes, moved in one step; larger buffers run
-    /// in several segments that pipeline through the links. Tests make it
-    /// tiny so small inputs still cross many segments.
-    pub max_chunk_bytes: usize,
-    /// Messages each link holds in flight (at least the verifier's 2).
-    pub slots_per_link: u32,
+    /// How calls are planned: timeout, algorithm or schedule, selector,
+    /// channels (1 unless set), chunk size
+    /// ([`HOST_CHUNK_BYTES`](crate::plan::HOST_CHUNK_BYTES) unless set),
+    /// slots; without a selector or algorithm, [`host_rule`] picks.
+    pub planning: Planning,
     /// [`run`] pins rank `r`'s thread (a thread it creates, gone when it
     /// returns) to the `r`-th CPU this process may use, when every rank
     /// gets one of its own (Linux; elsewhere nothing happens). On by
@@ -81,10 +63,6 @@ pub struct CpuConfig {
     /// Values above [`crate::settings::MAX_ONE_SHOT_BYTES`] count as that
     /// (each rank stages twice the budget over the world size).
     pub one_shot_bytes: usize,
-    /// A schedule of your own: every call whose collective (with its root)
-    /// and world size match it runs this schedule; other calls use
-    /// `algorithm` or `auto`.
-    pub schedule: Option<Arc<Verified>>,
 }
 
 impl Default for CpuConfig {
@@ -100,15 +78,9 @@ impl CpuConfig {
     /// The built-in settings, whatever the environment says.
     pub fn builtin() -> Self {
         CpuConfig {
-            timeout: Duration::from_secs(60),
-            algorithm: None,
-            selector: None,
-            channels: 1,
-            max_chunk_bytes: crate::plan::HOST_CHUNK_BYTES,
-            slots_per_link: 4,
+            planning: Planning::default(),
             pin_ranks: true,
             one_shot_bytes: crate::plan::ONE_SHOT_BYTES,
-            schedule: None,
         }
     }
 
@@ -124,7 +96,7 @@ impl CpuConfig {
     }
 
     fn with_overrides(mut self, env: &EnvOverrides) -> Self {
-        env.apply(&mut self.algorithm, &mut self.timeout);
+        self.planning = self.planning.with_overrides(env);
         if let Some(bytes) = env.one_shot_bytes {
             self.one_shot_bytes = bytes;
         }
@@ -133,23 +105,19 @@ impl CpuConfig {
 
     /// How the group plans its calls.
     pub fn planner_settings(&self) -> PlannerSettings {
-        PlannerSettings {
-            algorithm: self.algorithm,
-            selector: self.selector.clone(),
-            channels: self.channels,
-            max_chunk_bytes: self.max_chunk_bytes,
+        self.planning.settings(Executor {
+            rule: host_rule,
+            channels: 1,
+            max_chunk_bytes: crate::plan::HOST_CHUNK_BYTES,
             max_message_bytes: None,
             max_ll_message_bytes: None,
-            slots_per_link: self.link_slots(),
-            schedule: self.schedule.clone(),
-            rule: host_rule,
-            one_shot_bytes: self.one_shot_bytes,
             max_channels: None,
-        }
+            one_shot_bytes: self.one_shot_bytes,
+        })
     }
 
     /// Slots each link gets (see [`crate::comm::link_slots`]).
     pub(crate) fn link_slots(&self) -> u32 {
-        crate::comm::link_slots(self.slots_per_link, self.schedule.as_deref())
+        self.planning.link_slots()
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use ferrocoll_core::comm::Planning;
 use ferrocoll_core::conformance::{Case, CpuThreads, Harness, KitElement};
 use ferrocoll_core::cpu::CpuConfig;
 
@@ -22,8 +23,11 @@ impl Harness for Cpu {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let config = CpuConfig {
-            timeout: self.timeout,
-            max_chunk_bytes: self.max_chunk_bytes,
+            planning: Planning {
+                timeout: self.timeout,
+                max_chunk_bytes: Some(self.max_chunk_bytes),
+                ..CpuConfig::default().planning
+            },
             ..CpuConfig::default()
         };
         CpuThreads { config }.run(case, inputs, outputs)

@@ -145,7 +145,7 @@ impl CudaCommunicator {
     }
 
     fn board_error(&self) -> Option<CommError> {
-        let timeout = self.group.config.timeout;
+        let timeout = self.group.config.planning.timeout;
         self.group.board.verdict(self.rank, self.calls, timeout)
     }
 
@@ -202,7 +202,7 @@ impl CudaCommunicator {
                 state: self.group.state(rank),
                 board: self.group.board.device,
             },
-            self.group.config.timeout,
+            self.group.config.planning.timeout,
             self.group.scope,
         );
         let me = &program.ranks[rank];
@@ -316,7 +316,7 @@ unsafe impl DeviceCommunicator for CudaCommunicator {
     /// caller may free the call's buffers once this returns (unless the
     /// stream would not drain within the grace period: then it says so).
     fn synchronize(&mut self, stream: &CudaStream) -> Result<(), InterpreterError> {
-        let timeout = self.group.config.timeout;
+        let timeout = self.group.config.planning.timeout;
         // The kernels give up after the timeout themselves; the host
         // allows them a little longer to notice.
         let mut until = match self.failed {
@@ -385,7 +385,7 @@ impl Drop for CudaCommunicator {
         // stopped sooner if it has not), then release the programs in
         // stream order behind it.
         let stuck = !matches!(
-            self.wait_last(deadline(self.group.config.timeout)),
+            self.wait_last(deadline(self.group.config.planning.timeout)),
             Ok(true)
         );
         if stuck {

@@ -189,6 +189,7 @@ pub fn join(
         let engine = Engine::shared(device, config.kernel_cache.as_deref())?;
         let capacity = u64::from(engine.blocks_per_sm()) * u64::from(engine.sms);
         let channels = config
+            .planning
             .channels
             .unwrap_or_else(|| setup::auto_channels(&[1], &[capacity]));
         // Each process sees only its own memory: every message is staged.

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, sys};
-use ferrocoll_core::comm::{CommError, Planned, Planner, PlannerSettings};
+use ferrocoll_core::comm::{CommError, Executor, Planned, Planner, PlannerSettings, Planning};
 
 use super::board::Board;
 use super::engine::Engine;
@@ -103,13 +103,17 @@ pub fn layout(
     let too_large = || {
         CudaError::Invalid(format!(
             "max_chunk_bytes {} or ll_max_bytes {} is past what a device window can hold",
-            config.max_chunk_bytes, config.ll_max_bytes
+            config.max_chunk_bytes(),
+            config.ll_max_bytes
         ))
     };
-    let slots = ferrocoll_core::comm::link_slots(config.slots_per_link, config.schedule.as_deref());
+    let slots = ferrocoll_core::comm::link_slots(
+        config.planning.slots_per_link,
+        config.planning.schedule.as_deref(),
+    );
     let links = u64::from(channels.max(1)) * u64::from(n) * u64::from(slots.max(1));
     let within = |budget: u64| (budget / links.max(1)) / 16 * 16;
-    let slot_bytes = (config.max_chunk_bytes.max(16) as u64)
+    let slot_bytes = (config.max_chunk_bytes().max(16) as u64)
         .checked_next_multiple_of(16)
         .ok_or_else(too_large)?
         .min(within(SLOT_BUDGET).max(16));
@@ -171,17 +175,25 @@ pub fn protocol(planned: &Planned, layout: &Layout, config: &CudaConfig) -> Prot
 /// selector chose LL), selections no wider than the windows' channels,
 /// and the rule for zero-copy windows or staged ones.
 pub fn planner_settings(config: &CudaConfig, layout: &Layout) -> PlannerSettings {
-    let mut settings = config.planner_settings();
-    settings.channels = layout.max_channels;
-    settings.slots_per_link = layout.slots;
-    settings.max_message_bytes = Some(layout.slot_bytes as usize);
-    settings.max_ll_message_bytes =
-        (layout.ll_slot_bytes > 0).then(|| layout.ll_message_bytes() as usize);
-    settings.max_channels = Some(layout.max_channels);
-    if !layout.zero_copy {
-        settings.rule = crate::config::staged_rule;
-    }
-    settings
+    let planning = Planning {
+        channels: Some(layout.max_channels),
+        slots_per_link: layout.slots,
+        ..config.planning.clone()
+    };
+    planning.settings(Executor {
+        rule: if layout.zero_copy {
+            crate::config::device_rule
+        } else {
+            crate::config::staged_rule
+        },
+        channels: layout.max_channels,
+        max_chunk_bytes: config.max_chunk_bytes(),
+        max_message_bytes: Some(layout.slot_bytes as usize),
+        max_ll_message_bytes: (layout.ll_slot_bytes > 0)
+            .then(|| layout.ll_message_bytes() as usize),
+        max_channels: Some(layout.max_channels),
+        one_shot_bytes: 0,
+    })
 }
 
 /// Lowered programs a group keeps: as many as four ranks keep loaded on
@@ -226,6 +238,7 @@ impl Group {
             })
             .collect();
         let channels = config
+            .planning
             .channels
             .unwrap_or_else(|| auto_channels(&ranks_on, &capacity));
         for (i, &d) in ordinals.iter().enumerate() {
@@ -489,7 +502,7 @@ mod tests {
         assert!(l.ll_message_bytes() > 0);
         // Few channels: the configured chunk.
         let l = layout(2, 1, &config, false).unwrap();
-        assert_eq!(l.slot_bytes, config.max_chunk_bytes as u64);
+        assert_eq!(l.slot_bytes, config.max_chunk_bytes() as u64);
         assert!(!l.zero_copy);
         assert!(layout(0, 1, &config, true).is_err());
         assert!(layout(65, 1, &config, true).is_err());

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, applicable};
-use ferrocoll_core::comm::CommError;
+use ferrocoll_core::comm::{CommError, Planning};
 use ferrocoll_core::conformance::{Case, SplitMix64};
 use ferrocoll_core::types::CallShape;
 use ferrocoll_core::{Collective, DataType, ReduceOp};
@@ -32,10 +32,13 @@ fn the_interpreter_groups_plans_run_through_the_device_protocol() {
     // segments, and the group's planner must size them to fit. Calls of
     // up to 1 KiB per rank take LL, larger ones the bulk protocol.
     let config = crate::CudaConfig {
-        channels: Some(2),
-        max_chunk_bytes: 64,
-        slots_per_link: 2,
         ll_max_bytes: 1024,
+        planning: Planning {
+            channels: Some(2),
+            max_chunk_bytes: Some(64),
+            slots_per_link: 2,
+            ..crate::CudaConfig::default().planning
+        },
         ..crate::CudaConfig::default()
     };
     let mut rng = SplitMix64(29);
@@ -119,10 +122,13 @@ fn a_selected_ll_call_runs_as_ll_with_its_chunks_cut_to_the_ll_slot() {
     // selector's grain that message is past a 1 KiB LL slot, and the call
     // used to run in bulk instead of the protocol it was simulated with.
     let config = crate::CudaConfig {
-        max_chunk_bytes: 4096,
-        slots_per_link: 2,
         ll_max_bytes: 1024,
-        selector: Some(ferrocoll_core::select::SharedSelector(Arc::new(WideLl))),
+        planning: Planning {
+            max_chunk_bytes: Some(4096),
+            slots_per_link: 2,
+            selector: Some(ferrocoll_core::select::SharedSelector(Arc::new(WideLl))),
+            ..crate::CudaConfig::default().planning
+        },
         ..crate::CudaConfig::default()
     };
     let layout = setup::layout(4, 1, &config, true).unwrap();

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ferrocoll_core::comm::Planning;
 use ferrocoll_core::conformance::Case;
 use ferrocoll_core::{Collective, DataType, ReduceOp};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, TransportKind};
@@ -57,7 +58,10 @@ pub fn connect(env: &ChildEnv, config: ProcessConfig) -> ProcessCommunicator {
 pub fn child_group(timeout: Duration) -> Option<(ChildEnv, ProcessCommunicator)> {
     let env = child_env()?;
     let config = ProcessConfig {
-        timeout,
+        planning: Planning {
+            timeout,
+            ..ProcessConfig::builtin().planning
+        },
         ..ProcessConfig::builtin()
     };
     let comm = connect(&env, config);

@@ -1,6 +1,7 @@
 use super::*;
 use crate::presets;
 use ferrocoll_core::Collective;
+use ferrocoll_core::comm::Planning;
 
 fn selector(name: &str, n: u32) -> TopologySelector {
     TopologySelector::new(
@@ -200,7 +201,10 @@ fn auto_runs_a_tree_packing_where_no_nvlink_ring_exists() {
         )
         .unwrap();
     let config = ferrocoll_core::cpu::CpuConfig {
-        selector: Some(SharedSelector(Arc::new(s))),
+        planning: Planning {
+            selector: Some(SharedSelector(Arc::new(s))),
+            ..Planning::default()
+        },
         ..Default::default()
     };
     let out = ferrocoll_core::cpu::run(5, &config, |comm| {

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use ferrocoll::Verified;
-use ferrocoll::comm::Communicator;
+use ferrocoll::comm::{Communicator, Planning};
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::cuda::CudaCommunicator;
 use ferrocoll::device::DeviceCommunicator;
@@ -90,10 +90,14 @@ impl Target {
                     );
                 }
                 let cpu = CpuConfig {
-                    timeout: ProcessConfig::builtin()
-                        .with_env()
-                        .map_err(|e| e.to_string())?
-                        .timeout,
+                    planning: Planning {
+                        timeout: ProcessConfig::builtin()
+                            .with_env()
+                            .map_err(|e| e.to_string())?
+                            .planning
+                            .timeout,
+                        ..CpuConfig::builtin().planning
+                    },
                     ..CpuConfig::builtin()
                 };
                 let config = cuda::cuda_config(&cpu, &args);
@@ -119,6 +123,7 @@ impl Target {
                     timeout: ProcessConfig::builtin()
                         .with_env()
                         .map_err(|e| e.to_string())?
+                        .planning
                         .timeout,
                     ..NcclConfig::default()
                 }
@@ -151,13 +156,17 @@ impl Target {
         let env = ProcessConfig::builtin()
             .with_env()
             .map_err(|e| e.to_string())?;
-        let boot = ferrocoll::env::bootstrap_from_env(env.timeout).map_err(|e| e.to_string())?;
+        let boot =
+            ferrocoll::env::bootstrap_from_env(env.planning.timeout).map_err(|e| e.to_string())?;
         args.ranks = boot.world_size;
         let config = ProcessConfig {
             transport,
             max_message_bytes: args.max_chunk_bytes.unwrap_or(env.max_message_bytes),
-            schedule: custom_schedule(&args.algo, args.ranks)?,
             shared_heap_bytes: shared_heap_bytes(args, transport),
+            planning: Planning {
+                schedule: custom_schedule(&args.algo, args.ranks)?,
+                ..env.planning
+            },
             ..env
         };
         let comm = ProcessCommunicator::connect(boot.store, boot.rank, boot.world_size, &config)
@@ -172,7 +181,7 @@ impl Target {
     pub(crate) fn custom(&self) -> Option<Arc<Verified>> {
         match self {
             Target::Threads { custom } | Target::Cuda { custom, .. } => custom.clone(),
-            Target::Processes { config, .. } => config.schedule.clone(),
+            Target::Processes { config, .. } => config.planning.schedule.clone(),
             Target::Nccl { .. } | Target::NcclProcess { .. } | Target::CudaProcess { .. } => None,
         }
     }
@@ -251,10 +260,10 @@ impl Target {
             } => {
                 comm.lock()
                     .map_err(|_| "the communicator is poisoned")?
-                    .set_algorithm(config.algorithm);
+                    .set_algorithm(config.planning.algorithm);
                 let backend = process::Process {
                     comm,
-                    schedule: process.schedule.as_deref(),
+                    schedule: process.planning.schedule.as_deref(),
                 };
                 run::section(args, &backend, section, sizes, progress)
             }

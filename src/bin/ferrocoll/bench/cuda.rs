@@ -2,7 +2,7 @@
 //! interpreter), one launch per call on each rank's own stream, with
 //! buffers in device memory (placed once per size, outside the timing).
 
-use ferrocoll::comm::CommError;
+use ferrocoll::comm::{CommError, Planning};
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::cuda::{CudaCommunicator, CudaConfig, GpuProbe, probe};
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
@@ -70,13 +70,16 @@ pub(crate) fn devices(ranks: u32, list: Option<&str>) -> Result<Vec<usize>, Stri
 pub(crate) fn cuda_config(cpu: &CpuConfig, args: &BenchArgs) -> CudaConfig {
     let base = CudaConfig::default();
     CudaConfig {
-        timeout: cpu.timeout,
-        algorithm: cpu.algorithm,
-        schedule: cpu.schedule.clone(),
-        channels: args.channels,
-        max_chunk_bytes: args.max_chunk_bytes.unwrap_or(base.max_chunk_bytes),
         ll_max_bytes: args.ll_max_bytes.unwrap_or(base.ll_max_bytes),
         kernel_cache: ferrocoll::env::kernel_cache(),
+        planning: Planning {
+            timeout: cpu.planning.timeout,
+            algorithm: cpu.planning.algorithm,
+            schedule: cpu.planning.schedule.clone(),
+            channels: args.channels,
+            max_chunk_bytes: Some(args.max_chunk_bytes.unwrap_or(base.max_chunk_bytes())),
+            ..base.planning
+        },
         ..base
     }
 }
@@ -107,7 +110,7 @@ impl Backend for Cuda {
     }
 
     fn schedule(&self) -> Option<&ferrocoll::Verified> {
-        self.config.schedule.as_deref()
+        self.config.planning.schedule.as_deref()
     }
 }
 

@@ -20,7 +20,7 @@ impl Nccl {
         Nccl {
             devices,
             config: NcclConfig {
-                timeout: cpu.timeout,
+                timeout: cpu.planning.timeout,
                 ..NcclConfig::default()
             }
             .with_channels(channels),

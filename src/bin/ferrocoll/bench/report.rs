@@ -67,7 +67,7 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
         args.check
     );
     let config = &setup.config;
-    let algorithm = match (&args.algo, config.algorithm) {
+    let algorithm = match (&args.algo, config.planning.algorithm) {
         (AlgoSpec::File(path), _) => format!("the schedule file {}", path.display()),
         (AlgoSpec::Auto, Some(forced)) => format!("{forced} (FERROCOLL_ALGO)"),
         (spec, _) => spec.to_string(),
@@ -78,7 +78,11 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
     if let Some(p) = target.process_config() {
         println!(
             "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
-            args.ranks, p.transport, p.max_message_bytes, p.slots_per_link, p.timeout,
+            args.ranks,
+            p.transport,
+            p.max_message_bytes,
+            p.planning.slots_per_link,
+            p.planning.timeout,
         );
         if p.shared_heap_bytes > 0 {
             println!(
@@ -97,21 +101,22 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
         if args.backend == super::Backend::Cuda {
             println!(
                 "# cuda: max chunk {} B, channels {}, {} slots per link, LL up to {} B, timeout {:?}, algorithm {algorithm}",
-                cuda.max_chunk_bytes,
-                cuda.channels.map_or(
+                cuda.max_chunk_bytes(),
+                cuda.planning.channels.map_or(
                     "auto (the GPU's resident blocks shared by its ranks)".into(),
                     |c| c.to_string()
                 ),
-                cuda.slots_per_link,
+                cuda.planning.slots_per_link,
                 cuda.ll_max_bytes,
-                cuda.timeout,
+                cuda.planning.timeout,
             );
         }
         return;
     }
+    let s = config.planner_settings();
     println!(
         "# executor: cpu threads, max chunk {} B, {} channel(s), {} slots per link, timeout {:?}, algorithm {algorithm}",
-        config.max_chunk_bytes, config.channels, config.slots_per_link, config.timeout,
+        s.max_chunk_bytes, s.channels, s.slots_per_link, config.planning.timeout,
     );
 }
 

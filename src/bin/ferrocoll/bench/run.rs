@@ -92,7 +92,7 @@ impl Backend for Cpu<'_> {
     }
 
     fn schedule(&self) -> Option<&ferrocoll::Verified> {
-        self.config.schedule.as_deref()
+        self.config.planning.schedule.as_deref()
     }
 }
 

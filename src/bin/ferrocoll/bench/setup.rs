@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use ferrocoll::comm::Planning;
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::{Algorithm, Collective, CollectiveKind, DataType, ReduceOp, Verified};
 
@@ -61,15 +62,15 @@ impl Setup {
         }
         let mut config = cpu_config(CpuConfig::builtin(), args.max_chunk_bytes)?;
         if let Some(channels) = args.channels {
-            config.channels = channels;
-            config.selector = None;
+            config.planning.channels = Some(channels);
+            config.planning.selector = None;
         }
         let kinds: Vec<CollectiveKind> = match &custom {
             Some(v) => vec![v.schedule().collective.kind()],
             None => args.op.0.clone(),
         };
         let sections = sections(args, &kinds, custom.is_some())?;
-        config.schedule = custom;
+        config.planning.schedule = custom;
         Ok(Setup {
             config,
             sections,
@@ -80,14 +81,17 @@ impl Setup {
     /// The settings of one section's calls.
     pub(crate) fn section_config(&self, section: &Section) -> CpuConfig {
         CpuConfig {
-            algorithm: section.algorithm.or(self.config.algorithm),
+            planning: Planning {
+                algorithm: section.algorithm.or(self.config.planning.algorithm),
+                ..self.config.clone().planning
+            },
             ..self.config.clone()
         }
     }
 
     /// The collective a section calls (a schedule file brings its root).
     pub(crate) fn collective(&self, section: &Section, args: &BenchArgs) -> Collective {
-        match (&self.config.schedule, section.custom) {
+        match (&self.config.planning.schedule, section.custom) {
             (Some(v), true) => v.schedule().collective,
             _ => section.kind.with_root(args.root),
         }
@@ -102,12 +106,17 @@ pub(crate) fn cpu_config(
     max_chunk_bytes: Option<usize>,
 ) -> Result<CpuConfig, String> {
     let base = CpuConfig {
-        max_chunk_bytes: max_chunk_bytes.unwrap_or(base.max_chunk_bytes),
+        planning: Planning {
+            max_chunk_bytes: Some(
+                max_chunk_bytes.unwrap_or(base.planner_settings().max_chunk_bytes),
+            ),
+            ..base.planning
+        },
         ..base
     };
     let mut config = ferrocoll::auto::cpu_config(base).map_err(|e| e.to_string())?;
     if max_chunk_bytes.is_some() {
-        config.selector = None;
+        config.planning.selector = None;
     }
     Ok(config)
 }

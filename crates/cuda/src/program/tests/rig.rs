@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrocoll_core::algorithms::{Algorithm, AlgorithmParams, generate};
+use ferrocoll_core::comm::Planning;
 use ferrocoll_core::conformance::{Case, Harness, KitElement, check_case, in_place_buffer};
 use ferrocoll_core::plan::{Chunking, Compiler, ExecutionPlan};
 use ferrocoll_core::types::CallShape;
@@ -127,11 +128,19 @@ impl Harness for GroupPlanned {
         outputs: Vec<Vec<T>>,
     ) -> Result<Vec<Vec<T>>, String> {
         let config = crate::CudaConfig {
-            algorithm: case.algorithm,
+            planning: Planning {
+                algorithm: case.algorithm,
+                ..self.config.clone().planning
+            },
             ..self.config.clone()
         };
-        let layout = setup::layout(case.world_size, config.channels.unwrap_or(1), &config, true)
-            .map_err(|e| e.to_string())?;
+        let layout = setup::layout(
+            case.world_size,
+            config.planning.channels.unwrap_or(1),
+            &config,
+            true,
+        )
+        .map_err(|e| e.to_string())?;
         let mut planner = ferrocoll_core::comm::Planner::new(
             case.world_size,
             setup::planner_settings(&config, &layout),

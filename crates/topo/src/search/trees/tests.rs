@@ -3,6 +3,7 @@
 use super::*;
 use crate::bound::{Fabric, Relays, throughput_bounds};
 use crate::presets;
+use ferrocoll_core::comm::Planning;
 
 fn dgx1(keep: &[usize]) -> Topology {
     presets::by_name("dgx1-v100", 0)
@@ -90,8 +91,11 @@ fn synthesized_trees_are_proven_and_run_on_the_cpu_executor_with_nothing_wrong()
                 .unwrap_or_else(|e| panic!("{} {collective}: {e}", t.name));
             let harness = ferrocoll_core::conformance::CpuThreads {
                 config: ferrocoll_core::cpu::CpuConfig {
-                    schedule: Some(std::sync::Arc::new(verified)),
-                    max_chunk_bytes: 256,
+                    planning: Planning {
+                        schedule: Some(std::sync::Arc::new(verified)),
+                        max_chunk_bytes: Some(256),
+                        ..Planning::default()
+                    },
                     ..Default::default()
                 },
             };
