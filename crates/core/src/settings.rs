@@ -10,7 +10,7 @@
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernels' width instead of calibrating it (`baseline`, `avx2`, `avx512`; each call then takes its stores by the rule: non-temporal past half the last-level cache of the call's bytes, cached below), or the width and the stores too (`nt`, `cached`) for outputs, then optionally for hand-offs (slots a peer reads next), e.g. `avx2,cached` or `avx512,nt,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates the width once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same width and rule |
 //! | `FERROCOLL_ONE_SHOT_BYTES` | threads and processes over shared memory: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |
-//! | `FERROCOLL_PEER_READS` | processes over shared memory: `1` lets ranks read each other's private buffers with cross-memory attach where the host allows it, instead of copying messages through the slots (default `0`: slower than the slots on the hosts measured) |
+//! | `FERROCOLL_PEER_READS` | no longer read (a warning says so): cross-memory attach between processes was removed, measured 2–3× slower than the shared-memory slots; buffers in the shared heap are the zero-copy path |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -33,14 +33,6 @@ pub enum SettingsError {
     /// A number that does not parse, or is 0 where a wait needs a length.
     #[error("{name}: `{value}` is not a whole number of at least 1")]
     Number {
-        /// The variable.
-        name: &'static str,
-        /// Its value.
-        value: String,
-    },
-    /// A switch that is not one of 1/0, true/false, on/off.
-    #[error("{name}: `{value}` is not 1, 0, true, false, on or off")]
-    Switch {
         /// The variable.
         name: &'static str,
         /// Its value.
@@ -74,8 +66,6 @@ pub struct EnvOverrides {
     pub job_id: Option<String>,
     /// `FERROCOLL_ONE_SHOT_BYTES`.
     pub one_shot_bytes: Option<usize>,
-    /// `FERROCOLL_PEER_READS`.
-    pub peer_reads: Option<bool>,
 }
 
 /// `FERROCOLL_KERNELS`, unparsed (the kernels module parses it and
@@ -129,25 +119,18 @@ impl EnvOverrides {
                 }
             },
         };
-        let peer_reads = match get("FERROCOLL_PEER_READS") {
-            None => None,
-            Some(v) => match v.trim() {
-                "1" | "true" | "on" => Some(true),
-                "0" | "false" | "off" => Some(false),
-                _ => {
-                    return Err(SettingsError::Switch {
-                        name: "FERROCOLL_PEER_READS",
-                        value: v.clone(),
-                    });
-                }
-            },
-        };
+        if get("FERROCOLL_PEER_READS").is_some() {
+            tracing::warn!(
+                "FERROCOLL_PEER_READS is ignored: cross-memory attach was removed (2-3x slower \
+                 than the shared-memory slots where measured); buffers in the shared heap are \
+                 the zero-copy path"
+            );
+        }
         Ok(EnvOverrides {
             algorithm,
             timeout,
             job_id,
             one_shot_bytes,
-            peer_reads,
         })
     }
 
@@ -219,10 +202,9 @@ mod tests {
             EnvOverrides::from_lookup(env(&[])).unwrap(),
             EnvOverrides::default()
         );
-        let reads = EnvOverrides::from_lookup(env(&[("FERROCOLL_PEER_READS", "off")])).unwrap();
-        assert_eq!(reads.peer_reads, Some(false));
-        let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_PEER_READS", "maybe")])).unwrap_err();
-        assert!(matches!(e, SettingsError::Switch { .. }), "{e}");
+        // A variable of a removed feature is not an error.
+        let gone = EnvOverrides::from_lookup(env(&[("FERROCOLL_PEER_READS", "1")])).unwrap();
+        assert_eq!(gone, EnvOverrides::default());
         let off = EnvOverrides::from_lookup(env(&[("FERROCOLL_ONE_SHOT_BYTES", "0")])).unwrap();
         assert_eq!(off.one_shot_bytes, Some(0));
         for bad in [

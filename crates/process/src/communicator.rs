@@ -147,8 +147,8 @@ impl ProcessCommunicator {
     }
 
     /// Messages this rank has sent by reference — a value in its shared
-    /// heap, or read by a peer with cross-memory attach — rather than
-    /// copied through a slot: how to see that zero copy is in effect.
+    /// heap — rather than copied through a slot: how to see that zero copy
+    /// is in effect.
     pub fn messages_by_reference(&self) -> u64 {
         self.by_reference
     }

@@ -66,14 +66,6 @@ pub struct ProcessConfig {
     /// `ferrocoll launch` sets), so the launcher can remove what ranks
     /// killed during setup left behind; `None`: names of this group alone.
     pub job_id: Option<String>,
-    /// Shared memory: let ranks read each other's private buffers
-    /// directly (cross-memory attach) where the host allows it, instead of
-    /// copying every message through a slot (see the crate's `zero_copy`
-    /// docs; a group whose probe fails on any rank copies). Off by
-    /// default: on the hosts measured the kernel's copy was slower than
-    /// the slots (docs/benchmarks.md); `FERROCOLL_PEER_READS=1` turns it
-    /// on. Buffers from the shared heap need none of this.
-    pub peer_reads: bool,
     /// Shared memory: bytes of each rank's shared heap, from which
     /// `ProcessCommunicator::shared_buffer` hands out buffers that peers
     /// read in place (zero copy; allocated and backed at setup, in the
@@ -106,9 +98,6 @@ impl ProcessConfig {
             max_message_bytes: MESSAGE_BYTES,
             max_channels: 4,
             job_id: None,
-            // Measured slower than the slot copies on the hosts tried
-            // (docs/benchmarks.md): opt in.
-            peer_reads: false,
             shared_heap_bytes: 0,
             one_shot_bytes: ferrocoll_core::plan::ONE_SHOT_BYTES,
         }
@@ -129,9 +118,6 @@ impl ProcessConfig {
         self.planning = self.planning.with_overrides(&env);
         if env.job_id.is_some() {
             self.job_id = env.job_id;
-        }
-        if let Some(on) = env.peer_reads {
-            self.peer_reads = on;
         }
         if let Some(bytes) = env.one_shot_bytes {
             self.one_shot_bytes = bytes;

@@ -62,15 +62,18 @@ impl Header {
         }
     }
 
-    /// This header for a message whose payload is a
-    /// [`crate::zero_copy::Reference`] to the value's `len` bytes in the
-    /// sender's memory instead of the bytes themselves.
+    /// This header for a message whose payload names where the value's
+    /// `len` bytes lie instead of holding them. Senders only refer to
+    /// their shared heap ([`referring_to_heap`](Self::referring_to_heap));
+    /// tests build the bare flag to check receivers refuse it.
+    #[cfg(test)]
     pub fn referring(mut self) -> Self {
         self.flags |= BY_REFERENCE;
         self
     }
 
-    /// [`referring`](Self::referring) to pieces of the sender's shared heap.
+    /// A message whose payload names pieces of the sender's shared heap
+    /// ([`crate::zero_copy`]) instead of holding the value.
     pub fn referring_to_heap(mut self) -> Self {
         self.flags |= BY_REFERENCE | IN_HEAP;
         self

@@ -27,7 +27,7 @@ use crate::direct::{self, Bases, Postables};
 use crate::transport::shm::heap::Heaps;
 use crate::transport::{Incoming, Transport};
 use crate::wire::Header;
-use crate::zero_copy::{self, PeerReader, Pieces};
+use crate::zero_copy::{self, Pieces};
 
 mod compute;
 mod reference;
@@ -35,9 +35,7 @@ mod reference;
 mod tests;
 
 use compute::{Sink, compute, copy_long, scatter_from};
-use reference::{
-    Ref, Step, as_pieces, fire_by_reference, lend, protocol_error, reference, resolve,
-};
+use reference::{Step, as_pieces, fire_by_reference, lend, protocol_error, reference, resolve};
 
 /// One rank's task in one call.
 pub(crate) struct Task<'a> {
@@ -281,17 +279,8 @@ fn try_fire<T: Reduce>(
         }
     }
     let bytes = ins.bytes as usize;
-    let reader = t.peer_reader();
     let heaps = t.heaps();
-    let arrived = receive::<T>(
-        t,
-        task,
-        channel,
-        ins,
-        &incoming,
-        call,
-        (reader.is_some(), heaps.as_deref()),
-    )?;
+    let arrived = receive::<T>(t, task, channel, ins, &incoming, call, heaps.as_deref())?;
     let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
     let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
     // A reference must fit a slot (a value of many pieces may not).
@@ -301,13 +290,12 @@ fn try_fire<T: Reduce>(
         bytes,
         read.as_deref(),
         write.as_deref(),
-        reader.is_some(),
         heaps.as_deref(),
     )
-    .filter(|(_, p)| zero_copy::reference_bytes(p.len()) <= slot);
+    .filter(|p| zero_copy::reference_bytes(p.len()) <= slot);
     let room = lending
         .as_ref()
-        .map_or(bytes, |(_, p)| zero_copy::reference_bytes(p.len()));
+        .map_or(bytes, |p| zero_copy::reference_bytes(p.len()));
     let mut outgoing: Vec<*mut T> = Vec::with_capacity(ins.send.len());
     for m in &ins.send {
         match t.reserve(m.peer, channel, room)? {
@@ -341,7 +329,6 @@ fn try_fire<T: Reduce>(
         op: task.plan.op,
         incoming: &incoming,
         references: &arrived.references,
-        peers: &ins.recv.iter().map(|m| m.peer).collect::<Vec<_>>(),
         read: read.as_deref(),
         write: write.as_deref(),
         rooms: &rooms,
@@ -357,7 +344,7 @@ fn try_fire<T: Reduce>(
         },
         len: bytes / std::mem::size_of::<T>(),
     };
-    if let Err(e) = value(t, &step, arrived.landed, reader.as_deref()) {
+    if let Err(e) = value(t, &step, arrived.inputs) {
         for (d, m) in direct_to.iter().zip(&ins.send) {
             if d.is_some() {
                 t.give_back_post(m.peer, channel);
@@ -377,11 +364,23 @@ fn try_fire<T: Reduce>(
     Ok(true)
 }
 
-/// What arrived for a step: references to resolve, and whether the
-/// value was written into this rank's output by its sender.
+/// Where a step's inputs are: the one data source decides how it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inputs {
+    /// The sender wrote the value where this rank posted (its output).
+    Landed,
+    /// At least one message names where its value lies in a peer's
+    /// mapped shared heap.
+    References,
+    /// Every message carries its value in its slot (or there is none).
+    Slots,
+}
+
+/// What arrived for a step: each message's reference, if it is one, and
+/// where the inputs are.
 struct Arrived {
-    references: Vec<Option<Ref>>,
-    landed: bool,
+    references: Vec<Option<Pieces>>,
+    inputs: Inputs,
 }
 
 /// Check every incoming message's header against this call, and what
@@ -394,12 +393,12 @@ fn receive<T>(
     ins: &Instruction,
     incoming: &[Incoming],
     call: &CallState,
-    (reading, heaps): (bool, Option<&Heaps>),
+    heaps: Option<&Heaps>,
 ) -> Result<Arrived, CommError> {
     let bytes = ins.bytes as usize;
     let mut arrived = Arrived {
         references: Vec::with_capacity(incoming.len()),
-        landed: false,
+        inputs: Inputs::Slots,
     };
     for (msg, m) in incoming.iter().zip(&ins.recv) {
         let header = t.peek_header(m.peer, channel).expect("peeked above");
@@ -427,20 +426,27 @@ fn receive<T>(
                     "a value written into this rank's memory without its post".into(),
                 ));
             }
-            arrived.landed = true;
+            arrived.inputs = Inputs::Landed;
             arrived.references.push(None);
             continue;
         }
         arrived.references.push(if header.by_reference() {
-            if !reading && heaps.is_none() {
+            if heaps.is_none() {
                 return Err(protocol_error(
                     m.peer,
                     "a message by reference in a group that copies".into(),
                 ));
             }
             let pieces = reference(t, msg, m.peer, bytes)?;
-            let shown = (reading, heaps, std::mem::size_of::<T>());
-            Some(resolve(&header, pieces, m.peer, shown)?)
+            if arrived.inputs == Inputs::Slots {
+                arrived.inputs = Inputs::References;
+            }
+            Some(resolve(
+                &header,
+                pieces,
+                m.peer,
+                (heaps, std::mem::size_of::<T>()),
+            )?)
         } else {
             None
         });
@@ -448,47 +454,53 @@ fn receive<T>(
     Ok(arrived)
 }
 
-/// Compute the step's value into its rooms and write: from the write
-/// itself when the sender already put it there, through references, or
-/// from the messages' slots.
+/// Compute the step's value into its rooms and write, by where its inputs
+/// are: the write itself when the sender already put the value there,
+/// peers' mapped heaps, or the messages' slots.
 fn value<T: Reduce>(
     t: &mut dyn Transport,
     step: &Step<'_, T>,
-    landed: bool,
-    reader: Option<&PeerReader>,
+    inputs: Inputs,
 ) -> Result<(), CommError> {
-    if landed {
-        let write = step.write.expect("a direct receive writes");
-        for &room in step.rooms {
-            // SAFETY: the value lies in this rank's write (posted as one
-            // piece of `len` elements); rooms are slots or peers' posted
-            // destinations, apart from it.
-            unsafe { scatter_from(write, room, step.len, step.to) };
+    match inputs {
+        Inputs::Landed => {
+            let write = step.write.expect("a direct receive writes");
+            for &room in step.rooms {
+                // SAFETY: the value lies in this rank's write (posted as one
+                // piece of `len` elements); rooms are slots or peers' posted
+                // destinations, apart from it.
+                unsafe { scatter_from(write, room, step.len, step.to) };
+            }
         }
-    } else if step.references.iter().any(Option::is_some) {
-        // SAFETY: as for `compute` below; references were checked to
-        // describe exactly the step's bytes.
-        unsafe { fire_by_reference(reader, step)? };
-        // A sender that failed may have handed its buffers back to its
-        // caller before this read: its failure, not what was read, counts.
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        t.check()?;
-    } else if step.len > 0 {
-        let sources: Vec<*const T> = step
-            .incoming
-            .iter()
-            .map(|m| m.payload as *const T)
-            .collect();
-        // SAFETY: incoming payloads hold `len` elements (checked) and stay
-        // put until released; rooms hold `len` elements and are this rank's
-        // alone until committed (or a peer's posted destination, which its
-        // owner leaves alone until the message arrives); local spans lie in
-        // the caller's buffers, which hold the plan's buffer sizes.
-        unsafe {
-            compute(
-                step.op, &sources, step.read, step.write, step.rooms, step.to, step.len,
-            )
-        };
+        Inputs::References => {
+            // SAFETY: as for `compute` below; references were checked to
+            // describe exactly the step's bytes inside a peer's heap.
+            unsafe { fire_by_reference(step) };
+            // A sender that failed may have handed its buffers back to its
+            // caller before this read: its failure, not what was read,
+            // counts.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            t.check()?;
+        }
+        Inputs::Slots if step.len == 0 => {}
+        Inputs::Slots => {
+            let sources: Vec<*const T> = step
+                .incoming
+                .iter()
+                .map(|m| m.payload as *const T)
+                .collect();
+            // SAFETY: incoming payloads hold `len` elements (checked) and
+            // stay put until released; rooms hold `len` elements and are
+            // this rank's alone until committed (or a peer's posted
+            // destination, which its owner leaves alone until the message
+            // arrives); local spans lie in the caller's buffers, which hold
+            // the plan's buffer sizes.
+            unsafe {
+                compute(
+                    step.op, &sources, step.read, step.write, step.rooms, step.to, step.len,
+                )
+            };
+        }
     }
     Ok(())
 }
@@ -497,7 +509,7 @@ fn value<T: Reduce>(
 /// any), the reserved rooms, and which sends were written directly.
 struct Sent<'a, T> {
     channel: u32,
-    lending: Option<&'a (bool, Pieces)>,
+    lending: Option<&'a Pieces>,
     outgoing: &'a [*mut T],
     direct_to: &'a [Option<*mut T>],
 }
@@ -514,12 +526,8 @@ fn publish<T>(
     let channel = sent.channel;
     let plain = Header::new(task.number, ins.bytes as usize, task.signature);
     let mut header = plain.clone();
-    if let Some((in_heap, pieces)) = sent.lending {
-        header = if *in_heap {
-            header.referring_to_heap()
-        } else {
-            header.referring()
-        };
+    if let Some(pieces) = sent.lending {
+        header = header.referring_to_heap();
         for ((&room, m), d) in sent.outgoing.iter().zip(&ins.send).zip(sent.direct_to) {
             if d.is_none() {
                 // SAFETY: the room was reserved for exactly this reference.

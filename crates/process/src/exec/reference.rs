@@ -10,8 +10,8 @@ use super::*;
 const BOUNCE_BYTES: usize = 512 << 10;
 
 /// The pieces of a message sent by reference, checked: only a group
-/// that reads peers' memory sends them, and they must name the message's
-/// length exactly.
+/// with shared heaps sends them, and they must name the message's length
+/// exactly.
 pub(super) fn reference(
     t: &mut dyn Transport,
     msg: &Incoming,
@@ -36,23 +36,15 @@ pub(super) fn protocol_error(peer: Rank, e: String) -> CommError {
     }
 }
 
-/// Where a referenced value can be read from.
-pub(super) enum Ref {
-    /// Pieces of the sender's shared heap, mapped here: plain loads.
-    Mapped(Pieces),
-    /// Addresses in the sender's process: cross-memory attach.
-    Remote(Pieces),
-}
-
 /// A checked reference as something this rank can read: heap offsets
-/// inside the sender's heap, or addresses when the group reads peers'
-/// memory.
+/// inside the sender's heap, as pieces of that heap mapped here (read with
+/// plain loads).
 pub(super) fn resolve(
     header: &Header,
     pieces: Pieces,
     peer: Rank,
-    (reading, heaps, element): (bool, Option<&Heaps>, usize),
-) -> Result<Ref, CommError> {
+    (heaps, element): (Option<&Heaps>, usize),
+) -> Result<Pieces, CommError> {
     // Kernels read whole, aligned elements; an honest sender's pieces are.
     if let Some(&(at, n)) = pieces
         .iter()
@@ -63,39 +55,33 @@ pub(super) fn resolve(
             format!("a reference to [{at:#x}, +{n}) is not whole {element}-byte elements"),
         ));
     }
-    if header.in_heap() {
-        let heaps = heaps.ok_or_else(|| {
-            protocol_error(
-                peer,
-                "a shared-heap reference in a group without heaps".into(),
-            )
-        })?;
-        let mapped = heaps
-            .translate(peer, &pieces)
-            .map_err(|e| protocol_error(peer, e))?;
-        return Ok(Ref::Mapped(mapped));
-    }
-    if !reading {
+    if !header.in_heap() {
         return Err(protocol_error(
             peer,
-            "a message by reference in a group that copies".into(),
+            "a reference outside the shared heap (this group reads no private memory)".into(),
         ));
     }
-    Ok(Ref::Remote(pieces))
+    let heaps = heaps.ok_or_else(|| {
+        protocol_error(
+            peer,
+            "a shared-heap reference in a group without heaps".into(),
+        )
+    })?;
+    heaps
+        .translate(peer, &pieces)
+        .map_err(|e| protocol_error(peer, e))
 }
 
-/// How this step sends its value, when not as a copy: `(true, offsets)`
-/// when the value lies in this rank's shared heap, `(false, addresses)`
-/// when the group reads peers' memory — and only where the plan keeps the
-/// value stable until every receiver has read it.
+/// How this step sends its value, when not as a copy: the offsets of the
+/// value in this rank's shared heap — only where it lies there, and where
+/// the plan keeps it stable until every receiver has read it.
 pub(super) fn lend<T>(
     ins: &Instruction,
     bytes: usize,
     read: Option<&[Span]>,
     write: Option<&[Span]>,
-    reading: bool,
     heaps: Option<&Heaps>,
-) -> Option<(bool, Pieces)> {
+) -> Option<Pieces> {
     if bytes == 0 || ins.send.is_empty() {
         return None;
     }
@@ -104,10 +90,7 @@ pub(super) fn lend<T>(
         Source::Read => as_pieces::<T>(read?),
         Source::Slot => return None,
     };
-    if let Some(offsets) = heaps.and_then(|h| h.own.offsets(&pieces)) {
-        return Some((true, offsets));
-    }
-    reading.then_some((false, pieces))
+    heaps.and_then(|h| h.own.offsets(&pieces))
 }
 
 /// Local spans as (address, bytes) pieces.
@@ -120,8 +103,7 @@ pub(super) fn as_pieces<T>(spans: &[Span]) -> Pieces {
 pub(super) struct Step<'a, T> {
     pub(super) op: ReduceOp,
     pub(super) incoming: &'a [Incoming],
-    pub(super) references: &'a [Option<Ref>],
-    pub(super) peers: &'a [Rank],
+    pub(super) references: &'a [Option<Pieces>],
     pub(super) read: Option<&'a [Span]>,
     pub(super) write: Option<&'a [Span]>,
     pub(super) rooms: &'a [*mut T],
@@ -130,37 +112,28 @@ pub(super) struct Step<'a, T> {
     pub(super) len: usize,
 }
 
-/// Run a step with values read by reference: one reference with nothing
-/// else to do is copied straight into the output; references into
-/// mapped heaps, each one piece, are reduced from where they lie; the rest
-/// a block at a time through bounce buffers that stay in cache, each block
-/// computed as [`compute`] would (whole, when read and write overlap in a
-/// way blocks could break).
+/// Run a step with values read by reference from peers' mapped heaps: one
+/// reference with nothing else to do is copied straight into the output;
+/// references of one piece each are reduced from where they lie; the rest
+/// (values in several pieces of a heap) a block at a time through bounce
+/// buffers that stay in cache, each block computed as [`compute`] would
+/// (whole, when read and write overlap in a way blocks could break).
 ///
 /// # Safety
 /// As [`compute`]: spans, rooms and slot payloads are valid for the
 /// step's length; mapped references were checked to lie in the sender's
 /// heap.
-pub(super) unsafe fn fire_by_reference<T: Reduce>(
-    reader: Option<&PeerReader>,
-    s: &Step<'_, T>,
-) -> Result<(), CommError> {
+pub(super) unsafe fn fire_by_reference<T: Reduce>(s: &Step<'_, T>) {
     let size = std::mem::size_of::<T>();
-    let fetch = |i: usize, r: &Ref, from: usize, len: usize, to: &[(usize, usize)]| match r {
-        Ref::Remote(p) => reader
-            .expect("remote references are resolved only with a reader")
-            .read(s.peers[i], &zero_copy::range(p, from, len), to),
-        Ref::Mapped(p) => {
-            for (src, dst, n) in zero_copy::pair_up(&zero_copy::range(p, from, len), to) {
-                // SAFETY: `src` lies in a peer's mapped heap (checked),
-                // `dst` in this rank's output or bounce buffer.
-                unsafe { copy_long(src as *const u8, dst as *mut u8, n, s.to.output()) };
-            }
-            Ok(())
+    let fetch = |p: &Pieces, from: usize, len: usize, to: &[(usize, usize)]| {
+        for (src, dst, n) in zero_copy::pair_up(&zero_copy::range(p, from, len), to) {
+            // SAFETY: `src` lies in a peer's mapped heap (checked), `dst`
+            // in this rank's output or bounce buffer.
+            unsafe { copy_long(src as *const u8, dst as *mut u8, n, s.to.output()) };
         }
     };
     if let ([Some(r)], None, Some(write), []) = (s.references, s.read, s.write, s.rooms) {
-        return fetch(0, r, 0, s.len * size, &as_pieces::<T>(write));
+        return fetch(r, 0, s.len * size, &as_pieces::<T>(write));
     }
     let in_place: Option<Vec<*const T>> = s
         .references
@@ -168,7 +141,7 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
         .zip(s.incoming)
         .map(|(r, msg)| match r {
             None => Some(msg.payload as *const T),
-            Some(Ref::Mapped(p)) if p.len() == 1 => Some(p[0].0 as *const T),
+            Some(p) if p.len() == 1 => Some(p[0].0 as *const T),
             Some(_) => None,
         })
         .collect();
@@ -176,7 +149,7 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
         // SAFETY: every source covers `len` elements (a slot payload, or a
         // checked heap range of exactly the message's bytes).
         unsafe { compute(s.op, &sources, s.read, s.write, s.rooms, s.to, s.len) };
-        return Ok(());
+        return;
     }
     let lent = s.references.iter().filter(|r| r.is_some()).count().max(1);
     let blockwise = match (s.read, s.write) {
@@ -204,7 +177,7 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
             match r {
                 Some(r) => {
                     let bounce = bounces[i].as_mut_ptr() as usize;
-                    fetch(i, r, start * size, n * size, &[(bounce, n * size)])?;
+                    fetch(r, start * size, n * size, &[(bounce, n * size)]);
                     sources.push(bounce as *const T);
                 }
                 // SAFETY: the payload holds `len` elements.
@@ -230,5 +203,4 @@ pub(super) unsafe fn fire_by_reference<T: Reduce>(
         };
         start += n;
     }
-    Ok(())
 }

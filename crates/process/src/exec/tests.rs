@@ -1,32 +1,29 @@
 //! Unit tests of the executor's pure parts.
 
 use super::compute::{overlap, sub_spans};
-use super::reference::{Ref, resolve};
+use super::reference::resolve;
 use super::*;
 
 #[test]
 fn references_a_rank_cannot_honour_are_protocol_errors() {
     let header = Header::new(1, 64, "x");
-    let refused = |h: &Header, pieces: Pieces, reading: bool| {
+    let refused = |h: &Header, pieces: Pieces| {
         matches!(
-            resolve(h, pieces, 3, (reading, None, 4)),
+            resolve(h, pieces, 3, (None, 4)),
             Err(CommError::PeerFailed { rank: 3, .. })
         )
     };
-    // Heap offsets in a group without heaps; addresses where nobody
-    // reads peers; pieces that are not whole, aligned elements.
-    for (h, pieces, reading) in [
-        (header.clone().referring_to_heap(), vec![(0, 64)], true),
-        (header.clone().referring(), vec![(0x1000, 64)], false),
-        (header.clone().referring(), vec![(0x1002, 64)], true),
-        (header.clone().referring(), vec![(0x1000, 62)], true),
+    // Heap offsets in a group without heaps; a reference to private
+    // memory (no group reads it: cross-memory attach is gone), whole or
+    // not.
+    for (h, pieces) in [
+        (header.clone().referring_to_heap(), vec![(0, 64)]),
+        (header.clone().referring(), vec![(0x1000, 64)]),
+        (header.clone().referring(), vec![(0x1002, 64)]),
+        (header.clone().referring(), vec![(0x1000, 62)]),
     ] {
-        assert!(refused(&h, pieces, reading));
+        assert!(refused(&h, pieces));
     }
-    assert!(matches!(
-        resolve(&header.referring(), vec![(0x1000, 64)], 3, (true, None, 4)),
-        Ok(Ref::Remote(_))
-    ));
 }
 
 #[test]

@@ -37,7 +37,7 @@ pub(super) fn open(
     }
     let token = String::from_utf8_lossy(&watch.wait(store, "pg/token")?).into_owned();
     let names = Names { token, world_size };
-    form(store, watch, rank, &shape, &names, config.peer_reads).map_err(|e| {
+    form(store, watch, rank, &shape, &names).map_err(|e| {
         // Explain first: "no such file" because a peer removed the names
         // must become the exit that made it do so.
         let e = watch.explain(store, e);
@@ -75,7 +75,6 @@ fn form(
     rank: Rank,
     shape: &Shape,
     names: &Names,
-    peer_reads: bool,
 ) -> Result<Box<dyn Transport>, SetupError> {
     let own = names.path(rank);
     let segment = ShmTransport::create_segment(&own, shape).map_err(|source| SetupError::Shm {
@@ -109,40 +108,7 @@ fn form(
     names.remove_all();
     all[rank as usize] = Some(segment);
     let all = all.into_iter().flatten().collect();
-    let mut transport = ShmTransport::new(rank, *shape, all, pids);
-    if agree_on_peer_reads(store, watch, rank, names.world_size, &transport, peer_reads)? {
-        transport.enable_peer_reads();
-    }
-    Ok(Box::new(transport))
-}
-
-/// Probe whether this rank may read every peer's memory, publish the
-/// verdict, and return whether every rank's was yes (each rank decides
-/// the same from the same verdicts).
-fn agree_on_peer_reads(
-    store: &mut Store,
-    watch: &mut Watch,
-    rank: Rank,
-    world_size: u32,
-    transport: &ShmTransport,
-    wanted: bool,
-) -> Result<bool, SetupError> {
-    let mine = wanted && transport.probe_peer_reads();
-    store.set(
-        &format!("pg/peer-reads/{rank}"),
-        if mine { b"1" } else { b"0" },
-    )?;
-    let mut all = true;
-    for peer in 0..world_size {
-        all &= watch.wait(store, &format!("pg/peer-reads/{peer}"))? == b"1";
-    }
-    tracing::debug!(
-        rank,
-        probe = mine,
-        group = all,
-        "zero copy by cross-memory attach"
-    );
-    Ok(all)
+    Ok(Box::new(ShmTransport::new(rank, *shape, all, pids)))
 }
 
 /// The segment names of one group.

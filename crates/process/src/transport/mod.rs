@@ -124,13 +124,6 @@ pub(crate) trait Transport: Send {
         "left the group (its communicator was dropped)".to_owned()
     }
 
-    /// A reader of peers' memory when the whole group may read each
-    /// other's (shared memory after a successful probe): then values may
-    /// travel by reference (see [`crate::zero_copy`]).
-    fn peer_reader(&self) -> Option<std::sync::Arc<crate::zero_copy::PeerReader>> {
-        None
-    }
-
     /// The group's shared heaps (shared memory with
     /// `ProcessConfig::shared_heap_bytes` set): values in a buffer of the
     /// sender's heap travel as offsets.

@@ -19,9 +19,7 @@ pub(super) const DOORBELL_AT: usize = 64;
 pub(super) const STATE_AT: usize = 128;
 pub(super) const REASON_LEN_AT: usize = 132;
 pub(super) const CULPRIT_AT: usize = 136;
-/// Where this process's probe word lies in its own memory (see
-/// [`crate::zero_copy`]).
-pub(super) const PROBE_AT: usize = 144;
+// Bytes 144..152 are unused (they held the cross-memory probe's address).
 /// The [`Position`](crate::transport::Position) this rank failed at.
 pub(super) const FAILED_AT_AT: usize = 152;
 /// The announcement board: a sequence word, then a [`Header`] as words.

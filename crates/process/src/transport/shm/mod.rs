@@ -30,7 +30,6 @@ use ferrocoll_core::comm::CommError;
 
 use super::{Incoming, Position, Transport};
 use crate::wire::{HEADER_BYTES, Header};
-use crate::zero_copy::{self, PeerReader};
 use heap::{Heap, Heaps};
 pub(crate) use layout::Shape;
 use layout::*;
@@ -49,8 +48,6 @@ pub(crate) struct ShmTransport {
     position: Arc<AtomicU64>,
     /// The call this rank's board holds.
     posted: Option<u64>,
-    /// Reads peers' memory, when the whole group may.
-    reader: Option<Arc<PeerReader>>,
     /// The group's shared heaps, when it has them.
     heaps: Option<Arc<Heaps>>,
 }
@@ -63,7 +60,6 @@ impl ShmTransport {
         unsafe {
             (segment.base() as *mut u64).write(MAGIC);
             (segment.base().add(PID_AT) as *mut u32).write(std::process::id());
-            (segment.base().add(PROBE_AT) as *mut u64).write(zero_copy::probe_address() as u64);
         }
         Ok(segment)
     }
@@ -114,25 +110,7 @@ impl ShmTransport {
             lost: vec![None; shape.world_size as usize],
             position: Arc::new(AtomicU64::new(0)),
             posted: None,
-            reader: None,
         }
-    }
-
-    /// Whether this rank may read every peer's memory: each peer's probe
-    /// word, at the address its segment names, reads back right.
-    pub fn probe_peer_reads(&self) -> bool {
-        (0..self.segments.shape.world_size)
-            .filter(|&p| p != self.rank)
-            .all(|p| {
-                let address = self.segments.word64(p, PROBE_AT).load(Ordering::Relaxed) as usize;
-                zero_copy::can_read(self.pids[p as usize], address)
-            })
-    }
-
-    /// Send values by reference from now on (every rank of the group
-    /// found it may read every other).
-    pub fn enable_peer_reads(&mut self) {
-        self.reader = Some(Arc::new(PeerReader::new(self.pids.clone())));
     }
 
     /// Note the peers whose processes ended without leaving: gone, not
@@ -346,10 +324,6 @@ impl Transport for ShmTransport {
         self.lost[peer as usize]
             .clone()
             .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
-    }
-
-    fn peer_reader(&self) -> Option<Arc<PeerReader>> {
-        self.reader.clone()
     }
 
     fn heaps(&self) -> Option<Arc<Heaps>> {
