@@ -7,9 +7,9 @@
 //! Run: `cargo run --release --example 02_data_parallel_training [ranks]`
 
 use ferrocoll::ReduceOp;
-use ferrocoll::bucket::Bucketer;
 use ferrocoll::comm::{Communicator, CommunicatorExt};
 use ferrocoll::cpu::{self, CpuConfig};
+use ferrocoll::grad_sync::Bucketer;
 
 const FEATURES: usize = 16;
 const HIDDEN: usize = 32;

@@ -14,7 +14,7 @@
 //! | [`plan`] | the [`ExecutionPlan`]: a verified schedule compiled for one call — what every executor and the simulator interpret |
 //! | [`replay`] | a serial run of an execution plan on concrete numbers: the oracle executors are tested against |
 //! | [`select`] | how `auto` becomes an algorithm: forced, a [`Selector`](select::Selector), an executor's rule |
-//! | [`bucket`] | gradient bucketing: many small tensors, few large all-reduces |
+//! | [`grad_sync`] | gradient buckets: [`GradientSync`](grad_sync::GradientSync) overlapped with backward, [`Bucketer`](grad_sync::Bucketer) blocking, one packing rule |
 //! | [`comm`] | the [`Communicator`](comm::Communicator) trait, its one entry point [`Call`](comm::Call), and [`CommError`](comm::CommError) |
 //! | [`kernels`] | host reduction kernels ([`Reduce`] for every element type) |
 //! | [`cpu`] | the CPU executor: ranks as threads over shared memory |
@@ -52,7 +52,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod algorithms;
-pub mod bucket;
 pub mod comm;
 pub mod conformance;
 pub mod cpu;

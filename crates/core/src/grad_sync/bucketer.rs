@@ -1,6 +1,6 @@
-//! Gradient bucketing: fuse many small tensors into a few large
+//! Blocking gradient bucketing: fuse many small tensors into a few large
 //! all-reduces, as PyTorch DDP does, so per-call latency is paid per bucket
-//! rather than per tensor.
+//! rather than per tensor (the overlapped form is [`super::GradientSync`]).
 //!
 //! Tensors are packed in order into buckets of at most `bucket_bytes`; a
 //! tensor larger than a bucket is reduced on its own, in place, without a
@@ -30,22 +30,9 @@ impl<T: Reduce> Bucketer<T> {
         }
     }
 
-    /// Index ranges of `lens` that share a bucket.
+    /// Index ranges of `lens` that share a bucket ([`super::pack`]).
     pub fn plan(&self, lens: &[usize]) -> Vec<std::ops::Range<usize>> {
-        let cap = (self.bucket_bytes / std::mem::size_of::<T>()).max(1);
-        let mut out = Vec::new();
-        let (mut start, mut filled) = (0, 0);
-        for (i, &len) in lens.iter().enumerate() {
-            if filled > 0 && filled + len > cap {
-                out.push(start..i);
-                (start, filled) = (i, 0);
-            }
-            filled += len;
-        }
-        if start < lens.len() {
-            out.push(start..lens.len());
-        }
-        out
+        super::pack::<T>(lens, self.bucket_bytes)
     }
 
     /// Reduce every tensor in `tensors` across the group with `op`, in

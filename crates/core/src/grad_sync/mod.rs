@@ -10,6 +10,10 @@
 //! last parameter arrives; [`finish`](GradientSync::finish) waits for them
 //! all. Buckets are started in the same order on every rank, whatever
 //! order the gradients arrive in within a bucket, so ranks always agree.
+//!
+//! [`Bucketer`] is the blocking form for a loop that has all its
+//! gradients at once: it fuses a list of tensors into buckets and reduces
+//! them one after another. Both pack by one rule, [`pack`].
 
 use thiserror::Error;
 
@@ -17,6 +21,33 @@ use crate::comm::{AsyncCommunicator, CommError, Communicator, CommunicatorExt, W
 use crate::kernels::Reduce;
 use crate::plan::stable_hash;
 use crate::types::ReduceOp;
+
+mod bucketer;
+
+pub use bucketer::{Bucketer, DEFAULT_BUCKET_BYTES};
+
+/// How tensors of `lens` elements, in the order given, share buckets of
+/// about `bucket_bytes`: each bucket a run of consecutive tensors, a new
+/// one started when the next tensor would overflow a bucket that holds
+/// something (so a tensor larger than a bucket has one of its own). The
+/// one packing rule of [`GradientSync`] (which packs in reverse) and
+/// [`Bucketer`].
+pub fn pack<T>(lens: &[usize], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let cap = (bucket_bytes / std::mem::size_of::<T>().max(1)).max(1);
+    let mut out = Vec::new();
+    let (mut start, mut filled) = (0, 0usize);
+    for (i, &len) in lens.iter().enumerate() {
+        if filled > 0 && filled.saturating_add(len) > cap {
+            out.push(start..i);
+            (start, filled) = (i, 0);
+        }
+        filled = filled.saturating_add(len);
+    }
+    if start < lens.len() {
+        out.push(start..lens.len());
+    }
+    out
+}
 
 /// Why a step of gradient sync failed.
 #[derive(Debug, Clone, Error)]
@@ -178,26 +209,27 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
                 comm,
             }));
         }
-        let per_bucket = (bucket_bytes / std::mem::size_of::<T>()).max(1);
+        // Backward produces the last parameters first: pack in reverse.
+        let reversed: Vec<usize> = param_lens.iter().rev().copied().collect();
         let mut place = vec![(0, 0, 0); param_lens.len()];
         let mut buckets: Vec<Bucket<T>> = Vec::new();
-        let mut fill = usize::MAX;
-        for (param, &len) in param_lens.iter().enumerate().rev() {
-            if fill.saturating_add(len) > per_bucket && fill > 0 {
-                buckets.push(Bucket {
-                    params: Vec::new(),
-                    len: 0,
-                    buffer: None,
-                    work: None,
-                    waiting: 0,
-                });
-                fill = 0;
+        for (b, range) in pack::<T>(&reversed, bucket_bytes).into_iter().enumerate() {
+            let mut bucket = Bucket {
+                params: Vec::new(),
+                len: 0,
+                buffer: None,
+                work: None,
+                waiting: 0,
+            };
+            let mut fill = 0;
+            for i in range {
+                let param = param_lens.len() - 1 - i;
+                place[param] = (b, fill, reversed[i]);
+                bucket.params.push(param);
+                bucket.waiting += 1;
+                fill += reversed[i];
             }
-            let b = buckets.len() - 1;
-            place[param] = (b, fill, len);
-            buckets[b].params.push(param);
-            buckets[b].waiting += 1;
-            fill += len;
+            buckets.push(bucket);
         }
         for b in &mut buckets {
             b.len = b.params.iter().map(|&p| place[p].2).sum();
@@ -364,5 +396,23 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// The communicator, for other calls (they queue behind the buckets).
     pub fn communicator(&mut self) -> &mut AsyncCommunicator<C> {
         &mut self.comm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack;
+
+    #[test]
+    fn one_rule_packs_runs_and_gives_oversized_tensors_their_own_bucket() {
+        // 100 f32 per bucket.
+        assert_eq!(
+            pack::<f32>(&[1, 64, 17, 0, 300, 5], 400),
+            [0..4, 4..5, 5..6]
+        );
+        assert_eq!(pack::<f32>(&[0, 0, 100, 1], 400), [0..3, 3..4]);
+        assert_eq!(pack::<f32>(&[], 400), []);
+        // A bucket smaller than one element still holds one.
+        assert_eq!(pack::<f64>(&[1, 1], 3), [0..1, 1..2]);
     }
 }
