@@ -2,65 +2,118 @@
 //! interpreter), one launch per call on each rank's own stream, with
 //! buffers in device memory (placed once per size, outside the timing).
 
+use std::sync::Arc;
+
+use ferrocoll::Verified;
 use ferrocoll::comm::{CommError, Planning};
 use ferrocoll::cpu::CpuConfig;
-use ferrocoll::cuda::{CudaCommunicator, CudaConfig, GpuProbe, probe};
+use ferrocoll::cuda::{CudaCommunicator, CudaConfig};
+use ferrocoll::device::DeviceCommunicator;
+use ferrocoll::process::ProcessConfig;
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
-use ferrocoll::topo::probe::{LinkProbe, ProbeOptions};
 
 use super::BenchArgs;
-use super::device::DeviceRank;
+use super::device::{DeviceRank, device_bandwidth, devices};
+use super::launched::Launched;
+use super::nccl::Nccl;
+use super::row::Row;
 use super::run::Backend;
+use super::setup::custom_schedule;
+use super::target::{Sweep, Target, device_timing};
+use crate::spec::AlgoSpec;
 
-/// Device memory bandwidth of `device` as the bench's ceiling wants it:
-/// bytes read plus written per second by a device-to-device copy of
-/// 256 MiB (the copy rate twice over).
-pub(crate) fn device_bandwidth(device: usize) -> Result<MemoryBandwidth, String> {
-    let report = GpuProbe {
-        devices: vec![device],
-    }
-    .measure(&ProbeOptions {
-        bytes: 256 << 20,
-        repeats: 5,
-        p2p: true,
-    })
-    .map_err(|e| e.to_string())?;
-    let traffic = 2.0 * report.unidirectional_gbps.get(0, 0);
-    Ok(MemoryBandwidth {
-        copy: traffic,
-        nt_copy: None,
-        accumulate: traffic,
-        best: traffic,
-        threads: 1,
-    })
+/// The CUDA executor on this process's devices, with NCCL beside it if
+/// asked.
+pub(crate) struct CudaDevices {
+    devices: Vec<usize>,
+    custom: Option<Arc<Verified>>,
+    compare: bool,
 }
 
-/// The device of each of `ranks` ranks, from `--devices` or round the
-/// visible devices; a typed "unavailable" message without CUDA.
-pub(crate) fn devices(ranks: u32, list: Option<&str>) -> Result<Vec<usize>, String> {
-    let count = probe::available().map_err(|e| e.to_string())?;
-    let given: Vec<usize> = match list {
-        Some(s) => s
-            .split(',')
-            .map(|d| {
-                d.trim()
-                    .parse::<usize>()
-                    .map_err(|_| format!("--devices: `{d}` is not a device number"))
-            })
-            .collect::<Result<_, _>>()?,
-        None => (0..count).collect(),
-    };
-    if given.is_empty() {
-        return Err("--devices is empty".into());
+/// Open the CUDA executor on `--devices` (or every visible GPU).
+pub(crate) fn open(args: &mut BenchArgs) -> Result<Box<dyn Target>, String> {
+    if args.compare.is_some() {
+        ferrocoll::nccl::version().map_err(|e| e.to_string())?;
     }
-    if let Some(bad) = given.iter().find(|&&d| d >= count) {
-        return Err(format!(
-            "--devices: device {bad} does not exist (this machine has {count})"
-        ));
+    Ok(Box::new(CudaDevices {
+        devices: devices(args.ranks, args.devices.as_deref())?,
+        custom: custom_schedule(&args.algo, args.ranks)?,
+        compare: args.compare.is_some(),
+    }))
+}
+
+/// Join the CUDA executor group `launch` started; `args.ranks` becomes
+/// its size.
+pub(crate) fn open_launched(args: &mut BenchArgs) -> Result<Box<dyn Target>, String> {
+    // The group's settings are fixed when it forms: one run, one setting
+    // (as `--backend nccl --from-env`).
+    if args.compare.is_some() || args.algo != AlgoSpec::Auto {
+        return Err(
+            "--backend cuda --from-env runs the group's own choice: drop --compare and --algo"
+                .to_owned(),
+        );
     }
-    Ok((0..ranks as usize)
-        .map(|r| given[r % given.len()])
-        .collect())
+    let timeout = ProcessConfig::builtin()
+        .with_env()
+        .map_err(|e| e.to_string())?
+        .planning
+        .timeout;
+    let mut cpu = CpuConfig::builtin();
+    cpu.planning.timeout = timeout;
+    let comm = ferrocoll::env::cuda_communicator_from_env(&cuda_config(&cpu, args))
+        .map_err(|e| e.to_string())?;
+    args.ranks = DeviceCommunicator::size(&comm);
+    Ok(Box::new(Launched::new(comm, describe)))
+}
+
+/// The header's lines of the CUDA executor.
+fn describe(args: &BenchArgs, config: &CpuConfig, algorithm: &str) -> Vec<String> {
+    let cuda = cuda_config(config, args);
+    vec![
+        device_timing(args),
+        format!(
+            "# cuda: max chunk {} B, channels {}, {} slots per link, LL up to {} B, timeout {:?}, algorithm {algorithm}",
+            cuda.max_chunk_bytes(),
+            cuda.planning.channels.map_or(
+                "auto (the GPU's resident blocks shared by its ranks)".into(),
+                |c| c.to_string()
+            ),
+            cuda.planning.slots_per_link,
+            cuda.ll_max_bytes,
+            cuda.planning.timeout,
+        ),
+    ]
+}
+
+impl Target for CudaDevices {
+    fn custom(&self) -> Option<Arc<Verified>> {
+        self.custom.clone()
+    }
+
+    fn describe(&self, args: &BenchArgs, config: &CpuConfig, algorithm: &str) -> Vec<String> {
+        describe(args, config, algorithm)
+    }
+
+    fn memory_bandwidth(&self) -> Result<MemoryBandwidth, String> {
+        device_bandwidth(self.devices[0])
+    }
+
+    fn run_section(&self, sweep: &Sweep) -> Result<Vec<Row>, String> {
+        let backend = Cuda::new(self.devices.clone(), sweep.config, sweep.args);
+        sweep.on(&backend)
+    }
+
+    fn compare(&self, sweep: &Sweep) -> Result<Option<Vec<Row>>, String> {
+        if !self.compare {
+            return Ok(None);
+        }
+        let backend = Nccl::new(self.devices.clone(), sweep.config, sweep.args.channels);
+        let mut theirs = sweep.on(&backend)?;
+        for row in &mut theirs {
+            row.algorithm = "nccl".to_owned();
+        }
+        Ok(Some(theirs))
+    }
 }
 
 /// The CUDA executor's settings for one section: the bench's timeout,

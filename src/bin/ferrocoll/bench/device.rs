@@ -7,7 +7,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
 use ferrocoll::comm::CommError;
 use ferrocoll::conformance::KitElement;
+use ferrocoll::cuda::{GpuProbe, probe};
 use ferrocoll::device::{DeviceCall, DeviceCommunicator};
+use ferrocoll::topo::probe::membw::MemoryBandwidth;
+use ferrocoll::topo::probe::{LinkProbe, ProbeOptions};
 use ferrocoll::{Collective, ReduceOp};
 
 /// A host slice's bytes.
@@ -252,6 +255,57 @@ impl Clock for Events {
     fn seconds(&self, from: &CudaEvent, to: &CudaEvent) -> Result<f64, CommError> {
         Ok(f64::from(from.elapsed_ms(to).map_err(backend)?) / 1e3)
     }
+}
+
+/// Device memory bandwidth of `device` as the bench's ceiling wants it:
+/// bytes read plus written per second by a device-to-device copy of
+/// 256 MiB (the copy rate twice over).
+pub(crate) fn device_bandwidth(device: usize) -> Result<MemoryBandwidth, String> {
+    let report = GpuProbe {
+        devices: vec![device],
+    }
+    .measure(&ProbeOptions {
+        bytes: 256 << 20,
+        repeats: 5,
+        p2p: true,
+    })
+    .map_err(|e| e.to_string())?;
+    let traffic = 2.0 * report.unidirectional_gbps.get(0, 0);
+    Ok(MemoryBandwidth {
+        copy: traffic,
+        nt_copy: None,
+        accumulate: traffic,
+        best: traffic,
+        threads: 1,
+    })
+}
+
+/// The device of each of `ranks` ranks, from `--devices` or round the
+/// visible devices; a typed "unavailable" message without CUDA.
+pub(crate) fn devices(ranks: u32, list: Option<&str>) -> Result<Vec<usize>, String> {
+    let count = probe::available().map_err(|e| e.to_string())?;
+    let given: Vec<usize> = match list {
+        Some(s) => s
+            .split(',')
+            .map(|d| {
+                d.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("--devices: `{d}` is not a device number"))
+            })
+            .collect::<Result<_, _>>()?,
+        None => (0..count).collect(),
+    };
+    if given.is_empty() {
+        return Err("--devices is empty".into());
+    }
+    if let Some(bad) = given.iter().find(|&&d| d >= count) {
+        return Err(format!(
+            "--devices: device {bad} does not exist (this machine has {count})"
+        ));
+    }
+    Ok((0..ranks as usize)
+        .map(|r| given[r % given.len()])
+        .collect())
 }
 
 #[cfg(test)]

@@ -9,13 +9,17 @@
 mod backend;
 mod cuda;
 mod device;
+mod launched;
 mod limits;
 mod nccl;
 mod predict;
 mod process;
 mod report;
+mod row;
 mod run;
 pub(crate) mod setup;
+mod target;
+mod threads;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -24,7 +28,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 
 use crate::spec::{self, AlgoSpec, parse_size};
-pub(crate) use report::Row;
+pub(crate) use row::Row;
 pub(crate) use setup::Section;
 
 /// The executors `bench` drives.
@@ -163,12 +167,12 @@ pub(crate) struct BenchArgs {
 /// report.
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     limits::check_ranks(args)?;
-    let (target, args) = backend::Target::open(args)?;
+    let (target, args) = backend::open(args)?;
     let setup = setup::Setup::new(&args, target.custom())?;
     limits::check_memory(&args, &setup)?;
     let show = target.prints();
     if show {
-        report::print_header(&args, &setup, &target);
+        report::print_header(&args, &setup, &*target);
     }
     let bandwidth = match args.membw && show {
         true => {
@@ -196,8 +200,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             report::print_section(section, args.ranks, &args.algo);
         }
         let config = setup.section_config(section);
-        let mut section_rows =
-            target.run_section(&args, &config, section, &setup.sizes, progress.as_ref())?;
+        let sweep = target::Sweep {
+            args: &args,
+            config: &config,
+            section,
+            sizes: &setup.sizes,
+            progress: progress.as_ref(),
+        };
+        let mut section_rows = target.run_section(&sweep)?;
         if let Some(p) = &predictor {
             for row in &mut section_rows {
                 let collective = setup.collective(section, &args);
@@ -208,9 +218,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
             report::print_row(row, bandwidth.as_ref(), args.ranks);
         }
         rows.extend(section_rows);
-        if let Some(theirs) =
-            target.compare(&args, &config, section, &setup.sizes, progress.as_ref())?
-        {
+        if let Some(theirs) = target.compare(&sweep)? {
             report::print_comparison(
                 &rows[rows.len() - setup.sizes.len()..],
                 &theirs,

@@ -1,13 +1,121 @@
 //! `bench --backend cpu --transport shm|tcp`: this process is one rank of
-//! a group started by `ferrocoll launch`; rank 0 prints the table.
+//! a group started by `ferrocoll launch`; rank 0 prints the table. Also
+//! the rank-of-a-group wrapper the launched GPU backends time through.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use ferrocoll::comm::{Call, CommError, Communicator};
+use ferrocoll::Verified;
+use ferrocoll::comm::{Call, CommError, Communicator, Planning};
 use ferrocoll::conformance::KitElement;
-use ferrocoll::process::{ProcessCommunicator, SharedBuffer};
+use ferrocoll::cpu::CpuConfig;
+use ferrocoll::process::{ProcessCommunicator, ProcessConfig, SharedBuffer, TransportKind};
+use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
+use super::BenchArgs;
+use super::row::Row;
 use super::run::{Backend, BenchRank, try_copy};
+use super::setup::custom_schedule;
+use super::target::{Sweep, Target, host_bandwidth};
+
+/// This process's rank of the CPU executor's process group.
+pub(crate) struct Processes {
+    comm: Mutex<ProcessCommunicator>,
+    config: ProcessConfig,
+}
+
+/// Join the process group `launch` started (env:// variables) over
+/// `args.transport`; `args.ranks` becomes the group's size.
+pub(crate) fn open(args: &mut BenchArgs) -> Result<Box<dyn Target>, String> {
+    let transport = args.transport.unwrap_or(TransportKind::Shm);
+    // The FERROCOLL_* settings (algorithm, timeout, job id) on the
+    // built-in ones: a bad value is one error, not a warning from
+    // `Default` and then the error.
+    let env = ProcessConfig::builtin()
+        .with_env()
+        .map_err(|e| e.to_string())?;
+    let boot =
+        ferrocoll::env::bootstrap_from_env(env.planning.timeout).map_err(|e| e.to_string())?;
+    args.ranks = boot.world_size;
+    let config = ProcessConfig {
+        transport,
+        max_message_bytes: args.max_chunk_bytes.unwrap_or(env.max_message_bytes),
+        shared_heap_bytes: shared_heap_bytes(args, transport),
+        planning: Planning {
+            schedule: custom_schedule(&args.algo, args.ranks)?,
+            ..env.planning
+        },
+        ..env
+    };
+    let comm = ProcessCommunicator::connect(boot.store, boot.rank, boot.world_size, &config)
+        .map_err(|e| e.to_string())?;
+    Ok(Box::new(Processes {
+        comm: Mutex::new(comm),
+        config,
+    }))
+}
+
+/// The largest shared heap the bench asks for, per rank.
+const MAX_BENCH_HEAP: usize = 1 << 30;
+
+/// Room for one size's input and output (the bench holds one size's
+/// buffers at a time), when the transport has a shared heap and the run
+/// wants one.
+fn shared_heap_bytes(args: &BenchArgs, transport: TransportKind) -> usize {
+    if args.no_shared_heap || transport != TransportKind::Shm {
+        return 0;
+    }
+    let want = args
+        .max_bytes
+        .saturating_mul(2)
+        .saturating_add(1 << 20)
+        .next_multiple_of(4096);
+    if want > MAX_BENCH_HEAP { 0 } else { want }
+}
+
+impl Target for Processes {
+    fn custom(&self) -> Option<Arc<Verified>> {
+        self.config.planning.schedule.clone()
+    }
+
+    fn prints(&self) -> bool {
+        self.comm.lock().map_or(true, |c| c.rank() == 0)
+    }
+
+    fn describe(&self, args: &BenchArgs, _config: &CpuConfig, algorithm: &str) -> Vec<String> {
+        let p = &self.config;
+        let mut lines = vec![format!(
+            "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
+            args.ranks,
+            p.transport,
+            p.max_message_bytes,
+            p.planning.slots_per_link,
+            p.planning.timeout,
+        )];
+        if p.shared_heap_bytes > 0 {
+            lines.push(format!(
+                "# buffers in the shared heap ({} B per rank): peers read values in place (--no-shared-heap: copy through slots)",
+                p.shared_heap_bytes
+            ));
+        }
+        lines
+    }
+
+    fn memory_bandwidth(&self) -> Result<MemoryBandwidth, String> {
+        Ok(host_bandwidth())
+    }
+
+    fn run_section(&self, sweep: &Sweep) -> Result<Vec<Row>, String> {
+        self.comm
+            .lock()
+            .map_err(|_| "the communicator is poisoned")?
+            .set_algorithm(sweep.config.planning.algorithm);
+        let backend = Process {
+            comm: &self.comm,
+            schedule: self.config.planning.schedule.as_deref(),
+        };
+        sweep.on(&backend)
+    }
+}
 
 /// The local rank of a process group: the CPU executor's over shm or TCP,
 /// or NCCL's on this process's GPU.

@@ -7,44 +7,12 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use super::backend::Target;
+use super::row::{Measure, Row};
 use super::setup::Setup;
+use super::target::Target;
 use super::{BenchArgs, Section};
 use crate::spec::AlgoSpec;
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
-
-/// One mode's numbers for one size.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct Measure {
-    /// The mean over the timed loop (the table's `time`).
-    pub time_us: f64,
-    /// Rank 0's fastest single call of the loop.
-    pub time_us_min: f64,
-    /// Rank 0's median single call.
-    pub time_us_median: f64,
-    /// Rank 0's slowest single call.
-    pub time_us_max: f64,
-    pub algbw: f64,
-    pub busbw: f64,
-    pub wrong: u64,
-}
-
-/// One size of one section.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Row {
-    pub collective: String,
-    pub algorithm: String,
-    pub ranks: u32,
-    pub size: usize,
-    pub count: usize,
-    pub dtype: String,
-    pub redop: String,
-    pub root: i64,
-    pub out_of_place: Option<Measure>,
-    pub in_place: Option<Measure>,
-    /// The simulator's out-of-place time on this host (`--predict`), µs.
-    pub predicted_us: Option<f64>,
-}
 
 /// busbw ceiling of an in-process collective that reads each input once
 /// and writes each output once: BW·(n−1)/n² (all-reduce's bus factor over
@@ -54,7 +22,7 @@ pub(crate) fn ceiling(bw: &MemoryBandwidth, n: u32) -> f64 {
     bw.best * (n - 1.0) / (n * n)
 }
 
-pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
+pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &dyn Target) {
     println!(
         "# ferrocoll bench: backend {} ranks {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
         args.backend,
@@ -75,49 +43,9 @@ pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &Target) {
     if matches!(args.backend, super::Backend::Cpu) {
         println!("# host kernels: {}", ferrocoll::kernels::calibration());
     }
-    if let Some(p) = target.process_config() {
-        println!(
-            "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
-            args.ranks,
-            p.transport,
-            p.max_message_bytes,
-            p.planning.slots_per_link,
-            p.planning.timeout,
-        );
-        if p.shared_heap_bytes > 0 {
-            println!(
-                "# buffers in the shared heap ({} B per rank): peers read values in place (--no-shared-heap: copy through slots)",
-                p.shared_heap_bytes
-            );
-        }
-        return;
+    for line in target.describe(args, config, &algorithm) {
+        println!("{line}");
     }
-    if args.backend != super::Backend::Cpu {
-        let cuda = super::cuda::cuda_config(config, args);
-        println!(
-            "# executor: {}, timed on the device: -n calls enqueued back to back per rank stream between CUDA events, one wait",
-            args.backend
-        );
-        if args.backend == super::Backend::Cuda {
-            println!(
-                "# cuda: max chunk {} B, channels {}, {} slots per link, LL up to {} B, timeout {:?}, algorithm {algorithm}",
-                cuda.max_chunk_bytes(),
-                cuda.planning.channels.map_or(
-                    "auto (the GPU's resident blocks shared by its ranks)".into(),
-                    |c| c.to_string()
-                ),
-                cuda.planning.slots_per_link,
-                cuda.ll_max_bytes,
-                cuda.planning.timeout,
-            );
-        }
-        return;
-    }
-    let s = config.planner_settings();
-    println!(
-        "# executor: cpu threads, max chunk {} B, {} channel(s), {} slots per link, timeout {:?}, algorithm {algorithm}",
-        s.max_chunk_bytes, s.channels, s.slots_per_link, config.planning.timeout,
-    );
 }
 
 pub(crate) fn print_membw(bw: &MemoryBandwidth, n: u32) {

@@ -8,7 +8,7 @@ use ferrocoll::comm::{CommError, Communicator};
 use ferrocoll::conformance::{KitElement, SplitMix64, expected, in_place_buffer, wrong_elements};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 
-use super::report::{Measure, Row};
+use super::row::{Measure, Row};
 use super::{BenchArgs, Section};
 
 /// An executor the bench can drive: a launcher of ranks, and per rank a

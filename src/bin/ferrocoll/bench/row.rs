@@ -1,0 +1,36 @@
+//! What a timed section produces: one row per size, nccl-tests' columns.
+
+use serde::Serialize;
+
+/// One mode's numbers for one size.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Measure {
+    /// The mean over the timed loop (the table's `time`).
+    pub time_us: f64,
+    /// Rank 0's fastest single call of the loop.
+    pub time_us_min: f64,
+    /// Rank 0's median single call.
+    pub time_us_median: f64,
+    /// Rank 0's slowest single call.
+    pub time_us_max: f64,
+    pub algbw: f64,
+    pub busbw: f64,
+    pub wrong: u64,
+}
+
+/// One size of one section.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Row {
+    pub collective: String,
+    pub algorithm: String,
+    pub ranks: u32,
+    pub size: usize,
+    pub count: usize,
+    pub dtype: String,
+    pub redop: String,
+    pub root: i64,
+    pub out_of_place: Option<Measure>,
+    pub in_place: Option<Measure>,
+    /// The simulator's out-of-place time on this host (`--predict`), µs.
+    pub predicted_us: Option<f64>,
+}
