@@ -352,10 +352,34 @@ impl<C: Communicator + Send + 'static> Communicator for AsyncCommunicator<C> {
 /// The progress thread: run each job in turn until the queue closes.
 fn progress<C: Communicator>(mut comm: C, queue: mpsc::Receiver<Job<C>>) -> C {
     let mut failed = None;
-    for job in queue {
+    while let Some(job) = next_job(&queue) {
         job(&mut comm, &mut failed);
     }
     comm
+}
+
+/// How long the progress thread keeps looking for the next call, yielding
+/// its core between looks, before it blocks: calls often come one after
+/// another (a gradient bucket a layer), and each wake-up of a blocked
+/// thread — then of the peer that waited for it inside the call — costs
+/// tens of microseconds or more. Measured with example 05 (16 buckets,
+/// backward = 1 × comm, 2 vCPU): the overlapped step 6.1–6.3 ms without,
+/// 5.3–5.4 ms with.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The next call, or `None` once the handle is gone.
+fn next_job<C: Communicator>(queue: &mpsc::Receiver<Job<C>>) -> Option<Job<C>> {
+    let started = std::time::Instant::now();
+    loop {
+        match queue.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) if started.elapsed() < LINGER => {
+                std::thread::yield_now();
+            }
+            Err(mpsc::TryRecvError::Empty) => return queue.recv().ok(),
+        }
+    }
 }
 
 /// A call panicked: peers may be inside the same call, so abort the group
