@@ -2,12 +2,11 @@
 //! gradients are all-reduced on a progress thread as soon as backward has
 //! produced them, while earlier layers are still computing.
 //!
-//! Backward compute is stood in by sleeps: the example measures the
+//! Backward compute is stood in by waits: the example measures the
 //! communication, not a model. From one run it prints medians over
 //! `STEPS` steps of:
-//! - comm alone: every bucket's all-reduce, nothing else;
-//! - backward compute: the sleeps and gradient writes alone, measured
-//!   (sleeps overshoot);
+//! - comm alone: every bucket's all-reduce, the gradients already written;
+//! - backward compute: the waits and gradient writes alone, measured;
 //! - blocking step: backward, then sync (no overlap);
 //! - overlapped step: backward with each bucket's all-reduce started the
 //!   moment its gradients are ready, then `finish()`.
@@ -212,12 +211,7 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
 /// then yield until the deadline, so sleep overshoot does not stretch it.
 fn compute_for(d: Duration) {
     let deadline = Instant::now() + d;
-    if let Some(rest) = d.checked_sub(Duration::from_micros(
-        std::env::var("SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(200),
-    )) {
+    if let Some(rest) = d.checked_sub(Duration::from_micros(200)) {
         std::thread::sleep(rest);
     }
     while Instant::now() < deadline {

@@ -3,8 +3,8 @@
 //! each module may name, and no import circle among the files of a folder.
 //!
 //! Imports are read from the source text: `crate::name` paths (alone or in
-//! `crate::{…}` groups) and, inside a folder, `super::name` paths to a
-//! sibling. Comments, `tests.rs` files, `tests/` folders and items under
+//! `crate::{…}` groups; a name the crate root re-exports counts as its
+//! module) and, inside a folder, `super::name` paths to a sibling. Comments, `tests.rs` files, `tests/` folders and items under
 //! `#[cfg(test)]` are not imports of the module.
 //! `FERROCOLL_PRINT_LAYERS=1` prints the graph the code has.
 
@@ -131,6 +131,36 @@ fn top_module(src: &Path, file: &Path) -> String {
     first.trim_end_matches(".rs").to_owned()
 }
 
+/// Names the crate root re-exports from its modules (`pub use m::{A, B}`
+/// in `lib.rs`): `crate::A` is an import of `m`.
+fn root_exports(src: &Path, modules: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut exports = BTreeMap::new();
+    let lib = fs::read_to_string(src.join("lib.rs")).unwrap_or_default();
+    for statement in code_only(&lib).split(';') {
+        let statement = statement.trim();
+        let Some(path) = statement
+            .strip_prefix("pub use ")
+            .or_else(|| statement.strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        let Some((module, rest)) = path.split_once("::") else {
+            continue;
+        };
+        if !modules.contains(module) {
+            continue;
+        }
+        let items = rest.trim_start_matches('{').trim_end_matches('}');
+        for item in items.split(',') {
+            let name = item.rsplit([' ', ':']).next().unwrap_or("").trim();
+            if !name.is_empty() {
+                exports.insert(name.to_owned(), module.to_owned());
+            }
+        }
+    }
+    exports
+}
+
 /// The modules of `src` and the modules of the same crate each names.
 fn crate_graph(src: &Path) -> Graph {
     let mut files = Vec::new();
@@ -140,6 +170,7 @@ fn crate_graph(src: &Path) -> Graph {
         .map(|f| top_module(src, f))
         .filter(|m| m != "lib" && m != "main")
         .collect();
+    let exports = root_exports(src, &modules);
     let mut graph: Graph = modules
         .iter()
         .map(|m| (m.clone(), BTreeSet::new()))
@@ -151,8 +182,9 @@ fn crate_graph(src: &Path) -> Graph {
         };
         let code = code_only(&fs::read_to_string(file).unwrap());
         for name in names_after(&code, "crate::") {
-            if name != module && modules.contains(&name) {
-                edges.insert(name);
+            let target = exports.get(&name).unwrap_or(&name);
+            if *target != module && modules.contains(target) {
+                edges.insert(target.clone());
             }
         }
     }
@@ -403,6 +435,22 @@ fn the_reader_sees_imports_and_skips_comments_and_tests() {
     let names: Vec<_> = names_after(&code, "crate::").into_iter().collect();
     assert_eq!(names, ["a", "b", "e"]);
     assert!(names_after(&code, "super::").contains("sib"));
+    let dir = std::env::temp_dir().join(format!("ferrocoll-layering-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("lib.rs"),
+        "mod comm;\npub use comm::{Communicator, call::Call as Entry};\npub use other::X;\n",
+    )
+    .unwrap();
+    let modules = BTreeSet::from(["comm".to_owned()]);
+    let exports = root_exports(&dir, &modules);
+    fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        exports.get("Communicator").map(String::as_str),
+        Some("comm")
+    );
+    assert_eq!(exports.get("Entry").map(String::as_str), Some("comm"));
+    assert!(!exports.contains_key("X"), "not a module of the crate");
     let mut g = Graph::new();
     g.entry("x".into()).or_default().insert("y".into());
     assert!(cycle(&g).is_none());

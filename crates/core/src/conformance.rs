@@ -449,7 +449,7 @@ pub fn check_schedule_on_threads(
             planning: Planning {
                 schedule: Some(verified),
                 max_chunk_bytes: Some(64),
-                ..Planning::default()
+                ..crate::cpu::CpuConfig::default().planning
             },
             ..Default::default()
         },

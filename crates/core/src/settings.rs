@@ -10,7 +10,7 @@
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernels' width instead of calibrating it (`baseline`, `avx2`, `avx512`; each call then takes its stores by the rule: non-temporal past half the last-level cache of the call's bytes, cached below), or the width and the stores too (`nt`, `cached`) for outputs, then optionally for hand-offs (slots a peer reads next), e.g. `avx2,cached` or `avx512,nt,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates the width once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same width and rule |
 //! | `FERROCOLL_ONE_SHOT_BYTES` | threads and processes over shared memory: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |
-//! | `FERROCOLL_PEER_READS` | no longer read (a warning says so): cross-memory attach between processes was removed, measured 2–3× slower than the shared-memory slots; buffers in the shared heap are the zero-copy path |
+//! | `FERROCOLL_PEER_READS` | no longer read (set to anything but 0, a warning says so, once): cross-memory attach between processes was removed (docs/benchmarks.md); buffers in the shared heap are the zero-copy path |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -119,12 +119,17 @@ impl EnvOverrides {
                 }
             },
         };
-        if get("FERROCOLL_PEER_READS").is_some() {
-            tracing::warn!(
-                "FERROCOLL_PEER_READS is ignored: cross-memory attach was removed (2-3x slower \
-                 than the shared-memory slots where measured); buffers in the shared heap are \
-                 the zero-copy path"
-            );
+        let asks_peer_reads = get("FERROCOLL_PEER_READS")
+            .is_some_and(|v| !matches!(v.trim(), "" | "0" | "false" | "off"));
+        if asks_peer_reads {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "FERROCOLL_PEER_READS is ignored: cross-memory attach was removed (slower \
+                     than the shared-memory slots where measured); buffers in the shared heap \
+                     are the zero-copy path"
+                );
+            });
         }
         Ok(EnvOverrides {
             algorithm,

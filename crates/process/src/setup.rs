@@ -111,13 +111,16 @@ pub enum SetupError {
 
 /// The settings every rank must share, as text to compare.
 fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
+    // As planned: `None` and the executor's default plan the same.
+    let planned = config.planner_settings();
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={:?} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={}",
         config.transport,
         config.max_message_bytes,
-        config.planning.slots_per_link,
+        planned.slots_per_link,
         config.max_channels,
-        config.planning.channels,
+        planned.channels,
+        planned.max_chunk_bytes,
         config.planning.algorithm,
         config.planning.selector.is_some(),
         config

@@ -6,10 +6,10 @@
 //! back out of it: what threads get by reading a peer's memory in place.
 //!
 //! Private buffers are copied through the slots. Reading them with
-//! cross-memory attach (`process_vm_readv`) was tried and measured 2–3×
-//! slower than the slot copies at every size from 1 to 64 MiB
-//! (docs/benchmarks.md: the kernel pins each page it copies), so it was
-//! removed.
+//! cross-memory attach (`process_vm_readv`) was tried and removed: 1.2–3×
+//! slower than the slot copies at every size from 1 to 64 MiB on one host,
+//! mixed on another, and always well behind the shared heap
+//! (docs/benchmarks.md).
 //!
 //! Lifetimes: the plan says which values stay unchanged until every
 //! receiver has read them ([`ferrocoll_core::plan::Source`]); a sender

@@ -75,6 +75,34 @@ fn ranks_with_different_settings_are_refused_with_both_settings_named() {
     assert!(results[0].is_some());
 }
 
+/// A chunk size set on one rank only plans differently: refused at setup
+/// (naming both), not at the first call; the executor's default and the
+/// same value set explicitly plan alike and form a group.
+#[test]
+fn ranks_planning_different_chunks_are_refused_and_equal_plans_are_not() {
+    let chunk = |r: u32, differ: bool| ProcessConfig {
+        planning: Planning {
+            timeout: Duration::from_secs(2),
+            max_chunk_bytes: (r == 1).then_some(if differ { 4096 } else { 512 << 10 }),
+            channels: (r == 1).then_some(1),
+            ..ProcessConfig::builtin().planning
+        },
+        ..ProcessConfig::builtin()
+    };
+    let refused = threads(
+        2,
+        |r| chunk(r, true),
+        |comm| comm.err().map(|e| e.to_string()),
+    );
+    let rank1 = refused[1].as_deref().expect("rank 1 must refuse");
+    assert!(
+        rank1.contains("chunk=4096") && rank1.contains("chunk=524288"),
+        "{rank1}"
+    );
+    let formed = threads(2, |r| chunk(r, false), |comm| comm.is_ok());
+    assert_eq!(formed, vec![true; 2]);
+}
+
 /// The one-shot budget and the shared heap lay out the segments: ranks
 /// that differ (by a few bytes that round to the same segment size, too)
 /// are refused at setup, never left reading each other at other offsets.

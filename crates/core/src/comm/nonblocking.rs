@@ -363,8 +363,8 @@ fn progress<C: Communicator>(mut comm: C, queue: mpsc::Receiver<Job<C>>) -> C {
 /// another (a gradient bucket a layer), and each wake-up of a blocked
 /// thread — then of the peer that waited for it inside the call — costs
 /// tens of microseconds or more. Measured with example 05 (16 buckets,
-/// backward = 1 × comm, 2 vCPU): the overlapped step 6.1–6.3 ms without,
-/// 5.3–5.4 ms with.
+/// backward = 1 × comm, 2 vCPU), alternating in one series: the
+/// overlapped step 6.1–6.3 ms without, 5.3–5.4 ms with.
 const LINGER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The next call, or `None` once the handle is gone.

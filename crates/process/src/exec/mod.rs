@@ -9,12 +9,14 @@
 //! hop. Every message carries the call's header; the first one that
 //! disagrees with this rank's call is a [`CommError::Mismatch`].
 //!
-//! Where the group may read each other's memory ([`crate::zero_copy`]), a
-//! value the plan keeps stable in the sender's buffers ([`Source`]) goes
-//! by reference instead: the message names where it lies, the receiver
-//! reads it from there (into its output, or a block at a time into a
-//! cached buffer it reduces from), and the sender returns only once every
-//! such message was consumed.
+//! Where a value the plan keeps stable ([`Source`]) lies in the sender's
+//! shared heap ([`crate::zero_copy`]), it goes by reference instead: the
+//! message names where it lies in the heap every rank maps, the receiver
+//! reads it from there (into its output, reduced where it lies, or a block
+//! at a time through a cached buffer), and the sender returns only once
+//! every such message was consumed. Where the receiver posted its heap
+//! output (`direct.rs`), the sender writes the value there itself. A step
+//! fires by one `match` over which of these its inputs are ([`Inputs`]).
 
 use std::time::{Duration, Instant};
 

@@ -203,7 +203,7 @@ fn auto_runs_a_tree_packing_where_no_nvlink_ring_exists() {
     let config = ferrocoll_core::cpu::CpuConfig {
         planning: Planning {
             selector: Some(SharedSelector(Arc::new(s))),
-            ..Planning::default()
+            ..ferrocoll_core::cpu::CpuConfig::default().planning
         },
         ..Default::default()
     };

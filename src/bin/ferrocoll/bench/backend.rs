@@ -5,6 +5,7 @@
 
 use super::target::Target;
 use super::{Backend, BenchArgs, cuda, nccl, process, threads};
+use crate::spec::AlgoSpec;
 
 /// Opens a backend; may set `args.ranks` (a launched group's size).
 type Opener = fn(&mut BenchArgs) -> Result<Box<dyn Target>, String>;
@@ -60,6 +61,12 @@ fn check_flags(args: &BenchArgs) -> Result<(), String> {
     }
     if args.compare.is_some() && args.backend != Backend::Cuda {
         return Err("--compare nccl runs beside --backend cuda only".to_owned());
+    }
+    if args.backend == Backend::Nccl && matches!(args.algo, AlgoSpec::File(_)) {
+        return Err(
+            "--algo FILE runs ferrocoll's executors; NCCL brings its own algorithms: use --backend cpu or cuda"
+                .to_owned(),
+        );
     }
     Ok(())
 }

@@ -94,7 +94,7 @@ fn synthesized_trees_are_proven_and_run_on_the_cpu_executor_with_nothing_wrong()
                     planning: Planning {
                         schedule: Some(std::sync::Arc::new(verified)),
                         max_chunk_bytes: Some(256),
-                        ..Planning::default()
+                        ..ferrocoll_core::cpu::CpuConfig::default().planning
                     },
                     ..Default::default()
                 },
