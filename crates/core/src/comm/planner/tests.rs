@@ -11,9 +11,10 @@ use crate::select::host_rule;
 use crate::types::CollectiveKind;
 use crate::verify::{VerifyOptions, verify};
 
-#[test]
-fn the_planner_caches_per_call_and_honours_the_settings() {
-    let settings = PlannerSettings {
+/// The settings these tests start from: the host rule, 1 channel, 1 MiB
+/// chunks, 2 slots, no bounds.
+fn base() -> PlannerSettings {
+    PlannerSettings {
         algorithm: None,
         selector: None,
         channels: 1,
@@ -25,7 +26,12 @@ fn the_planner_caches_per_call_and_honours_the_settings() {
         rule: host_rule,
         one_shot_bytes: 0,
         max_channels: None,
-    };
+    }
+}
+
+#[test]
+fn the_planner_caches_per_call_and_honours_the_settings() {
+    let settings = base();
     let mut p = Planner::new(4, settings.clone());
     let s = shape(Collective::AllReduce, 100, false);
     let a = p.plan(&s).unwrap();
@@ -133,17 +139,9 @@ fn planner_with(choice: crate::select::Choice, max_channels: Option<u32>) -> Pla
     Planner::new(
         4,
         PlannerSettings {
-            algorithm: None,
             selector: Some(crate::select::SharedSelector(Arc::new(Fixed(choice, ll)))),
-            channels: 1,
-            max_chunk_bytes: 1 << 20,
-            max_message_bytes: None,
-            max_ll_message_bytes: None,
-            slots_per_link: 2,
-            schedule: None,
-            rule: host_rule,
-            one_shot_bytes: 0,
             max_channels,
+            ..base()
         },
     )
 }
