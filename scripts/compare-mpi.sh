@@ -10,7 +10,9 @@
 # for the strict ceiling), so one run gives three tables, then a summary
 # of ratios per size: our busbw over MPI's (in and out of place, threads
 # and processes), MPI's time over ours (>= 1: we are no slower; processes
-# and threads), and the threads' busbw over the ceiling BW·(N−1)/N².
+# and threads), and the threads' busbw over the ceiling BW·(N−1)/N² as
+# their row prints it (rows past the last-level cache: against the memory
+# probed between their rounds of calls).
 # ferrocoll runs through `cargo run --release`, or the binary
 # FERROCOLL_BIN names.
 #
@@ -78,7 +80,10 @@ awk -v ceiling="${ceiling:-0}" -v kind="$transport" '
   /^ *[0-9]/ {
     if (file == 1) { mt[$1] = $5; mo[$1] = $7; mi[$1] = $12; sizes[++n] = $1 }
     if (file == 2) { pt[$1] = $6; so[$1] = $8; si[$1] = $12 }
-    if (file == 3) { tt[$1] = $6; to[$1] = $8; ti[$1] = $12 }
+    if (file == 3) {
+      tt[$1] = $6; to[$1] = $8; ti[$1] = $12
+      for (i = 13; i < NF; i++) if ($i ~ /x$/ && $(i + 1) == "ceiling") tc[$1] = substr($i, 1, length($i) - 1)
+    }
   }
   function r(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
   END {
@@ -86,7 +91,7 @@ awk -v ceiling="${ceiling:-0}" -v kind="$transport" '
     printf "# %10s  %9s %9s  %9s %9s  %9s %9s  %9s\n", "(B)", "oop", "in-place", "oop", "in-place", kind " oop", "thr oop", "oop"
     for (k = 1; k <= n; k++) {
       s = sizes[k]
-      printf "  %10s  %9s %9s  %9s %9s  %9s %9s  %9s\n", s, r(to[s], mo[s]), r(ti[s], mi[s]), r(so[s], mo[s]), r(si[s], mi[s]), r(mt[s], pt[s]), r(mt[s], tt[s]), r(to[s], ceiling)
+      printf "  %10s  %9s %9s  %9s %9s  %9s %9s  %9s\n", s, r(to[s], mo[s]), r(ti[s], mi[s]), r(so[s], mo[s]), r(si[s], mi[s]), r(mt[s], pt[s]), r(mt[s], tt[s]), (s in tc ? tc[s] : "-")
     }
-    printf "# ceiling BW(N-1)/N^2 = %s GB/s from the same run'"'"'s --membw probe\n", ceiling
+    printf "# thr/ceil: the threads'"'"' row against BW(N-1)/N^2, BW probed between the row'"'"'s rounds of calls past the last-level cache, else before or after the sweep (whose first probe put the ceiling at %s GB/s)\n", ceiling
   }' "$out/mpi" "$out/procs" "$out/threads"

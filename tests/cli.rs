@@ -220,6 +220,70 @@ fn bench_prints_the_nccl_tests_table_and_writes_every_report() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// With `--membw`, a row past the last-level cache is judged against the
+/// memory probed between its rounds of calls (`bench/paired.rs`), a row
+/// inside it against the sweep's probe; the JSON carries the verdict.
+#[test]
+fn membw_pairs_rows_past_the_cache_with_probes_between_their_calls() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-paired-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("p.json");
+    let out = ferrocoll(&[
+        "bench",
+        "--ranks",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "64M",
+        "-f",
+        "1024",
+        "-n",
+        "3",
+        "-w",
+        "0",
+        "-c",
+        "0",
+        "--membw",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    let llc = ferrocoll::kernels::StoreRule::host().llc_bytes;
+    for row in report["rows"].as_array().unwrap() {
+        let size = row["size"].as_u64().unwrap();
+        for mode in ["out_of_place", "in_place"] {
+            let paired = &row[mode]["paired"];
+            if size < llc {
+                assert!(paired.is_null(), "{size} B fits the cache: {row}");
+                continue;
+            }
+            assert_eq!(paired["rounds"], 3, "one call per round: {row}");
+            let r = |k: &str| paired[k].as_f64().unwrap();
+            assert!(
+                r("ratio_min") <= r("ratio") && r("ratio") <= r("ratio_max"),
+                "{row}"
+            );
+            assert!(r("ratio_min") > 0.0 && r("memory_gbps") > 0.0, "{row}");
+        }
+    }
+    if 64 << 20 >= llc {
+        assert!(
+            text.contains("each round against the memory probed around it"),
+            "{text}"
+        );
+        assert!(text.contains("x ceiling (paired: "), "{text}");
+    }
+    assert!(
+        text.contains("against the higher probe of the sweep"),
+        "{text}"
+    );
+}
+
 #[test]
 fn bench_refuses_what_it_cannot_do() {
     let out = ferrocoll(&["bench", "--backend", "mpi"]);

@@ -7,6 +7,7 @@
 //! with what it needs and what there is, never a panic or an abort.
 
 use ferrocoll::Collective;
+use ferrocoll::topo::probe::membw;
 
 use super::setup::Setup;
 use super::{Backend, BenchArgs};
@@ -138,6 +139,7 @@ fn memory_need(args: &BenchArgs, setup: &Setup, here: u32) -> Result<Need, Strin
         let samples = u64::from(args.iters) * std::mem::size_of::<f64>() as u64;
         let per_rank = bytes_per_rank(collective, args.ranks, count, elem, args.check != 0)
             .and_then(|b| b.checked_add(samples))
+            .and_then(|b| b.checked_add(probe_bytes_per_rank(args)))
             .ok_or_else(overflow)?;
         let total = per_rank.checked_mul(u64::from(here)).ok_or_else(overflow)?;
         if worst.as_ref().is_none_or(|w| total > w.total) {
@@ -150,6 +152,16 @@ fn memory_need(args: &BenchArgs, setup: &Setup, here: u32) -> Result<Need, Strin
         }
     }
     worst.ok_or_else(|| "no section to run".to_owned())
+}
+
+/// The memory probe's two arrays each rank holds beside its buffers when
+/// `--membw` pairs rows with probes (`paired.rs`); counted whatever the
+/// sizes, since the cache that decides which rows pair is the ranks'.
+fn probe_bytes_per_rank(args: &BenchArgs) -> u64 {
+    match args.membw {
+        true => 2 * (membw::ARRAY_BYTES / args.ranks.max(1) as usize) as u64,
+        false => 0,
+    }
 }
 
 /// `MemAvailable` of `/proc/meminfo`, bytes: what the kernel says can be

@@ -12,6 +12,7 @@ mod device;
 mod launched;
 mod limits;
 mod nccl;
+mod paired;
 mod predict;
 mod process;
 mod report;

@@ -186,6 +186,7 @@ impl<T: KitElement> Held<T> {
 }
 
 impl BenchRank for ProcessCommunicator {
+    const ON_HOST: bool = true;
     type Buffers<T: KitElement> = (Held<T>, Held<T>);
 
     fn place<T: KitElement>(

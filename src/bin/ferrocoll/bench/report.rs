@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
+use super::paired::{self, Paired};
 use super::row::{Measure, Row};
 use super::setup::Setup;
 use super::target::Target;
@@ -14,12 +15,10 @@ use super::{BenchArgs, Section};
 use crate::spec::AlgoSpec;
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
-/// busbw ceiling of an in-process collective that reads each input once
-/// and writes each output once: BW·(n−1)/n² (all-reduce's bus factor over
-/// n ranks' 2·S bytes of traffic).
-pub(crate) fn ceiling(bw: &MemoryBandwidth, n: u32) -> f64 {
-    let n = f64::from(n);
-    bw.best * (n - 1.0) / (n * n)
+/// busbw ceiling of an in-process all-reduce (see [`paired::ceiling`])
+/// from the probe before or after the sweep.
+fn ceiling(bw: &MemoryBandwidth, n: u32) -> f64 {
+    paired::ceiling(bw.best, n)
 }
 
 pub(crate) fn print_header(args: &BenchArgs, setup: &Setup, target: &dyn Target) {
@@ -127,10 +126,23 @@ pub(crate) fn print_row(row: &Row, bw: Option<&MemoryBandwidth>, n: u32) {
         cells(row.out_of_place),
         cells(row.in_place)
     );
-    if let (Some(bw), Some(m)) = (bw, row.out_of_place)
-        && row.collective == "all-reduce"
-    {
-        let _ = write!(line, "   {:.2}x ceiling", m.busbw / ceiling(bw, n));
+    match (bw, row.out_of_place) {
+        (
+            _,
+            Some(Measure {
+                paired: Some(p), ..
+            }),
+        ) => {
+            let _ = write!(
+                line,
+                "   {:.2}x ceiling (paired: {:.2}-{:.2} over {} rounds, memory {:.1} GB/s)",
+                p.ratio, p.ratio_min, p.ratio_max, p.rounds, p.memory_gbps
+            );
+        }
+        (Some(bw), Some(m)) if row.collective == "all-reduce" => {
+            let _ = write!(line, "   {:.2}x ceiling", m.busbw / ceiling(bw, n));
+        }
+        _ => {}
     }
     if let (Some(p), Some(m)) = (row.predicted_us, row.out_of_place) {
         let _ = write!(line, "   {}", prediction(p, m.time_us));
@@ -175,13 +187,28 @@ pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -
             .filter(|r| r.collective == "all-reduce")
             .max_by_key(|r| r.size)
     {
+        let paired = |m: Option<Measure>| m.and_then(|m| m.paired);
+        if paired(largest.out_of_place).is_some() || paired(largest.in_place).is_some() {
+            let ratio = |p: Option<Paired>| {
+                p.map_or("N/A".to_owned(), |p| {
+                    format!("{:.3} ({:.3}-{:.3})", p.ratio, p.ratio_min, p.ratio_max)
+                })
+            };
+            println!(
+                "# busbw / ceiling at {} B ({}), each round against the memory probed around it, median (lowest-highest): out-of-place {}, in-place {}",
+                largest.size,
+                largest.algorithm,
+                ratio(paired(largest.out_of_place)),
+                ratio(paired(largest.in_place))
+            );
+        }
         let ratio = |m: Option<Measure>| {
             m.map_or("N/A".to_owned(), |m| {
                 format!("{:.3}", m.busbw / ceiling(bw, n))
             })
         };
         println!(
-            "# busbw / ceiling at {} B ({}): out-of-place {}, in-place {}",
+            "# busbw / ceiling at {} B ({}), against the higher probe of the sweep: out-of-place {}, in-place {}",
             largest.size,
             largest.algorithm,
             ratio(largest.out_of_place),

@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use super::paired::Paired;
+
 /// One mode's numbers for one size.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct Measure {
@@ -16,6 +18,9 @@ pub(crate) struct Measure {
     pub algbw: f64,
     pub busbw: f64,
     pub wrong: u64,
+    /// With `--membw`, rows past the cache: busbw against the memory
+    /// probed between the loop's rounds.
+    pub paired: Option<Paired>,
 }
 
 /// One size of one section.

@@ -3,11 +3,14 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use ferrocoll::topo::probe::membw::Arrays;
+
 use ferrocoll::Collective;
 use ferrocoll::comm::{CommError, Communicator};
 use ferrocoll::conformance::{KitElement, SplitMix64, expected, in_place_buffer, wrong_elements};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 
+use super::paired::{self, Paired, Round};
 use super::row::{Measure, Row};
 use super::{BenchArgs, Section};
 
@@ -39,6 +42,9 @@ pub(crate) trait Backend: Sync {
 /// One rank of a [`Backend`]: its communicator (rank, size, barrier), plus
 /// where the buffers of a call live.
 pub(crate) trait BenchRank: Communicator {
+    /// Whether the calls move host memory, so `--membw` can judge rows
+    /// against a probe of it run between their calls ([`paired`]).
+    const ON_HOST: bool = false;
     /// Where the buffers of a call live.
     type Buffers<T: KitElement>;
     /// Place `input` and `output` (in place: `output` is the one buffer).
@@ -98,6 +104,7 @@ impl Backend for Cpu<'_> {
 
 /// Threads on host memory: buffers are vectors.
 impl BenchRank for CpuCommunicator {
+    const ON_HOST: bool = true;
     type Buffers<T: KitElement> = (Vec<T>, Vec<T>);
 
     fn place<T: KitElement>(
@@ -190,9 +197,30 @@ struct Timing {
     min: f64,
     median: f64,
     max: f64,
+    /// With `--membw`, past the cache: the rounds against their probes.
+    paired: Option<Paired>,
 }
 
 impl Timing {
+    /// The row's numbers for calls of `bytes` with bus factor `factor`.
+    fn measure(self, bytes: usize, factor: f64, wrong: u64) -> Measure {
+        let algbw = if self.mean > 0.0 {
+            bytes as f64 / self.mean / 1e9
+        } else {
+            0.0
+        };
+        Measure {
+            time_us: self.mean * 1e6,
+            time_us_min: self.min * 1e6,
+            time_us_median: self.median * 1e6,
+            time_us_max: self.max * 1e6,
+            algbw,
+            busbw: algbw * factor,
+            wrong,
+            paired: self.paired,
+        }
+    }
+
     /// From calls timed back to back on the device: the loop's time is
     /// their sum.
     fn of_calls(each: Vec<f64>) -> Self {
@@ -208,6 +236,7 @@ impl Timing {
             min: at(0),
             median: at(each.len() / 2),
             max: each.last().copied().unwrap_or(mean),
+            paired: None,
         }
     }
 }
@@ -246,14 +275,26 @@ fn typed<T: KitElement, B: Backend>(
         check: 0,
         ..args.clone()
     };
+    let pairs = args.membw && B::Rank::ON_HOST && n >= 2 && collective == Collective::AllReduce;
     let results = backend.run(&|comm: &mut B::Rank| {
+        let paired_from = match pairs {
+            true => Some(paired::agreed_threshold(comm)?),
+            false => None,
+        };
+        let mut arrays: Option<Arrays> = None;
         if let Some(&first) = sizes.first() {
             let count = first / (std::mem::size_of::<T>() * collective.size_blocks(n) as usize);
-            one_size::<T, B::Rank>(comm, &settle, section, collective, count, false, 0)?;
+            one_size::<T, B::Rank>(comm, &settle, section, collective, count, false, 0, None)?;
         }
         for (i, &size) in sizes.iter().enumerate() {
             let blocks = collective.size_blocks(n) as usize;
             let count = size / (std::mem::size_of::<T>() * blocks);
+            if paired_from.is_some_and(|from| size as u64 >= from) && arrays.is_none() {
+                arrays = Some(paired::arrays(n)?);
+            }
+            let mut probe = arrays
+                .as_mut()
+                .filter(|_| paired_from.is_some_and(|from| size as u64 >= from));
             let mut measures = [None, None];
             let mut mine = [0u64; 2];
             for (m, in_place) in [false, true].into_iter().enumerate() {
@@ -262,7 +303,14 @@ fn typed<T: KitElement, B: Backend>(
                     continue;
                 }
                 let (time, bad) = one_size::<T, B::Rank>(
-                    comm, args, section, collective, count, in_place, i as u64,
+                    comm,
+                    args,
+                    section,
+                    collective,
+                    count,
+                    in_place,
+                    i as u64,
+                    probe.as_deref_mut(),
                 )?;
                 wrong.lock().unwrap()[i][m] += bad;
                 mine[m] = bad;
@@ -283,25 +331,8 @@ fn typed<T: KitElement, B: Backend>(
                 let bytes = count * blocks * std::mem::size_of::<T>();
                 let factor = collective.bus_bandwidth_factor(n);
                 let w = wrong.lock().unwrap()[i];
-                let measure = |m: usize| {
-                    measures[m].map(|t: Timing| {
-                        let secs = t.mean;
-                        let algbw = if secs > 0.0 {
-                            bytes as f64 / secs / 1e9
-                        } else {
-                            0.0
-                        };
-                        Measure {
-                            time_us: secs * 1e6,
-                            time_us_min: t.min * 1e6,
-                            time_us_median: t.median * 1e6,
-                            time_us_max: t.max * 1e6,
-                            algbw,
-                            busbw: algbw * factor,
-                            wrong: w[m],
-                        }
-                    })
-                };
+                let measure =
+                    |m: usize| measures[m].map(|t: Timing| t.measure(bytes, factor, w[m]));
                 rows.lock().unwrap().push(Row {
                     collective: section.kind.name().to_owned(),
                     algorithm: match (custom, section.algorithm) {
@@ -339,7 +370,9 @@ fn typed<T: KitElement, B: Backend>(
 }
 
 /// Time one size in one mode on this rank; returns (seconds per
-/// iteration, wrong elements of the checked run).
+/// iteration, wrong elements of the checked run). With `probe`, the timed
+/// calls run in [`paired::ROUNDS`] rounds between probes of the memory.
+#[allow(clippy::too_many_arguments)]
 fn one_size<T: KitElement, C: BenchRank>(
     comm: &mut C,
     args: &BenchArgs,
@@ -348,6 +381,7 @@ fn one_size<T: KitElement, C: BenchRank>(
     count: usize,
     in_place: bool,
     seed: u64,
+    probe: Option<&mut Arrays>,
 ) -> Result<(Timing, u64), CommError> {
     let n = comm.world_size();
     let rank = comm.rank();
@@ -380,15 +414,19 @@ fn one_size<T: KitElement, C: BenchRank>(
             Timing::of_calls(each)
         }
         None => {
-            let mut each = Vec::with_capacity(args.iters as usize);
-            let started = Instant::now();
-            for _ in 0..args.iters {
-                let t = Instant::now();
-                comm.collective(&mut placed, collective, op, in_place, count)?;
-                each.push(t.elapsed().as_secs_f64());
+            let call = |comm: &mut C, placed: &mut C::Buffers<T>| {
+                comm.collective(placed, collective, op, in_place, count)
+            };
+            match probe {
+                None => host_loop(comm, &mut placed, args.iters, call)?,
+                Some(arrays) => {
+                    let bytes = count * collective.size_blocks(n) as usize * size_of::<T>();
+                    let factor = collective.bus_bandwidth_factor(n);
+                    paired_loop(comm, &mut placed, args.iters, arrays, call, |rounds| {
+                        Paired::of(rounds, bytes, factor, n)
+                    })?
+                }
             }
-            comm.barrier()?;
-            Timing::new(started.elapsed().as_secs_f64(), each)
         }
     };
     if args.check == 0 {
@@ -403,6 +441,70 @@ fn one_size<T: KitElement, C: BenchRank>(
         timing,
         count_wrong(collective, op, n, rank, count, seed, in_place, &mine, &out)?,
     ))
+}
+
+/// `iters` calls timed by the host's clock one by one, and the loop's
+/// wall time with the closing barrier.
+fn host_loop<C: BenchRank, P>(
+    comm: &mut C,
+    placed: &mut P,
+    iters: u32,
+    call: impl Fn(&mut C, &mut P) -> Result<(), CommError>,
+) -> Result<Timing, CommError> {
+    let mut each = Vec::with_capacity(iters as usize);
+    let secs = timed_calls(comm, placed, iters, &call, &mut each)?;
+    Ok(Timing::new(secs, each))
+}
+
+/// `calls` calls, each's time pushed on `each`; the wall time of them all
+/// with the closing barrier.
+fn timed_calls<C: BenchRank, P>(
+    comm: &mut C,
+    placed: &mut P,
+    calls: u32,
+    call: &impl Fn(&mut C, &mut P) -> Result<(), CommError>,
+    each: &mut Vec<f64>,
+) -> Result<f64, CommError> {
+    let started = Instant::now();
+    for _ in 0..calls {
+        let t = Instant::now();
+        call(comm, placed)?;
+        each.push(t.elapsed().as_secs_f64());
+    }
+    comm.barrier()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// [`host_loop`] in rounds with a probe of the memory before the first
+/// and after each; the mean is over the rounds' time alone.
+fn paired_loop<C: BenchRank, P>(
+    comm: &mut C,
+    placed: &mut P,
+    iters: u32,
+    arrays: &mut Arrays,
+    call: impl Fn(&mut C, &mut P) -> Result<(), CommError>,
+    verdict: impl Fn(&[Round]) -> Option<Paired>,
+) -> Result<Timing, CommError> {
+    let rounds = paired::ROUNDS.min(iters).max(1);
+    let mut each = Vec::with_capacity(iters as usize);
+    let mut done = Vec::with_capacity(rounds as usize);
+    let mut before = paired::probe(comm, arrays)?;
+    for i in 0..rounds {
+        let calls = paired::calls_in_round(iters, rounds, i);
+        let secs = timed_calls(comm, placed, calls, &call, &mut each)?;
+        let after = paired::probe(comm, arrays)?;
+        done.push(Round {
+            secs,
+            calls,
+            memory_gbps: before.max(after),
+        });
+        before = after;
+    }
+    let total = done.iter().map(|r| r.secs).sum();
+    Ok(Timing {
+        paired: verdict(&done),
+        ..Timing::new(total, each)
+    })
 }
 
 /// Wrong elements of this rank's checked run, against the kit's serial
