@@ -6,14 +6,18 @@
 //! communication, not a model. From one run it prints medians over
 //! `STEPS` steps of:
 //! - comm alone: every bucket's all-reduce, the gradients already written;
-//! - backward compute: the waits and gradient writes alone, measured;
+//! - backward compute: the waits and gradient writes alone, measured, into
+//!   memory as large as the gradients (a reused 2 MiB slice would stay in
+//!   the cache and read faster than the step's writes);
 //! - blocking step: backward, then sync (no overlap);
 //! - overlapped step: backward with each bucket's all-reduce started the
 //!   moment its gradients are ready, then `finish()`.
 //!
 //! The backward compute is calibrated at run time to 1 × and then 2 × the
 //! measured comm (a layer sleeps most of its share, then yields to the
-//! deadline, so the share is kept to within microseconds); overlap then
+//! deadline, so the share is kept to within microseconds; one correction
+//! after a first measurement); backward assigns each gradient in its
+//! bucket (`gradient_to_overwrite`: no zeroing pass first); overlap then
 //! hides the comm except the last bucket's (1/16 of it here) and what the
 //! all-reduces take from the compute's cores and memory bandwidth. The
 //! goal, from issue 32: the overlapped step within 1.15 × max(compute,
@@ -93,8 +97,9 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
     let (rank, world) = (comm.rank(), comm.world_size());
     let lens = vec![PARAMS_PER_LAYER; LAYERS];
     let mut sync = GradientSync::<f32, _>::new(AsyncCommunicator::new(comm)?, &lens, BUCKET_BYTES)?;
-    // What backward writes for a layer: its gradient, straight into the
-    // bucket (`gradient_mut`), as a real backward would into its buffer.
+    // What backward writes for a layer: its gradient, assigned straight
+    // into the bucket (`gradient_to_overwrite`), as a real backward would
+    // into its buffer.
     let fill = |grad: &mut [f32], layer: usize| grad.fill((rank as usize + layer) as f32);
     let check = |sync: &GradientSync<f32, C>| {
         let want = (world - 1) as f32 / 2.0 + 3.0;
@@ -110,7 +115,7 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
     let step = |sync: &mut GradientSync<f32, C>, layer_compute: Option<Duration>, overlap: bool| {
         if layer_compute.is_none() {
             for layer in 0..LAYERS {
-                fill(sync.gradient_mut(layer)?, layer);
+                fill(sync.gradient_to_overwrite(layer)?, layer);
             }
         }
         sync.communicator().barrier()?;
@@ -118,7 +123,7 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
         for layer in (0..LAYERS).rev() {
             if let Some(d) = layer_compute {
                 compute_for(d);
-                fill(sync.gradient_mut(layer)?, layer);
+                fill(sync.gradient_to_overwrite(layer)?, layer);
             }
             if overlap {
                 sync.mark_ready_in_place(layer)?;
@@ -143,12 +148,22 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
             .collect::<Result<_, _>>()?,
     );
     // What writing one layer's gradient takes, measured.
-    let mut own = vec![0.0f32; PARAMS_PER_LAYER];
+    // Backward alone writes into memory as large as the gradients (one
+    // slice per layer): a single reused slice would stay in the cache and
+    // make backward look faster than it is in the step.
+    let mut own = vec![0.0f32; PARAMS_PER_LAYER * LAYERS];
+    let own_layer = |own: &mut Vec<f32>, layer: usize| {
+        let at = layer * PARAMS_PER_LAYER;
+        fill(&mut own[at..at + PARAMS_PER_LAYER], layer)
+    };
+    for layer in 0..LAYERS {
+        own_layer(&mut own, layer); // the pages' first touch, untimed
+    }
     let fill_time = median(
         (0..STEPS)
-            .map(|_| {
+            .map(|i| {
                 let t = Instant::now();
-                fill(&mut own, 1);
+                own_layer(&mut own, i % LAYERS);
                 t.elapsed()
             })
             .collect(),
@@ -165,21 +180,31 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
     for times in [1u32, 2] {
         // Backward's gradient writes are part of its time: the waits make
         // up the rest of `times` x comm.
-        let layer_compute = (comm * times / LAYERS as u32).saturating_sub(fill_time);
+        let target = comm * times;
+        let mut layer_compute = (target / LAYERS as u32).saturating_sub(fill_time);
         // What backward alone takes (the waits and the gradient writes,
         // into buffers of the same size), measured.
-        let compute = median(
-            (0..STEPS)
-                .map(|_| {
-                    let t = Instant::now();
-                    for layer in (0..LAYERS).rev() {
-                        compute_for(layer_compute);
-                        fill(&mut own, layer);
-                    }
-                    t.elapsed()
-                })
-                .collect(),
-        );
+        let mut backward_alone = |layer_compute: Duration| {
+            median(
+                (0..STEPS)
+                    .map(|_| {
+                        let t = Instant::now();
+                        for layer in (0..LAYERS).rev() {
+                            compute_for(layer_compute);
+                            own_layer(&mut own, layer);
+                        }
+                        t.elapsed()
+                    })
+                    .collect(),
+            )
+        };
+        let mut compute = backward_alone(layer_compute);
+        // One correction: a write after a wait runs slower than writes back
+        // to back, so the first try falls short of the target.
+        layer_compute += target.saturating_sub(compute) / LAYERS as u32;
+        layer_compute =
+            layer_compute.saturating_sub(compute.saturating_sub(target) / LAYERS as u32);
+        compute = backward_alone(layer_compute);
         let blocking = median(
             (0..STEPS)
                 .map(|_| step(&mut sync, Some(layer_compute), false))

@@ -111,7 +111,10 @@ impl<T: Reduce + WithDType + Default, C: Communicator + Send + 'static> DataPara
             let marked = match grads.get(var.as_tensor()) {
                 Some(g) => mark(&mut self.sync, i, g),
                 None => {
-                    let zeros = self.sync.gradient_mut(i).map(|b| b.fill(T::default()));
+                    let zeros = self
+                        .sync
+                        .gradient_to_overwrite(i)
+                        .map(|b| b.fill(T::default()));
                     zeros
                         .and_then(|()| self.sync.mark_ready_in_place(i))
                         .map_err(Into::into)

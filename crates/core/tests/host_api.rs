@@ -599,6 +599,44 @@ fn gradient_buffers_start_each_step_at_zero_for_a_backward_that_accumulates() {
 }
 
 #[test]
+fn a_gradient_to_overwrite_is_not_zeroed_and_later_accumulation_keeps_it() {
+    // A backward that assigns skips the zeroing pass: the view holds last
+    // step's average until written, and a `gradient_mut` after it in the
+    // same step adds to what was assigned instead of zeroing it.
+    use ferrocoll_core::grad_sync::{GradientSync, SyncError};
+    let lens = [3usize, 5];
+    let results = run_async(2, |comm| {
+        let r = f32::from(comm.rank() as u8);
+        let mut sync = GradientSync::<f32, _>::new(comm, &lens, 1 << 20).unwrap();
+        let mut seen = Vec::new();
+        for step in 1..=3 {
+            let step = step as f32;
+            for p in (0..lens.len()).rev() {
+                let view = sync.gradient_to_overwrite(p).unwrap();
+                seen.push(view[0]); // last step's average, not zero
+                view.fill(r + step);
+                for g in sync.gradient_mut(p).unwrap() {
+                    *g += 1.0;
+                }
+                sync.mark_ready_in_place(p).unwrap();
+            }
+            let again = sync.gradient_to_overwrite(0).map(|_| ());
+            assert!(matches!(again, Err(SyncError::AlreadyReady { param: 0 })));
+            sync.finish().unwrap();
+        }
+        assert!(matches!(
+            sync.gradient_to_overwrite(7),
+            Err(SyncError::UnknownParam { param: 7, .. })
+        ));
+        Ok(seen)
+    });
+    for r in results {
+        // Step s averages (rank + s + 1) over ranks 0 and 1: s + 1.5.
+        assert_eq!(r.unwrap(), vec![0.0, 0.0, 2.5, 2.5, 3.5, 3.5]);
+    }
+}
+
+#[test]
 fn gradient_sync_refuses_layouts_that_differ_across_ranks() {
     use ferrocoll_core::grad_sync::{GradientSync, SyncError};
     let results = run_async(2, |comm| {

@@ -290,6 +290,22 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
         Ok(view)
     }
 
+    /// Where parameter `param`'s gradient lives in its bucket, for a
+    /// backward that overwrites every element of it (PyTorch's
+    /// `zero_grad(set_to_none=True)`, then a backward that assigns): not
+    /// zeroed, so it still holds the last step's average until written,
+    /// and a backward that accumulates (`+=`) must use
+    /// [`gradient_mut`](Self::gradient_mut) instead. Saves writing every
+    /// gradient twice per step. Refused once the parameter is marked ready
+    /// in this step.
+    pub fn gradient_to_overwrite(&mut self, param: usize) -> Result<&mut [T], SyncError> {
+        // The refusals first (an unknown or ready parameter); then a later
+        // `gradient_mut` in this step must not zero what was written.
+        self.slot(param)?;
+        self.zeroed[param] = true;
+        self.slot(param)
+    }
+
     /// Parameter `param`'s place in its bucket, as it is.
     fn slot(&mut self, param: usize) -> Result<&mut [T], SyncError> {
         let params = self.place.len();
