@@ -282,6 +282,14 @@ fn membw_pairs_rows_past_the_cache_with_probes_between_their_calls() {
         text.contains("against the higher probe of the sweep"),
         "{text}"
     );
+    // One rank has no ceiling: said, not divided by zero.
+    let one = ferrocoll(&[
+        "bench", "--ranks", "1", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--membw",
+    ]);
+    let text = stdout(&one);
+    assert!(one.status.success(), "{text}");
+    assert!(text.contains("no ceiling at n=1"), "{text}");
+    assert!(!text.contains("NaN") && !text.contains("inf"), "{text}");
 }
 
 #[test]

@@ -53,6 +53,10 @@ pub(crate) fn print_membw(bw: &MemoryBandwidth, n: u32) {
         "# memory bandwidth ({} threads, GB/s): copy {:.2}  non-temporal copy {nt}  accumulate {:.2}  best {:.2}",
         bw.threads, bw.copy, bw.accumulate, bw.best
     );
+    if n < 2 {
+        println!("# no ceiling at n={n}: one rank moves nothing between ranks, so its busbw is 0");
+        return;
+    }
     println!(
         "# in-process ceiling for all-reduce busbw, BW·(n−1)/n² at n={n}: {:.2} GB/s",
         ceiling(bw, n)
@@ -139,7 +143,7 @@ pub(crate) fn print_row(row: &Row, bw: Option<&MemoryBandwidth>, n: u32) {
                 p.ratio, p.ratio_min, p.ratio_max, p.rounds, p.memory_gbps
             );
         }
-        (Some(bw), Some(m)) if row.collective == "all-reduce" => {
+        (Some(bw), Some(m)) if row.collective == "all-reduce" && n >= 2 => {
             let _ = write!(line, "   {:.2}x ceiling", m.busbw / ceiling(bw, n));
         }
         _ => {}
@@ -182,6 +186,7 @@ pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -
     );
     println!("# Avg bus bandwidth    : {avg:.4} ");
     if let Some(bw) = bw
+        && n >= 2
         && let Some(largest) = rows
             .iter()
             .filter(|r| r.collective == "all-reduce")
