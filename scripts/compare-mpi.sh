@@ -31,7 +31,7 @@ while [[ $# -gt 0 ]]; do
     --tcp) transport=tcp; btl=self,tcp; shift ;;
     -n) ranks="$2"; shift 2 ;;
     --) shift; break ;;
-    *) sed -n '2,15s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,17s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
   esac
 done
 args=("$@")

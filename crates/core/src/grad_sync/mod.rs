@@ -274,7 +274,9 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// The first access in each step zeroes it, so a backward that
     /// accumulates (`+=`, several micro-batches) starts from zero, as after
     /// PyTorch's `zero_grad`. Until then [`gradient`](Self::gradient) still
-    /// reads the last step's average.
+    /// reads the last step's average. After
+    /// [`gradient_to_overwrite`](Self::gradient_to_overwrite) in the same
+    /// step it does not zero: it adds to what was assigned.
     pub fn gradient_mut(&mut self, param: usize) -> Result<&mut [T], SyncError> {
         let first = self
             .zeroed

@@ -155,11 +155,17 @@ fn memory_need(args: &BenchArgs, setup: &Setup, here: u32) -> Result<Need, Strin
 }
 
 /// The memory probe's two arrays each rank holds beside its buffers when
-/// `--membw` pairs rows with probes (`paired.rs`); counted whatever the
-/// sizes, since the cache that decides which rows pair is the ranks'.
+/// `--membw` may pair rows with probes (`paired.rs`: two or more ranks on
+/// host memory, threads or shared memory); counted whatever the sizes,
+/// since the cache that decides which rows pair is the ranks'.
 fn probe_bytes_per_rank(args: &BenchArgs) -> u64 {
-    match args.membw {
-        true => 2 * (membw::ARRAY_BYTES / args.ranks.max(1) as usize) as u64,
+    let host = args.backend == Backend::Cpu
+        && matches!(
+            args.transport,
+            None | Some(ferrocoll::process::TransportKind::Shm)
+        );
+    match args.membw && host && args.ranks >= 2 {
+        true => 2 * (membw::ARRAY_BYTES / args.ranks as usize) as u64,
         false => 0,
     }
 }

@@ -133,8 +133,11 @@ pub(crate) struct BenchArgs {
     /// Draw busbw against size as SVG, one line per algorithm.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Measure memory bandwidth first and report busbw against the
-    /// in-process ceiling BW·(n−1)/n² (all-reduce).
+    /// Measure memory bandwidth before and after the sweep and report
+    /// all-reduce busbw against the in-process ceiling BW·(n−1)/n²; rows
+    /// past the last-level cache (threads, shm) time their calls in 5
+    /// rounds with the memory probed between them, each round against its
+    /// own probes.
     #[arg(long)]
     membw: bool,
     /// Largest chunk per step, in bytes (pipelining granularity). Giving it

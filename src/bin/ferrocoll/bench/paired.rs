@@ -5,7 +5,9 @@
 //! 106 GB/s after it, seconds apart. A row timed in the slow stretch and
 //! judged against the fast probe reads 0.6 of the ceiling when it ran at
 //! 0.93 of what the memory gave it then. So with `--membw`, an all-reduce
-//! row past the last-level cache splits its timed calls into
+//! row past the last-level cache, on ranks that share this host's memory
+//! and clock (threads, or processes over shared memory), splits its
+//! timed calls into
 //! [`ROUNDS`] rounds with a probe before the first and after each; the
 //! ranks run the probe themselves, each on its own arrays, at once. Each
 //! round is judged against the higher of the two probes around it (so a
@@ -15,8 +17,6 @@
 //! Only rows past the cache are paired: their data is streamed from memory
 //! whatever ran before, while a small row after a probe would run on a
 //! cold cache and time something else than the unpaired row does.
-
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use ferrocoll::comm::{CommError, Communicator, CommunicatorExt};
 use ferrocoll::topo::probe::membw::{self, Arrays, Kernel};
@@ -34,31 +34,78 @@ pub(crate) fn ceiling(memory_gbps: f64, n: u32) -> f64 {
     memory_gbps * (n - 1.0) / (n * n)
 }
 
-/// The smallest row (bytes per rank) that is paired: the largest
-/// last-level cache among the ranks, agreed by all of them so every rank
-/// makes the same calls (ranks of a TCP group may sit on different hosts).
-pub(crate) fn agreed_threshold<C: Communicator + ?Sized>(comm: &mut C) -> Result<u64, CommError> {
-    let mut llc = [ferrocoll::kernels::StoreRule::host().llc_bytes];
-    comm.all_reduce_in_place(&mut llc, ferrocoll::ReduceOp::Max)?;
-    Ok(llc[0])
+/// Which rows of a section a rank pairs, and its probe's arrays once a
+/// row needs them.
+pub(crate) struct Pairing {
+    /// The smallest paired row (bytes per rank); `None`: none is.
+    from: Option<u64>,
+    arrays: Option<Arrays>,
+}
+
+impl Pairing {
+    /// Pair rows past the last-level cache when `wanted`: the largest
+    /// cache among the ranks, agreed by all of them (one all-reduce, made
+    /// by every rank or by none: `wanted` is the same everywhere) so every
+    /// rank makes the same calls whatever its own reading said.
+    pub(crate) fn agree<C: Communicator + ?Sized>(
+        comm: &mut C,
+        wanted: bool,
+    ) -> Result<Pairing, CommError> {
+        let from = match wanted {
+            true => {
+                let mut llc = [ferrocoll::kernels::StoreRule::host().llc_bytes];
+                comm.all_reduce_in_place(&mut llc, ferrocoll::ReduceOp::Max)?;
+                Some(llc[0])
+            }
+            false => None,
+        };
+        Ok(Pairing { from, arrays: None })
+    }
+
+    /// The probe's arrays for a row of `size` bytes on `n` ranks, if it is
+    /// paired (allocated at the first such row).
+    pub(crate) fn for_size(
+        &mut self,
+        size: usize,
+        n: u32,
+    ) -> Result<Option<&mut Arrays>, CommError> {
+        if self.from.is_none_or(|from| (size as u64) < from) {
+            return Ok(None);
+        }
+        if self.arrays.is_none() {
+            self.arrays = Some(arrays(n)?);
+        }
+        Ok(self.arrays.as_mut())
+    }
 }
 
 /// This rank's share of the probe's arrays: [`membw::ARRAY_BYTES`] over
 /// the ranks, far past any last-level cache in all.
-pub(crate) fn arrays(n: u32) -> Result<Arrays, CommError> {
+fn arrays(n: u32) -> Result<Arrays, CommError> {
     let bytes = membw::ARRAY_BYTES / n.max(1) as usize;
     Arrays::new(bytes).map_err(|e| CommError::Capacity {
         what: format!("cannot allocate the memory probe's two arrays of {bytes} bytes: {e}"),
     })
 }
 
-/// The host's memory rate now, GB/s: every rank runs each kernel once on
-/// its own arrays after a barrier; all ranks' bytes over the time from the
-/// first rank's start to the last rank's end; the best kernel.
+/// Passes of each kernel per probe, the fastest counting: one pass can
+/// lose a few milliseconds to a neighbour, and a low probe would flatter
+/// the round it judges.
+const PASSES: usize = 2;
+
+/// The memory rate the ranks stream now, GB/s: every rank runs each
+/// kernel on its own arrays after a barrier; all ranks' bytes over the
+/// time from the first rank's start to the last rank's end; the best
+/// kernel and pass.
+///
+/// This is what the collective's own threads (one per rank) can move,
+/// its bound; with fewer ranks than cores it is below the every-core
+/// rate of the sweep-wide probe, which stays the stricter ceiling.
 ///
 /// Not over one rank's own time: with more ranks than cores a rank can
 /// wake from the barrier after the others have done most of the work, and
-/// its time alone would read the memory fast.
+/// its time alone would read the memory fast. Every rank makes the same
+/// calls: the kernels are the host's, and all ranks share it.
 pub(crate) fn probe<C: Communicator + ?Sized>(
     comm: &mut C,
     arrays: &mut Arrays,
@@ -66,27 +113,52 @@ pub(crate) fn probe<C: Communicator + ?Sized>(
     let ranks = f64::from(comm.world_size());
     let mut best: f64 = 0.0;
     for kernel in Kernel::available() {
-        comm.barrier()?;
-        let start = now_ns();
-        let bytes = arrays.pass(kernel);
-        // The earliest start (as the largest complement) and the latest
-        // end, in one call that is also the closing barrier.
-        let mut span = [u64::MAX - start, now_ns()];
-        comm.all_reduce_in_place(&mut span, ferrocoll::ReduceOp::Max)?;
-        let nanos = span[1].saturating_sub(u64::MAX - span[0]);
-        if nanos > 0 {
-            best = best.max(bytes * ranks / nanos as f64);
+        for _ in 0..PASSES {
+            comm.barrier()?;
+            let start = clock::now_ns();
+            let bytes = arrays.pass(kernel);
+            // The earliest start (as the largest complement) and the
+            // latest end, in one call that is also the closing barrier.
+            let mut span = [u64::MAX - start, clock::now_ns()];
+            comm.all_reduce_in_place(&mut span, ferrocoll::ReduceOp::Max)?;
+            let nanos = span[1].saturating_sub(u64::MAX - span[0]);
+            if nanos > 0 {
+                best = best.max(bytes * ranks / nanos as f64);
+            }
         }
     }
     Ok(best)
 }
 
-/// The wall clock in nanoseconds: one clock for every rank on the host,
-/// threads and processes alike (`Instant` cannot cross a process).
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+/// One clock for every rank of the host, threads and processes alike
+/// (`Instant` cannot cross a process), that no time step moves.
+mod clock {
+    /// `CLOCK_MONOTONIC`, which every process of a Linux host shares.
+    #[cfg(target_os = "linux")]
+    pub(super) fn now_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is
+        // always available on Linux.
+        let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        if r != 0 {
+            return 0;
+        }
+        let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+        let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+        secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+    }
+
+    /// Elsewhere the wall clock: a time step during a probe spoils that
+    /// probe alone.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn now_ns() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
 }
 
 /// Calls timed between two probes.
@@ -94,6 +166,7 @@ fn now_ns() -> u64 {
 pub(crate) struct Round {
     /// Wall time of the round's calls, closing barrier included.
     pub secs: f64,
+    /// The calls timed.
     pub calls: u32,
     /// The higher of the probes before and after, GB/s.
     pub memory_gbps: f64,
@@ -102,6 +175,7 @@ pub(crate) struct Round {
 /// A paired row's verdict.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub(crate) struct Paired {
+    /// Rounds judged (those with calls and a probe reading).
     pub rounds: usize,
     /// The median of the rounds' memory rates, GB/s.
     pub memory_gbps: f64,
@@ -120,15 +194,18 @@ impl Paired {
         if n < 2 {
             return None;
         }
-        let mut ratios: Vec<f64> = rounds
+        let judged: Vec<&Round> = rounds
             .iter()
             .filter(|r| r.calls > 0 && r.secs > 0.0 && r.memory_gbps > 0.0)
+            .collect();
+        let mut ratios: Vec<f64> = judged
+            .iter()
             .map(|r| {
                 let busbw = bytes as f64 * f64::from(r.calls) / r.secs / 1e9 * factor;
                 busbw / ceiling(r.memory_gbps, n)
             })
             .collect();
-        let mut rates: Vec<f64> = rounds.iter().map(|r| r.memory_gbps).collect();
+        let mut rates: Vec<f64> = judged.iter().map(|r| r.memory_gbps).collect();
         ratios.sort_by(f64::total_cmp);
         rates.sort_by(f64::total_cmp);
         Some(Paired {

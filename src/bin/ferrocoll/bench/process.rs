@@ -186,7 +186,6 @@ impl<T: KitElement> Held<T> {
 }
 
 impl BenchRank for ProcessCommunicator {
-    const ON_HOST: bool = true;
     type Buffers<T: KitElement> = (Held<T>, Held<T>);
 
     fn place<T: KitElement>(
@@ -212,5 +211,12 @@ impl BenchRank for ProcessCommunicator {
 
     fn output<T: KitElement>(&mut self, buffers: &(Held<T>, Held<T>)) -> Result<Vec<T>, CommError> {
         try_copy(buffers.1.slice(), "output read back")
+    }
+
+    /// Shared memory only: TCP ranks may sit on hosts whose clocks and
+    /// memories differ (every rank has the same transport: the group's
+    /// settings are compared at setup).
+    fn shares_host_memory(&self) -> bool {
+        self.transport() == TransportKind::Shm
     }
 }

@@ -224,10 +224,10 @@ pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -
             .filter(|r| r.collective == "all-reduce")
             .flat_map(|r| [r.out_of_place, r.in_place])
             .flatten()
-            .any(|m| m.busbw > ceiling(bw, n));
+            .any(|m| m.busbw > ceiling(bw, n) || m.paired.is_some_and(|p| p.ratio > 1.0));
         if above {
             println!(
-                "# note: a ratio above 1 means the memory-bandwidth probe read low (it is timed on a shared, noisy host), or the data fit in cache; the probe's readings before and after the sweep bound it"
+                "# note: a ratio above 1 means a memory probe read low (it is timed on a shared, noisy host), or the data fit in cache; the paired rows show the spread of their rounds, the sweep's probes before and after bound the rest"
             );
         }
     }

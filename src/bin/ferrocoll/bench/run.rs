@@ -42,9 +42,12 @@ pub(crate) trait Backend: Sync {
 /// One rank of a [`Backend`]: its communicator (rank, size, barrier), plus
 /// where the buffers of a call live.
 pub(crate) trait BenchRank: Communicator {
-    /// Whether the calls move host memory, so `--membw` can judge rows
-    /// against a probe of it run between their calls ([`paired`]).
-    const ON_HOST: bool = false;
+    /// Whether the calls move this host's memory and every rank reads one
+    /// clock, so `--membw` can judge rows against a probe run between
+    /// their calls ([`paired`]; the same answer on every rank).
+    fn shares_host_memory(&self) -> bool {
+        false
+    }
     /// Where the buffers of a call live.
     type Buffers<T: KitElement>;
     /// Place `input` and `output` (in place: `output` is the one buffer).
@@ -104,7 +107,6 @@ impl Backend for Cpu<'_> {
 
 /// Threads on host memory: buffers are vectors.
 impl BenchRank for CpuCommunicator {
-    const ON_HOST: bool = true;
     type Buffers<T: KitElement> = (Vec<T>, Vec<T>);
 
     fn place<T: KitElement>(
@@ -131,6 +133,10 @@ impl BenchRank for CpuCommunicator {
 
     fn output<T: KitElement>(&mut self, buffers: &(Vec<T>, Vec<T>)) -> Result<Vec<T>, CommError> {
         try_copy(&buffers.1, "output read back")
+    }
+
+    fn shares_host_memory(&self) -> bool {
+        true
     }
 }
 
@@ -275,13 +281,10 @@ fn typed<T: KitElement, B: Backend>(
         check: 0,
         ..args.clone()
     };
-    let pairs = args.membw && B::Rank::ON_HOST && n >= 2 && collective == Collective::AllReduce;
+    let pairs = args.membw && n >= 2 && collective == Collective::AllReduce;
     let results = backend.run(&|comm: &mut B::Rank| {
-        let paired_from = match pairs {
-            true => Some(paired::agreed_threshold(comm)?),
-            false => None,
-        };
-        let mut arrays: Option<Arrays> = None;
+        let wanted = pairs && comm.shares_host_memory();
+        let mut pairing = paired::Pairing::agree(comm, wanted)?;
         if let Some(&first) = sizes.first() {
             let count = first / (std::mem::size_of::<T>() * collective.size_blocks(n) as usize);
             one_size::<T, B::Rank>(comm, &settle, section, collective, count, false, 0, None)?;
@@ -289,12 +292,7 @@ fn typed<T: KitElement, B: Backend>(
         for (i, &size) in sizes.iter().enumerate() {
             let blocks = collective.size_blocks(n) as usize;
             let count = size / (std::mem::size_of::<T>() * blocks);
-            if paired_from.is_some_and(|from| size as u64 >= from) && arrays.is_none() {
-                arrays = Some(paired::arrays(n)?);
-            }
-            let mut probe = arrays
-                .as_mut()
-                .filter(|_| paired_from.is_some_and(|from| size as u64 >= from));
+            let mut probe = pairing.for_size(size, n)?;
             let mut measures = [None, None];
             let mut mine = [0u64; 2];
             for (m, in_place) in [false, true].into_iter().enumerate() {
@@ -420,7 +418,8 @@ fn one_size<T: KitElement, C: BenchRank>(
             match probe {
                 None => host_loop(comm, &mut placed, args.iters, call)?,
                 Some(arrays) => {
-                    let bytes = count * collective.size_blocks(n) as usize * size_of::<T>();
+                    let bytes =
+                        count * collective.size_blocks(n) as usize * std::mem::size_of::<T>();
                     let factor = collective.bus_bandwidth_factor(n);
                     paired_loop(comm, &mut placed, args.iters, arrays, call, |rounds| {
                         Paired::of(rounds, bytes, factor, n)
@@ -546,6 +545,41 @@ fn count_wrong<T: KitElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paired_loop_makes_every_call_between_probes_on_every_rank() {
+        let results = cpu::run(2, &CpuConfig::default(), |comm| {
+            // Small arrays: this checks the protocol, it measures nothing.
+            let mut arrays = Arrays::new(1 << 20).unwrap();
+            let mut placed = (vec![1.0f32; 1024], vec![0.0f32; 1024]);
+            let made = std::cell::Cell::new(0u32);
+            let call = |comm: &mut CpuCommunicator, placed: &mut (Vec<f32>, Vec<f32>)| {
+                made.set(made.get() + 1);
+                comm.collective(
+                    placed,
+                    Collective::AllReduce,
+                    ferrocoll::ReduceOp::Sum,
+                    false,
+                    1024,
+                )
+            };
+            let seen = std::cell::RefCell::new(Vec::new());
+            let timing = paired_loop(comm, &mut placed, 7, &mut arrays, call, |rounds| {
+                seen.borrow_mut().extend(rounds.iter().map(|r| r.calls));
+                Paired::of(rounds, 4096, 1.0, 2)
+            })?;
+            assert!(placed.1.iter().all(|&x| x == 2.0), "the calls ran");
+            Ok((made.get(), seen.into_inner(), timing.paired))
+        });
+        for r in results {
+            let (made, rounds, paired) = r.unwrap();
+            assert_eq!(made, 7);
+            assert_eq!(rounds, [1, 1, 2, 1, 2], "7 calls over 5 rounds");
+            let p = paired.expect("a verdict");
+            assert_eq!(p.rounds, 5);
+            assert!(p.memory_gbps > 0.0 && p.ratio_min > 0.0, "{p:?}");
+        }
+    }
 
     #[test]
     fn a_device_loop_reports_the_sum_of_its_calls_over_their_number() {
