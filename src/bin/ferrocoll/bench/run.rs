@@ -3,12 +3,11 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ferrocoll::topo::probe::membw::Arrays;
-
 use ferrocoll::Collective;
 use ferrocoll::comm::{CommError, Communicator};
 use ferrocoll::conformance::{KitElement, SplitMix64, expected, in_place_buffer, wrong_elements};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
+use ferrocoll::topo::probe::membw::Arrays;
 
 use super::paired::{self, Paired, Round};
 use super::row::{Measure, Row};
@@ -42,12 +41,6 @@ pub(crate) trait Backend: Sync {
 /// One rank of a [`Backend`]: its communicator (rank, size, barrier), plus
 /// where the buffers of a call live.
 pub(crate) trait BenchRank: Communicator {
-    /// Whether the calls move this host's memory and every rank reads one
-    /// clock, so `--membw` can judge rows against a probe run between
-    /// their calls ([`paired`]; the same answer on every rank).
-    fn shares_host_memory(&self) -> bool {
-        false
-    }
     /// Where the buffers of a call live.
     type Buffers<T: KitElement>;
     /// Place `input` and `output` (in place: `output` is the one buffer).
@@ -82,6 +75,12 @@ pub(crate) trait BenchRank: Communicator {
     }
     /// The output, back on the host.
     fn output<T: KitElement>(&mut self, buffers: &Self::Buffers<T>) -> Result<Vec<T>, CommError>;
+    /// Whether the calls move this host's memory and every rank reads one
+    /// clock, so `--membw` can judge rows against a probe run between
+    /// their calls ([`paired`]; the same answer on every rank).
+    fn shares_host_memory(&self) -> bool {
+        false
+    }
 }
 
 /// The CPU executor with `config`.
