@@ -92,30 +92,29 @@ fn ms(d: Duration) -> f64 {
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// One rank's part; returns its report.
-fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let lens = vec![PARAMS_PER_LAYER; LAYERS];
-    let mut sync = GradientSync::<f32, _>::new(AsyncCommunicator::new(comm)?, &lens, BUCKET_BYTES)?;
-    // What backward writes for a layer: its gradient, assigned straight
-    // into the bucket (`gradient_to_overwrite`), as a real backward would
-    // into its buffer.
-    let fill = |grad: &mut [f32], layer: usize| grad.fill((rank as usize + layer) as f32);
-    let check = |sync: &GradientSync<f32, C>| {
-        let want = (world - 1) as f32 / 2.0 + 3.0;
-        let got = sync.gradient(3).expect("parameter 3")[0];
-        assert!(
-            (got - want).abs() < 1e-3,
-            "averaged gradient {got}, expected {want}"
-        );
-    };
-    // One step: `None` times the all-reduces alone (the gradients written
-    // before the clock starts); otherwise backward with `layer_compute` a
-    // layer, its buckets started as they fill (`overlap`) or after it.
-    let step = |sync: &mut GradientSync<f32, C>, layer_compute: Option<Duration>, overlap: bool| {
+/// What backward writes for a layer: its gradient, here a value the check
+/// can predict. In the step it is assigned straight into the bucket
+/// (`gradient_to_overwrite`), as a real backward would into its buffer.
+fn fill(grad: &mut [f32], rank: u32, layer: usize) {
+    grad.fill((rank as usize + layer) as f32);
+}
+
+/// One rank's gradient sync and the steps it times.
+struct Steps<C: Communicator + Send + 'static> {
+    sync: GradientSync<f32, C>,
+    rank: u32,
+    world: u32,
+}
+
+impl<C: Communicator + Send + 'static> Steps<C> {
+    /// One step: `None` times the all-reduces alone (the gradients written
+    /// before the clock starts); otherwise backward with `layer_compute` a
+    /// layer, its buckets started as they fill (`overlap`) or after it.
+    fn step(&mut self, layer_compute: Option<Duration>, overlap: bool) -> Result<Duration, Error> {
+        let sync = &mut self.sync;
         if layer_compute.is_none() {
             for layer in 0..LAYERS {
-                fill(sync.gradient_to_overwrite(layer)?, layer);
+                fill(sync.gradient_to_overwrite(layer)?, self.rank, layer);
             }
         }
         sync.communicator().barrier()?;
@@ -123,7 +122,7 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
         for layer in (0..LAYERS).rev() {
             if let Some(d) = layer_compute {
                 compute_for(d);
-                fill(sync.gradient_to_overwrite(layer)?, layer);
+                fill(sync.gradient_to_overwrite(layer)?, self.rank, layer);
             }
             if overlap {
                 sync.mark_ready_in_place(layer)?;
@@ -136,85 +135,120 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
         }
         sync.finish()?;
         let took = t.elapsed();
-        check(sync);
-        Ok::<Duration, Error>(took)
-    };
-    for _ in 0..3 {
-        step(&mut sync, None, false)?;
+        let want = (self.world - 1) as f32 / 2.0 + 3.0;
+        let got = sync.gradient(3).expect("parameter 3")[0];
+        assert!(
+            (got - want).abs() < 1e-3,
+            "averaged gradient {got}, expected {want}"
+        );
+        Ok(took)
     }
-    let comm = median(
-        (0..STEPS)
-            .map(|_| step(&mut sync, None, false))
-            .collect::<Result<_, _>>()?,
-    );
-    // What writing one layer's gradient takes, measured.
-    // Backward alone writes into memory as large as the gradients (one
-    // slice per layer): a single reused slice would stay in the cache and
-    // make backward look faster than it is in the step.
-    let mut own = vec![0.0f32; PARAMS_PER_LAYER * LAYERS];
-    let own_layer = |own: &mut Vec<f32>, layer: usize| {
+
+    /// The median of `STEPS` steps.
+    fn median_step(
+        &mut self,
+        layer_compute: Option<Duration>,
+        overlap: bool,
+    ) -> Result<Duration, Error> {
+        let times = (0..STEPS)
+            .map(|_| self.step(layer_compute, overlap))
+            .collect::<Result<_, _>>()?;
+        Ok(median(times))
+    }
+}
+
+/// Backward alone, writing into memory as large as the gradients (one
+/// slice per layer): a single reused slice would stay in the cache and
+/// make backward look faster than it is in the step.
+struct Backward {
+    own: Vec<f32>,
+    rank: u32,
+    /// What writing one layer's gradient takes, measured once.
+    write_time: Duration,
+}
+
+impl Backward {
+    fn new(rank: u32) -> Backward {
+        let mut backward = Backward {
+            own: vec![0.0f32; PARAMS_PER_LAYER * LAYERS],
+            rank,
+            write_time: Duration::ZERO,
+        };
+        for layer in 0..LAYERS {
+            backward.write(layer); // the pages' first touch, untimed
+        }
+        backward.write_time = median(
+            (0..STEPS)
+                .map(|i| {
+                    let t = Instant::now();
+                    backward.write(i % LAYERS);
+                    t.elapsed()
+                })
+                .collect(),
+        );
+        backward
+    }
+
+    fn write(&mut self, layer: usize) {
         let at = layer * PARAMS_PER_LAYER;
-        fill(&mut own[at..at + PARAMS_PER_LAYER], layer)
-    };
-    for layer in 0..LAYERS {
-        own_layer(&mut own, layer); // the pages' first touch, untimed
+        fill(&mut self.own[at..at + PARAMS_PER_LAYER], self.rank, layer);
     }
-    let fill_time = median(
-        (0..STEPS)
-            .map(|i| {
-                let t = Instant::now();
-                own_layer(&mut own, i % LAYERS);
-                t.elapsed()
-            })
-            .collect(),
-    );
+
+    /// What backward alone takes with `layer_compute` of waits a layer
+    /// plus the gradient writes, measured.
+    fn alone(&mut self, layer_compute: Duration) -> Duration {
+        median(
+            (0..STEPS)
+                .map(|_| {
+                    let t = Instant::now();
+                    for layer in (0..LAYERS).rev() {
+                        compute_for(layer_compute);
+                        self.write(layer);
+                    }
+                    t.elapsed()
+                })
+                .collect(),
+        )
+    }
+
+    /// The waits a layer that make backward take `target`, and backward's
+    /// measured time with them. The gradient writes are part of the
+    /// target; one correction follows a first measurement, since a write
+    /// after a wait runs slower than writes back to back.
+    fn calibrate(&mut self, target: Duration) -> (Duration, Duration) {
+        let layers = LAYERS as u32;
+        let mut layer_compute = (target / layers).saturating_sub(self.write_time);
+        let first = self.alone(layer_compute);
+        layer_compute += target.saturating_sub(first) / layers;
+        layer_compute = layer_compute.saturating_sub(first.saturating_sub(target) / layers);
+        (layer_compute, self.alone(layer_compute))
+    }
+}
+
+/// One rank's part; returns its report.
+fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let lens = vec![PARAMS_PER_LAYER; LAYERS];
+    let sync = GradientSync::<f32, _>::new(AsyncCommunicator::new(comm)?, &lens, BUCKET_BYTES)?;
+    let mut steps = Steps { sync, rank, world };
+    for _ in 0..3 {
+        steps.step(None, false)?;
+    }
+    let comm = steps.median_step(None, false)?;
+    let mut backward = Backward::new(rank);
     let mut report = format!(
         "# gradient sync overlapped with backward: {world} ranks, {LAYERS} layers x {:.1} MiB f32, buckets of {} MiB ({} buckets), medians of {STEPS} steps\n\
          # backward compute is stood in by a sleep and a yield to each layer's deadline\n\
          comm alone                 {:8.2} ms  (every bucket's all-reduce, gradients already written)\n",
         (PARAMS_PER_LAYER * 4) as f64 / (1 << 20) as f64,
         BUCKET_BYTES >> 20,
-        sync.buckets().len(),
+        steps.sync.buckets().len(),
         ms(comm),
     );
     for times in [1u32, 2] {
-        // Backward's gradient writes are part of its time: the waits make
-        // up the rest of `times` x comm.
-        let target = comm * times;
-        let mut layer_compute = (target / LAYERS as u32).saturating_sub(fill_time);
-        // What backward alone takes (the waits and the gradient writes,
-        // into buffers of the same size), measured.
-        let mut backward_alone = |layer_compute: Duration| {
-            median(
-                (0..STEPS)
-                    .map(|_| {
-                        let t = Instant::now();
-                        for layer in (0..LAYERS).rev() {
-                            compute_for(layer_compute);
-                            own_layer(&mut own, layer);
-                        }
-                        t.elapsed()
-                    })
-                    .collect(),
-            )
-        };
-        let mut compute = backward_alone(layer_compute);
-        // One correction: a write after a wait runs slower than writes back
-        // to back, so the first try falls short of the target.
-        layer_compute += target.saturating_sub(compute) / LAYERS as u32;
-        layer_compute =
-            layer_compute.saturating_sub(compute.saturating_sub(target) / LAYERS as u32);
-        compute = backward_alone(layer_compute);
-        let blocking = median(
-            (0..STEPS)
-                .map(|_| step(&mut sync, Some(layer_compute), false))
-                .collect::<Result<_, _>>()?,
-        );
-        let overlapped = median(
-            (0..STEPS)
-                .map(|_| step(&mut sync, Some(layer_compute), true))
-                .collect::<Result<_, _>>()?,
-        );
+        let (layer_compute, compute) = backward.calibrate(comm * times);
+        let blocking = steps.median_step(Some(layer_compute), false)?;
+        let overlapped = steps.median_step(Some(layer_compute), true)?;
         let ratio = overlapped.as_secs_f64() / compute.max(comm).as_secs_f64();
         report += &format!(
             "backward = {times} x comm:\n\
