@@ -12,6 +12,14 @@
 //! [`CommError::Mismatch`] — the announcement stays visible after the rank
 //! that found the mismatch fails the group, so none of them reports a
 //! mere `PeerFailed`.
+//!
+//! An announcement may also offer the shared heap's plan for the call
+//! (every message by reference, chunks not bound by the slot size): the
+//! call runs on it only when every rank offered it. A peer that has already
+//! moved on to the next call no longer shows its offer, but its newer
+//! announcement says whether it ran the call on the heap's plan. It can be
+//! at most one call ahead: it waits in the next call's agreement for ours.
+//! So every rank reaches the same answer.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +37,9 @@ const EXPLAIN_GRACE: Duration = Duration::from_millis(200);
 pub(crate) struct Agreement {
     rank: Rank,
     newest: Vec<Option<Header>>,
+    /// The last call agreed and whether it runs on the heap's plan: the
+    /// next announcement says so.
+    last: Option<(u64, bool)>,
 }
 
 impl Agreement {
@@ -36,6 +47,7 @@ impl Agreement {
         Agreement {
             rank,
             newest: vec![None; world_size as usize],
+            last: None,
         }
     }
 
@@ -53,19 +65,56 @@ impl Agreement {
         signature: &str,
         timeout: Duration,
     ) -> Result<(), CommError> {
+        self.agree_offering(t, number, signature, false, timeout)
+            .map(|_| ())
+    }
+
+    /// As [`agree`](Self::agree), offering the heap's plan for the call or
+    /// not: `Ok(true)` when every rank offered it, and then every rank
+    /// runs the call on it.
+    pub fn agree_offering(
+        &mut self,
+        t: &mut dyn Transport,
+        number: u64,
+        signature: &str,
+        offer: bool,
+        timeout: Duration,
+    ) -> Result<bool, CommError> {
+        let ran_heap_plan = number
+            .checked_sub(1)
+            .is_some_and(|before| self.last == Some((before, true)));
+        let header = Header::new(number, 0, signature).announcing(offer, ran_heap_plan);
+        self.announce_and_wait(t, number, signature, &header, timeout)?;
+        let on_heap = offer && self.everyone_offered(number);
+        self.last = Some((number, on_heap));
+        Ok(on_heap)
+    }
+
+    /// Whether every peer offered the heap's plan for call `number`.
+    fn everyone_offered(&self, number: u64) -> bool {
+        peers_offered(&self.newest, self.rank, number)
+    }
+
+    fn announce_and_wait(
+        &mut self,
+        t: &mut dyn Transport,
+        number: u64,
+        signature: &str,
+        header: &Header,
+        timeout: Duration,
+    ) -> Result<(), CommError> {
         // A group that failed before this call hears nothing more from
         // this rank: an announcement now could read as a mismatch to a
         // peer still inside an earlier call.
         if let Err(failed) = t.check() {
             return Err(self.explain(t, number, signature, failed));
         }
-        let header = Header::new(number, 0, signature);
         let mut unsent: Vec<Rank> = self.peers().collect();
         let deadline = Instant::now() + timeout;
         loop {
             let seen = t.ticket();
             let mut send_error = None;
-            unsent.retain(|&p| match t.announce(p, &header) {
+            unsent.retain(|&p| match t.announce(p, header) {
                 Ok(sent) => !sent,
                 Err(e) => {
                     send_error.get_or_insert(e);
@@ -194,5 +243,67 @@ impl Agreement {
             }),
             None => Ok(()),
         }
+    }
+}
+
+/// Whether every peer's newest announcement (`newest[peer]`; this rank's
+/// own entry is ignored) shows it offered the heap's plan for call
+/// `number`: its announcement of that call, or of the next one if it moved
+/// on, which says whether it ran the call on the heap's plan. A peer
+/// further ahead cannot be (it waits for our next announcement); were it
+/// there, `false`, and the first message would show the difference.
+fn peers_offered(newest: &[Option<Header>], rank: Rank, number: u64) -> bool {
+    newest
+        .iter()
+        .enumerate()
+        .filter(|&(p, _)| p as Rank != rank)
+        .all(|(_, h)| match h {
+            Some(h) if h.call == number => h.offers_heap_plan(),
+            Some(h) if h.call == number + 1 => h.ran_heap_plan(),
+            _ => false,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(call: u64, offers: bool, ran: bool) -> Option<Header> {
+        Some(Header::new(call, 0, "x").announcing(offers, ran))
+    }
+
+    #[test]
+    fn the_heap_plan_runs_only_if_every_peer_offered_it_for_this_call() {
+        let me = None; // this rank's own entry is never read
+        assert!(peers_offered(
+            &[me.clone(), at(5, true, false), at(5, true, true)],
+            0,
+            5
+        ));
+        // One peer did not offer; the flag about call 4 says nothing of 5.
+        assert!(!peers_offered(
+            &[me.clone(), at(5, true, false), at(5, false, true)],
+            0,
+            5
+        ));
+        // A peer that moved on says whether it ran call 5 on the heap's plan.
+        assert!(peers_offered(
+            &[at(6, true, true), me.clone(), at(5, true, false)],
+            1,
+            5
+        ));
+        assert!(!peers_offered(
+            &[at(6, true, false), me.clone(), at(5, true, false)],
+            1,
+            5
+        ));
+        // Its offer for call 6 is not an answer about call 5.
+        assert!(!peers_offered(&[at(6, true, false), me.clone()], 1, 5));
+        // Unheard of, or impossibly far ahead: no.
+        assert!(!peers_offered(&[me.clone(), None], 0, 5));
+        assert!(!peers_offered(&[me.clone(), at(7, true, true)], 0, 5));
+        assert!(!peers_offered(&[me, at(4, true, true)], 0, 5));
+        // Alone: nobody to disagree.
+        assert!(peers_offered(&[None], 0, 5));
     }
 }

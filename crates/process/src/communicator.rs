@@ -9,12 +9,14 @@ use ferrocoll_core::comm::{
     Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, split,
 };
 use ferrocoll_core::comm::{Planned, Planner};
+use ferrocoll_core::plan::ExecutionPlan;
 use ferrocoll_core::types::CallShape;
 use ferrocoll_rendezvous::Store;
 
 use crate::agree::Agreement;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::exec::{Task, execute};
+use crate::heap_plan::HeapPlanner;
 use crate::setup::{SetupError, connect};
 use crate::transport::{Transport, between, inside};
 use crate::wire::Header;
@@ -39,6 +41,11 @@ pub struct ProcessCommunicator {
     p2p_received: Vec<u64>,
     /// Selects and compiles every call's plan, the same in every process.
     pub(crate) planner: Planner,
+    /// Plans calls whose buffers lie in every rank's shared heap (`None`
+    /// without a heap).
+    heap_planner: Option<HeapPlanner>,
+    /// Calls that ran on the heap's plan so far.
+    heap_plan_calls: u64,
     /// Every call is agreed by all ranks before its data moves.
     pub(crate) agreement: Agreement,
     /// A call of this communicator failed the group: later calls return
@@ -112,6 +119,8 @@ impl ProcessCommunicator {
             p2p_sent: vec![0; world_size as usize],
             p2p_received: vec![0; world_size as usize],
             planner: Planner::new(world_size, config.planner_settings()),
+            heap_planner: HeapPlanner::new(world_size, config),
+            heap_plan_calls: 0,
             agreement: Agreement::new(rank, world_size),
             poisoned: false,
             by_reference: 0,
@@ -127,6 +136,9 @@ impl ProcessCommunicator {
     pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
         self.config.planning.algorithm = algorithm;
         self.planner.set_algorithm(algorithm);
+        if let Some(h) = self.heap_planner.as_mut() {
+            h.set_algorithm(algorithm);
+        }
     }
 
     /// A zeroed buffer of `len` elements in this rank's shared heap
@@ -157,6 +169,12 @@ impl ProcessCommunicator {
     /// memory) rather than a schedule.
     pub fn one_shot_calls(&self) -> u64 {
         self.one_shot_calls
+    }
+
+    /// Calls that ran with chunks larger than a slot because every rank's
+    /// buffers lay in its shared heap, so every message went by reference.
+    pub fn heap_plan_calls(&self) -> u64 {
+        self.heap_plan_calls
     }
 
     /// The transport in use.
@@ -219,43 +237,40 @@ impl ProcessCommunicator {
     fn run_plan(
         &mut self,
         shape: &CallShape,
-        planned: &Planned,
+        baseline: &Planned,
         input: Option<HostSlice<'_>>,
         mut output: HostSliceMut<'_>,
     ) -> Result<(), CommError> {
         let number = self.calls;
         self.calls += 1;
+        self.check_channels(&baseline.plan)?;
+        let output_base = output.as_mut_ptr() as usize;
+        let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
+        let offer = self.heap_offer(shape, baseline, input_base, output_base);
+        let on_heap = self.agreement.agree_offering(
+            self.transport.as_mut(),
+            number,
+            &signature_of(&baseline.plan),
+            offer.is_some(),
+            self.config.planning.timeout,
+        )?;
+        let heap = offer.filter(|_| on_heap);
+        self.heap_plan_calls += u64::from(heap.is_some());
+        let planned = heap.as_ref().unwrap_or(baseline);
         let plan = &planned.plan;
-        if let Some(max) = self.transport.max_channel()
-            && plan.channels > max
-        {
-            return Err(CommError::Capacity {
-                what: format!(
-                    "schedule `{}` uses {} channels; this group was set up for {max} (raise ProcessConfig::max_channels)",
-                    plan.schedule, plan.channels
-                ),
-            });
-        }
-        // The plan's hash comes before the schedule's name, so it survives
-        // when a long name is cut to fit the header.
-        let signature = format!("{} schedule={}", plan.signature(), plan.schedule);
+        // Messages carry the plan that runs: were ranks ever to run
+        // different ones, the first message would say so.
+        let signature = signature_of(plan);
         let kernels = ferrocoll_core::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
         tracing::debug!(
             rank = self.rank,
             call = number,
             transport = %self.config.transport,
             kernels = %kernels,
+            chunks = if heap.is_some() { "heap (every rank's buffers in its shared heap)" } else { "slot" },
             "{}",
             planned.describe()
         );
-        self.agreement.agree(
-            self.transport.as_mut(),
-            number,
-            &signature,
-            self.config.planning.timeout,
-        )?;
-        let output_base = output.as_mut_ptr() as usize;
-        let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let started = Instant::now();
         ferrocoll_core::with_element_type!(shape.dtype, T => {
             let mut scratch: Vec<T> = Vec::with_capacity(plan.scratch_bytes as usize / std::mem::size_of::<T>());
@@ -277,6 +292,43 @@ impl ProcessCommunicator {
             "done"
         );
         Ok(())
+    }
+
+    /// A schedule with more channels than the segments were laid out for
+    /// is refused before anything is announced.
+    fn check_channels(&self, plan: &ExecutionPlan) -> Result<(), CommError> {
+        match self.transport.max_channel() {
+            Some(max) if plan.channels > max => Err(CommError::Capacity {
+                what: format!(
+                    "schedule `{}` uses {} channels; this group was set up for {max} (raise ProcessConfig::max_channels)",
+                    plan.schedule, plan.channels
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The heap's plan for this call, if this rank can offer it (see
+    /// [`crate::heap_plan`]).
+    fn heap_offer(
+        &mut self,
+        shape: &CallShape,
+        baseline: &Planned,
+        input_base: usize,
+        output_base: usize,
+    ) -> Option<Planned> {
+        let plan = &baseline.plan;
+        let mut buffers = vec![(output_base, plan.output_bytes as usize)];
+        if plan.input_bytes > 0 {
+            buffers.push((input_base, plan.input_bytes as usize));
+        }
+        let heap = self.heap_planner.as_mut()?.offer(
+            self.transport.as_ref(),
+            shape,
+            baseline,
+            &buffers,
+        )?;
+        self.check_channels(&heap.plan).is_ok().then_some(heap)
     }
 
     /// Wait until `ready` holds, bounded by the timeout, by peer failure
@@ -473,6 +525,13 @@ impl Communicator for ProcessCommunicator {
         let abort = self.transport.aborter();
         Some(std::sync::Arc::new(move |why: &str| abort(why)))
     }
+}
+
+/// What ranks compare to agree on a plan. The hash comes before the
+/// schedule's name, so it survives when a long name is cut to fit the
+/// header.
+fn signature_of(plan: &ExecutionPlan) -> String {
+    format!("{} schedule={}", plan.signature(), plan.schedule)
 }
 
 impl ProcessCommunicator {

@@ -53,11 +53,14 @@ pub struct ProcessConfig {
     /// closes), algorithm or schedule, selector (it must answer the same
     /// in every process: feed it one topology, rank 0's say, not each
     /// process's own measurement), channels (1 unless set), chunk size
-    /// (`max_message_bytes` unless set; a message never exceeds it), slots.
+    /// (`max_message_bytes` unless set; a message copied through a slot
+    /// never exceeds it; see [`heap_planner_settings`](Self::heap_planner_settings)
+    /// for calls on the shared heap), slots.
     pub planning: Planning,
     /// The largest message, in bytes: the shared-memory slot size, and the
     /// bound on a step's message over TCP. Chunks are cut so that the
-    /// widest step of a schedule fits.
+    /// widest step of a schedule fits, except where every message goes
+    /// by reference into the shared heap.
     pub max_message_bytes: usize,
     /// Channels the shared-memory segments have room for; a schedule with
     /// more is refused with an error naming this field.
@@ -140,6 +143,22 @@ impl ProcessConfig {
             // call's announcement.
             one_shot_bytes: self.one_shot_bytes,
         })
+    }
+
+    /// How calls whose buffers lie in every rank's shared heap are
+    /// planned: as [`planner_settings`](Self::planner_settings), but every
+    /// message goes by reference, so the slot size no longer bounds the
+    /// chunk. The chunk is the configured one, else the thread executor's
+    /// ([`HOST_CHUNK_BYTES`](ferrocoll_core::plan::HOST_CHUNK_BYTES)): the
+    /// copies are the same, only the hand-offs between ranks fewer.
+    pub fn heap_planner_settings(&self) -> PlannerSettings {
+        let mut settings = self.planner_settings();
+        settings.max_chunk_bytes = self
+            .planning
+            .max_chunk_bytes
+            .unwrap_or(ferrocoll_core::plan::HOST_CHUNK_BYTES);
+        settings.max_message_bytes = None;
+        settings
     }
 
     /// Which calls take the one-shot protocol on `world_size` ranks.

@@ -46,6 +46,7 @@ mod communicator;
 mod config;
 mod direct;
 mod exec;
+mod heap_plan;
 mod one_shot;
 mod panic_note;
 mod setup;

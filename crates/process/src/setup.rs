@@ -114,7 +114,7 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
     // As planned: `None` and the executor's default plan the same.
     let planned = config.planner_settings();
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={}",
         config.transport,
         config.max_message_bytes,
         planned.slots_per_link,
@@ -132,6 +132,13 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
         // differ would read each other's segments at other offsets.
         config.one_shot_rule(world_size).budget(),
         config.shared_heap_bytes,
+        // Calls on the heap's plan are cut with it: ranks that differ
+        // would each run their own plan. Without a heap there is none.
+        if config.shared_heap_bytes > 0 {
+            config.heap_planner_settings().max_chunk_bytes
+        } else {
+            0
+        },
     )
 }
 

@@ -20,6 +20,12 @@ const IN_HEAP: u8 = 2;
 /// Flag: no payload; the sender wrote the value straight into the
 /// receiver's heap, where the receiver's post asked for it.
 const WRITTEN: u8 = 4;
+/// Announcement flag: this rank can run the call on the shared heap's
+/// plan (its buffers lie in its heap; see `crate::agree`).
+const OFFERS_HEAP_PLAN: u8 = 8;
+/// Announcement flag: the call before this one ran on the heap's plan, for
+/// a peer that reads this announcement in place of that one's.
+const RAN_HEAP_PLAN: u8 = 16;
 
 /// A message's header.
 #[derive(Clone, PartialEq, Eq)]
@@ -84,6 +90,29 @@ impl Header {
     pub fn written(mut self) -> Self {
         self.flags |= WRITTEN;
         self
+    }
+
+    /// This header for an announcement: whether this rank offers the heap's
+    /// plan for the call, and whether the call before ran on it.
+    pub fn announcing(mut self, offers_heap_plan: bool, ran_heap_plan: bool) -> Self {
+        if offers_heap_plan {
+            self.flags |= OFFERS_HEAP_PLAN;
+        }
+        if ran_heap_plan {
+            self.flags |= RAN_HEAP_PLAN;
+        }
+        self
+    }
+
+    /// Whether the announcing rank offered the heap's plan for this call.
+    pub fn offers_heap_plan(&self) -> bool {
+        self.flags & OFFERS_HEAP_PLAN != 0
+    }
+
+    /// Whether the announcing rank ran the call before this on the heap's
+    /// plan.
+    pub fn ran_heap_plan(&self) -> bool {
+        self.flags & RAN_HEAP_PLAN != 0
     }
 
     /// Whether the value was written into this rank's posted destination.
@@ -161,5 +190,10 @@ mod tests {
         let r = Header::new(3, 1 << 20, "x").referring();
         assert!(r.by_reference() && !h.by_reference());
         assert_eq!(Header::decode(&r.encode()), r);
+        for (offers, ran) in [(false, true), (true, false), (true, true)] {
+            let a = Header::decode(&Header::new(4, 0, "x").announcing(offers, ran).encode());
+            assert_eq!((a.offers_heap_plan(), a.ran_heap_plan()), (offers, ran));
+            assert!(a.same_call(4, "x") && !a.by_reference());
+        }
     }
 }

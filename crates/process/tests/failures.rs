@@ -32,14 +32,16 @@ fn all_reduce_loop(
     Ok(())
 }
 
-/// [`all_reduce_loop`] on buffers in the shared heap, checking each result.
+/// [`all_reduce_loop`] on buffers in the shared heap, checking each result;
+/// large enough that the calls run on the heap's plan (chunks past the
+/// slot), checked too.
 fn heap_loop(
     comm: &mut ferrocoll_process::ProcessCommunicator,
     rank: u32,
 ) -> Result<(), CommError> {
-    let mut input = comm.shared_buffer::<f32>(64 << 10)?;
+    let mut input = comm.shared_buffer::<f32>(1 << 20)?;
     input.fill(1.0);
-    let mut output = comm.shared_buffer::<f32>(64 << 10)?;
+    let mut output = comm.shared_buffer::<f32>(1 << 20)?;
     let n = comm.world_size() as f32;
     for i in 0.. {
         comm.all_reduce(&input, &mut output, ReduceOp::Sum)?;
@@ -48,6 +50,7 @@ fn heap_loop(
             "a wrong sum at iteration {i}"
         );
         if i == 20 {
+            assert_eq!(comm.heap_plan_calls(), 21, "on the heap's plan");
             println!("rank {rank} reached iteration 20");
         }
     }
@@ -63,7 +66,7 @@ fn child() {
     let mut comm = common::connect(
         &env,
         ProcessConfig {
-            shared_heap_bytes: 4 << 20,
+            shared_heap_bytes: 16 << 20,
             planning: Planning {
                 timeout: TIMEOUT,
                 ..ProcessConfig::default().planning

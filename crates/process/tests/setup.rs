@@ -77,7 +77,8 @@ fn ranks_with_different_settings_are_refused_with_both_settings_named() {
 
 /// A chunk size set on one rank only plans differently: refused at setup
 /// (naming both), not at the first call; the executor's default and the
-/// same value set explicitly plan alike and form a group.
+/// same value set explicitly plan alike and form a group, unless a shared
+/// heap gives calls on it another default.
 #[test]
 fn ranks_planning_different_chunks_are_refused_and_equal_plans_are_not() {
     let chunk = |r: u32, differ: bool| ProcessConfig {
@@ -101,6 +102,19 @@ fn ranks_planning_different_chunks_are_refused_and_equal_plans_are_not() {
     );
     let formed = threads(2, |r| chunk(r, false), |comm| comm.is_ok());
     assert_eq!(formed, vec![true; 2]);
+    // With a shared heap they do not: the default chunk of calls on the
+    // heap's plan is the thread executor's, the explicit one applies there
+    // too.
+    let with_heap = |r: u32| ProcessConfig {
+        shared_heap_bytes: 1 << 20,
+        ..chunk(r, false)
+    };
+    let refused = threads(2, with_heap, |comm| comm.err().map(|e| e.to_string()));
+    let rank1 = refused[1].as_deref().expect("rank 1 must refuse");
+    assert!(
+        rank1.contains("heap_chunk=524288") && rank1.contains("heap_chunk=4194304"),
+        "{rank1}"
+    );
 }
 
 /// The one-shot budget and the shared heap lay out the segments: ranks

@@ -95,6 +95,10 @@ fn child() {
         large_in_heap(&env);
         return;
     }
+    if env.scenario == "heap-mixed" {
+        heap_mixed(&env);
+        return;
+    }
     if env.scenario == "no-heap" {
         let mut comm = common::connect(&env, ProcessConfig::default());
         let e = comm.shared_buffer::<f32>(10).unwrap_err();
@@ -110,11 +114,13 @@ fn child() {
         return;
     }
     let config = ProcessConfig {
-        // Small messages: short buffers still cross many segments.
+        // Small messages: short buffers still cross many segments, and
+        // calls on the heap's plan (chunks past the slot) several too.
         max_message_bytes: 4096,
         shared_heap_bytes: 8 << 20,
         planning: Planning {
             timeout: Duration::from_secs(30),
+            max_chunk_bytes: Some(16 << 10),
             ..ProcessConfig::default().planning
         },
         ..ProcessConfig::default()
@@ -140,7 +146,13 @@ fn child() {
             0,
             "private buffers are copied"
         );
+        assert_eq!(comm.heap_plan_calls(), 0, "private buffers fit slots");
     } else {
+        assert!(
+            comm.heap_plan_calls() > 20,
+            "{} calls on the heap's plan",
+            comm.heap_plan_calls()
+        );
         // Most of those values could go by reference, and did: the paths
         // under test were taken.
         assert!(
@@ -238,6 +250,105 @@ fn large_in_heap(env: &common::ChildEnv) {
     println!("rank {} passed", env.rank);
 }
 
+/// Whether rank `r` places call `i`'s buffers in its heap: a pattern every
+/// rank knows, so each can count the calls where all of them did.
+fn in_heap(i: usize, r: usize) -> bool {
+    (i * 7 + r * 3) % 5 != 0
+}
+
+/// Calls whose buffers lie in the heap on some ranks and not others, in a
+/// pattern, with barriers between: every call exact, and the heap's plan
+/// (chunks past the slot) run exactly when every rank's buffers were in
+/// its heap — including when a peer that finished early already announced
+/// the next call (broadcast and reduce let ranks finish before others).
+fn heap_mixed(env: &common::ChildEnv) {
+    let mut comm = common::connect(
+        env,
+        ProcessConfig {
+            max_message_bytes: 4096,
+            shared_heap_bytes: 8 << 20,
+            planning: Planning {
+                timeout: Duration::from_secs(30),
+                algorithm: Some(ferrocoll_core::Algorithm::Direct),
+                ..ProcessConfig::default().planning
+            },
+            ..ProcessConfig::default()
+        },
+    );
+    let (r, n) = (comm.rank() as usize, comm.world_size() as usize);
+    let count = 6000 + 3 * n;
+    let calls = 60;
+    for i in 0..calls {
+        let (mut input, mut output) = if in_heap(i, r) {
+            let a = comm.shared_buffer::<i64>(count).unwrap();
+            let b = comm.shared_buffer::<i64>(count).unwrap();
+            (Buffers::Heap(a), Buffers::Heap(b))
+        } else {
+            (Buffers::Own(vec![0; count]), Buffers::Own(vec![0; count]))
+        };
+        for (k, x) in input.slice().iter_mut().enumerate() {
+            *x = (k + 10 * r + i) as i64;
+        }
+        let (collective, root) = match i % 3 {
+            0 => (Collective::AllReduce, 0),
+            1 => (
+                Collective::Broadcast {
+                    root: (i % n) as u32,
+                },
+                i % n,
+            ),
+            _ => (
+                Collective::Reduce {
+                    root: ((i + 1) % n) as u32,
+                },
+                (i + 1) % n,
+            ),
+        };
+        let call = Call::collective(
+            collective,
+            ReduceOp::Sum,
+            Some((&input.slice()[..]).into()),
+            (&mut output.slice()[..]).into(),
+        );
+        comm.execute(call).unwrap();
+        let sum = |k: usize| (n * (k + i) + 10 * n * (n - 1) / 2) as i64;
+        let want = |k: usize| match collective {
+            Collective::Broadcast { .. } => Some((k + 10 * root + i) as i64),
+            Collective::Reduce { .. } if r != root => None,
+            _ => Some(sum(k)),
+        };
+        for (k, &got) in output.slice().iter().enumerate() {
+            if let Some(w) = want(k) {
+                assert_eq!(got, w, "call {i} ({collective}) element {k}");
+            }
+        }
+        if i % 4 == 3 {
+            comm.barrier().unwrap();
+        }
+    }
+    let everyone = (0..calls)
+        .filter(|&i| (0..n).all(|r| in_heap(i, r)))
+        .count();
+    assert!(everyone > 0 && everyone < calls, "the pattern mixes");
+    assert_eq!(comm.heap_plan_calls(), everyone as u64);
+    println!("rank {r} passed");
+}
+
+/// A call's buffer, in the shared heap or private.
+enum Buffers {
+    Heap(ferrocoll_process::SharedBuffer<i64>),
+    Own(Vec<i64>),
+}
+
+impl Buffers {
+    fn slice(&mut self) -> &mut [i64] {
+        match self {
+            Buffers::Heap(b) => &mut b[..],
+            Buffers::Own(v) => v,
+        }
+    }
+}
+
 fn run(scenario: &str, n: u32) {
     run_over(scenario, n, TransportKind::Shm);
 }
@@ -277,6 +388,12 @@ fn small_calls_take_the_one_shot_protocol_over_tcp() {
 fn large_calls_on_heap_buffers_are_exact_in_place_and_not() {
     run("heap-large", 2);
     run("heap-large", 4);
+}
+
+#[test]
+fn the_heap_plan_runs_exactly_when_every_rank_placed_its_buffers_in_the_heap() {
+    run("heap-mixed", 3);
+    run("heap-mixed", 2);
 }
 
 #[test]

@@ -335,6 +335,28 @@ impl ExecutionPlan {
         per_rank.saturating_mul(u64::from(self.world_size))
     }
 
+    /// When every value sent can be read where it lies, in the input or
+    /// the output (never a slot or scratch), the most pieces one of them
+    /// has; `None` otherwise. A group whose buffers all sit in memory its
+    /// peers map can then send every message as a reference to those
+    /// pieces, and no message has to fit a transport's slot.
+    pub fn lent_pieces(&self) -> Option<usize> {
+        let sends = self.ranks.iter().flat_map(|r| r.channels.iter().flatten());
+        sends
+            .filter(|i| !i.send.is_empty())
+            .map(|i| {
+                let region = match i.source {
+                    Source::Read => i.read.as_ref(),
+                    Source::Write => i.write.as_ref(),
+                    Source::Slot => None,
+                };
+                region
+                    .filter(|r| r.buffer != Buffer::Scratch)
+                    .map(|r| r.pieces.len())
+            })
+            .try_fold(0, |most, n| n.map(|n| most.max(n)))
+    }
+
     /// Bytes of `buffer` on every rank.
     pub fn buffer_bytes(&self, buffer: Buffer) -> u64 {
         match buffer {

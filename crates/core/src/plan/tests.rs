@@ -109,6 +109,45 @@ fn forwarding_steps_take_the_length_of_what_they_forward() {
 }
 
 #[test]
+fn lent_pieces_answers_only_where_every_value_sent_lies_in_a_buffer() {
+    let plan = |algorithm, n, in_place| {
+        let v = verified(algorithm, Collective::AllReduce, n);
+        let shape = shape(Collective::AllReduce, 1000 * n as usize, in_place);
+        compile(&v, &shape, Chunking::MaxBytes(1024), 2).unwrap()
+    };
+    // Two ranks: each sends its input, then the sum it wrote.
+    for in_place in [false, true] {
+        let p = plan(Algorithm::Ring, 2, in_place);
+        assert_eq!(p.lent_pieces(), Some(1), "in place {in_place}");
+    }
+    // Four: partial sums travel through slots, stored nowhere.
+    assert_eq!(plan(Algorithm::Ring, 4, false).lent_pieces(), None);
+    // Whatever it answers, it is the largest sent region's piece count.
+    let mut answered = 0;
+    for (algorithm, kind) in applicable() {
+        let collective = kind.with_root(1);
+        let v = verified(algorithm, collective, 5);
+        let p = compile(&v, &shape(collective, 101, false), Chunking::Segments(3), 2).unwrap();
+        let Some(most) = p.lent_pieces() else {
+            continue;
+        };
+        answered += 1;
+        let sent = p.ranks.iter().flat_map(|r| r.channels.iter().flatten());
+        for i in sent.filter(|i| !i.send.is_empty()) {
+            let region = match i.source {
+                Source::Read => i.read.as_ref(),
+                Source::Write => i.write.as_ref(),
+                Source::Slot => panic!("{algorithm:?} {collective}: a slot's value answered"),
+            };
+            let region = region.expect("the source's region");
+            assert_ne!(region.buffer, Buffer::Scratch);
+            assert!(region.pieces.len() <= most);
+        }
+    }
+    assert!(answered > 0, "no schedule on 5 ranks lends every value");
+}
+
+#[test]
 fn ring_all_reduce_moves_its_cost_line() {
     // 2(n−1)/n · S bytes per rank: each rank sends that much to its successor.
     for n in 2..=9u32 {

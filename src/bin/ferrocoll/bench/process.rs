@@ -93,8 +93,9 @@ impl Target for Processes {
         )];
         if p.shared_heap_bytes > 0 {
             lines.push(format!(
-                "# buffers in the shared heap ({} B per rank): peers read values in place (--no-shared-heap: copy through slots)",
-                p.shared_heap_bytes
+                "# buffers in the shared heap ({} B per rank): peers read values in place (--no-shared-heap: copy through slots); calls that send only values lying in an input or output run with chunks up to {} B, not cut to the slot",
+                p.shared_heap_bytes,
+                p.heap_planner_settings().max_chunk_bytes
             ));
         }
         lines

@@ -190,7 +190,11 @@ impl Transport for ShmTransport {
             return Ok(None);
         };
         // The length comes from another process: never read past the slot.
-        if header.len > self.segments.shape.slot_bytes as u64 {
+        // Only a value's own bytes lie in the slot; a reference (checked
+        // against the slot when read) or a value written to this rank's
+        // post may describe more.
+        let holds_value = !header.by_reference() && !header.was_written();
+        if holds_value && header.len > self.segments.shape.slot_bytes as u64 {
             return Err(CommError::PeerFailed {
                 rank: from,
                 reason: format!(
