@@ -13,10 +13,20 @@
 //! - overlapped step: backward with each bucket's all-reduce started the
 //!   moment its gradients are ready, then `finish()`.
 //!
+//! Both steps run twice: with backward writing each layer's gradients on
+//! this host's cores, as CPU training would, and with the gradients
+//! written by a device, as in GPU training (stood in for by writing them
+//! before the clock starts, so backward only takes time). On a host
+//! without spare cores the first shows what backward's own writes take
+//! from the all-reduces running beside them; the second, what the
+//! overlap itself costs.
+//!
 //! The backward compute is calibrated at run time to 1 × and then 2 × the
-//! measured comm (a layer sleeps most of its share, then yields to the
-//! deadline, so the share is kept to within microseconds; one correction
-//! after a first measurement); backward assigns each gradient in its
+//! measured comm (one correction after a first measurement). Each layer
+//! sleeps to its own deadline, counted from the start of backward, as a
+//! GPU's kernels run on their own clock: the cores stay free for the
+//! all-reduces, and a late wake-up delays one layer's gradient, not the
+//! layers after it. Backward assigns each gradient in its
 //! bucket (`gradient_to_overwrite`: no zeroing pass first); overlap then
 //! hides the comm except the last bucket's (1/16 of it here) and what the
 //! all-reduces take from the compute's cores and memory bandwidth. The
@@ -99,6 +109,30 @@ fn fill(grad: &mut [f32], rank: u32, layer: usize) {
     grad.fill((rank as usize + layer) as f32);
 }
 
+/// Who writes the gradients during backward.
+#[derive(Clone, Copy, PartialEq)]
+enum Writer {
+    /// This host's cores, layer by layer, as CPU training would: on a
+    /// host without spare cores the writes compete with the all-reduces
+    /// for cores and memory bandwidth.
+    Host,
+    /// A device, as in GPU training: the host's cores and memory are left
+    /// to the all-reduces. Stood in for by gradients written before the
+    /// step's clock starts; backward then only takes its time.
+    Device,
+}
+
+impl Writer {
+    fn describe(self) -> &'static str {
+        match self {
+            Writer::Host => "gradients written by this host's cores during backward",
+            Writer::Device => {
+                "gradients written by a device (here: before the clock starts), backward only takes time"
+            }
+        }
+    }
+}
+
 /// One rank's gradient sync and the steps it times.
 struct Steps<C: Communicator + Send + 'static> {
     sync: GradientSync<f32, C>,
@@ -109,19 +143,27 @@ struct Steps<C: Communicator + Send + 'static> {
 impl<C: Communicator + Send + 'static> Steps<C> {
     /// One step: `None` times the all-reduces alone (the gradients written
     /// before the clock starts); otherwise backward with `layer_compute` a
-    /// layer, its buckets started as they fill (`overlap`) or after it.
-    fn step(&mut self, layer_compute: Option<Duration>, overlap: bool) -> Result<Duration, Error> {
+    /// layer and its gradients' writer, its buckets started as they fill
+    /// (`overlap`) or after it.
+    fn step(
+        &mut self,
+        backward: Option<(Duration, Writer)>,
+        overlap: bool,
+    ) -> Result<Duration, Error> {
         let sync = &mut self.sync;
-        if layer_compute.is_none() {
+        let host_writes = matches!(backward, Some((_, Writer::Host)));
+        if !host_writes {
             for layer in 0..LAYERS {
                 fill(sync.gradient_to_overwrite(layer)?, self.rank, layer);
             }
         }
         sync.communicator().barrier()?;
         let t = Instant::now();
-        for layer in (0..LAYERS).rev() {
-            if let Some(d) = layer_compute {
-                compute_for(d);
+        for (done, layer) in (0..LAYERS).rev().enumerate() {
+            if let Some((d, _)) = backward {
+                compute_until(t + d * (done as u32 + 1));
+            }
+            if host_writes {
                 fill(sync.gradient_to_overwrite(layer)?, self.rank, layer);
             }
             if overlap {
@@ -147,11 +189,11 @@ impl<C: Communicator + Send + 'static> Steps<C> {
     /// The median of `STEPS` steps.
     fn median_step(
         &mut self,
-        layer_compute: Option<Duration>,
+        backward: Option<(Duration, Writer)>,
         overlap: bool,
     ) -> Result<Duration, Error> {
         let times = (0..STEPS)
-            .map(|_| self.step(layer_compute, overlap))
+            .map(|_| self.step(backward, overlap))
             .collect::<Result<_, _>>()?;
         Ok(median(times))
     }
@@ -195,15 +237,17 @@ impl Backward {
     }
 
     /// What backward alone takes with `layer_compute` of waits a layer
-    /// plus the gradient writes, measured.
-    fn alone(&mut self, layer_compute: Duration) -> Duration {
+    /// plus, when the host writes them, the gradient writes, measured.
+    fn alone(&mut self, layer_compute: Duration, writer: Writer) -> Duration {
         median(
             (0..STEPS)
                 .map(|_| {
                     let t = Instant::now();
-                    for layer in (0..LAYERS).rev() {
-                        compute_for(layer_compute);
-                        self.write(layer);
+                    for (done, layer) in (0..LAYERS).rev().enumerate() {
+                        compute_until(t + layer_compute * (done as u32 + 1));
+                        if writer == Writer::Host {
+                            self.write(layer);
+                        }
                     }
                     t.elapsed()
                 })
@@ -211,22 +255,28 @@ impl Backward {
         )
     }
 
-    /// The waits a layer that make backward take `target`, and backward's
-    /// measured time with them. The gradient writes are part of the
-    /// target; one correction follows a first measurement, since a write
-    /// after a wait runs slower than writes back to back.
-    fn calibrate(&mut self, target: Duration) -> (Duration, Duration) {
+    /// The compute a layer that makes backward take `target`, and
+    /// backward's measured time with it. A layer's gradient is written
+    /// while the next layer's compute runs, so only the last write adds;
+    /// one correction follows a first measurement, since a wake-up runs
+    /// late and a write after a wait runs slower than writes back to back.
+    fn calibrate(&mut self, target: Duration, writer: Writer) -> (Duration, Duration) {
         let layers = LAYERS as u32;
-        let mut layer_compute = (target / layers).saturating_sub(self.write_time);
-        let first = self.alone(layer_compute);
+        let last_write = match writer {
+            Writer::Host => self.write_time,
+            Writer::Device => Duration::ZERO,
+        };
+        let mut layer_compute = target.saturating_sub(last_write) / layers;
+        let first = self.alone(layer_compute, writer);
         layer_compute += target.saturating_sub(first) / layers;
         layer_compute = layer_compute.saturating_sub(first.saturating_sub(target) / layers);
-        (layer_compute, self.alone(layer_compute))
+        (layer_compute, self.alone(layer_compute, writer))
     }
 }
 
 /// One rank's part; returns its report.
 fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> {
+    precise_sleeps(); // this thread runs backward
     let (rank, world) = (comm.rank(), comm.world_size());
     let lens = vec![PARAMS_PER_LAYER; LAYERS];
     let sync = GradientSync::<f32, _>::new(AsyncCommunicator::new(comm)?, &lens, BUCKET_BYTES)?;
@@ -238,42 +288,65 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
     let mut backward = Backward::new(rank);
     let mut report = format!(
         "# gradient sync overlapped with backward: {world} ranks, {LAYERS} layers x {:.1} MiB f32, buckets of {} MiB ({} buckets), medians of {STEPS} steps\n\
-         # backward compute is stood in by a sleep and a yield to each layer's deadline\n\
+         # backward compute is stood in by a sleep to each layer's deadline, counted from the start of backward\n\
          comm alone                 {:8.2} ms  (every bucket's all-reduce, gradients already written)\n",
         (PARAMS_PER_LAYER * 4) as f64 / (1 << 20) as f64,
         BUCKET_BYTES >> 20,
         steps.sync.buckets().len(),
         ms(comm),
     );
-    for times in [1u32, 2] {
-        let (layer_compute, compute) = backward.calibrate(comm * times);
-        let blocking = steps.median_step(Some(layer_compute), false)?;
-        let overlapped = steps.median_step(Some(layer_compute), true)?;
-        let ratio = overlapped.as_secs_f64() / compute.max(comm).as_secs_f64();
-        report += &format!(
-            "backward = {times} x comm:\n\
-             \x20 backward compute         {:8.2} ms  (measured: {:.2} x comm)\n\
-             \x20 blocking step            {:8.2} ms  (compute + comm)\n\
-             \x20 overlapped step          {:8.2} ms  = {ratio:.2} x max(compute, comm) (goal <= 1.15: {})\n",
-            ms(compute),
-            compute.as_secs_f64() / comm.as_secs_f64(),
-            ms(blocking),
-            ms(overlapped),
-            if ratio <= 1.15 { "met" } else { "MISSED" },
-        );
+    for writer in [Writer::Host, Writer::Device] {
+        report += &format!("# {}\n", writer.describe());
+        for times in [1u32, 2] {
+            let (layer_compute, compute) = backward.calibrate(comm * times, writer);
+            let stand_in = Some((layer_compute, writer));
+            let blocking = steps.median_step(stand_in, false)?;
+            let overlapped = steps.median_step(stand_in, true)?;
+            report += &overlap_lines(times, compute, comm, blocking, overlapped);
+        }
     }
     Ok(report)
 }
 
-/// Stand in for `d` of a layer's backward compute: sleep most of it (the
-/// cores stay free for the all-reduces, as a GPU's kernels leave them),
-/// then yield until the deadline, so sleep overshoot does not stretch it.
-fn compute_for(d: Duration) {
-    let deadline = Instant::now() + d;
-    if let Some(rest) = d.checked_sub(Duration::from_micros(200)) {
+/// The report of one backward: its time, the blocking step and the
+/// overlapped one against max(compute, comm).
+fn overlap_lines(
+    times: u32,
+    compute: Duration,
+    comm: Duration,
+    blocking: Duration,
+    overlapped: Duration,
+) -> String {
+    let ratio = overlapped.as_secs_f64() / compute.max(comm).as_secs_f64();
+    format!(
+        "backward = {times} x comm:\n\
+         \x20 backward compute         {:8.2} ms  (measured: {:.2} x comm)\n\
+         \x20 blocking step            {:8.2} ms  (compute + comm)\n\
+         \x20 overlapped step          {:8.2} ms  = {ratio:.2} x max(compute, comm) (goal <= 1.15: {})\n",
+        ms(compute),
+        compute.as_secs_f64() / comm.as_secs_f64(),
+        ms(blocking),
+        ms(overlapped),
+        if ratio <= 1.15 { "met" } else { "MISSED" },
+    )
+}
+
+/// Stand in for a layer's backward compute until `deadline`: sleep, so the
+/// cores stay free for the all-reduces, as a GPU's kernels leave them.
+fn compute_until(deadline: Instant) {
+    while let Some(rest) = deadline.checked_duration_since(Instant::now()) {
         std::thread::sleep(rest);
     }
-    while Instant::now() < deadline {
-        std::thread::yield_now();
-    }
 }
+
+/// Cut this thread's timer slack (50 us by default) to 1 us: a sleep of a
+/// few hundred microseconds then wakes within a few of its end.
+#[cfg(target_os = "linux")]
+fn precise_sleeps() {
+    let slack_ns: libc::c_ulong = 1000;
+    // SAFETY: PR_SET_TIMERSLACK takes a value and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn precise_sleeps() {}
