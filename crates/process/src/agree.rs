@@ -306,4 +306,109 @@ mod tests {
         // Alone: nobody to disagree.
         assert!(peers_offered(&[None], 0, 5));
     }
+
+    /// Peers' boards set by the test; what this rank announced, kept.
+    struct Boards {
+        boards: Vec<Option<Header>>,
+        posted: Option<Header>,
+    }
+
+    impl Transport for Boards {
+        fn announce(&mut self, _to: Rank, header: &Header) -> Result<bool, CommError> {
+            self.posted = Some(header.clone());
+            Ok(true)
+        }
+        fn announcement(&mut self, from: Rank) -> Result<Option<Header>, CommError> {
+            Ok(self.boards[from as usize].clone())
+        }
+        fn check(&mut self) -> Result<(), CommError> {
+            Ok(())
+        }
+        fn ticket(&self) -> u64 {
+            0
+        }
+        fn wait(&mut self, _seen: u64, _until: std::time::Instant) {}
+        fn departed(&mut self, _peer: Rank) -> bool {
+            false
+        }
+        fn reserve(&mut self, _: Rank, _: u32, _: usize) -> Result<Option<*mut u8>, CommError> {
+            unreachable!("the agreement announces")
+        }
+        fn commit(&mut self, _: Rank, _: u32, _: &Header) -> Result<(), CommError> {
+            unreachable!("the agreement announces")
+        }
+        fn peek(
+            &mut self,
+            _: Rank,
+            _: u32,
+        ) -> Result<Option<crate::transport::Incoming>, CommError> {
+            unreachable!("the agreement reads announcements")
+        }
+        fn peek_header(&mut self, _: Rank, _: u32) -> Option<Header> {
+            unreachable!("the agreement reads announcements")
+        }
+        fn release(&mut self, _: Rank, _: u32) -> Result<(), CommError> {
+            unreachable!("the agreement reads announcements")
+        }
+        fn unconsumed(&mut self, _: Rank, _: u32) -> u64 {
+            0
+        }
+        fn set_position(&mut self, _: crate::transport::Position) {}
+        fn fail(&mut self, _: Rank, _: &str) {}
+        fn max_channel(&self) -> Option<u32> {
+            None
+        }
+        fn max_message(&self) -> Option<usize> {
+            None
+        }
+        fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
+            Box::new(|_| {})
+        }
+        fn depart(&mut self) {}
+    }
+
+    #[test]
+    fn a_peer_one_call_ahead_is_read_through_what_it_says_it_ran() {
+        let t = std::time::Duration::from_secs(1);
+        // Rank 0 of 3: rank 1 shows call 5 itself, rank 2 already call 6.
+        let agree = |peer2_ran: bool, offer: bool| {
+            let mut boards = Boards {
+                boards: vec![None, at(5, true, false), at(6, false, peer2_ran)],
+                posted: None,
+            };
+            let mut a = Agreement::new(0, 3);
+            let on_heap = a.agree_offering(&mut boards, 5, "x", offer, t).unwrap();
+            // The next call's announcement tells a peer that did not see
+            // this one what this rank ran.
+            boards.boards = vec![None, at(6, false, on_heap), at(6, false, peer2_ran)];
+            assert!(!a.agree_offering(&mut boards, 6, "x", false, t).unwrap());
+            let next = boards.posted.expect("announced call 6");
+            assert_eq!((next.call, next.ran_heap_plan()), (6, on_heap));
+            on_heap
+        };
+        assert!(agree(true, true));
+        assert!(!agree(false, true));
+        assert!(!agree(true, false), "this rank did not offer");
+        // Call 0 has no call before it; a barrier or one-shot call offers
+        // nothing and says so in the next announcement.
+        let mut boards = Boards {
+            boards: vec![None, at(0, true, true)],
+            posted: None,
+        };
+        let mut a = Agreement::new(0, 2);
+        assert!(a.agree_offering(&mut boards, 0, "x", true, t).unwrap());
+        assert!(!boards.posted.as_ref().unwrap().ran_heap_plan());
+        boards.boards[1] = at(1, false, true);
+        a.agree(&mut boards, 1, "x", t).unwrap();
+        assert!(
+            boards.posted.as_ref().unwrap().ran_heap_plan(),
+            "call 0 did"
+        );
+        boards.boards[1] = at(2, false, false);
+        a.agree(&mut boards, 2, "x", t).unwrap();
+        assert!(
+            !boards.posted.unwrap().ran_heap_plan(),
+            "call 1 offered nothing"
+        );
+    }
 }

@@ -439,6 +439,16 @@ impl ProcessCommunicator {
                 .transport
                 .peek_header(peer, channel)
                 .expect("peeked above");
+            // Point to point only values travel; the payload's length is
+            // bounded by the slot only for those.
+            if !header.holds_value() {
+                return Err(CommError::PeerFailed {
+                    rank: peer,
+                    reason:
+                        "protocol error: a point-to-point message by reference or written in place"
+                            .into(),
+                });
+            }
             if header.signature() != Header::new(0, 0, &signature).signature() {
                 return Err(CommError::Mismatch {
                     call: number,

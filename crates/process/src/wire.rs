@@ -125,6 +125,13 @@ impl Header {
         self.flags & IN_HEAP != 0
     }
 
+    /// Whether the value's own bytes follow the header (in the slot or on
+    /// the wire): not a reference, not written to the receiver's post. Only
+    /// then does `len` measure the payload.
+    pub fn holds_value(&self) -> bool {
+        !self.by_reference() && !self.was_written()
+    }
+
     /// Whether the payload refers to the value instead of holding it.
     pub fn by_reference(&self) -> bool {
         self.flags & BY_REFERENCE != 0
@@ -190,6 +197,13 @@ mod tests {
         let r = Header::new(3, 1 << 20, "x").referring();
         assert!(r.by_reference() && !h.by_reference());
         assert_eq!(Header::decode(&r.encode()), r);
+        assert!(h.holds_value() && !r.holds_value());
+        assert!(!Header::new(3, 1 << 20, "x").written().holds_value());
+        assert!(
+            !Header::new(3, 1 << 20, "x")
+                .referring_to_heap()
+                .holds_value()
+        );
         for (offers, ran) in [(false, true), (true, false), (true, true)] {
             let a = Header::decode(&Header::new(4, 0, "x").announcing(offers, ran).encode());
             assert_eq!((a.offers_heap_plan(), a.ran_heap_plan()), (offers, ran));

@@ -45,6 +45,9 @@ pub(crate) fn between(calls: u64) -> Position {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Incoming {
     pub call: u64,
+    /// The value's bytes. The payload holds that many only when the
+    /// header [holds the value](crate::wire::Header::holds_value); a
+    /// reference or a value written to a post must be read as such.
     pub len: usize,
     /// The payload; aligned to 8 bytes (so to every element type).
     pub payload: *const u8,

@@ -192,9 +192,9 @@ impl Transport for ShmTransport {
         // The length comes from another process: never read past the slot.
         // Only a value's own bytes lie in the slot; a reference (checked
         // against the slot when read) or a value written to this rank's
-        // post may describe more.
-        let holds_value = !header.by_reference() && !header.was_written();
-        if holds_value && header.len > self.segments.shape.slot_bytes as u64 {
+        // post may describe more, and whoever reads such a message must
+        // refuse it unless it reads it as such.
+        if header.holds_value() && header.len > self.segments.shape.slot_bytes as u64 {
             return Err(CommError::PeerFailed {
                 rank: from,
                 reason: format!(
