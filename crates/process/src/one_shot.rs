@@ -13,6 +13,7 @@
 //! is poisoned and never writes its staging again. TCP keeps the inputs
 //! peers' announcements carried by the same parity.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use ferrocoll_core::Rank;
@@ -48,7 +49,15 @@ impl ProcessCommunicator {
         let number = self.calls;
         self.calls += 1;
         let (n, rank) = (self.n, self.rank);
-        let shot = OneShot::new(shape, n, rank);
+        let memo = match &self.one_shot_memo {
+            Some((cached, memo)) if cached == shape => memo.clone(),
+            _ => {
+                let memo = Arc::new((OneShot::new(shape, n, rank), one_shot_describe(shape)));
+                self.one_shot_memo = Some((*shape, memo.clone()));
+                memo
+            }
+        };
+        let (shot, signature) = (&memo.0, memo.1.as_str());
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let from = match shot.input_buffer {
@@ -66,12 +75,11 @@ impl ProcessCommunicator {
         // docs) and holds `room >= bytes`.
         unsafe { std::ptr::copy_nonoverlapping(from as *const u8, mine, bytes) };
         self.transport.stage(number, bytes);
-        let signature = one_shot_describe(shape);
         let started = Instant::now();
         self.agreement.agree(
             self.transport.as_mut(),
             number,
-            &signature,
+            signature,
             self.config.planning.timeout,
         )?;
         tracing::debug!(
@@ -83,7 +91,7 @@ impl ProcessCommunicator {
             shape.size_bytes(n),
             shape.dtype,
         );
-        let staged = self.staged_inputs(&shot, number)?;
+        let staged = self.staged_inputs(shot, number)?;
         ferrocoll_core::with_element_type!(shape.dtype, T => {
             // SAFETY: every rank announced this one-shot call, so each
             // peer's staged input (checked to hold `bytes`) stays until it

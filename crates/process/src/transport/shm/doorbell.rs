@@ -7,18 +7,31 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-/// Ring: bump the word and wake every process sleeping on it.
-pub(crate) fn ring(word: &AtomicU32) {
-    word.fetch_add(1, Ordering::Release);
-    wake(word);
+/// A doorbell word and the count of processes asleep on it.
+pub(crate) struct Bell<'a> {
+    pub word: &'a AtomicU32,
+    pub sleepers: &'a AtomicU32,
 }
 
-/// Sleep while `word` still reads `seen`, at most `limit`.
-pub(crate) fn sleep(word: &AtomicU32, seen: u32, limit: Duration) {
-    if word.load(Ordering::Acquire) != seen {
-        return;
+/// Ring: bump the word and wake every process sleeping on it. A sleeper
+/// counts itself before it looks at the word and the ringer bumps the word
+/// before it looks at the count (both sequentially consistent), so either
+/// the ringer sees the sleeper or the sleeper sees the new value: no wake
+/// is lost, and a ring nobody sleeps through costs no system call.
+pub(crate) fn ring(bell: Bell<'_>) {
+    bell.word.fetch_add(1, Ordering::SeqCst);
+    if bell.sleepers.load(Ordering::SeqCst) > 0 {
+        wake(bell.word);
     }
-    wait(word, seen, limit);
+}
+
+/// Sleep while the word still reads `seen`, at most `limit`.
+pub(crate) fn sleep(bell: Bell<'_>, seen: u32, limit: Duration) {
+    bell.sleepers.fetch_add(1, Ordering::SeqCst);
+    if bell.word.load(Ordering::SeqCst) == seen {
+        wait(bell.word, seen, limit);
+    }
+    bell.sleepers.fetch_sub(1, Ordering::SeqCst);
 }
 
 #[cfg(target_os = "linux")]

@@ -16,6 +16,10 @@ pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"fcollshm");
 pub(super) const CONTROL_BYTES: usize = 4096;
 pub(super) const PID_AT: usize = 8;
 pub(super) const DOORBELL_AT: usize = 64;
+/// Processes asleep (or about to be) on the doorbell: a ring wakes them
+/// only when there are some, so the common ring — the owner is spinning —
+/// is one atomic add, not a system call.
+pub(super) const SLEEPERS_AT: usize = 68;
 pub(super) const STATE_AT: usize = 128;
 pub(super) const REASON_LEN_AT: usize = 132;
 pub(super) const CULPRIT_AT: usize = 136;
@@ -153,7 +157,15 @@ impl Segments {
     }
 
     pub(super) fn ring(&self, rank: Rank) {
-        doorbell::ring(self.word32(rank, DOORBELL_AT));
+        doorbell::ring(self.bell(rank));
+    }
+
+    /// `rank`'s doorbell and its count of sleepers.
+    pub(super) fn bell(&self, rank: Rank) -> doorbell::Bell<'_> {
+        doorbell::Bell {
+            word: self.word32(rank, DOORBELL_AT),
+            sleepers: self.word32(rank, SLEEPERS_AT),
+        }
     }
 
     /// Record `rank`'s failure, caused by `culprit` (first one wins), and

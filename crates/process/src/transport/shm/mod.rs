@@ -259,7 +259,8 @@ impl Transport for ShmTransport {
         }
         let now = Instant::now();
         if bell.load(Ordering::Acquire) == seen && now < until {
-            doorbell::sleep(bell, seen, (until - now).min(HEALTH_PERIOD));
+            let limit = (until - now).min(HEALTH_PERIOD);
+            doorbell::sleep(self.segments.bell(self.rank), seen, limit);
         }
         if self.last_health.elapsed() >= HEALTH_PERIOD {
             self.health();
