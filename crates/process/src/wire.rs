@@ -27,6 +27,16 @@ const OFFERS_HEAP_PLAN: u8 = 8;
 /// a peer that reads this announcement in place of that one's.
 const RAN_HEAP_PLAN: u8 = 16;
 
+/// What of `signature` a header holds: as much as fits, cut on a char
+/// boundary.
+fn cut(signature: &str) -> &str {
+    let mut n = signature.len().min(SIGNATURE_BYTES);
+    while !signature.is_char_boundary(n) {
+        n -= 1;
+    }
+    &signature[..n]
+}
+
 /// A message's header.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -54,11 +64,9 @@ impl std::fmt::Debug for Header {
 impl Header {
     pub fn new(call: u64, len: usize, signature: &str) -> Self {
         let mut bytes = [0u8; SIGNATURE_BYTES];
-        let mut n = signature.len().min(SIGNATURE_BYTES);
-        while !signature.is_char_boundary(n) {
-            n -= 1;
-        }
-        bytes[..n].copy_from_slice(&signature.as_bytes()[..n]);
+        let signature = cut(signature);
+        let n = signature.len();
+        bytes[..n].copy_from_slice(signature.as_bytes());
         Header {
             call,
             len: len as u64,
@@ -151,7 +159,11 @@ impl Header {
     /// Whether a message with this header belongs to the call `call`
     /// described as `signature`.
     pub fn same_call(&self, call: u64, signature: &str) -> bool {
-        self.call == call && self.signature() == Header::new(call, 0, signature).signature()
+        // Bytes against bytes, as the header stores them: every call of
+        // every message compares, and a peer's garbled bytes are unequal
+        // to ours as they are.
+        let n = usize::from(self.signature_len).min(SIGNATURE_BYTES);
+        self.call == call && self.signature[..n] == *cut(signature).as_bytes()
     }
 
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
@@ -194,6 +206,15 @@ mod tests {
         let cut = Header::new(1, 0, &long);
         assert!(cut.signature().len() <= SIGNATURE_BYTES);
         assert!(cut.same_call(1, &long));
+        // A peer's bytes that are not text, or claim a length past the
+        // field, are no call of ours.
+        let mut raw = Header::new(9, 0, "ab").encode();
+        raw[19] = 0xff;
+        assert!(!Header::decode(&raw).same_call(9, "ab"));
+        assert_eq!(Header::decode(&raw).signature(), "<garbled signature>");
+        let mut long_len = Header::new(9, 0, "ab").encode();
+        long_len[16..18].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(!Header::decode(&long_len).same_call(9, "ab"));
         let r = Header::new(3, 1 << 20, "x").referring();
         assert!(r.by_reference() && !h.by_reference());
         assert_eq!(Header::decode(&r.encode()), r);
