@@ -79,3 +79,53 @@ fn wait(_word: &AtomicU32, _seen: u32, limit: Duration) {
 
 #[cfg(not(target_os = "linux"))]
 fn wake(_word: &AtomicU32) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Two threads hand a turn back and forth through each other's bell,
+    /// each sleeping (no spinning) until its own rings. A lost wake-up
+    /// would leave one asleep until its limit: every hand-off must come
+    /// far sooner.
+    #[test]
+    fn no_ring_is_lost_between_a_sleeper_counting_itself_and_a_ringer() {
+        const ROUNDS: u32 = 20_000;
+        const LIMIT: Duration = Duration::from_secs(2);
+        let words: [AtomicU32; 4] = Default::default();
+        let bell = |i: usize| Bell {
+            word: &words[2 * i],
+            sleepers: &words[2 * i + 1],
+        };
+        let worst = std::thread::scope(|s| {
+            let side = |me: usize| {
+                let (bell, words) = (&bell, &words);
+                s.spawn(move || {
+                    let mut worst = Duration::ZERO;
+                    for round in 0..ROUNDS {
+                        if (round % 2 == 0) == (me == 0) {
+                            ring(bell(1 - me));
+                            continue;
+                        }
+                        let t = Instant::now();
+                        // The peer rang once in every round before this
+                        // one that was its turn, and now.
+                        let rung = round / 2 + 1;
+                        while words[2 * me].load(Ordering::SeqCst) < rung {
+                            let now = words[2 * me].load(Ordering::SeqCst);
+                            sleep(bell(me), now, LIMIT);
+                        }
+                        worst = worst.max(t.elapsed());
+                    }
+                    worst
+                })
+            };
+            let (a, b) = (side(0), side(1));
+            a.join().unwrap().max(b.join().unwrap())
+        });
+        assert!(worst < LIMIT / 2, "a hand-off waited {worst:?}");
+        assert_eq!(words[1].load(Ordering::SeqCst), 0, "sleepers counted out");
+        assert_eq!(words[3].load(Ordering::SeqCst), 0, "sleepers counted out");
+    }
+}
