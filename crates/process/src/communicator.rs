@@ -252,10 +252,11 @@ impl ProcessCommunicator {
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let offer = self.heap_offer(shape, baseline, input_base, output_base);
+        let agreed = signature_of(&baseline.plan);
         let on_heap = self.agreement.agree_offering(
             self.transport.as_mut(),
             number,
-            &signature_of(&baseline.plan),
+            &agreed,
             offer.is_some(),
             self.config.planning.timeout,
         )?;
@@ -265,7 +266,10 @@ impl ProcessCommunicator {
         let plan = &planned.plan;
         // Messages carry the plan that runs: were ranks ever to run
         // different ones, the first message would say so.
-        let signature = signature_of(plan);
+        let signature = match &heap {
+            Some(h) => signature_of(&h.plan),
+            None => agreed,
+        };
         let kernels = ferrocoll_core::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
         tracing::debug!(
             rank = self.rank,
