@@ -6,9 +6,10 @@
 //! communication, not a model. From one run it prints medians over
 //! `STEPS` steps of:
 //! - comm alone: every bucket's all-reduce, the gradients already written;
-//! - backward compute: the waits and gradient writes alone, measured, into
-//!   memory as large as the gradients (a reused 2 MiB slice would stay in
-//!   the cache and read faster than the step's writes);
+//! - backward compute: the waits alone, with the gradient writes where the
+//!   host makes them, measured, into memory as large as the gradients (a
+//!   reused 2 MiB slice would stay in the cache and read faster than the
+//!   step's writes);
 //! - blocking step: backward, then sync (no overlap);
 //! - overlapped step: backward with each bucket's all-reduce started the
 //!   moment its gradients are ready, then `finish()`.
