@@ -16,10 +16,7 @@ fn gradient_sync_averages_every_bucket_whatever_order_gradients_arrive_in() {
     let results = run_async(3, |comm| {
         let r = comm.rank() as usize;
         // 100 f32 per bucket: [1, 64, 17] [0, 300]... in reverse order.
-        let mut sync =
-            GradientSync::<f32, _>::new(comm, &lens, 400).map_err(|e| CommError::Unsupported {
-                what: e.to_string(),
-            })?;
+        let mut sync = GradientSync::<f32, _>::new(comm, &lens, 400).map_err(unsupported)?;
         let buckets = sync.buckets();
         assert_eq!(
             buckets.first().unwrap()[0],
@@ -34,14 +31,9 @@ fn gradient_sync_averages_every_bucket_whatever_order_gradients_arrive_in() {
                 let grad: Vec<f32> = (0..lens[p])
                     .map(|i| (r * 7 + p + i + step) as f32)
                     .collect();
-                sync.mark_ready(p, &grad)
-                    .map_err(|e| CommError::Unsupported {
-                        what: e.to_string(),
-                    })?;
+                sync.mark_ready(p, &grad).map_err(unsupported)?;
             }
-            sync.finish().map_err(|e| CommError::Unsupported {
-                what: e.to_string(),
-            })?;
+            sync.finish().map_err(unsupported)?;
             for (p, &len) in lens.iter().enumerate() {
                 let want: Vec<f32> = (0..len).map(|i| (7 + p + i + step) as f32).collect();
                 assert_eq!(
@@ -192,5 +184,12 @@ fn gradient_sync_refuses_layouts_that_differ_across_ranks() {
             matches!(e, SyncError::Comm(CommError::Disagreement { .. })),
             "{e}"
         );
+    }
+}
+
+/// A gradient-sync error as the communicator error the rank closures return.
+fn unsupported(e: impl std::fmt::Display) -> CommError {
+    CommError::Unsupported {
+        what: e.to_string(),
     }
 }

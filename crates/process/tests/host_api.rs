@@ -118,20 +118,12 @@ fn grid(comm: ferrocoll_process::ProcessCommunicator, cols: u32) -> Result<(), C
 
     // DDP-style sync on the columns (the data-parallel axis).
     let lens = [1000usize, 3, 40_000, 7];
-    let mut sync = GradientSync::<f32, _>::new(cols_comm, &lens, 4096).map_err(|e| {
-        CommError::Unsupported {
-            what: e.to_string(),
-        }
-    })?;
+    let mut sync = GradientSync::<f32, _>::new(cols_comm, &lens, 4096).map_err(unsupported)?;
     for (p, &len) in lens.iter().enumerate().rev() {
         sync.mark_ready(p, &vec![r as f32; len])
-            .map_err(|e| CommError::Unsupported {
-                what: e.to_string(),
-            })?;
+            .map_err(unsupported)?;
     }
-    sync.finish().map_err(|e| CommError::Unsupported {
-        what: e.to_string(),
-    })?;
+    sync.finish().map_err(unsupported)?;
     let avg = col_sum as f32 / (n / cols) as f32;
     assert!(
         lens.iter()
@@ -225,5 +217,12 @@ fn a_rank_that_dies_fails_every_outstanding_work_of_the_others() {
                 assert!(f.at < TIMEOUT, "{}", common::show(&finished));
             }
         }
+    }
+}
+
+/// A gradient-sync error as the communicator error the rank closures return.
+fn unsupported(e: impl std::fmt::Display) -> CommError {
+    CommError::Unsupported {
+        what: e.to_string(),
     }
 }
