@@ -112,9 +112,16 @@ mod tests {
                         // The peer rang once in every round before this
                         // one that was its turn, and now.
                         let rung = round / 2 + 1;
-                        while words[2 * me].load(Ordering::SeqCst) < rung {
-                            let now = words[2 * me].load(Ordering::SeqCst);
-                            sleep(bell(me), now, LIMIT);
+                        // One load serves as both the check and the
+                        // ticket to sleep on, as the transport takes its
+                        // ticket before it looks: a second load could
+                        // see the ring the first missed and sleep past it.
+                        loop {
+                            let ticket = words[2 * me].load(Ordering::SeqCst);
+                            if ticket >= rung {
+                                break;
+                            }
+                            sleep(bell(me), ticket, LIMIT);
                         }
                         worst = worst.max(t.elapsed());
                     }
