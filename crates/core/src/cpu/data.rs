@@ -75,8 +75,13 @@ pub(crate) fn combine<T: Reduce>(
 }
 
 /// Try the element type's fused reduce-and-stream kernel for a whole
-/// stretch; false when it has none or a destination is also a source
-/// (in place, where ordinary stores into just-read lines are cheaper).
+/// stretch; false when it has none, when a destination partly overlaps a
+/// source, or when the one source is the destination (nothing to do).
+///
+/// A destination may be exactly a source: in place, the value is written
+/// over this rank's read and over the block each peer lent, and the kernel
+/// loads a line from every source before it stores that line. Those lines
+/// were just loaded, so the stores then go through the cache.
 fn fused<T: Reduce>(
     choice: KernelChoice,
     op: ReduceOp,
@@ -84,14 +89,20 @@ fn fused<T: Reduce>(
     dst_addrs: &[usize],
     bytes: usize,
 ) -> bool {
-    if dst_addrs.iter().any(|d| src_addrs.contains(d)) {
+    let meets = |a: usize, b: usize| a < b + bytes && b < a + bytes;
+    let apart = dst_addrs
+        .iter()
+        .all(|&d| src_addrs.iter().all(|&s| d == s || !meets(d, s)));
+    let aliased = dst_addrs.iter().any(|d| src_addrs.contains(d));
+    if !apart || (aliased && src_addrs.len() == 1) {
         return false;
     }
+    let choice = if aliased { choice.cached() } else { choice };
     let srcs: Vec<*const T> = src_addrs.iter().map(|&a| a as *const T).collect();
     let dsts: Vec<*mut T> = dst_addrs.iter().map(|&a| a as *mut T).collect();
     // SAFETY: every address covers `bytes` bytes (verified slices or sized
     // slots); destinations are distinct from each other and, as checked
-    // above, from every source.
+    // above, each either is exactly a source or overlaps none.
     unsafe { T::reduce_stream_with(choice, op, &srcs, &dsts, bytes / std::mem::size_of::<T>()) }
 }
 
@@ -205,5 +216,68 @@ pub(crate) unsafe fn divide<T: Reduce>(extents: &Extents, n: u32) {
         for x in out {
             *x = x.divide(n);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::reduce_slices;
+
+    /// In place, a rank's value goes over its own read and over the blocks
+    /// its peers lent: destinations that are exactly sources. Long enough
+    /// for the fused kernel, misaligned, on every kernel variant, with a
+    /// fresh destination beside them; every destination must hold the sum
+    /// of the sources as they were before the call.
+    fn sums_over_its_own_sources<T: Reduce + From<u16> + PartialEq>() {
+        let len = (STREAM_MIN_BYTES / std::mem::size_of::<T>()) + 1001;
+        for choice in KernelChoice::available() {
+            let source =
+                |k: u16| -> Vec<T> { (0..=len).map(|i| T::from((i % 251) as u16 + k)).collect() };
+            let mut own = source(1);
+            let mut lent = [source(2), source(3)];
+            let other = source(4);
+            let mut fresh = vec![T::from(0); len + 1];
+            let want: Vec<T> = {
+                let mut sum = vec![T::from(0); len];
+                let all = [&own[1..], &lent[0][1..], &lent[1][1..], &other[1..]];
+                reduce_slices(ReduceOp::Sum, &all, &mut sum);
+                sum
+            };
+            let bytes = len * std::mem::size_of::<T>();
+            // Element 1 onward: off the 64-byte line where the buffers start.
+            let at = |p: *const T| vec![(p as usize + std::mem::size_of::<T>(), bytes)];
+            let own_at = at(own.as_mut_ptr());
+            let [lent_0_at, lent_1_at] = lent.each_mut().map(|v| at(v.as_mut_ptr()));
+            let srcs = [
+                own_at.clone(),
+                lent_0_at.clone(),
+                lent_1_at.clone(),
+                at(other.as_ptr()),
+            ];
+            let dsts = [own_at, lent_0_at, lent_1_at, at(fresh.as_mut_ptr())];
+            combine::<T>(choice, ReduceOp::Sum, &srcs, &dsts);
+            for (name, got) in [
+                ("own", &own),
+                ("lent 0", &lent[0]),
+                ("lent 1", &lent[1]),
+                ("fresh", &fresh),
+            ] {
+                let wrong = got[1..].iter().zip(&want).position(|(g, w)| g != w);
+                assert_eq!(
+                    wrong,
+                    None,
+                    "{name} with {}: first wrong element",
+                    choice.spec()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn destinations_that_are_sources_get_the_sum_of_the_sources_before_the_call() {
+        sums_over_its_own_sources::<f32>();
+        sums_over_its_own_sources::<f64>();
+        sums_over_its_own_sources::<u32>();
     }
 }
