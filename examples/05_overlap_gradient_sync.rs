@@ -48,13 +48,22 @@ const LAYERS: usize = 16;
 const PARAMS_PER_LAYER: usize = 512 * 1024;
 const BUCKET_BYTES: usize = 2 << 20;
 const STEPS: usize = 25;
+/// Every layer's gradients, f32.
+const GRADIENT_BYTES: usize = LAYERS * PARAMS_PER_LAYER * 4;
 
 fn main() {
     ferrocoll::log::init();
     let launched = std::env::var_os("WORLD_SIZE").is_some();
     let report = if launched {
-        let comm = ferrocoll::env::process_communicator_from_env(&Default::default())
-            .unwrap_or_else(|e| fail(&e));
+        // A shared heap as large as the gradients: GradientSync places its
+        // buckets there, and peers read them in place (no copy through
+        // the slots).
+        let config = ferrocoll::process::ProcessConfig {
+            shared_heap_bytes: GRADIENT_BYTES + (1 << 20),
+            ..Default::default()
+        };
+        let comm =
+            ferrocoll::env::process_communicator_from_env(&config).unwrap_or_else(|e| fail(&e));
         let boxed: Box<dyn Communicator + Send> = Box::new(comm);
         let rank = boxed.rank();
         let report = run_rank(boxed).unwrap_or_else(|e| fail(&e));
@@ -288,12 +297,13 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
     let comm = steps.median_step(None, false)?;
     let mut backward = Backward::new(rank);
     let mut report = format!(
-        "# gradient sync overlapped with backward: {world} ranks, {LAYERS} layers x {:.1} MiB f32, buckets of {} MiB ({} buckets), medians of {STEPS} steps\n\
+        "# gradient sync overlapped with backward: {world} ranks, {LAYERS} layers x {:.1} MiB f32, buckets of {} MiB ({} buckets, {} in memory the communicator lent), medians of {STEPS} steps\n\
          # backward compute is stood in by a sleep to each layer's deadline, counted from the start of backward\n\
          comm alone                 {:8.2} ms  (every bucket's all-reduce, gradients already written)\n",
         (PARAMS_PER_LAYER * 4) as f64 / (1 << 20) as f64,
         BUCKET_BYTES >> 20,
         steps.sync.buckets().len(),
+        steps.sync.lent_buckets(),
         ms(comm),
     );
     for writer in [Writer::Host, Writer::Device] {

@@ -544,6 +544,16 @@ impl Communicator for ProcessCommunicator {
         let abort = self.transport.aborter();
         Some(std::sync::Arc::new(move |why: &str| abort(why)))
     }
+
+    /// This rank's shared heap, where peers read a call's values in place
+    /// (and, on every rank's, calls run with the heap's larger chunks).
+    fn lender(&self) -> Option<ferrocoll_core::comm::Lender> {
+        let heap = self.transport.heaps()?.own.clone();
+        Some(std::sync::Arc::new(move |bytes: usize| {
+            let lent = SharedBuffer::<u8>::new(heap.clone(), bytes).ok()?;
+            Some(ferrocoll_core::comm::LentMemory::new(lent))
+        }))
+    }
 }
 
 /// What ranks compare to agree on a plan. The hash comes before the

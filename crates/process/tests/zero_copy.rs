@@ -10,10 +10,13 @@ mod common;
 
 use std::time::Duration;
 
-use ferrocoll_core::comm::{Call, CommError, Communicator, CommunicatorExt, Planning};
+use ferrocoll_core::comm::{
+    AsyncCommunicator, Call, CommError, Communicator, CommunicatorExt, Planning,
+};
 use ferrocoll_core::conformance::{
     Case, KitElement, case_inputs, check_output, check_rank, in_place_buffer, poisoned_output,
 };
+use ferrocoll_core::grad_sync::GradientSync;
 use ferrocoll_core::{Collective, ReduceOp};
 use ferrocoll_process::{ProcessCommunicator, ProcessConfig, TransportKind};
 
@@ -99,6 +102,10 @@ fn child() {
         heap_mixed(&env);
         return;
     }
+    if env.scenario == "buckets-in-heap" {
+        buckets_in_heap(&env);
+        return;
+    }
     if env.scenario == "no-heap" {
         let mut comm = common::connect(&env, ProcessConfig::default());
         let e = comm.shared_buffer::<f32>(10).unwrap_err();
@@ -110,6 +117,9 @@ fn child() {
             0,
             "private buffers are copied"
         );
+        let async_comm = AsyncCommunicator::new(comm).unwrap();
+        let sync = GradientSync::<f32, _>::new(async_comm, &[1000, 3], 4096).unwrap();
+        assert_eq!(sync.lent_buckets(), 0, "no heap, nothing lent");
         println!("rank {} passed", env.rank);
         return;
     }
@@ -349,6 +359,77 @@ impl Buffers {
     }
 }
 
+/// DDP-style sync over processes with a heap too small for every bucket:
+/// the buckets that fit are lent by the heap, so their all-reduces send
+/// references and run on the heap's plan; the rest stay private. Every
+/// step's averages exact either way.
+fn buckets_in_heap(env: &common::ChildEnv) {
+    let comm = common::connect(
+        env,
+        ProcessConfig {
+            // Small slots: a bucket's baseline plan has many segments, so
+            // the heap's plan differs from it and runs.
+            max_message_bytes: 4096,
+            shared_heap_bytes: 256 << 10,
+            planning: Planning {
+                timeout: Duration::from_secs(30),
+                ..ProcessConfig::default().planning
+            },
+            ..ProcessConfig::default()
+        },
+    );
+    let (r, n) = (comm.rank() as usize, comm.world_size() as usize);
+    let lens = [20_000usize, 3, 30_000, 7, 25_000, 11];
+    let async_comm = AsyncCommunicator::new(comm).unwrap();
+    let mut sync = GradientSync::<f32, _>::new(async_comm, &lens, 64 << 10).unwrap();
+    let lent = sync.lent_buckets();
+    let buckets = sync.buckets().len();
+    assert!(
+        0 < lent && lent < buckets,
+        "{lent} of {buckets} buckets lent"
+    );
+    let value = |p: usize, i: usize, step: usize| (i % 13 + p + step) as f32;
+    for step in 0..3 {
+        for p in (0..lens.len()).rev() {
+            for (i, g) in sync
+                .gradient_to_overwrite(p)
+                .unwrap()
+                .iter_mut()
+                .enumerate()
+            {
+                *g = (r + 1) as f32 * value(p, i, step);
+            }
+            sync.mark_ready_in_place(p).unwrap();
+        }
+        sync.finish().unwrap();
+        // The mean of 1..=n times each value.
+        let mean = (n + 1) as f32 / 2.0;
+        for (p, &len) in lens.iter().enumerate() {
+            let got = sync.gradient(p).unwrap();
+            if let Some(i) = (0..len).find(|&i| got[i] != mean * value(p, i, step)) {
+                panic!("step {step} param {p} element {i}: {}", got[i]);
+            }
+        }
+    }
+    assert_eq!(sync.lent_buckets(), lent, "lent buckets come back");
+    let (by_reference, heap_plan) = sync
+        .communicator()
+        .start((0, 0), |c, out| {
+            *out = (c.messages_by_reference(), c.heap_plan_calls());
+            Ok(())
+        })
+        .wait()
+        .unwrap();
+    assert!(by_reference > 0, "lent buckets travel by reference");
+    // Buckets too small for more than one segment, or small enough to go
+    // one-shot, keep their plan; the large lent ones take the heap's.
+    assert!(
+        0 < heap_plan && heap_plan <= 3 * lent as u64,
+        "{heap_plan} calls on the heap's plan, {lent} buckets lent"
+    );
+    println!("rank {} passed", env.rank);
+}
+
 fn run(scenario: &str, n: u32) {
     run_over(scenario, n, TransportKind::Shm);
 }
@@ -394,6 +475,11 @@ fn large_calls_on_heap_buffers_are_exact_in_place_and_not() {
 fn the_heap_plan_runs_exactly_when_every_rank_placed_its_buffers_in_the_heap() {
     run("heap-mixed", 3);
     run("heap-mixed", 2);
+}
+
+#[test]
+fn gradient_buckets_go_in_the_heap_as_far_as_it_has_room() {
+    run("buckets-in-heap", 3);
 }
 
 #[test]

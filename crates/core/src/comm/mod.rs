@@ -29,6 +29,7 @@
 
 mod call;
 mod error;
+mod lend;
 mod nonblocking;
 mod p2p;
 mod planner;
@@ -41,6 +42,7 @@ pub use call::{Call, Checked, HostSlice, HostSliceMut, Operation};
 pub use error::{
     BackendError, CommError, check_disjoint, check_peer, check_rank, check_root, printable,
 };
+pub use lend::{Lender, LentBuffer, LentMemory};
 pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};
 pub use planner::{Planned, Planner, PlannerSettings, link_slots};
@@ -109,6 +111,14 @@ pub trait Communicator {
     /// it returns once no peer can still be reading or writing this
     /// rank's buffers. `None` where the backend has none.
     fn aborter(&self) -> Option<Aborter> {
+        None
+    }
+
+    /// Memory this communicator's peers can read in place when a call
+    /// uses it, for buffers kept across many calls (see [`LentBuffer`]):
+    /// the process executor's shared heap. `None` where the backend has
+    /// no such memory; ordinary memory then works the same, with copies.
+    fn lender(&self) -> Option<Lender> {
         None
     }
 }
@@ -367,6 +377,10 @@ impl<C: Communicator + ?Sized> Communicator for &mut C {
     fn aborter(&self) -> Option<Aborter> {
         (**self).aborter()
     }
+
+    fn lender(&self) -> Option<Lender> {
+        (**self).lender()
+    }
 }
 
 impl<C: Communicator + ?Sized> Communicator for Box<C> {
@@ -396,6 +410,10 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
 
     fn aborter(&self) -> Option<Aborter> {
         (**self).aborter()
+    }
+
+    fn lender(&self) -> Option<Lender> {
+        (**self).lender()
     }
 }
 

@@ -27,7 +27,7 @@ use super::call::Call;
 use super::error::CommError;
 use super::p2p::{P2pOp, send_recv_batch};
 use super::work::{Outcome, Work};
-use super::{Aborter, Communicator, CommunicatorExt};
+use super::{Aborter, Communicator, CommunicatorExt, Lender};
 use crate::kernels::Reduce;
 use crate::types::{Collective, Rank, ReduceOp};
 
@@ -68,6 +68,8 @@ pub struct AsyncCommunicator<C: Communicator + Send + 'static> {
     world_size: u32,
     /// The backend's abort, callable while its thread is blocked.
     aborter: Option<Aborter>,
+    /// The backend's lender: it hands out memory from any thread.
+    lender: Option<Lender>,
     jobs: Option<mpsc::Sender<Job<C>>>,
     worker: Option<JoinHandle<C>>,
 }
@@ -86,7 +88,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     /// ([`CommError::Capacity`] if the system refuses the thread).
     pub fn new(comm: C) -> Result<Self, CommError> {
         let (rank, world_size) = (comm.rank(), comm.world_size());
-        let aborter = comm.aborter();
+        let (aborter, lender) = (comm.aborter(), comm.lender());
         let (jobs, queue) = mpsc::channel::<Job<C>>();
         let worker = std::thread::Builder::new()
             .name(format!("ferrocoll-progress-{rank}"))
@@ -98,6 +100,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
             rank,
             world_size,
             aborter,
+            lender,
             jobs: Some(jobs),
             worker: Some(worker),
         })
@@ -346,6 +349,10 @@ impl<C: Communicator + Send + 'static> Communicator for AsyncCommunicator<C> {
 
     fn aborter(&self) -> Option<Aborter> {
         self.aborter.clone()
+    }
+
+    fn lender(&self) -> Option<Lender> {
+        self.lender.clone()
     }
 }
 

@@ -10,6 +10,9 @@
 //! last parameter arrives; [`finish`](GradientSync::finish) waits for them
 //! all. Buckets are started in the same order on every rank, whatever
 //! order the gradients arrive in within a bucket, so ranks always agree.
+//! Buckets live in memory the communicator lends where it lends any
+//! ([`Communicator::lender`]: the process executor's shared heap, which
+//! peers read in place), else in vectors.
 //!
 //! [`Bucketer`] is the blocking form for a loop that has all its
 //! gradients at once: it fuses a list of tensors into buckets and reduces
@@ -23,8 +26,10 @@ use crate::plan::stable_hash;
 use crate::types::ReduceOp;
 
 mod bucketer;
+mod memory;
 
 pub use bucketer::{Bucketer, DEFAULT_BUCKET_BYTES};
+use memory::BucketMemory;
 
 /// How tensors of `lens` elements, in the order given, share buckets of
 /// about `bucket_bytes`: each bucket a run of consecutive tensors, a new
@@ -167,12 +172,12 @@ fn agree_layout<C: Communicator + Send + 'static>(
 
 /// One bucket: its parameters, its flat buffer (owned by the running
 /// all-reduce while one is in flight) and how many gradients it still needs.
-struct Bucket<T> {
+struct Bucket<T: Reduce> {
     params: Vec<usize>,
     /// Elements of all its parameters.
     len: usize,
-    buffer: Option<Vec<T>>,
-    work: Option<Work<Vec<T>>>,
+    buffer: Option<BucketMemory<T>>,
+    work: Option<Work<BucketMemory<T>>>,
     waiting: usize,
 }
 
@@ -231,9 +236,12 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
             }
             buckets.push(bucket);
         }
+        // Over shared-memory processes the buckets go in the heap their
+        // peers read in place; what does not fit there stays private.
+        let lender = comm.lender();
         for b in &mut buckets {
             b.len = b.params.iter().map(|&p| place[p].2).sum();
-            b.buffer = Some(vec![T::default(); b.len]);
+            b.buffer = Some(BucketMemory::new(lender.as_ref(), b.len));
         }
         Ok(GradientSync {
             comm,
@@ -249,6 +257,17 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// gradients are expected).
     pub fn buckets(&self) -> Vec<Vec<usize>> {
         self.buckets.iter().map(|b| b.params.clone()).collect()
+    }
+
+    /// How many buckets live in memory the communicator lent, which its
+    /// peers read in place ([`Communicator::lender`]): over shared-memory
+    /// processes, every bucket the heap has room for; elsewhere none. A
+    /// bucket in flight is not counted, nor one a failed call kept.
+    pub fn lent_buckets(&self) -> usize {
+        self.buckets
+            .iter()
+            .filter(|b| b.buffer.as_ref().is_some_and(BucketMemory::is_lent))
+            .count()
     }
 
     /// Parameter `param`'s gradient is final: copy it into its bucket and
@@ -320,8 +339,10 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
         }
         let b = &mut self.buckets[bucket];
         // A bucket lacks its buffer only after a call that lost it failed.
-        let buffer = b.buffer.get_or_insert_with(|| vec![T::default(); b.len]);
-        Ok(&mut buffer[offset..offset + len])
+        let buffer = b
+            .buffer
+            .get_or_insert_with(|| BucketMemory::new(None, b.len));
+        Ok(&mut buffer.as_mut()[offset..offset + len])
     }
 
     /// Parameter `param`'s gradient, written through
@@ -345,7 +366,10 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
         while let Some(b) = self.buckets.get_mut(self.next)
             && b.waiting == 0
         {
-            let buffer = b.buffer.take().unwrap_or_else(|| vec![T::default(); b.len]);
+            let buffer = b
+                .buffer
+                .take()
+                .unwrap_or_else(|| BucketMemory::new(None, b.len));
             b.work = Some(self.comm.iall_reduce(buffer, ReduceOp::Avg));
             self.next += 1;
         }
@@ -408,7 +432,7 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     pub fn gradient(&self, param: usize) -> Option<&[T]> {
         let &(bucket, offset, len) = self.place.get(param)?;
         let buffer = self.buckets[bucket].buffer.as_ref()?;
-        Some(&buffer[offset..offset + len])
+        Some(&buffer.as_ref()[offset..offset + len])
     }
 
     /// The communicator, for other calls (they queue behind the buckets).

@@ -1,0 +1,198 @@
+//! Memory a communicator lends to its caller: buffers its peers can read
+//! in place when a call uses them (a shared-memory heap), for a caller
+//! that keeps buffers across many calls (gradient buckets) and would
+//! otherwise have every call copy them.
+//!
+//! A backend offers a [`Lender`] through [`Communicator::lender`]; the
+//! lender hands out bytes ([`LentMemory`]) and [`LentBuffer`] views them
+//! as elements. Lent memory is zeroed when handed out and goes back to
+//! its backend on drop, even after the communicator is gone.
+//!
+//! [`Communicator::lender`]: super::Communicator::lender
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::types::Element;
+
+/// Hands out `bytes` bytes of lent memory, or `None` when there is none
+/// left: callers then use their own memory, which works the same, with a
+/// copy per call.
+pub type Lender = Arc<dyn Fn(usize) -> Option<LentMemory> + Send + Sync>;
+
+/// What a backend lends: some owner of bytes (its heap's allocation).
+trait Bytes: Send {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl<O: AsRef<[u8]> + AsMut<[u8]> + Send> Bytes for O {
+    fn bytes(&self) -> &[u8] {
+        self.as_ref()
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.as_mut()
+    }
+}
+
+/// Bytes a backend lent, zeroed, returned to it on drop.
+pub struct LentMemory {
+    owner: Box<dyn Bytes>,
+}
+
+impl std::fmt::Debug for LentMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentMemory")
+            .field("bytes", &self.owner.bytes().len())
+            .finish()
+    }
+}
+
+impl LentMemory {
+    /// Lend `owner`'s bytes; a backend's lender calls this. The bytes must
+    /// be zeroed and must not move while `owner` lives.
+    pub fn new<O: AsRef<[u8]> + AsMut<[u8]> + Send + 'static>(owner: O) -> LentMemory {
+        LentMemory {
+            owner: Box::new(owner),
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.owner.bytes().len()
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Lent memory seen as `len` elements of `T`.
+pub struct LentBuffer<T: Element> {
+    memory: LentMemory,
+    len: usize,
+    _type: PhantomData<T>,
+}
+
+impl<T: Element> std::fmt::Debug for LentBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentBuffer")
+            .field("dtype", &T::DATA_TYPE)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T: Element> LentBuffer<T> {
+    /// `len` elements from `lender`, or `None` when it has no room left
+    /// or lent memory that is too short or not aligned for `T`.
+    pub fn from_lender(lender: &Lender, len: usize) -> Option<LentBuffer<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+        let memory = lender(bytes)?;
+        let start = memory.owner.bytes().as_ptr();
+        (memory.len() >= bytes && start.align_offset(std::mem::align_of::<T>()) == 0).then_some(
+            LentBuffer {
+                memory,
+                len,
+                _type: PhantomData,
+            },
+        )
+    }
+}
+
+impl<T: Element> AsRef<[T]> for LentBuffer<T> {
+    fn as_ref(&self) -> &[T] {
+        let bytes = self.memory.owner.bytes();
+        // SAFETY: `from_lender` checked that the bytes are aligned for `T`
+        // and hold `len` of them; `Element` types have no padding and take
+        // every bit pattern; the owner keeps the bytes in place.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T: Element> AsMut<[T]> for LentBuffer<T> {
+    fn as_mut(&mut self) -> &mut [T] {
+        let len = self.len;
+        let bytes = self.memory.owner.bytes_mut();
+        // SAFETY: as in `as_ref`, through the owner's unique borrow.
+        unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lends `bytes` bytes of a vector of u64 (so 8-byte aligned),
+    /// starting `skew` bytes in; none past `room`.
+    fn lender(skew: usize, room: usize) -> Lender {
+        struct Skewed {
+            words: Vec<u64>,
+            skew: usize,
+            bytes: usize,
+        }
+        impl AsRef<[u8]> for Skewed {
+            fn as_ref(&self) -> &[u8] {
+                // SAFETY: the words viewed as their bytes.
+                let all = unsafe {
+                    std::slice::from_raw_parts(
+                        self.words.as_ptr().cast::<u8>(),
+                        self.words.len() * 8,
+                    )
+                };
+                &all[self.skew..self.skew + self.bytes]
+            }
+        }
+        impl AsMut<[u8]> for Skewed {
+            fn as_mut(&mut self) -> &mut [u8] {
+                // SAFETY: the words viewed as their bytes.
+                let all = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        self.words.as_mut_ptr().cast::<u8>(),
+                        self.words.len() * 8,
+                    )
+                };
+                &mut all[self.skew..self.skew + self.bytes]
+            }
+        }
+        Arc::new(move |bytes: usize| {
+            (bytes <= room).then(|| {
+                LentMemory::new(Skewed {
+                    words: vec![0; bytes / 8 + 2],
+                    skew,
+                    bytes,
+                })
+            })
+        })
+    }
+
+    #[test]
+    fn lent_bytes_become_elements_only_when_aligned_and_long_enough() {
+        let mut b = LentBuffer::<f32>::from_lender(&lender(0, 1 << 10), 5).expect("aligned");
+        assert_eq!(b.as_ref(), &[0.0; 5], "zeroed when handed out");
+        b.as_mut()[4] = 2.5;
+        assert_eq!(b.as_ref()[4], 2.5);
+        assert!(
+            LentBuffer::<f64>::from_lender(&lender(4, 1 << 10), 3).is_none(),
+            "misaligned"
+        );
+        assert!(
+            LentBuffer::<u32>::from_lender(&lender(4, 1 << 10), 3).is_some(),
+            "4-aligned"
+        );
+        assert!(
+            LentBuffer::<f32>::from_lender(&lender(0, 16), 5).is_none(),
+            "no room"
+        );
+        assert!(
+            LentBuffer::<u64>::from_lender(&lender(0, 16), usize::MAX).is_none(),
+            "overflow"
+        );
+        assert_eq!(
+            LentBuffer::<u8>::from_lender(&lender(0, 16), 0).map(|b| b.as_ref().len()),
+            Some(0)
+        );
+    }
+}
