@@ -20,52 +20,52 @@ use crate::types::Element;
 /// copy per call.
 pub type Lender = Arc<dyn Fn(usize) -> Option<LentMemory> + Send + Sync>;
 
-/// What a backend lends: some owner of bytes (its heap's allocation).
-trait Bytes: Send {
-    fn bytes(&self) -> &[u8];
-    fn bytes_mut(&mut self) -> &mut [u8];
-}
-
-impl<O: AsRef<[u8]> + AsMut<[u8]> + Send> Bytes for O {
-    fn bytes(&self) -> &[u8] {
-        self.as_ref()
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        self.as_mut()
-    }
-}
-
 /// Bytes a backend lent, zeroed, returned to it on drop.
 pub struct LentMemory {
-    owner: Box<dyn Bytes>,
+    /// Keeps the bytes alive; never asked for them again after `new`,
+    /// so what it would answer later cannot matter.
+    _owner: Box<dyn Send>,
+    /// The bytes, taken once from the boxed owner.
+    start: *mut u8,
+    len: usize,
 }
+
+// SAFETY: the bytes belong to the owner, which is `Send`, and are reached
+// only through this value's own borrows.
+unsafe impl Send for LentMemory {}
 
 impl std::fmt::Debug for LentMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LentMemory")
-            .field("bytes", &self.owner.bytes().len())
+            .field("bytes", &self.len)
             .finish()
     }
 }
 
 impl LentMemory {
-    /// Lend `owner`'s bytes; a backend's lender calls this. The bytes must
-    /// be zeroed and must not move while `owner` lives.
-    pub fn new<O: AsRef<[u8]> + AsMut<[u8]> + Send + 'static>(owner: O) -> LentMemory {
+    /// Lend `owner`'s bytes (what its `as_mut` answers once, here); a
+    /// backend's lender calls this. They should be zeroed: every element
+    /// type takes any bytes, but callers expect a fresh buffer to read 0.
+    pub fn new<O: AsMut<[u8]> + Send + 'static>(owner: O) -> LentMemory {
+        // Boxed first: bytes the owner holds inline then stay in place.
+        let mut owner = Box::new(owner);
+        let bytes = (*owner).as_mut();
+        let (start, len) = (bytes.as_mut_ptr(), bytes.len());
         LentMemory {
-            owner: Box::new(owner),
+            _owner: owner,
+            start,
+            len,
         }
     }
 
     /// Its length in bytes.
     pub fn len(&self) -> usize {
-        self.owner.bytes().len()
+        self.len
     }
 
     /// Whether it holds no byte.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 }
 
@@ -91,33 +91,30 @@ impl<T: Element> LentBuffer<T> {
     pub fn from_lender(lender: &Lender, len: usize) -> Option<LentBuffer<T>> {
         let bytes = len.checked_mul(std::mem::size_of::<T>())?;
         let memory = lender(bytes)?;
-        let start = memory.owner.bytes().as_ptr();
-        (memory.len() >= bytes && start.align_offset(std::mem::align_of::<T>()) == 0).then_some(
-            LentBuffer {
-                memory,
-                len,
-                _type: PhantomData,
-            },
-        )
+        let aligned = memory.start.align_offset(std::mem::align_of::<T>()) == 0;
+        (memory.len >= bytes && aligned).then_some(LentBuffer {
+            memory,
+            len,
+            _type: PhantomData,
+        })
     }
 }
 
 impl<T: Element> AsRef<[T]> for LentBuffer<T> {
     fn as_ref(&self) -> &[T] {
-        let bytes = self.memory.owner.bytes();
-        // SAFETY: `from_lender` checked that the bytes are aligned for `T`
-        // and hold `len` of them; `Element` types have no padding and take
-        // every bit pattern; the owner keeps the bytes in place.
-        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), self.len) }
+        // SAFETY: `from_lender` checked that the bytes, fixed since
+        // `LentMemory::new`, are aligned for `T` and hold `len` of them;
+        // `Element` types have no padding and take every bit pattern; the
+        // owner keeps them alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.memory.start.cast::<T>(), self.len) }
     }
 }
 
 impl<T: Element> AsMut<[T]> for LentBuffer<T> {
     fn as_mut(&mut self) -> &mut [T] {
-        let len = self.len;
-        let bytes = self.memory.owner.bytes_mut();
-        // SAFETY: as in `as_ref`, through the owner's unique borrow.
-        unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), len) }
+        // SAFETY: as in `as_ref`; `&mut self` makes the borrow unique, and
+        // the bytes came from the owner's unique borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.memory.start.cast::<T>(), self.len) }
     }
 }
 
@@ -132,18 +129,6 @@ mod tests {
             words: Vec<u64>,
             skew: usize,
             bytes: usize,
-        }
-        impl AsRef<[u8]> for Skewed {
-            fn as_ref(&self) -> &[u8] {
-                // SAFETY: the words viewed as their bytes.
-                let all = unsafe {
-                    std::slice::from_raw_parts(
-                        self.words.as_ptr().cast::<u8>(),
-                        self.words.len() * 8,
-                    )
-                };
-                &all[self.skew..self.skew + self.bytes]
-            }
         }
         impl AsMut<[u8]> for Skewed {
             fn as_mut(&mut self) -> &mut [u8] {
@@ -166,6 +151,28 @@ mod tests {
                 })
             })
         })
+    }
+
+    /// An owner whose answers change: the first is the one that counts.
+    struct Shifty(Vec<u64>, usize);
+    impl AsMut<[u8]> for Shifty {
+        fn as_mut(&mut self) -> &mut [u8] {
+            self.1 += 1;
+            // SAFETY: the words viewed as their bytes.
+            let all = unsafe {
+                std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), self.0.len() * 8)
+            };
+            &mut all[self.1 - 1..]
+        }
+    }
+
+    #[test]
+    fn the_owner_is_asked_for_its_bytes_once() {
+        let lender: Lender = Arc::new(|bytes| Some(LentMemory::new(Shifty(vec![0; bytes / 8], 0))));
+        let mut b = LentBuffer::<u64>::from_lender(&lender, 4).expect("aligned at first");
+        b.as_mut()[3] = 7;
+        assert_eq!(b.as_ref(), &[0, 0, 0, 7]);
+        assert_eq!(b.memory.len(), 32);
     }
 
     #[test]

@@ -76,7 +76,8 @@ pub(crate) fn combine<T: Reduce>(
 
 /// Try the element type's fused reduce-and-stream kernel for a whole
 /// stretch; false when it has none, when a destination partly overlaps a
-/// source, or when the one source is the destination (nothing to do).
+/// source, or when the only source is also a destination (the copy path
+/// skips that destination instead of storing the value over itself).
 ///
 /// A destination may be exactly a source: in place, the value is written
 /// over this rank's read and over the block each peer lent, and the kernel

@@ -5,10 +5,12 @@
 //! through a slot, the way threads read each other's memory.
 //!
 //! Only the owner allocates from its heap. Peers read it only while a
-//! message of the current call names it (the owner returns from that call
+//! message of the current call names it (a call that succeeds returns
 //! only once every such message was consumed), and write it only where
 //! the owner posted a direct-write destination for that call (a call that
-//! fails withdraws its posts before it returns).
+//! fails withdraws its posts and waits, bounded, for a peer that already
+//! took one). After a failed call the buffers' contents are unspecified:
+//! a peer still inside that call may read them, or finish a write.
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
