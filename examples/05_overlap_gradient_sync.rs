@@ -55,9 +55,9 @@ fn main() {
     ferrocoll::log::init();
     let launched = std::env::var_os("WORLD_SIZE").is_some();
     let report = if launched {
-        // A shared heap as large as the gradients: GradientSync places its
-        // buckets there, and peers read them in place (no copy through
-        // the slots).
+        // A shared heap a little larger than the gradients (each bucket is
+        // rounded up to 64 bytes): GradientSync places its buckets there,
+        // and peers read them in place instead of through the slots.
         let config = ferrocoll::process::ProcessConfig {
             shared_heap_bytes: GRADIENT_BYTES + (1 << 20),
             ..Default::default()

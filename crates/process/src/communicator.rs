@@ -546,7 +546,8 @@ impl Communicator for ProcessCommunicator {
     }
 
     /// This rank's shared heap, where peers read a call's values in place
-    /// (and, on every rank's, calls run with the heap's larger chunks).
+    /// (and where every rank's buffers lie in its heap, a call of several
+    /// segments runs with the heap's larger chunks).
     fn lender(&self) -> Option<ferrocoll_core::comm::Lender> {
         let heap = self.transport.heaps()?.own.clone();
         Some(std::sync::Arc::new(move |bytes: usize| {

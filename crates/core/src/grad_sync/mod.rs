@@ -262,7 +262,8 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
     /// How many buckets live in memory the communicator lent, which its
     /// peers read in place ([`Communicator::lender`]): over shared-memory
     /// processes, every bucket the heap has room for; elsewhere none. A
-    /// bucket in flight is not counted, nor one a failed call kept.
+    /// bucket in flight is not counted, nor one whose buffer a failed call
+    /// kept.
     pub fn lent_buckets(&self) -> usize {
         self.buckets
             .iter()
