@@ -22,16 +22,26 @@ pub type Lender = Arc<dyn Fn(usize) -> Option<LentMemory> + Send + Sync>;
 
 /// Bytes a backend lent, zeroed, returned to it on drop.
 pub struct LentMemory {
-    /// Keeps the bytes alive; never asked for them again after `new`,
-    /// so what it would answer later cannot matter.
-    _owner: Box<dyn Send>,
-    /// The bytes, taken once from the boxed owner.
+    /// Keeps the bytes alive, out of its box (so that no move of a box
+    /// can invalidate `start` where the bytes lie inside it) until `drop`;
+    /// never asked for them again after `new`, so what it would answer
+    /// later cannot matter.
+    owner: *mut dyn Send,
+    /// The bytes, taken once from the owner.
     start: *mut u8,
     len: usize,
 }
 
-// SAFETY: the bytes belong to the owner, which is `Send`, and are reached
-// only through this value's own borrows.
+impl Drop for LentMemory {
+    fn drop(&mut self) {
+        // SAFETY: `owner` came from `Box::into_raw` in `new`, and only this
+        // drop gives it back.
+        drop(unsafe { Box::from_raw(self.owner) });
+    }
+}
+
+// SAFETY: the owner and its bytes are `Send`, owned by this value alone,
+// and reached only through its own borrows.
 unsafe impl Send for LentMemory {}
 
 impl std::fmt::Debug for LentMemory {
@@ -47,12 +57,13 @@ impl LentMemory {
     /// backend's lender calls this. They should be zeroed: every element
     /// type takes any bytes, but callers expect a fresh buffer to read 0.
     pub fn new<O: AsMut<[u8]> + Send + 'static>(owner: O) -> LentMemory {
-        // Boxed first: bytes the owner holds inline then stay in place.
-        let mut owner = Box::new(owner);
-        let bytes = (*owner).as_mut();
+        // On the heap first: bytes the owner holds inline then stay put.
+        let owner: *mut O = Box::into_raw(Box::new(owner));
+        // SAFETY: `owner` is the live, unique allocation made just above.
+        let bytes = unsafe { (*owner).as_mut() };
         let (start, len) = (bytes.as_mut_ptr(), bytes.len());
         LentMemory {
-            _owner: owner,
+            owner: owner as *mut dyn Send,
             start,
             len,
         }
@@ -173,6 +184,22 @@ mod tests {
         b.as_mut()[3] = 7;
         assert_eq!(b.as_ref(), &[0, 0, 0, 7]);
         assert_eq!(b.memory.len(), 32);
+    }
+
+    #[test]
+    fn an_owner_may_hold_its_bytes_inline() {
+        #[repr(align(8))]
+        struct Inline([u8; 24]);
+        impl AsMut<[u8]> for Inline {
+            fn as_mut(&mut self) -> &mut [u8] {
+                &mut self.0
+            }
+        }
+        let lender: Lender = Arc::new(|_| Some(LentMemory::new(Inline([0; 24]))));
+        let mut b = LentBuffer::<u64>::from_lender(&lender, 3).expect("aligned");
+        b.as_mut()[2] = 5;
+        let moved = b;
+        assert_eq!(moved.as_ref(), &[0, 0, 5]);
     }
 
     #[test]
