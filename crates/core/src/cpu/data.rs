@@ -79,10 +79,8 @@ pub(crate) fn combine<T: Reduce>(
 /// source, or when the only source is also a destination (the copy path
 /// skips that destination instead of storing the value over itself).
 ///
-/// A destination may be exactly a source: in place, the value is written
-/// over this rank's read and over the block each peer lent, and the kernel
-/// loads a line from every source before it stores that line. Those lines
-/// were just loaded, so the stores then go through the cache.
+/// A destination may be exactly a source (in place), with the stores
+/// [`KernelChoice::for_fused_pass`] picks.
 fn fused<T: Reduce>(
     choice: KernelChoice,
     op: ReduceOp,
@@ -90,15 +88,14 @@ fn fused<T: Reduce>(
     dst_addrs: &[usize],
     bytes: usize,
 ) -> bool {
-    let meets = |a: usize, b: usize| a < b + bytes && b < a + bytes;
-    let apart = dst_addrs
-        .iter()
-        .all(|&d| src_addrs.iter().all(|&s| d == s || !meets(d, s)));
-    let aliased = dst_addrs.iter().any(|d| src_addrs.contains(d));
-    if !apart || (aliased && src_addrs.len() == 1) {
+    if let [only] = src_addrs
+        && dst_addrs.contains(only)
+    {
         return false;
     }
-    let choice = if aliased { choice.cached() } else { choice };
+    let Some(choice) = choice.for_fused_pass(src_addrs, dst_addrs, bytes) else {
+        return false;
+    };
     let srcs: Vec<*const T> = src_addrs.iter().map(|&a| a as *const T).collect();
     let dsts: Vec<*mut T> = dst_addrs.iter().map(|&a| a as *mut T).collect();
     // SAFETY: every address covers `bytes` bytes (verified slices or sized

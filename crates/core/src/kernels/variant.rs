@@ -112,6 +112,28 @@ impl KernelChoice {
         }
     }
 
+    /// This variant for one fused pass (`Reduce::reduce_stream_with`) of
+    /// `bytes` from the sources to the destinations at these addresses, or
+    /// `None` where a destination partly overlaps a source: only a staged
+    /// path may write there. A destination may be exactly a source (in
+    /// place: over this rank's read, or over the block a peer lent), since
+    /// the kernels load a line from every source before storing it; those
+    /// lines were just loaded, so the pass then stores through the cache.
+    /// The one rule of every host executor's fused pass.
+    pub fn for_fused_pass(
+        self,
+        srcs: &[usize],
+        dsts: &[usize],
+        bytes: usize,
+    ) -> Option<KernelChoice> {
+        let meets = |a: usize, b: usize| a < b.saturating_add(bytes) && b < a.saturating_add(bytes);
+        let apart = dsts
+            .iter()
+            .all(|&d| srcs.iter().all(|&s| d == s || !meets(d, s)));
+        let aliased = dsts.iter().any(|d| srcs.contains(d));
+        apart.then(|| if aliased { self.cached() } else { self })
+    }
+
     /// This variant as it writes to `to`: its stores for that kind of
     /// destination.
     pub fn to(self, to: Destination) -> KernelChoice {
@@ -180,5 +202,33 @@ impl KernelChoice {
             .into_iter()
             .filter(|w| !have.contains(w))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fused_pass_takes_exact_aliases_through_the_cache_and_refuses_partial_overlaps() {
+        for c in KernelChoice::available() {
+            let pass = |srcs: &[usize], dsts: &[usize]| {
+                c.for_fused_pass(srcs, dsts, 100).map(|c| c.stores())
+            };
+            assert_eq!(pass(&[0, 1000], &[2000]), Some(c.stores()), "apart");
+            assert_eq!(
+                pass(&[0, 1000], &[0, 2000]),
+                Some(Stores::Cached),
+                "in place"
+            );
+            assert_eq!(pass(&[0, 1000], &[1100]), Some(c.stores()), "adjacent");
+            assert_eq!(pass(&[0, 1000], &[1099]), None, "one byte shared");
+            assert_eq!(pass(&[1000], &[950]), None, "overlapping from below");
+            assert_eq!(
+                pass(&[usize::MAX - 10], &[usize::MAX - 50]),
+                None,
+                "at the top of memory"
+            );
+        }
     }
 }

@@ -185,31 +185,20 @@ pub(super) unsafe fn fused<T: Reduce>(
     srcs.extend(read.map(|r| r[0].1 as *const T));
     let mut dsts: Vec<*mut T> = outgoing.to_vec();
     dsts.extend(write.map(|w| w[0].1 as *mut T));
-    let span = |p: usize| p..p + len * size;
-    // In place the write is exactly the read: the kernel allows that.
-    let apart = dsts.iter().all(|&d| {
-        srcs.iter().all(|&s| {
-            std::ptr::eq(d.cast_const(), s) || !ranges_meet(&span(d as usize), &span(s as usize))
-        })
-    });
-    // Streaming over lines just loaded would evict each first: in place,
-    // store through the cache.
-    let aliased = dsts
-        .iter()
-        .any(|&d| srcs.iter().any(|&s| std::ptr::eq(d.cast_const(), s)));
     // With this rank's output among the destinations, the output's
-    // stores; rooms alone take theirs.
+    // stores; rooms alone take theirs. In place the write is exactly the
+    // read, which the kernel allows.
     let kind = if write.is_some() { to.output() } else { to };
-    let choice = if aliased {
-        kind.choice().cached()
-    } else {
-        kind.choice()
+    let src_at: Vec<usize> = srcs.iter().map(|&p| p as usize).collect();
+    let dst_at: Vec<usize> = dsts.iter().map(|&p| p as usize).collect();
+    let Some(choice) = kind.choice().for_fused_pass(&src_at, &dst_at, len * size) else {
+        return false;
     };
     // SAFETY: every pointer covers `len` elements (the caller's contract);
     // destinations overlap no source but exactly (checked) and no other
     // destination (rooms, peers' posts and this rank's write are distinct
     // buffers).
-    apart && srcs.len() > 1 && unsafe { T::reduce_stream_with(choice, op, &srcs, &dsts, len) }
+    srcs.len() > 1 && unsafe { T::reduce_stream_with(choice, op, &srcs, &dsts, len) }
 }
 
 pub(super) fn ranges_meet(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {
