@@ -120,12 +120,20 @@ pub fn process_communicator_from_env(
 ) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
     let config = config.clone().with_env().map_err(EnvError::from)?;
     let b = bootstrap_from_env(config.planning.timeout)?;
-    Ok(ferrocoll_process::ProcessCommunicator::connect(
-        b.store,
-        b.rank,
-        b.world_size,
-        &config,
-    )?)
+    let comm =
+        ferrocoll_process::ProcessCommunicator::connect(b.store, b.rank, b.world_size, &config)?;
+    // The group found its hosts itself; a launcher's LOCAL_RANK that says
+    // otherwise is wrong, and the layout is what the group uses.
+    if comm.local_rank() != b.local_rank {
+        tracing::warn!(
+            rank = b.rank,
+            said = b.local_rank,
+            found = comm.local_rank(),
+            "the launcher's local rank differs from the group's layout ({}); the layout wins",
+            comm.layout().describe_host(comm.layout().host(b.rank))
+        );
+    }
+    Ok(comm)
 }
 
 /// The rank, world-size and local-rank variables of the launchers whose

@@ -1,4 +1,4 @@
-//! Plan files: load and check; whatever checks is ordered and simulated on
+//! Plan files: load and check; whatever loads is checked and simulated on
 //! a full mesh; none of it may panic or hang.
 #![no_main]
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
@@ -8,7 +8,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(plan) = ferrocoll_core::ExecutionPlan::from_json(text) else {
         return;
     };
-    let _ = ferrocoll_core::plan::dag::Dag::new(&plan);
+    let _ = plan.check();
     let n = plan.world_size.min(64) as usize;
     let mut t = ferrocoll_topo::Topology::new("mesh", "every pair linked");
     for i in 0..n {

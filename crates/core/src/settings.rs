@@ -66,6 +66,10 @@ pub struct EnvOverrides {
     pub job_id: Option<String>,
     /// `FERROCOLL_ONE_SHOT_BYTES`.
     pub one_shot_bytes: Option<usize>,
+    /// `FERROCOLL_HOST_ID`: which host this process is on, when the
+    /// system's own answer (hostname, boot id, namespaces) is not wanted;
+    /// trimmed, non-empty, at most 255 printable ASCII characters.
+    pub host_id: Option<String>,
 }
 
 /// `FERROCOLL_KERNELS`, unparsed (the kernels module parses it and
@@ -119,6 +123,9 @@ impl EnvOverrides {
                 }
             },
         };
+        let host_id = get("FERROCOLL_HOST_ID")
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty() && h.len() <= 255 && h.chars().all(|c| c.is_ascii_graphic()));
         let asks_peer_reads = get("FERROCOLL_PEER_READS")
             .is_some_and(|v| !matches!(v.trim(), "" | "0" | "false" | "off"));
         if asks_peer_reads {
@@ -136,6 +143,7 @@ impl EnvOverrides {
             timeout,
             job_id,
             one_shot_bytes,
+            host_id,
         })
     }
 

@@ -17,6 +17,7 @@ use crate::agree::Agreement;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::exec::{Task, execute};
 use crate::heap_plan::HeapPlanner;
+use crate::layout::HostLayout;
 use crate::setup::{SetupError, connect};
 use crate::transport::{Transport, between, inside};
 use crate::wire::Header;
@@ -33,6 +34,8 @@ use crate::wire::Header;
 pub struct ProcessCommunicator {
     pub(crate) transport: Box<dyn Transport>,
     pub(crate) config: ProcessConfig,
+    /// Which ranks share a host, found at setup.
+    layout: HostLayout,
     pub(crate) rank: Rank,
     pub(crate) n: u32,
     pub(crate) calls: u64,
@@ -108,7 +111,7 @@ impl ProcessCommunicator {
         world_size: u32,
         config: &ProcessConfig,
     ) -> Result<Self, SetupError> {
-        let transport = connect(&mut store, rank, world_size, config)?;
+        let (transport, layout) = connect(&mut store, rank, world_size, config)?;
         // Measure the host's kernels now, not inside the first call; after
         // the group formed, so a rank that dies meanwhile is a lost peer
         // (seen at once), not a store key that never appears.
@@ -116,6 +119,7 @@ impl ProcessCommunicator {
         crate::panic_note::install();
         Ok(ProcessCommunicator {
             transport,
+            layout,
             config: config.clone(),
             rank,
             n: world_size,
@@ -182,6 +186,19 @@ impl ProcessCommunicator {
         self.heap_plan_calls
     }
 
+    /// Which ranks of the group share a host (found at setup: equal host
+    /// keys and probe files read both ways in shared memory).
+    pub fn layout(&self) -> &HostLayout {
+        &self.layout
+    }
+
+    /// This rank's position among the ranks of its host, from the layout
+    /// (what `LOCAL_RANK` should say; the layout, not the variable, is
+    /// what the group trusts).
+    pub fn local_rank(&self) -> u32 {
+        self.layout.local_rank(self.rank)
+    }
+
     /// The transport in use.
     pub fn transport(&self) -> TransportKind {
         self.config.transport
@@ -232,7 +249,12 @@ impl ProcessCommunicator {
         {
             self.poisoned = true;
             match e {
-                CommError::PeerFailed { rank, reason } => self.transport.fail(*rank, reason),
+                CommError::PeerFailed { rank, reason } => {
+                    if *rank != self.rank {
+                        crate::launch_note::peer_failed_first(self.config.job_id.as_deref());
+                    }
+                    self.transport.fail(*rank, reason)
+                }
                 other => self.transport.fail(self.rank, &other.to_string()),
             }
         }

@@ -81,6 +81,12 @@ pub struct ProcessConfig {
     /// output from its peers' in one pass. 0 turns it off
     /// (`FERROCOLL_ONE_SHOT_BYTES`); a forced algorithm does too.
     pub one_shot_bytes: usize,
+    /// Which host this rank is on (`FERROCOLL_HOST_ID`); `None`: the
+    /// system's own answer (hostname, boot id, pid namespace and the
+    /// device of `/dev/shm`). Ranks count as one host only if their ids
+    /// match *and* each can read a probe file the other wrote in shared
+    /// memory. Not part of the settings ranks must share.
+    pub host_id: Option<String>,
 }
 
 impl Default for ProcessConfig {
@@ -103,6 +109,7 @@ impl ProcessConfig {
             job_id: None,
             shared_heap_bytes: 0,
             one_shot_bytes: ferrocoll_core::plan::ONE_SHOT_BYTES,
+            host_id: None,
         }
     }
 
@@ -124,6 +131,9 @@ impl ProcessConfig {
         }
         if let Some(bytes) = env.one_shot_bytes {
             self.one_shot_bytes = bytes;
+        }
+        if env.host_id.is_some() {
+            self.host_id = env.host_id;
         }
         self
     }

@@ -47,6 +47,8 @@ mod config;
 mod direct;
 mod exec;
 mod heap_plan;
+pub mod launch_note;
+mod layout;
 mod one_shot;
 mod panic_note;
 mod setup;
@@ -56,6 +58,7 @@ mod zero_copy;
 
 pub use communicator::{AbortHandle, ProcessCommunicator};
 pub use config::{ProcessConfig, TransportKind};
+pub use layout::HostLayout;
 pub use setup::SetupError;
 pub use transport::shm::heap::SharedBuffer;
 

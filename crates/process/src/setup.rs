@@ -2,6 +2,7 @@
 //! the settings, and opens the transport to every other rank.
 
 mod handshake;
+mod hosts;
 mod shm;
 mod watch;
 
@@ -15,6 +16,7 @@ pub use handshake::fuzz_hello;
 use thiserror::Error;
 
 use crate::config::{ProcessConfig, TransportKind};
+use crate::layout::HostLayout;
 use crate::transport::Transport;
 use crate::transport::tcp::TcpTransport;
 use watch::Watch;
@@ -104,6 +106,24 @@ pub enum SetupError {
         /// less spares, at most 8192.
         capacity: u64,
     },
+    /// A peer's host card in the store could not be read.
+    #[error("rank {rank} published a malformed host card")]
+    HostCard {
+        /// The rank whose card it is.
+        rank: Rank,
+    },
+    /// Shared memory was asked for, but the group spans several hosts
+    /// (ranks whose host keys differ, or who cannot read each other's
+    /// probe files in shared memory).
+    #[error(
+        "shared memory links ranks of one host, but this group spans {hosts} hosts: {layout}; use the tcp transport"
+    )]
+    NotOneHost {
+        /// How many hosts.
+        hosts: u32,
+        /// Each host and its ranks.
+        layout: String,
+    },
     /// This system has no shared-memory transport.
     #[error("the shared-memory transport needs a Unix system; use tcp")]
     Unsupported,
@@ -152,7 +172,7 @@ pub(crate) fn connect(
     rank: Rank,
     world_size: u32,
     config: &ProcessConfig,
-) -> Result<Box<dyn Transport>, SetupError> {
+) -> Result<(Box<dyn Transport>, HostLayout), SetupError> {
     if world_size == 0 {
         return Err(SetupError::EmptyWorld);
     }
@@ -217,12 +237,28 @@ fn form(
     rank: Rank,
     world_size: u32,
     config: &ProcessConfig,
-) -> Result<Box<dyn Transport>, SetupError> {
+) -> Result<(Box<dyn Transport>, HostLayout), SetupError> {
     let mine = fingerprint(config, world_size);
     store.set(&format!("pg/config/{rank}"), mine.as_bytes())?;
     let theirs = text(watch.wait(store, "pg/config/0")?);
     if theirs != mine {
         return Err(SetupError::ConfigMismatch { rank, mine, theirs });
+    }
+    let layout = hosts::discover(store, watch, rank, world_size, config)?;
+    if config.transport == TransportKind::Shm && layout.hosts() > 1 {
+        // Every rank refuses alike; rank 0 holds the store until each has
+        // read what it needs, so none sees a closed store instead.
+        store.set(&format!("pg/refused/{rank}"), b"1")?;
+        if rank == 0 {
+            hold_store_for_refusals(store, world_size, config.planning.timeout);
+        }
+        return Err(SetupError::NotOneHost {
+            hosts: layout.hosts(),
+            layout: (0..layout.hosts())
+                .map(|h| layout.describe_host(h))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
     }
     let transport: Box<dyn Transport> = match config.transport {
         TransportKind::Shm => shm::open(store, watch, rank, world_size, config)?,
@@ -230,8 +266,27 @@ fn form(
     };
     watch.barrier(store, "pg/connected")?;
     reclaim(store, world_size)?;
-    tracing::debug!(rank, world_size, transport = %config.transport, "process group formed");
-    Ok(transport)
+    tracing::debug!(
+        rank,
+        world_size,
+        hosts = layout.hosts(),
+        transport = %config.transport,
+        "process group formed"
+    );
+    Ok((transport, layout))
+}
+
+/// Keep rank 0 (and the store it hosts) up until every rank has said it
+/// refuses, for at most a few seconds: a peer that died meanwhile must
+/// not hold it for the whole timeout, and one that exited after saying
+/// so must not end the wait for the others.
+fn hold_store_for_refusals(store: &mut Store, world_size: u32, timeout: Duration) {
+    let until = Instant::now() + timeout.min(Duration::from_secs(5));
+    let mut pending: Vec<u32> = (1..world_size).collect();
+    while !pending.is_empty() && Instant::now() < until {
+        pending.retain(|p| !matches!(store.get(&format!("pg/refused/{p}")), Ok(Some(_))));
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Remove the setup's keys once every member is past its last use of

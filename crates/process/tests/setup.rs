@@ -331,3 +331,146 @@ fn a_frozen_store_fails_setup_within_the_timeout_with_a_typed_error() {
         assert!(!text.contains("temporarily unavailable"), "{text}");
     }
 }
+
+/// R5 of the fourth adversarial round: a squatter that watches tmpfs and,
+/// as soon as rank 0's segment appears, plants the name rank 1 would use
+/// (rank 0's with the rank changed). Names were predictable from rank
+/// 0's, so rank 1's create failed and the group could not form; now each
+/// rank's name ends in random bits of its own.
+#[test]
+fn a_squatter_that_sees_rank_zeros_segment_cannot_take_rank_ones_name() {
+    let job = format!("squat{}", std::process::id());
+    let prefix = format!("ferrocoll-{job}.");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let planted = std::sync::Mutex::new(Vec::new());
+    let plant = |name: &str| {
+        // Rank 0's name with its rank field turned into 1, keeping the
+        // rest (the best guess there is).
+        let guess = match name.strip_suffix("-0") {
+            Some(head) => format!("{head}-1"),
+            None => name.replacen("-0-", "-1-", 1),
+        };
+        let path = std::path::Path::new("/dev/shm").join(guess);
+        if std::fs::write(&path, b"squatter").is_ok() {
+            planted.lock().unwrap().push(path);
+        }
+    };
+    let server = Server::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    let config = ProcessConfig {
+        transport: TransportKind::Shm,
+        job_id: Some(job.clone()),
+        ..ProcessConfig::default()
+    };
+    let formed = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for e in std::fs::read_dir("/dev/shm").unwrap().flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(&prefix) && (name.ends_with("-0") || name.contains("-0-")) {
+                        plant(&name);
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        let ranks: Vec<_> = (0..2u32)
+            .map(|r| {
+                let (server, config) = (&server, &config);
+                s.spawn(move || {
+                    // Rank 1 comes late: the squatter has seen rank 0's
+                    // segment by then, as an attacker polling tmpfs would.
+                    std::thread::sleep(Duration::from_millis(300 * r as u64));
+                    ProcessCommunicator::connect(join(server), r, 2, config)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let formed: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        formed
+    });
+    for path in planted.lock().unwrap().iter() {
+        let _ = std::fs::remove_file(path);
+    }
+    assert!(
+        !planted.lock().unwrap().is_empty(),
+        "the squatter never saw rank 0's segment"
+    );
+    assert_eq!(formed, vec![Ok(()), Ok(())]);
+}
+
+/// Every rank of a group on threads shares this host: one host, local
+/// ranks in rank order. With `FERROCOLL_HOST_ID` (`host_id`) different
+/// per pair, TCP forms a two-host group and shared memory is refused with
+/// the hosts named, before any segment is made.
+#[test]
+fn the_group_finds_its_hosts_and_shared_memory_is_refused_across_them() {
+    for transport in [TransportKind::Shm, TransportKind::Tcp] {
+        let layouts = threads(
+            3,
+            |_| ProcessConfig {
+                transport,
+                ..ProcessConfig::default()
+            },
+            |comm| comm.unwrap().layout().clone(),
+        );
+        for l in &layouts {
+            assert_eq!(l.hosts(), 1, "{transport}");
+            assert_eq!(
+                (0..3).map(|r| l.local_rank(r)).collect::<Vec<_>>(),
+                [0, 1, 2]
+            );
+        }
+    }
+    let split_hosts = |transport| {
+        move |r: u32| ProcessConfig {
+            transport,
+            host_id: Some(format!("node{}", r / 2)),
+            ..ProcessConfig::default()
+        }
+    };
+    let layouts = threads(4, split_hosts(TransportKind::Tcp), |comm| {
+        let mut comm = comm.unwrap();
+        let mut x = vec![1u32; 1000];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert!(x.iter().all(|&v| v == 4));
+        (comm.local_rank(), comm.layout().clone())
+    });
+    for (rank, (local, l)) in layouts.iter().enumerate() {
+        assert_eq!(l.hosts(), 2);
+        assert_eq!(*local, rank as u32 % 2);
+        assert_eq!(l.local_size(rank as u32), 2);
+        assert_eq!(l.describe_host(1), "host 1 `node1` (ranks 2–3)");
+    }
+    let refused = threads(4, split_hosts(TransportKind::Shm), |comm| {
+        comm.map(|_| ()).unwrap_err().to_string()
+    });
+    for e in refused {
+        assert!(
+            e.contains("spans 2 hosts") && e.contains("`node0` (ranks 0–1)"),
+            "{e}"
+        );
+    }
+}
+
+/// Ranks that set the same host id on one machine are one host. (Equal
+/// ids with shared memory that differs — two hosts — is the lab's test,
+/// `scripts/lab-hosts.sh`: threads cannot have two `/dev/shm`s.)
+#[test]
+fn equal_host_ids_on_one_machine_make_one_host() {
+    let layouts = threads(
+        2,
+        |_| ProcessConfig {
+            transport: TransportKind::Tcp,
+            host_id: Some("same".into()),
+            ..ProcessConfig::default()
+        },
+        |comm| comm.unwrap().layout().clone(),
+    );
+    assert!(
+        layouts
+            .iter()
+            .all(|l| l.hosts() == 1 && l.host_name(0) == "same")
+    );
+}

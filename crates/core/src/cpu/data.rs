@@ -3,17 +3,12 @@
 //! long stretches, and the final division of `Avg`.
 
 use super::group::Extents;
-use crate::kernels::{self, KernelChoice, Reduce, Stores};
+use crate::kernels::{self, KernelChoice, Reduce, STREAM_MIN_BYTES, Stores};
 use crate::types::ReduceOp;
 
 /// Elements reduced into the first destination before it is copied to the
 /// others: small enough that the copies read from L1/L2.
 const FAN_OUT_BLOCK: usize = 4096;
-
-/// Stretches at least this long are written with non-temporal stores: they
-/// will not be read again from cache, and skipping the write-allocate read
-/// of every destination line saves a third of the memory traffic.
-const STREAM_MIN_BYTES: usize = 256 << 10;
 
 /// Reduce `srcs` into every destination with `choice` (the call's
 /// variant). Short stretches reduce into the first destination and copy

@@ -23,7 +23,7 @@
 //!
 //! ```text
 //!  Verified schedule ──┐
-//!  call (collective,   ├─▶ compile ─▶ ExecutionPlan ─▶ threads │ processes │ simulator │ CUDA ordering
+//!  call (collective,   ├─▶ compile ─▶ ExecutionPlan ─▶ threads │ processes │ simulator │ CUDA interpreter
 //!  count, dtype, op,   │              (plain data,      each interprets it and derives nothing
 //!  in place, chunking, │               JSON, hash)
 //!  slots) ─────────────┘
@@ -59,7 +59,6 @@
 
 mod check;
 mod compile;
-pub mod dag;
 mod facts;
 mod hash;
 
@@ -67,14 +66,12 @@ pub(crate) use hash::stable_hash;
 mod layout;
 mod oneshot;
 mod render;
-mod stretch;
 mod walk;
 
 pub use check::PlanError;
 pub use compile::{Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, compile};
 pub use oneshot::{Gather, ONE_SHOT_BYTES, OneShot, OneShotRule, describe as one_shot_describe};
 pub use render::human_bytes;
-pub use stretch::Stretch;
 pub use walk::Walk;
 
 use serde::{Deserialize, Serialize};

@@ -3,7 +3,7 @@
 //! where a room is a source's very bytes.
 
 use super::*;
-use ferrocoll_core::kernels::{Destination, KernelChoice};
+use ferrocoll_core::kernels::{Destination, KernelChoice, STREAM_MIN_BYTES};
 
 /// Where a long write goes, and the call's kernel variant that decides
 /// its stores: outputs and hand-offs take theirs by the call's bytes.
@@ -35,10 +35,6 @@ impl Sink {
         }
     }
 }
-
-/// Reductions at least this long stream their stores (as the in-process
-/// executor does).
-const STREAM_MIN_BYTES: usize = 256 << 10;
 
 /// The step's value — the reduction of the messages and the local read —
 /// into the first outgoing room (or the write), then copied to the rest;

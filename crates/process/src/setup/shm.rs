@@ -10,6 +10,12 @@
 //! remove its own. When `ProcessConfig::job_id` is set (from
 //! `FERROCOLL_JOB_ID`, which `ferrocoll launch` sets), the names start with it, so the launcher can remove what
 //! ranks killed together left behind.
+//!
+//! Each name ends in 128 random bits of its own rank's, published through
+//! the (authenticated) store before the file is made: another local user
+//! who sees rank 0's segment cannot predict the others' names and take
+//! them first, which once denied any shared-memory job. A name that
+//! exists anyway is reported with its owner, not as a full tmpfs.
 
 use std::path::PathBuf;
 
@@ -36,11 +42,15 @@ pub(super) fn open(
         store.set("pg/token", new_token(config.job_id.as_deref()).as_bytes())?;
     }
     let token = String::from_utf8_lossy(&watch.wait(store, "pg/token")?).into_owned();
-    let names = Names { token, world_size };
-    form(store, watch, rank, &shape, &names).map_err(|e| {
+    let mut names = Names {
+        token,
+        suffixes: vec![None; world_size as usize],
+    };
+    form(store, watch, rank, &shape, &mut names).map_err(|e| {
         // Explain first: "no such file" because a peer removed the names
         // must become the exit that made it do so.
         let e = watch.explain(store, e);
+        names.learn_published(store);
         names.remove_all();
         e
     })
@@ -74,22 +84,37 @@ fn form(
     watch: &mut Watch,
     rank: Rank,
     shape: &Shape,
-    names: &Names,
+    names: &mut Names,
 ) -> Result<Box<dyn Transport>, SetupError> {
-    let own = names.path(rank);
+    let world_size = names.suffixes.len() as u32;
+    let suffix = hex(&ferrocoll_rendezvous::random_bytes::<16>());
+    // Published before the file exists, so a failed setup can remove it.
+    store.set(&name_key(rank), suffix.as_bytes())?;
+    let own = names.named(rank, &suffix);
+    names.suffixes[rank as usize] = Some(suffix);
     let segment = ShmTransport::create_segment(&own, shape).map_err(|source| SetupError::Shm {
         what: "create",
         path: own.display().to_string(),
-        source,
+        source: explain_existing(&own, source),
     })?;
-    store.set(&format!("pg/shm/{rank}"), own.to_string_lossy().as_bytes())?;
-    let mut all: Vec<Option<Segment>> = (0..names.world_size).map(|_| None).collect();
-    let mut pids = vec![std::process::id(); names.world_size as usize];
-    for peer in (0..names.world_size).filter(|&p| p != rank) {
+    store.set(&format!("pg/shm/{rank}"), b"ready")?;
+    let mut all: Vec<Option<Segment>> = (0..world_size).map(|_| None).collect();
+    let mut pids = vec![std::process::id(); world_size as usize];
+    for peer in (0..world_size).filter(|&p| p != rank) {
         watch.wait(store, &format!("pg/shm/{peer}"))?;
+        names.learn(peer, &watch.wait(store, &name_key(peer))?);
         // The path is ours to compute: a value from the store never names
         // a file outside the group's own.
-        let path = names.path(peer);
+        let Some(path) = names.path(peer) else {
+            return Err(SetupError::Shm {
+                what: "name",
+                path: format!("rank {peer}'s segment"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the store holds no well-formed name for it",
+                ),
+            });
+        };
         let (seg, pid) = Segment::open(&path, shape.segment_bytes())
             .and_then(|s| ShmTransport::validate(&s).map(|pid| (s, pid)))
             .map_err(|source| SetupError::Shm {
@@ -111,23 +136,82 @@ fn form(
     Ok(Box::new(ShmTransport::new(rank, *shape, all, pids)))
 }
 
-/// The segment names of one group.
+/// The segment names of one group: the group's token and each rank's
+/// random suffix, as far as known.
 struct Names {
     token: String,
-    world_size: u32,
+    suffixes: Vec<Option<String>>,
+}
+
+/// The store key of rank `rank`'s segment suffix.
+fn name_key(rank: Rank) -> String {
+    format!("pg/shm-name/{rank}")
 }
 
 impl Names {
-    fn path(&self, rank: Rank) -> PathBuf {
-        segment::directory().join(format!("ferrocoll-{}-{rank}", self.token))
+    fn path(&self, rank: Rank) -> Option<PathBuf> {
+        let suffix = self.suffixes.get(rank as usize)?.as_ref()?;
+        Some(self.named(rank, suffix))
     }
 
-    /// Remove every rank's name (those that exist): on a failed setup.
-    fn remove_all(&self) {
-        for r in 0..self.world_size {
-            let _ = std::fs::remove_file(self.path(r));
+    fn named(&self, rank: Rank, suffix: &str) -> PathBuf {
+        segment::directory().join(format!("ferrocoll-{}-{rank}-{suffix}", self.token))
+    }
+
+    /// Take `rank`'s suffix from the store, if it is 32 hex digits (a
+    /// value from the store must never widen a name into a path).
+    fn learn(&mut self, rank: Rank, value: &[u8]) {
+        let ok = value.len() == 32 && value.iter().all(u8::is_ascii_hexdigit);
+        if ok && let Some(slot) = self.suffixes.get_mut(rank as usize) {
+            *slot = Some(String::from_utf8_lossy(value).into_owned());
         }
     }
+
+    /// Every suffix the store already holds (best effort: on a failed
+    /// setup, the store may be gone too).
+    fn learn_published(&mut self, store: &mut Store) {
+        for rank in 0..self.suffixes.len() as Rank {
+            if self.suffixes[rank as usize].is_none()
+                && let Ok(Some(value)) = store.get(&name_key(rank))
+            {
+                self.learn(rank, &value);
+            }
+        }
+    }
+
+    /// Remove every rank's name (those that are known and exist): on a
+    /// failed setup.
+    fn remove_all(&self) {
+        for r in 0..self.suffixes.len() as Rank {
+            if let Some(path) = self.path(r) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A name that exists already is not a full tmpfs: say whose it is.
+fn explain_existing(path: &std::path::Path, err: std::io::Error) -> std::io::Error {
+    use std::os::unix::fs::MetadataExt;
+    if err.kind() != std::io::ErrorKind::AlreadyExists {
+        return err;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let owner = std::fs::symlink_metadata(path).map(|m| m.uid());
+    let whose = match owner {
+        Ok(uid) if uid == me => "this user's own: a process of it took the name".to_owned(),
+        Ok(uid) => format!("owned by uid {uid}, not this user (uid {me}): someone else took it"),
+        Err(_) => "gone again".to_owned(),
+    };
+    std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("the name exists already ({whose}); nothing was written into it"),
+    )
 }
 
 /// A token no other group on this host uses: the job id if any, this
@@ -155,4 +239,42 @@ fn check_space(shape: &Shape) -> Result<(), SetupError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_that_exists_already_is_reported_with_its_owner_not_as_space() {
+        let path = std::env::temp_dir().join(format!("ferrocoll-exists-{}", std::process::id()));
+        std::fs::write(&path, b"x").unwrap();
+        let err = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap_err();
+        let said = explain_existing(&path, err).to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(said.contains("exists already"), "{said}");
+        assert!(said.contains("this user's own"), "{said}");
+    }
+
+    #[test]
+    fn only_well_formed_suffixes_from_the_store_become_names() {
+        let mut names = Names {
+            token: "t".into(),
+            suffixes: vec![None; 3],
+        };
+        names.learn(0, b"../../etc/passwd");
+        names.learn(1, &[b'a'; 32]);
+        names.learn(7, &[b'a'; 32]);
+        assert!(names.path(0).is_none());
+        assert!(
+            names
+                .path(1)
+                .unwrap()
+                .ends_with(format!("ferrocoll-t-1-{}", "a".repeat(32)))
+        );
+    }
 }

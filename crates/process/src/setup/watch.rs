@@ -133,7 +133,12 @@ impl Watch {
     /// segments because another rank exited makes this rank's open fail
     /// with "no such file", and the exit is what the user needs to read.
     pub fn explain(&mut self, store: &mut Store, err: SetupError) -> SetupError {
-        if matches!(err, SetupError::PeerExited { .. }) {
+        // A refusal every rank reaches alike is its own cause: peers that
+        // exited after it did so for the same reason.
+        if matches!(
+            err,
+            SetupError::PeerExited { .. } | SetupError::NotOneHost { .. }
+        ) {
             return err;
         }
         self.last_look = None;

@@ -9,13 +9,18 @@
 //! are forwarded to every rank's process group, which gets
 //! `--term-timeout` seconds to exit before it is killed (a second signal
 //! kills at once); on Linux each rank also dies with the launcher if the
-//! launcher itself is killed. Segments that ranks killed during setup
-//! left in tmpfs are removed at the end.
+//! launcher itself is killed. The launcher is a child subreaper, so
+//! what left a rank's process group (`setsid`) and was orphaned comes
+//! back to it and is killed at the end (see [`tree`] for what remains
+//! possible). Segments that ranks killed during setup left in tmpfs are
+//! removed at the end.
 
 mod forward;
 mod job;
+mod notes;
 mod signals;
 mod supervise;
+mod tree;
 pub(crate) mod watchdog;
 
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -26,7 +31,8 @@ use clap::Args;
 
 use forward::forward;
 use job::Job;
-use supervise::{Timing, stop, supervise};
+use notes::Notes;
+use supervise::{Timing, Watchers, stop, supervise};
 use watchdog::Watchdog;
 
 /// The most ranks one launch starts: a local launcher for one host.
@@ -65,6 +71,10 @@ fn free_port() -> Result<u16, String> {
 /// left behind is killed, for their output to drain: only a process that
 /// left the rank's process group (`setsid`) can still hold a pipe then.
 const DRAIN: Duration = Duration::from_secs(1);
+
+/// How long the launcher keeps killing what the ranks left behind (a
+/// stray may fork while it is being killed).
+const STRAYS: Duration = Duration::from_secs(2);
 
 /// Seconds from a flag: finite and at least 0.
 fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
@@ -106,7 +116,12 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
+    // Orphans from anywhere in the job become ours, not init's, so the
+    // end can find what left its rank's process group.
+    tree::become_subreaper();
     let job = Job::new();
+    // Bound before any rank starts, so no rank's note is lost.
+    let notes = Notes::bind(&job.id);
     let mut watchdog = Watchdog::start(&job);
     let started = spawn_all(args, port, &job, watchdog.as_mut());
     let (children, forwarders) = match started {
@@ -135,10 +150,21 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
             grace,
             term_timeout,
         },
+        Watchers {
+            watchdog: watchdog.as_mut(),
+            notes,
+        },
     );
     // A signal that stopped the starting before any rank ran.
     if end.signal.is_none() {
         end.signal = signals::received().map(|(signal, _)| signal);
+    }
+    let strays = tree::kill_strays(watchdog.as_ref().map(Watchdog::pid), STRAYS);
+    if strays > 0 {
+        eprintln!(
+            "ferrocoll launch: killed {strays} processes the ranks left running outside \
+             their process groups"
+        );
     }
     drain(forwarders, DRAIN);
     let removed = job.remove_segments();

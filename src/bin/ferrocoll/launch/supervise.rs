@@ -2,16 +2,27 @@
 //! after `--grace`, a signal is forwarded and kills `--term-timeout`
 //! later, ranks left stopped with nothing else running are a failure,
 //! and the end says who failed first.
+//!
+//! Blame goes to the first failure in time, with two corrections: a rank
+//! that said it fails because a peer failed first (its note, see
+//! [`super::notes`]) yields to any rank that did not; and a rank killed
+//! by a signal, reaped shortly after, takes it from an exit (its peers
+//! can see the broken link before the launcher reaps the killed one). A
+//! panic is no evidence either way: `.unwrap()` on the error a peer's
+//! death gave is the commonest panic there is.
 
+use std::collections::HashSet;
 use std::process::{Child, ExitCode, ExitStatus};
 use std::time::{Duration, Instant};
 
+use super::notes::{Notes, group_of};
 use super::signals;
+use super::tree::Table;
+use super::watchdog::Watchdog;
 
-/// How long after the first failure a rank that failed harder (killed by
-/// a signal, or panicked) still takes the blame from it: its peers see
-/// the broken link and exit with an error before the kernel has torn the
-/// killed process down (or the panicking one has unwound) and the
+/// How long after the first failure a rank killed by a signal still takes
+/// the blame from it: its peers see the broken link and exit with an
+/// error before the kernel has torn the killed process down and the
 /// launcher can reap it.
 pub(super) const BLAME_SETTLE: Duration = Duration::from_millis(500);
 
@@ -24,20 +35,21 @@ pub(super) struct End {
     failed: Option<(u32, String)>,
     /// When `failed` was set, and how hard that rank failed.
     failed_at: Option<(Instant, Severity)>,
+    /// Ranks that said they fail because a peer failed first.
+    consequences: HashSet<u32>,
     /// A signal the launcher received and forwarded.
     pub(super) signal: Option<i32>,
     /// How the others ended after that.
     after: Vec<String>,
 }
 
-/// How hard a rank failed: of ranks failing at about the same time, the
-/// hardest is the likelier cause.
+/// How a rank failed: of ranks failing at about the same time, one killed
+/// by a signal is the likelier cause (nothing in the job kills a rank
+/// before the launcher does, and the launcher records its own kills apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Severity {
-    /// An error exit (often: it saw a peer fail).
-    Error,
-    /// A Rust panic.
-    Panic,
+    /// An exit with an error status, a panic's included.
+    Exited,
     /// Killed by a signal.
     Killed,
 }
@@ -45,10 +57,8 @@ enum Severity {
 fn severity(status: &ExitStatus) -> Severity {
     if killed_by_signal(status) {
         Severity::Killed
-    } else if status.code() == Some(PANIC_EXIT) {
-        Severity::Panic
     } else {
-        Severity::Error
+        Severity::Exited
     }
 }
 
@@ -57,6 +67,7 @@ impl End {
         End {
             failed: None,
             failed_at: None,
+            consequences: HashSet::new(),
             signal: None,
             after: Vec::new(),
         }
@@ -95,10 +106,15 @@ impl End {
         }
     }
 
+    /// Note that `rank` said it fails because a peer failed first.
+    pub(super) fn consequence(&mut self, rank: u32) {
+        self.consequences.insert(rank);
+    }
+
     /// Note how one rank ended.
     pub(super) fn record(&mut self, rank: u32, status: ExitStatus) {
         let how = severity(&status);
-        if self.signal.is_none() && !status.success() && self.takes_blame(how) {
+        if self.signal.is_none() && !status.success() && self.takes_blame(rank, how) {
             if let Some((first, why)) = self.failed.take() {
                 self.after.insert(0, format!("rank {first} {why}"));
             }
@@ -107,6 +123,8 @@ impl End {
         } else if self.failed.is_some() || self.signal.is_some() {
             self.after.push(if status.success() {
                 format!("rank {rank} exited cleanly")
+            } else if self.consequences.contains(&rank) {
+                format!("rank {rank} {} (a peer had failed)", describe(&status))
             } else {
                 format!("rank {rank} {}", describe(&status))
             });
@@ -124,11 +142,21 @@ impl End {
         }
     }
 
-    /// Whether a rank that just failed this hard is the one to name: the
-    /// first failure, or a harder one reaped shortly after it.
-    fn takes_blame(&self, how: Severity) -> bool {
+    /// Whether `rank`, which just failed this hard, is the one to name: the
+    /// first failure; a cause after a named consequence; or a kill reaped
+    /// shortly after an exit.
+    fn takes_blame(&self, rank: u32, how: Severity) -> bool {
+        let Some((first, _)) = &self.failed else {
+            return true;
+        };
+        if self.consequences.contains(&rank) {
+            return false;
+        }
+        if self.consequences.contains(first) {
+            return true;
+        }
         match self.failed_at {
-            None => self.failed.is_none(),
+            None => false,
             Some((at, first)) => how > first && at.elapsed() < BLAME_SETTLE,
         }
     }
@@ -150,18 +178,54 @@ pub(super) struct Timing {
     pub term_timeout: Duration,
 }
 
+/// What the supervision keeps informed and reads besides the ranks.
+pub(super) struct Watchers<'a> {
+    /// Told each rank's group before the rank is reaped.
+    pub watchdog: Option<&'a mut Watchdog>,
+    /// The ranks' notes of failing after a peer.
+    pub notes: Option<Notes>,
+}
+
+impl Watchers<'_> {
+    /// A rank's process group is about to be reaped with its rank.
+    fn forget(&mut self, group: u32) {
+        if let Some(w) = self.watchdog.as_deref_mut() {
+            w.forget(group);
+        }
+    }
+
+    /// Mark the ranks that noted they fail after a peer.
+    fn read_notes(&self, running: &[(u32, Child)], end: &mut End) {
+        let Some(notes) = &self.notes else { return };
+        for pid in notes.consequences() {
+            let group = group_of(pid);
+            if let Some((rank, _)) = running
+                .iter()
+                .find(|(_, c)| c.id() == pid || Some(c.id()) == group)
+            {
+                end.consequence(*rank);
+            }
+        }
+    }
+}
+
 /// Wait for every rank. The first failure kills the rest after `grace`;
 /// a signal is forwarded to every rank, which are killed `term_timeout`
 /// later (at once on a second signal); ranks left stopped (SIGSTOP) once
 /// some rank has ended, with none running, are killed `term_timeout`
 /// later as a failure.
-pub(super) fn supervise(children: Vec<(u32, Child)>, timing: &Timing) -> End {
+pub(super) fn supervise(
+    children: Vec<(u32, Child)>,
+    timing: &Timing,
+    mut watchers: Watchers<'_>,
+) -> End {
     let mut end = End::new();
     let mut kill_at: Option<Instant> = None;
     let mut forwarded = 0u32;
     let total = children.len();
     let mut running: Vec<(u32, Child)> = children;
     let mut stopped_since: Option<Instant> = None;
+    let mut looks = 0u64;
     while !running.is_empty() {
         if let Some((signal, count)) = signals::received()
             && count > forwarded
@@ -178,11 +242,17 @@ pub(super) fn supervise(children: Vec<(u32, Child)>, timing: &Timing) -> End {
             };
             kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
         }
-        running = reap(running, &mut end);
+        watchers.read_notes(&running, &mut end);
+        running = reap(running, &mut end, &mut watchers);
         if end.failed.is_some() && kill_at.is_none() {
             kill_at = Some(Instant::now() + timing.grace);
         }
-        stopped_since = alone_and_stopped(&running, total, stopped_since);
+        // Reading the process table is a few hundred small files: not
+        // on every 5 ms turn.
+        looks += 1;
+        if looks % 20 == 0 {
+            stopped_since = alone_and_stopped(&running, total, stopped_since);
+        }
         if let Some(since) = stopped_since
             && since.elapsed() >= timing.term_timeout
         {
@@ -200,6 +270,7 @@ pub(super) fn supervise(children: Vec<(u32, Child)>, timing: &Timing) -> End {
                 end.after.push(format!("rank {rank} killed"));
             }
             for (_, child) in &mut running {
+                watchers.forget(child.id());
                 let _ = child.wait();
             }
             break;
@@ -218,44 +289,43 @@ pub(super) fn stop(child: &mut Child) {
 
 /// Since when every rank still running has been stopped by a signal,
 /// once some rank has ended (`None` otherwise): such ranks wait for a
-/// SIGCONT that nothing in the job will send.
+/// SIGCONT that nothing in the job will send. A rank counts as stopped
+/// when its whole tree waits on a stop (a wrapper shell waiting on its
+/// stopped child is as stuck as a stopped rank).
 fn alone_and_stopped(
     running: &[(u32, Child)],
     total: usize,
     since: Option<Instant>,
 ) -> Option<Instant> {
-    let all_stopped = running.len() < total
-        && !running.is_empty()
-        && running.iter().all(|(_, c)| is_stopped(c.id()));
+    if running.len() == total || running.is_empty() {
+        return None;
+    }
+    let table = Table::read();
+    let all_stopped = running.iter().all(|(_, c)| table.stuck_stopped(c.id()));
     all_stopped.then(|| since.unwrap_or_else(Instant::now))
 }
 
-/// Whether `pid` is stopped by a signal (state `T` in `/proc`; a
-/// debugger's tracing stop, `t`, does not count).
-fn is_stopped(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which is in parentheses and
-    // may itself hold spaces or parentheses.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        == Some("T")
-}
-
 /// Collect the ranks that ended since the last look; keep the rest.
-fn reap(running: Vec<(u32, Child)>, end: &mut End) -> Vec<(u32, Child)> {
+fn reap(
+    running: Vec<(u32, Child)>,
+    end: &mut End,
+    watchers: &mut Watchers<'_>,
+) -> Vec<(u32, Child)> {
     let mut still = Vec::new();
     let mut ended = Vec::new();
     for (rank, mut child) in running {
         // The job ends when its ranks do: what a rank left running in its
         // process group (a shell's `cmd &`, holding the rank's pipes)
-        // goes with it — killed while the rank is still unreaped, so its
-        // group's id cannot have been reused.
-        if exited_unreaped(child.id()) {
-            #[cfg(unix)]
-            signals::send_group(child.id(), libc::SIGKILL);
+        // goes with it — killed, and the watchdog told to forget the
+        // group, while the rank is still unreaped, so its group's id
+        // cannot have been reused. Only a rank seen exited is reaped.
+        if !exited_unreaped(child.id()) {
+            still.push((rank, child));
+            continue;
         }
+        #[cfg(unix)]
+        signals::send_group(child.id(), libc::SIGKILL);
+        watchers.forget(child.id());
         match child.try_wait() {
             Ok(Some(status)) => ended.push((rank, status)),
             Ok(None) => still.push((rank, child)),
@@ -291,7 +361,7 @@ fn exited_unreaped(pid: u32) -> bool {
 
 #[cfg(not(unix))]
 fn exited_unreaped(_pid: u32) -> bool {
-    false
+    true
 }
 
 fn killed_by_signal(status: &ExitStatus) -> bool {
@@ -330,24 +400,46 @@ mod tests {
     #[test]
     fn a_panicking_rank_reaped_after_the_survivors_it_failed_takes_the_blame() {
         // The survivors report the panic and exit before the panicking
-        // rank has finished unwinding (before: rank 1 was named).
+        // rank has finished unwinding; their notes say they followed a
+        // peer, so the panicking rank is named when it is reaped.
         let mut end = End::new();
+        end.consequence(1);
+        end.consequence(3);
         end.record(1, ExitStatus::from_raw(EXIT_2));
         end.record(3, ExitStatus::from_raw(EXIT_2));
         end.record(0, ExitStatus::from_raw(PANICKED));
         let (rank, why) = end.failed.clone().unwrap();
         assert_eq!(rank, 0);
         assert!(why.contains("panicked"), "{why}");
-        // A kill still outranks a panic.
+        assert!(end.after.iter().any(|a| a.contains("a peer had failed")));
+        // A kill reaped within the settle time still outranks it.
         end.record(2, ExitStatus::from_raw(SIGKILL));
         assert_eq!(end.failed.as_ref().unwrap().0, 2);
+    }
+
+    #[test]
+    fn survivors_that_unwrap_a_peers_failure_do_not_take_the_blame() {
+        // R1: the culprit exits with an error; the survivors `.unwrap()`
+        // the PeerFailed it gave them and exit 101 moments later. Before,
+        // a panic outranked an error and a survivor was named.
+        for noted in [false, true] {
+            let mut end = End::new();
+            end.record(1, ExitStatus::from_raw(3 << 8));
+            for survivor in [0, 2] {
+                if noted {
+                    end.consequence(survivor);
+                }
+                end.record(survivor, ExitStatus::from_raw(PANICKED));
+            }
+            assert_eq!(end.failed.as_ref().unwrap().0, 1, "noted={noted}");
+        }
     }
 
     #[test]
     fn a_first_error_stands_once_the_settle_time_is_over() {
         let mut end = End::new();
         end.record(0, ExitStatus::from_raw(EXIT_2));
-        end.failed_at = Some((Instant::now() - BLAME_SETTLE, Severity::Error));
+        end.failed_at = Some((Instant::now() - BLAME_SETTLE, Severity::Exited));
         end.record(2, ExitStatus::from_raw(SIGKILL));
         assert_eq!(end.failed.as_ref().unwrap().0, 0);
     }
@@ -375,23 +467,5 @@ mod tests {
         let mut interrupted = End::new();
         interrupted.signal = Some(libc::SIGINT);
         assert_eq!(interrupted.report(), ExitCode::from(130));
-    }
-
-    #[test]
-    fn a_stopped_process_reads_as_stopped() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        assert!(!is_stopped(child.id()));
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !is_stopped(child.id()) {
-            assert!(Instant::now() < deadline, "never seen stopped");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        child.kill().unwrap();
-        child.wait().unwrap();
     }
 }

@@ -6,8 +6,16 @@
 //! not what the rank started (a shell's `sleep`, a training script's
 //! workers): those sit in the rank's process group, which only a `killpg`
 //! reaches. The launcher tells the watchdog each group as it starts it,
-//! over the watchdog's stdin, and says `done` when it ends normally; end
-//! of input without `done` means the launcher died.
+//! over the watchdog's stdin, says `gone` with the group's id before it
+//! reaps the group's rank, and says `done` when it ends normally; end of
+//! input without `done` means the launcher died.
+//!
+//! `gone` is written while the rank is still a zombie, so its pid (and
+//! with it the group id) cannot have been handed to another process yet;
+//! the watchdog reads its input in order, so it has forgotten the group
+//! before it can act on the launcher's death. Without it, a launcher
+//! SIGKILLed long after a rank ended would have its watchdog kill
+//! whatever group had since been given that rank's old id.
 
 use std::io::{BufRead, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -69,6 +77,18 @@ impl Watchdog {
         let _ = writeln!(self.to, "{group}");
     }
 
+    /// The watchdog's pid: the one process under the launcher that is not
+    /// the job's.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Forget a rank's process group: its rank has exited and is about to
+    /// be reaped, after which its id may be reused by any process.
+    pub fn forget(&mut self, group: u32) {
+        let _ = writeln!(self.to, "gone {group}");
+    }
+
     /// The launcher ends normally: the watchdog leaves everything alone.
     pub fn done(mut self) {
         let _ = writeln!(self.to, "done");
@@ -96,8 +116,17 @@ pub(crate) fn run(args: &WatchdogArgs) -> Result<std::process::ExitCode, String>
         if line == "done" {
             return Ok(std::process::ExitCode::SUCCESS);
         }
-        if let Ok(group) = line.trim().parse::<u32>() {
-            groups.push(group);
+        match line.trim().split_once(' ') {
+            Some(("gone", group)) => {
+                if let Ok(group) = group.parse::<u32>() {
+                    groups.retain(|&g| g != group);
+                }
+            }
+            _ => {
+                if let Ok(group) = line.trim().parse::<u32>() {
+                    groups.push(group);
+                }
+            }
         }
     }
     for group in groups {
