@@ -234,13 +234,18 @@ fn a_wrapper_whose_child_stopped_fails_the_job_instead_of_hanging() {
 #[test]
 fn descendants_that_left_their_group_do_not_outlive_the_job() {
     for script in [
-        "bash -c 'set -m; sleep 40 & exit 0'",
-        "setsid sleep 40 & exit 0",
+        // The pause lets the background job leave the group before its
+        // rank exits (else the group's kill takes it, as it should).
+        "bash -c 'set -m; sleep 40 & sleep 0.3; exit 0'",
+        "setsid sleep 40 & sleep 0.3; exit 0",
     ] {
         let secret = unique_secret();
         let (status, err) = launch_sh(script, &secret);
         assert!(status.is_some_and(|s| s.success()), "{script}: {err}");
-        assert!(err.contains("killed 2 processes"), "{script}: {err}");
+        assert!(
+            err.contains("processes the ranks left running outside their process groups"),
+            "{script}: {err}"
+        );
         assert_eq!(processes_with(&secret), Vec::<u32>::new(), "{script}");
     }
 }

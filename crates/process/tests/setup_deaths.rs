@@ -85,8 +85,8 @@ fn a_rank_killed_during_shm_setup_is_noticed_at_once_and_leaves_no_segment() {
         return;
     }
     let job = job_id();
-    // Rank 3 never starts, so ranks 0-2 create their segments and wait
-    // for its; then rank 2 dies before anyone could unlink anything.
+    // Rank 3 never starts, so ranks 0-2 write their files and wait for
+    // its; then rank 2 dies before anyone could unlink anything.
     let mut ranks = common::spawn_some(
         "child",
         "setup",
@@ -96,6 +96,8 @@ fn a_rank_killed_during_shm_setup_is_noticed_at_once_and_leaves_no_segment() {
         &[("FERROCOLL_JOB_ID", &job)],
     );
     let deadline = Instant::now() + Duration::from_secs(30);
+    // Since host discovery, the files are the ranks' host probes (the
+    // segments come after every rank's card, and rank 3's never comes).
     while segments_of(&job).len() < 3 {
         assert!(Instant::now() < deadline, "segments never appeared");
         std::thread::sleep(Duration::from_millis(5));

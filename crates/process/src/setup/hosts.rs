@@ -85,7 +85,24 @@ pub(super) fn discover(
     if wrote {
         let _ = std::fs::remove_file(&probe_path);
     }
+    if layout.is_err() {
+        remove_published_probes(store, world_size);
+    }
     layout
+}
+
+/// On a failed setup, remove the probes of every peer that published one
+/// here (a peer killed before it removed its own leaves it otherwise),
+/// each only if it still holds the nonce its card names.
+fn remove_published_probes(store: &mut Store, world_size: u32) {
+    for peer in 0..world_size {
+        if let Ok(Some(bytes)) = store.get(&format!("pg/host/{peer}"))
+            && let Some(card) = Card::decode(&bytes)
+            && reads_probe(&card)
+        {
+            let _ = std::fs::remove_file(segment::directory().join(&card.probe));
+        }
+    }
 }
 
 /// Publish this rank's card, read every peer's, say which peers' probes
