@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{alive, launch_banner, processes_with, unique_secret};
+use common::{alive, launch_banner, launch_with_banner, processes_with, unique_secret};
 
 fn ferrocoll(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
@@ -371,17 +371,8 @@ fn a_killed_launcher_leaves_no_orphan() {
     // Each rank starts a child of its own: PR_SET_PDEATHSIG reaches the
     // rank but not its child, which only the watchdog's killpg reaches.
     let secret = unique_secret();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
-        .args(["launch", "-n", "3", "--", "sh", "-c", "sleep 60 & wait"])
-        .env("FERROCOLL_JOB_SECRET", &secret)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut banner = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut banner)
-        .unwrap();
+    let (mut child, banner) =
+        launch_with_banner(&["-n", "3", "--", "sh", "-c", "sleep 60 & wait"], &secret);
     let deadline = Instant::now() + Duration::from_secs(10);
     // Three shells and their three sleeps (and the launcher itself).
     let launcher = child.id();

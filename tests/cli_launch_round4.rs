@@ -9,11 +9,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, launch_banner, processes_with, unique_secret, wait_within};
+use common::{
+    alive, launch_banner, launch_with_banner, processes_with, unique_secret, wait_within,
+};
 use ferrocoll::comm::CommunicatorExt;
 use ferrocoll::process::{ProcessConfig, TransportKind};
 
@@ -21,7 +22,7 @@ const ROLE: &str = "FERROCOLL_TEST_ROLE";
 
 /// A rank of the blame tests (run by `launch`, never on its own).
 #[test]
-#[ignore = "a rank of the launch tests; the launcher runs it"]
+#[ignore = "not a test on its own: the blame tests below run it as each rank, through `ferrocoll launch` with FERROCOLL_TEST_ROLE set"]
 fn rank() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
@@ -153,18 +154,17 @@ fn a_killed_launchers_watchdog_spares_a_group_that_reused_a_ranks_pid() {
         return;
     }
     let secret = unique_secret();
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
-        .args(["launch", "-n", "2", "--", "sh", "-c"])
-        .arg("if [ $RANK = 1 ]; then exit 0; fi; exec sleep 100")
-        .env("FERROCOLL_JOB_SECRET", &secret)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut banner = String::new();
-    BufReader::new(launcher.stderr.take().unwrap())
-        .read_line(&mut banner)
-        .unwrap();
+    let (mut launcher, banner) = launch_with_banner(
+        &[
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "if [ $RANK = 1 ]; then exit 0; fi; exec sleep 100",
+        ],
+        &secret,
+    );
     let (pids, _) = launch_banner(&banner);
     let (live, ended) = (pids[0], pids[1]);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -87,3 +87,22 @@ pub fn launch_banner(line: &str) -> (Vec<u32>, String) {
         .to_owned();
     (pids, job)
 }
+
+/// `ferrocoll launch ARGS` with the job secret `secret`, its output to
+/// nowhere but the launcher's first line (the banner), which is read.
+pub fn launch_with_banner(args: &[&str], secret: &str) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .arg("launch")
+        .args(args)
+        .env("FERROCOLL_JOB_SECRET", secret)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    (child, banner)
+}

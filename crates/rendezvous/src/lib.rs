@@ -86,6 +86,8 @@ pub use protocol::{
     ENTRY_OVERHEAD_BYTES, FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Limits, MAX_CONNECTIONS, MAX_KEY_BYTES,
     MAX_KEYS, MAX_PENDING, MAX_STORE_BYTES, MAX_VALUE_BYTES,
 };
-pub use secret::{JobSecret, NONCE_BYTES, PROOF_BYTES, constant_time_eq, random_bytes};
+pub use secret::{
+    JobSecret, NONCE_BYTES, PROOF_BYTES, constant_time_eq, hex, random_bytes, random_hex,
+};
 pub use server::{Server, ServerOptions};
 pub use store::Store;

@@ -50,10 +50,8 @@ impl JobSecret {
     /// A fresh random secret: 32 bytes from the system's random source, as
     /// 64 hex digits (what a launcher puts in `FERROCOLL_JOB_SECRET`).
     pub fn generate() -> JobSecret {
-        let bytes = random_bytes::<32>();
-        let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         JobSecret {
-            secret: secret.into(),
+            secret: random_hex::<32>().into(),
         }
     }
 
@@ -111,6 +109,17 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
+/// `N` unpredictable bytes as `2N` lowercase hex digits: what job ids,
+/// secrets and the names other users must not guess are made of.
+pub fn random_hex<const N: usize>() -> String {
+    hex(&random_bytes::<N>())
+}
+
+/// Bytes as lowercase hex digits.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// `N` unpredictable bytes from the operating system's random source.
 /// Where it cannot answer (no `getrandom` and no `/dev/urandom`: no
 /// supported system), std's randomly keyed SipHash over a counter and the
@@ -144,10 +153,6 @@ fn fallback(out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
 
     #[test]
     fn proofs_are_rfc_4231_hmac_sha256_keyed_by_the_secret() {

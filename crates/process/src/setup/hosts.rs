@@ -11,7 +11,7 @@
 //! namespaces pass. Each rank removes its own probe once every peer has
 //! said what it read.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ferrocoll_core::Rank;
 use ferrocoll_rendezvous::Store;
@@ -61,7 +61,7 @@ pub(super) fn discover(
     config: &ProcessConfig,
 ) -> Result<HostLayout, SetupError> {
     let (key, name) = host_key(config.host_id.as_deref());
-    let nonce = hex(&ferrocoll_rendezvous::random_bytes::<16>());
+    let nonce = ferrocoll_rendezvous::random_hex::<16>();
     let probe = format!(
         "ferrocoll-{}probe-{}",
         config
@@ -69,7 +69,7 @@ pub(super) fn discover(
             .as_deref()
             .map(|j| format!("{j}."))
             .unwrap_or_default(),
-        hex(&ferrocoll_rendezvous::random_bytes::<16>())
+        ferrocoll_rendezvous::random_hex::<16>()
     );
     let probe_path = segment::directory().join(&probe);
     // No probe (a read-only or missing tmpfs): this rank shares a host
@@ -226,18 +226,14 @@ fn host_key(host_id: Option<&str>) -> (String, String) {
 }
 
 #[cfg(unix)]
-fn shm_device(dir: &PathBuf) -> u64 {
+fn shm_device(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(dir).map_or(0, |m| m.dev())
 }
 
 #[cfg(not(unix))]
-fn shm_device(_dir: &PathBuf) -> u64 {
+fn shm_device(_dir: &Path) -> u64 {
     0
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ fn form(
     names: &mut Names,
 ) -> Result<Box<dyn Transport>, SetupError> {
     let world_size = names.suffixes.len() as u32;
-    let suffix = hex(&ferrocoll_rendezvous::random_bytes::<16>());
+    let suffix = ferrocoll_rendezvous::random_hex::<16>();
     // Published before the file exists, so a failed setup can remove it.
     store.set(&name_key(rank), suffix.as_bytes())?;
     let own = names.named(rank, &suffix);
@@ -188,10 +188,6 @@ impl Names {
             }
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A name that exists already is not a full tmpfs: say whose it is.

@@ -15,10 +15,7 @@ pub(crate) struct Job {
 impl Job {
     pub fn new() -> Job {
         let secret = JobSecret::from_env().unwrap_or_else(JobSecret::generate);
-        let id = ferrocoll::rendezvous::random_bytes::<8>()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let id = ferrocoll::rendezvous::random_hex::<8>();
         Job { secret, id }
     }
 
