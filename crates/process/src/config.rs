@@ -9,15 +9,21 @@ use std::str::FromStr;
 /// How the processes of a group exchange messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TransportKind {
-    /// Shared-memory segments: every rank on one host.
+    /// A link per peer (the built-in choice): shared memory between
+    /// ranks of one host, TCP between hosts. A group on one host is a
+    /// shared-memory group; one rank per host, a TCP group.
+    Auto,
+    /// Shared-memory segments for every pair: every rank on one host (a
+    /// group spanning hosts is refused).
     Shm,
-    /// TCP connections, one per pair of ranks: any hosts.
+    /// TCP connections for every pair, even inside a host: any hosts.
     Tcp,
 }
 
 impl fmt::Display for TransportKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            TransportKind::Auto => "auto",
             TransportKind::Shm => "shm",
             TransportKind::Tcp => "tcp",
         })
@@ -29,9 +35,12 @@ impl FromStr for TransportKind {
 
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(TransportKind::Auto),
             "shm" => Ok(TransportKind::Shm),
             "tcp" => Ok(TransportKind::Tcp),
-            other => Err(format!("unknown transport `{other}` (expected shm or tcp)")),
+            other => Err(format!(
+                "unknown transport `{other}` (expected auto, shm or tcp)"
+            )),
         }
     }
 }
@@ -46,7 +55,7 @@ const MESSAGE_BYTES: usize = 512 << 10;
 /// call must come out the same everywhere).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessConfig {
-    /// Shared memory or TCP.
+    /// Shared memory, TCP, or each where it fits (the built-in `Auto`).
     pub transport: TransportKind,
     /// How calls are planned: timeout (a peer that dies is noticed
     /// sooner: shared memory within about 20 ms, TCP when its connection
@@ -102,7 +111,7 @@ impl ProcessConfig {
     /// The built-in settings, whatever the environment says.
     pub fn builtin() -> Self {
         ProcessConfig {
-            transport: TransportKind::Shm,
+            transport: TransportKind::Auto,
             planning: Planning::default(),
             max_message_bytes: MESSAGE_BYTES,
             max_channels: 4,
@@ -148,7 +157,7 @@ impl ProcessConfig {
             max_message_bytes: Some(self.max_message_bytes),
             max_ll_message_bytes: None,
             // Shared memory lays out its slots per channel at setup.
-            max_channels: (self.transport == TransportKind::Shm).then_some(self.max_channels),
+            max_channels: self.uses_shm().then_some(self.max_channels),
             // Shared memory publishes inputs in its staging, TCP with the
             // call's announcement.
             one_shot_bytes: self.one_shot_bytes,
@@ -174,6 +183,11 @@ impl ProcessConfig {
     /// Which calls take the one-shot protocol on `world_size` ranks.
     pub(crate) fn one_shot_rule(&self, world_size: u32) -> ferrocoll_core::plan::OneShotRule {
         self.planner_settings().one_shot_rule(world_size)
+    }
+
+    /// Whether ranks of one host link by shared memory.
+    pub(crate) fn uses_shm(&self) -> bool {
+        self.transport != TransportKind::Tcp
     }
 
     /// Slots each link gets (see [`ferrocoll_core::comm::link_slots`]).

@@ -52,7 +52,10 @@ impl HeapPlanner {
         buffers: &[(usize, usize)],
     ) -> Option<Planned> {
         let heaps = t.heaps()?;
-        if baseline.plan.segments <= 1 || heaps.own.offsets(buffers).is_none() {
+        // The heap's plan sends every value by reference: every peer
+        // must map this rank's heap.
+        let everywhere = (0..heaps.mapped.len() as u32).all(|p| t.heap_peer(p));
+        if !everywhere || baseline.plan.segments <= 1 || heaps.own.offsets(buffers).is_none() {
             return None;
         }
         // The same settings and call on every rank: if this fails here it

@@ -18,6 +18,7 @@ use thiserror::Error;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::layout::HostLayout;
 use crate::transport::Transport;
+use crate::transport::mixed::MixedTransport;
 use crate::transport::tcp::TcpTransport;
 use watch::Watch;
 
@@ -180,8 +181,15 @@ pub(crate) fn connect(
         return Err(SetupError::RankOutOfRange { rank, world_size });
     }
     match config.transport {
-        TransportKind::Shm => shm::check_capacity(world_size, config)?,
+        TransportKind::Shm => shm::check_capacity(world_size, world_size, config)?,
         TransportKind::Tcp => check_files(world_size)?,
+        // Each host is checked once the hosts are known; a group that fits
+        // neither on one host nor in a TCP mesh is refused now.
+        TransportKind::Auto => {
+            if let Err(e) = shm::check_capacity(world_size, world_size, config) {
+                check_files(world_size).map_err(|_| e)?;
+            }
+        }
     }
     let mut watch = Watch::start(store, rank, world_size, config.planning.timeout)?;
     let formed = form(store, &mut watch, rank, world_size, config);
@@ -260,10 +268,7 @@ fn form(
                 .join(", "),
         });
     }
-    let transport: Box<dyn Transport> = match config.transport {
-        TransportKind::Shm => shm::open(store, watch, rank, world_size, config)?,
-        TransportKind::Tcp => Box::new(tcp(store, watch, rank, world_size, config)?),
-    };
+    let transport = open(store, watch, (rank, world_size), &layout, config)?;
     watch.barrier(store, "pg/connected")?;
     reclaim(store, world_size)?;
     tracing::debug!(
@@ -274,6 +279,48 @@ fn form(
         "process group formed"
     );
     Ok((transport, layout))
+}
+
+/// The links of `rank`: shared memory to the ranks of its host and TCP to
+/// the others, unless the configuration forces one kind.
+fn open(
+    store: &mut Store,
+    watch: &mut Watch,
+    (rank, world_size): (Rank, u32),
+    layout: &HostLayout,
+    config: &ProcessConfig,
+) -> Result<Box<dyn Transport>, SetupError> {
+    let local = layout.ranks_on(layout.host(rank));
+    let everyone = |_: Rank| true;
+    let one_host = layout.hosts() == 1;
+    let alone = (0..layout.hosts()).all(|h| layout.ranks_on(h).len() == 1);
+    let kind = match config.transport {
+        TransportKind::Auto if one_host => TransportKind::Shm,
+        TransportKind::Auto if alone => TransportKind::Tcp,
+        kind => kind,
+    };
+    Ok(match kind {
+        TransportKind::Shm => {
+            if config.transport == TransportKind::Auto {
+                shm::check_capacity(world_size, world_size, config)?;
+            }
+            Box::new(shm::open(store, watch, rank, &local, world_size, config)?)
+        }
+        TransportKind::Tcp => {
+            if config.transport == TransportKind::Auto {
+                check_files(world_size)?;
+            }
+            Box::new(tcp(store, watch, rank, world_size, &everyone, config)?)
+        }
+        TransportKind::Auto => {
+            shm::check_capacity(local.len() as u32, world_size, config)?;
+            check_files(world_size)?;
+            let shm = shm::open(store, watch, rank, &local, world_size, config)?;
+            let remote = |peer: Rank| !layout.same_host(rank, peer);
+            let tcp = tcp(store, watch, rank, world_size, &remote, config)?;
+            Box::new(MixedTransport::new(rank, &local, world_size, shm, tcp))
+        }
+    })
 }
 
 /// Keep rank 0 (and the store it hosts) up until every rank has said it
@@ -301,14 +348,16 @@ fn reclaim(store: &mut Store, world_size: u32) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// Open the TCP transport: publish a data port, dial every lower rank and
-/// accept every higher one, each connection authenticated with the job
-/// secret the store was joined with (see [`handshake`]).
+/// Open the TCP transport to the `wanted` peers: publish a data port,
+/// dial every lower one and accept every higher one, each connection
+/// authenticated with the job secret the store was joined with (see
+/// [`handshake`]).
 fn tcp(
     store: &mut Store,
     watch: &mut Watch,
     rank: Rank,
     world_size: u32,
+    wanted: &dyn Fn(Rank) -> bool,
     config: &ProcessConfig,
 ) -> Result<TcpTransport, SetupError> {
     let tcp_err = |what: String| move |source| SetupError::Tcp { what, source };
@@ -324,7 +373,7 @@ fn tcp(
     let mut streams: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
     // Dial every lower rank (each answers once it has dialed its own lower
     // ranks, so rank 0 first), then accept every higher one.
-    for peer in 0..rank {
+    for peer in (0..rank).filter(|&p| wanted(p)) {
         let stream = dial_peer(
             store,
             watch,
@@ -341,6 +390,7 @@ fn tcp(
         &listener,
         rank,
         &mut streams,
+        wanted,
         secret.as_ref(),
         deadline,
         &mut peers_alive,

@@ -1,8 +1,10 @@
 //! The conformance kit across processes: a reduced matrix — every
 //! collective × algorithm, awkward lengths (0, 1, odd, several segments),
 //! every dtype and op in turn, in place and out of place — over shared
-//! memory with 4 ranks and over TCP loopback with 3. Each rank is a real
-//! process and checks its own output against the serial reference.
+//! memory with 4 ranks, over TCP loopback with 3, and over both at once
+//! (ranks on two emulated hosts, shared memory inside each, TCP between).
+//! Each rank is a real process and checks its own output against the
+//! serial reference.
 
 mod common;
 
@@ -40,15 +42,43 @@ fn child() {
         }
         ran += 1;
     }
-    println!("rank {} passed {ran} cases", env.rank);
+    println!(
+        "rank {} on {} hosts passed {ran} cases",
+        env.rank,
+        comm.layout().hosts()
+    );
 }
 
 fn run(transport: TransportKind, n: u32) {
-    let ranks = common::spawn("child", "conformance", n, transport);
+    run_on(transport, n, "");
+}
+
+/// `hosts`: each rank's emulated host, comma-separated (empty: one host).
+fn run_on(transport: TransportKind, n: u32, hosts: &str) {
+    let all: Vec<u32> = (0..n).collect();
+    let env: &[(&str, &str)] = if hosts.is_empty() {
+        &[]
+    } else {
+        &[("FERROCOLL_TEST_HOSTS", hosts)]
+    };
+    let ranks = common::spawn_some("child", "conformance", &all, n, transport, env);
     let finished = ranks.finish(Duration::from_secs(240), Vec::new());
     common::assert_all_ok(&finished);
+    let hosts = if hosts.is_empty() {
+        1
+    } else {
+        hosts
+            .split(',')
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
     for f in &finished {
         assert!(f.output.contains("passed"), "{}", f.output);
+        assert!(
+            f.output.contains(&format!("on {hosts} hosts")),
+            "{}",
+            f.output
+        );
         println!(
             "rank {}: {}",
             f.rank,
@@ -68,4 +98,11 @@ fn every_collective_passes_the_kit_across_4_processes_over_shared_memory() {
 #[test]
 fn every_collective_passes_the_kit_across_3_processes_over_tcp() {
     run(TransportKind::Tcp, 3);
+}
+
+#[test]
+fn every_collective_passes_the_kit_across_two_emulated_hosts_over_shm_and_tcp() {
+    // Hosts interleaved, so no rank's place among its host's ranks is its
+    // group rank, and one host holds three ranks.
+    run_on(TransportKind::Auto, 5, "a,b,a,b,a");
 }

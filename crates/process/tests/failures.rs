@@ -139,16 +139,32 @@ fn child() {
 
 /// Run `scenario` on 4 ranks; returns each rank's end.
 fn run(scenario: &str, transport: TransportKind) -> Vec<common::Finished> {
-    let ranks = common::spawn("child", scenario, 4, transport);
+    let env: &[(&str, &str)] = match transport {
+        TransportKind::Auto => &TWO_HOSTS,
+        _ => &[],
+    };
+    let ranks = common::spawn_some("child", scenario, &[0, 1, 2, 3], 4, transport, env);
     ranks.finish(Duration::from_secs(60), Vec::new())
 }
+
+/// With `TransportKind::Auto`, the four ranks on two emulated hosts,
+/// interleaved: every rank has a peer over shared memory and two over TCP.
+const TWO_HOSTS: [(&str, &str); 1] = [("FERROCOLL_TEST_HOSTS", "a,b,a,b")];
+
+/// Every kind of link: shared memory, TCP, and both in one group.
+const EVERY_KIND: [TransportKind; 3] =
+    [TransportKind::Shm, TransportKind::Tcp, TransportKind::Auto];
 
 fn killed_mid_run(transport: TransportKind) {
     killed_mid(transport, "killed");
 }
 
 fn killed_mid(transport: TransportKind, scenario: &str) {
-    let mut ranks = common::spawn("child", scenario, 4, transport);
+    let env: &[(&str, &str)] = match transport {
+        TransportKind::Auto => &TWO_HOSTS,
+        _ => &[],
+    };
+    let mut ranks = common::spawn_some("child", scenario, &[0, 1, 2, 3], 4, transport, env);
     let mut log = Vec::new();
     assert!(
         ranks.wait_for_line("reached iteration 20", Duration::from_secs(30), &mut log),
@@ -193,6 +209,13 @@ fn a_killed_rank_is_an_error_on_every_survivor_over_tcp() {
     killed_mid_run(TransportKind::Tcp);
 }
 
+/// The killed rank's peer on its host sees its process end; those on the
+/// other host see its connections close.
+#[test]
+fn a_killed_rank_is_an_error_on_every_survivor_of_two_hosts() {
+    killed_mid_run(TransportKind::Auto);
+}
+
 fn survivors_fail_fast(scenario: &str, transport: TransportKind, culprit: u32, says: &str) {
     let finished = run(scenario, transport);
     let all = common::show(&finished);
@@ -218,7 +241,7 @@ fn survivors_fail_fast(scenario: &str, transport: TransportKind, culprit: u32, s
 
 #[test]
 fn a_panicking_rank_fails_the_group() {
-    for t in [TransportKind::Shm, TransportKind::Tcp] {
+    for t in EVERY_KIND {
         survivors_fail_fast(
             "panics",
             t,
@@ -230,21 +253,21 @@ fn a_panicking_rank_fails_the_group() {
 
 #[test]
 fn a_rank_that_leaves_early_fails_the_calls_that_need_it() {
-    for t in [TransportKind::Shm, TransportKind::Tcp] {
+    for t in EVERY_KIND {
         survivors_fail_fast("leaves", t, 1, "left the group");
     }
 }
 
 #[test]
 fn abort_unblocks_every_rank() {
-    for t in [TransportKind::Shm, TransportKind::Tcp] {
+    for t in EVERY_KIND {
         survivors_fail_fast("aborts", t, 0, "rank 0 failed: aborted");
     }
 }
 
 #[test]
 fn a_count_dtype_or_op_mismatch_is_a_typed_error_not_a_hang() {
-    for t in [TransportKind::Shm, TransportKind::Tcp] {
+    for t in EVERY_KIND {
         for (scenario, says) in [
             ("count", "count=1001"),
             ("dtype", "type=i32"),

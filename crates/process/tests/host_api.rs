@@ -25,6 +25,11 @@ fn grid(comm: ferrocoll_process::ProcessCommunicator, cols: u32) -> Result<(), C
     assert!(comm.split(None, 0)?.is_none());
     assert_eq!((row_comm.rank(), row_comm.world_size()), (col, cols));
     assert_eq!((col_comm.rank(), col_comm.world_size()), (row, n / cols));
+    println!(
+        "rank {rank}: row on {} hosts, column on {} hosts",
+        row_comm.layout().hosts(),
+        col_comm.layout().hosts()
+    );
     let mut rows = AsyncCommunicator::new(row_comm)?;
     let mut cols_comm = AsyncCommunicator::new(col_comm)?;
     let r = u64::from(rank);
@@ -186,10 +191,32 @@ fn child() {
 }
 
 fn grid_on(transport: TransportKind) {
-    let ranks = common::spawn("child", "grid", 6, transport);
+    grid_across(transport, &[]);
+}
+
+fn grid_across(transport: TransportKind, env: &[(&str, &str)]) -> Vec<common::Finished> {
+    let ranks = common::spawn_some("child", "grid", &[0, 1, 2, 3, 4, 5], 6, transport, env);
     let finished = ranks.finish(Duration::from_secs(120), Vec::new());
     common::assert_all_ok(&finished);
     assert!(finished.iter().all(|f| f.output.contains("passed")));
+    finished
+}
+
+/// Splits keep a link per peer: rows span both hosts (shared memory and
+/// TCP), column 0 lies on host a (shared memory only), column 1 on both
+/// (TCP only).
+#[test]
+fn a_2_by_3_grid_of_processes_on_two_hosts_splits_into_every_kind_of_group() {
+    let hosts = [("FERROCOLL_TEST_HOSTS", "a,a,b,a,b,b")];
+    let finished = grid_across(TransportKind::Auto, &hosts);
+    let said = |rank: u32, text: &str| {
+        finished
+            .iter()
+            .any(|f| f.rank == rank && f.output.contains(text))
+    };
+    assert!(said(0, "rank 0: row on 2 hosts, column on 1 hosts"));
+    assert!(said(1, "rank 1: row on 2 hosts, column on 2 hosts"));
+    assert!(said(5, "rank 5: row on 2 hosts, column on 1 hosts"));
 }
 
 #[test]

@@ -139,7 +139,8 @@ fn child() {
     let mut ran = 0;
     for case in common::kit_cases(env.world_size) {
         comm.set_algorithm(case.algorithm);
-        let checked = if env.scenario == "heap" && case.collective != Collective::SendRecv {
+        let in_heap = env.scenario == "heap" || env.scenario == "heap-hosts";
+        let checked = if in_heap && case.collective != Collective::SendRecv {
             check_rank_in_heap(&mut comm, &case)
         } else {
             check_rank(&mut comm, &case)
@@ -157,6 +158,17 @@ fn child() {
             "private buffers are copied"
         );
         assert_eq!(comm.heap_plan_calls(), 0, "private buffers fit slots");
+    } else if env.scenario == "heap-hosts" {
+        // Peers on the other host cannot read this one's heap: no call
+        // runs the plan that sends everything by reference, but values
+        // for peers of this host still went by reference.
+        assert_eq!(comm.layout().hosts(), 2);
+        assert_eq!(comm.heap_plan_calls(), 0, "the heap's plan spans hosts");
+        assert!(
+            comm.messages_by_reference() > 20,
+            "{} messages by reference",
+            comm.messages_by_reference()
+        );
     } else {
         assert!(
             comm.heap_plan_calls() > 20,
@@ -435,7 +447,12 @@ fn run(scenario: &str, n: u32) {
 }
 
 fn run_over(scenario: &str, n: u32, transport: TransportKind) {
-    let ranks = common::spawn("child", scenario, n, transport);
+    run_on(scenario, n, transport, &[]);
+}
+
+fn run_on(scenario: &str, n: u32, transport: TransportKind, env: &[(&str, &str)]) {
+    let all: Vec<u32> = (0..n).collect();
+    let ranks = common::spawn_some("child", scenario, &all, n, transport, env);
     let finished = ranks.finish(Duration::from_secs(240), Vec::new());
     common::assert_all_ok(&finished);
     for f in &finished {
@@ -446,6 +463,22 @@ fn run_over(scenario: &str, n: u32, transport: TransportKind) {
 #[test]
 fn every_collective_passes_the_kit_with_buffers_in_the_shared_heap() {
     run("heap", 4);
+}
+
+/// Two emulated hosts: shared memory (and its heap) inside each, TCP
+/// between them, in one group.
+#[test]
+fn every_collective_passes_the_kit_in_the_heap_of_a_group_on_two_hosts() {
+    let hosts = [("FERROCOLL_TEST_HOSTS", "a,a,b,b")];
+    run_on("heap-hosts", 4, TransportKind::Auto, &hosts);
+}
+
+/// One-shot calls publish through the segment inside a host and the
+/// announcement across.
+#[test]
+fn small_calls_take_the_one_shot_protocol_on_two_hosts() {
+    let hosts = [("FERROCOLL_TEST_HOSTS", "a,b,b,a")];
+    run_on("one-shot", 4, TransportKind::Auto, &hosts);
 }
 
 #[test]

@@ -294,7 +294,9 @@ fn try_fire<T: Reduce>(
         write.as_deref(),
         heaps.as_deref(),
     )
-    .filter(|p| zero_copy::reference_bytes(p.len()) <= slot);
+    .filter(|p| zero_copy::reference_bytes(p.len()) <= slot)
+    // Only peers that map this rank's heap can read a reference.
+    .filter(|_| ins.send.iter().all(|m| t.heap_peer(m.peer)));
     let room = lending
         .as_ref()
         .map_or(bytes, |p| zero_copy::reference_bytes(p.len()));

@@ -270,18 +270,24 @@ impl Pending {
     }
 }
 
-/// Accept a connection from every rank above `me` into `streams` (indexed
-/// by rank), refusing every other comer, until `deadline` or until
+/// Accept a connection from every `wanted` rank above `me` into `streams`
+/// (indexed by rank), refusing every other comer, until `deadline` or until
 /// `peers_alive` says a peer that would dial is gone.
 pub(crate) fn accept_peers(
     listener: &TcpListener,
     me: Rank,
     streams: &mut [Option<TcpStream>],
+    wanted: &dyn Fn(Rank) -> bool,
     secret: Option<&JobSecret>,
     deadline: Instant,
     peers_alive: &mut dyn FnMut() -> Result<(), SetupError>,
 ) -> Result<(), SetupError> {
     let world = streams.len() as u32;
+    let missing = |streams: &[Option<TcpStream>]| -> Vec<Rank> {
+        (me + 1..world)
+            .filter(|&p| wanted(p) && streams[p as usize].is_none())
+            .collect()
+    };
     let tcp_err = |what: &str, source| SetupError::Tcp {
         what: what.to_owned(),
         source,
@@ -290,7 +296,7 @@ pub(crate) fn accept_peers(
         .set_nonblocking(true)
         .map_err(|e| tcp_err("set up the listener", e))?;
     let mut pending: VecDeque<Pending> = VecDeque::new();
-    while (me + 1..world).any(|p| streams[p as usize].is_none()) {
+    while !missing(streams).is_empty() {
         let mut progressed = false;
         match listener.accept() {
             Ok((stream, _)) => {
@@ -311,9 +317,7 @@ pub(crate) fn accept_peers(
         progressed |= poll_pending(&mut pending, me, streams, secret);
         peers_alive()?;
         if Instant::now() >= deadline {
-            let missing: Vec<Rank> = (me + 1..world)
-                .filter(|&p| streams[p as usize].is_none())
-                .collect();
+            let missing = missing(streams);
             let addr = listener
                 .local_addr()
                 .map_or_else(|_| "its data port".to_owned(), |a| a.to_string());
@@ -438,6 +442,7 @@ mod tests {
                 &listener,
                 0,
                 &mut streams,
+                &|_| true,
                 secret.as_ref(),
                 deadline,
                 &mut || Ok(()),

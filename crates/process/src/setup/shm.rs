@@ -25,26 +25,31 @@ use ferrocoll_rendezvous::Store;
 use super::SetupError;
 use super::watch::Watch;
 use crate::config::ProcessConfig;
-use crate::transport::Transport;
 use crate::transport::shm::segment::{self, Segment};
 use crate::transport::shm::{Shape, ShmTransport};
 
-/// Open the shared-memory transport of `rank`.
+/// Open the shared-memory transport of `rank` to `members` (the group's
+/// ranks on this host, in order, `rank` among them; every rank of the
+/// group when it is on one host). Failures name group ranks.
 pub(super) fn open(
     store: &mut Store,
     watch: &mut Watch,
     rank: Rank,
+    members: &[Rank],
     world_size: u32,
     config: &ProcessConfig,
-) -> Result<Box<dyn Transport>, SetupError> {
-    let shape = shape(world_size, config);
-    if rank == 0 {
-        store.set("pg/token", new_token(config.job_id.as_deref()).as_bytes())?;
+) -> Result<ShmTransport, SetupError> {
+    let shape = shape(members.len() as u32, world_size, config);
+    // One token per host: its first rank makes it.
+    let token_key = format!("pg/token/{}", members[0]);
+    if rank == members[0] {
+        store.set(&token_key, new_token(config.job_id.as_deref()).as_bytes())?;
     }
-    let token = String::from_utf8_lossy(&watch.wait(store, "pg/token")?).into_owned();
+    let token = String::from_utf8_lossy(&watch.wait(store, &token_key)?).into_owned();
     let mut names = Names {
         token,
-        suffixes: vec![None; world_size as usize],
+        members: members.to_vec(),
+        suffixes: vec![None; members.len()],
     };
     form(store, watch, rank, &shape, &mut names).map_err(|e| {
         // Explain first: "no such file" because a peer removed the names
@@ -56,10 +61,11 @@ pub(super) fn open(
     })
 }
 
-/// The segments of a group of `world_size` ranks.
-fn shape(world_size: u32, config: &ProcessConfig) -> Shape {
+/// The segments of `local` ranks linked by shared memory in a group of
+/// `world_size` (whose one-shot calls stage every rank's input).
+fn shape(local: u32, world_size: u32, config: &ProcessConfig) -> Shape {
     Shape {
-        world_size,
+        world_size: local,
         channels: config.max_channels.max(1) + 1,
         slots: config.link_slots(),
         slot_bytes: config.max_message_bytes.max(64),
@@ -74,8 +80,12 @@ fn shape(world_size: u32, config: &ProcessConfig) -> Shape {
 /// Refuse, before anything is published or created, a group whose
 /// segments overflow or do not fit where they live (an absurd world size
 /// once left a sparse multi-petabyte file behind).
-pub(super) fn check_capacity(world_size: u32, config: &ProcessConfig) -> Result<(), SetupError> {
-    check_space(&shape(world_size, config))
+pub(super) fn check_capacity(
+    local: u32,
+    world_size: u32,
+    config: &ProcessConfig,
+) -> Result<(), SetupError> {
+    check_space(&shape(local, world_size, config))
 }
 
 /// Create, publish, map everything, and meet at the barrier.
@@ -85,27 +95,33 @@ fn form(
     rank: Rank,
     shape: &Shape,
     names: &mut Names,
-) -> Result<Box<dyn Transport>, SetupError> {
-    let world_size = names.suffixes.len() as u32;
+) -> Result<ShmTransport, SetupError> {
+    let me = names
+        .index(rank)
+        .expect("a rank is among its host's members");
     let suffix = ferrocoll_rendezvous::random_hex::<16>();
     // Published before the file exists, so a failed setup can remove it.
     store.set(&name_key(rank), suffix.as_bytes())?;
     let own = names.named(rank, &suffix);
-    names.suffixes[rank as usize] = Some(suffix);
+    names.suffixes[me] = Some(suffix);
     let segment = ShmTransport::create_segment(&own, shape).map_err(|source| SetupError::Shm {
         what: "create",
         path: own.display().to_string(),
         source: explain_existing(&own, source),
     })?;
     store.set(&format!("pg/shm/{rank}"), b"ready")?;
-    let mut all: Vec<Option<Segment>> = (0..world_size).map(|_| None).collect();
-    let mut pids = vec![std::process::id(); world_size as usize];
-    for peer in (0..world_size).filter(|&p| p != rank) {
+    let local = names.members.len();
+    let mut all: Vec<Option<Segment>> = (0..local).map(|_| None).collect();
+    let mut pids = vec![std::process::id(); local];
+    for (at, peer) in names.members.clone().into_iter().enumerate() {
+        if peer == rank {
+            continue;
+        }
         watch.wait(store, &format!("pg/shm/{peer}"))?;
-        names.learn(peer, &watch.wait(store, &name_key(peer))?);
+        names.learn(at, &watch.wait(store, &name_key(peer))?);
         // The path is ours to compute: a value from the store never names
         // a file outside the group's own.
-        let Some(path) = names.path(peer) else {
+        let Some(path) = names.path(at) else {
             return Err(SetupError::Shm {
                 what: "name",
                 path: format!("rank {peer}'s segment"),
@@ -122,24 +138,27 @@ fn form(
                 path: path.display().to_string(),
                 source,
             })?;
-        pids[peer as usize] = pid;
-        all[peer as usize] = Some(seg);
+        pids[at] = pid;
+        all[at] = Some(seg);
     }
+    // Every rank of the group meets here, whatever its host.
     watch.barrier(store, "pg/mapped")?;
     // Every rank has mapped every segment: the names are no longer needed.
     // Each rank removes them all, not just its own, so a rank killed
     // right after the barrier leaves nothing behind while any survives.
     segment.unlink();
     names.remove_all();
-    all[rank as usize] = Some(segment);
+    all[me] = Some(segment);
     let all = all.into_iter().flatten().collect();
-    Ok(Box::new(ShmTransport::new(rank, *shape, all, pids)))
+    Ok(ShmTransport::new(me as Rank, *shape, all, pids).named(rank))
 }
 
-/// The segment names of one group: the group's token and each rank's
-/// random suffix, as far as known.
+/// The segment names of the ranks of one host: the token of the host's
+/// group, its members (group ranks) and each one's random suffix, as far
+/// as known, by position among the members.
 struct Names {
     token: String,
+    members: Vec<Rank>,
     suffixes: Vec<Option<String>>,
 }
 
@@ -149,20 +168,24 @@ fn name_key(rank: Rank) -> String {
 }
 
 impl Names {
-    fn path(&self, rank: Rank) -> Option<PathBuf> {
-        let suffix = self.suffixes.get(rank as usize)?.as_ref()?;
-        Some(self.named(rank, suffix))
+    fn index(&self, rank: Rank) -> Option<usize> {
+        self.members.iter().position(|&m| m == rank)
+    }
+
+    fn path(&self, at: usize) -> Option<PathBuf> {
+        let suffix = self.suffixes.get(at)?.as_ref()?;
+        Some(self.named(self.members[at], suffix))
     }
 
     fn named(&self, rank: Rank, suffix: &str) -> PathBuf {
         segment::directory().join(format!("ferrocoll-{}-{rank}-{suffix}", self.token))
     }
 
-    /// Take `rank`'s suffix from the store, if it is 32 hex digits (a
-    /// value from the store must never widen a name into a path).
-    fn learn(&mut self, rank: Rank, value: &[u8]) {
+    /// Take member `at`'s suffix from the store, if it is 32 hex digits
+    /// (a value from the store must never widen a name into a path).
+    fn learn(&mut self, at: usize, value: &[u8]) {
         let ok = value.len() == 32 && value.iter().all(u8::is_ascii_hexdigit);
-        if ok && let Some(slot) = self.suffixes.get_mut(rank as usize) {
+        if ok && let Some(slot) = self.suffixes.get_mut(at) {
             *slot = Some(String::from_utf8_lossy(value).into_owned());
         }
     }
@@ -170,20 +193,20 @@ impl Names {
     /// Every suffix the store already holds (best effort: on a failed
     /// setup, the store may be gone too).
     fn learn_published(&mut self, store: &mut Store) {
-        for rank in 0..self.suffixes.len() as Rank {
-            if self.suffixes[rank as usize].is_none()
-                && let Ok(Some(value)) = store.get(&name_key(rank))
+        for at in 0..self.members.len() {
+            if self.suffixes[at].is_none()
+                && let Ok(Some(value)) = store.get(&name_key(self.members[at]))
             {
-                self.learn(rank, &value);
+                self.learn(at, &value);
             }
         }
     }
 
-    /// Remove every rank's name (those that are known and exist): on a
+    /// Remove every member's name (those that are known and exist): on a
     /// failed setup.
     fn remove_all(&self) {
-        for r in 0..self.suffixes.len() as Rank {
-            if let Some(path) = self.path(r) {
+        for at in 0..self.members.len() {
+            if let Some(path) = self.path(at) {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -260,17 +283,19 @@ mod tests {
     fn only_well_formed_suffixes_from_the_store_become_names() {
         let mut names = Names {
             token: "t".into(),
+            members: vec![2, 5, 6],
             suffixes: vec![None; 3],
         };
         names.learn(0, b"../../etc/passwd");
         names.learn(1, &[b'a'; 32]);
         names.learn(7, &[b'a'; 32]);
         assert!(names.path(0).is_none());
+        // Named by group rank, found by position among the host's ranks.
         assert!(
             names
                 .path(1)
                 .unwrap()
-                .ends_with(format!("ferrocoll-t-1-{}", "a".repeat(32)))
+                .ends_with(format!("ferrocoll-t-5-{}", "a".repeat(32)))
         );
     }
 }

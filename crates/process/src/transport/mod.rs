@@ -4,8 +4,10 @@
 //! verifier proved schedules against: one FIFO link per (sender, receiver,
 //! channel) holding at most `slots` unconsumed messages. Everything else —
 //! which step fires when, what is reduced — lives in the executor, so the
-//! two transports (shared memory, TCP) run the same code above them.
+//! transports (shared memory, TCP, and the two mixed: shared memory
+//! inside a host, TCP across) run the same code above them.
 
+pub(crate) mod mixed;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
@@ -132,6 +134,14 @@ pub(crate) trait Transport: Send {
     /// sender's heap travel as offsets.
     fn heaps(&self) -> Option<std::sync::Arc<shm::heap::Heaps>> {
         None
+    }
+
+    /// Whether `peer` maps this rank's heap (so a value may go to it by
+    /// reference or be written into its heap): every peer where the group
+    /// has heaps at all, unless the group spans hosts.
+    fn heap_peer(&self, peer: Rank) -> bool {
+        let _ = peer;
+        self.heaps().is_some()
     }
 
     /// Half `call % 2` of `rank`'s one-shot staging, as mapped in this

@@ -36,6 +36,14 @@ pub fn child_env() -> Option<ChildEnv> {
     })
 }
 
+/// The host this rank pretends to be on: item `rank` of the
+/// comma-separated `FERROCOLL_TEST_HOSTS` (ranks with different host ids
+/// count as different hosts, so one machine emulates several).
+pub fn emulated_host(rank: u32) -> Option<String> {
+    let hosts = std::env::var("FERROCOLL_TEST_HOSTS").ok()?;
+    hosts.split(',').nth(rank as usize).map(str::to_owned)
+}
+
 /// Join the parent's store and form the group.
 pub fn connect(env: &ChildEnv, config: ProcessConfig) -> ProcessCommunicator {
     // The parent hosts the store, so every child joins as a client (any
@@ -47,6 +55,7 @@ pub fn connect(env: &ChildEnv, config: ProcessConfig) -> ProcessCommunicator {
         env.world_size,
         &ProcessConfig {
             transport: env.transport,
+            host_id: emulated_host(env.rank).or(config.host_id.clone()),
             ..config
         },
     )

@@ -162,7 +162,9 @@ fn probe_bytes_per_rank(args: &BenchArgs) -> u64 {
     let host = args.backend == Backend::Cpu
         && matches!(
             args.transport,
-            None | Some(ferrocoll::process::TransportKind::Shm)
+            None | Some(
+                ferrocoll::process::TransportKind::Shm | ferrocoll::process::TransportKind::Auto
+            )
         );
     match args.membw && host && args.ranks >= 2 {
         true => 2 * (membw::ARRAY_BYTES / args.ranks as usize) as u64,

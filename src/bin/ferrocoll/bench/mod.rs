@@ -71,7 +71,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 4)]
     ranks: u32,
     /// `cpu` only: ranks are processes started by `ferrocoll launch`,
-    /// exchanging over `shm` (one host) or `tcp`; rank 0 prints the table.
+    /// linked by `auto` (shared memory inside a host, TCP across hosts),
+    /// `shm` (one host) or `tcp` (every pair); rank 0 prints the table.
     #[arg(long)]
     transport: Option<ferrocoll::process::TransportKind>,
     /// `nccl` only: this process is one rank of the group the env://
@@ -79,7 +80,7 @@ pub(crate) struct BenchArgs {
     /// GPU numbered `LOCAL_RANK`; rank 0 prints the table.
     #[arg(long)]
     from_env: bool,
-    /// `--transport shm`: keep each rank's buffers private, so every
+    /// `--transport shm|auto`: keep each rank's buffers private, so every
     /// message is copied through a slot, instead of placing them in the
     /// group's shared heap where peers read them in place.
     #[arg(long)]

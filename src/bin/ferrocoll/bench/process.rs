@@ -26,7 +26,7 @@ pub(crate) struct Processes {
 /// Join the process group `launch` started (env:// variables) over
 /// `args.transport`; `args.ranks` becomes the group's size.
 pub(crate) fn open(args: &mut BenchArgs) -> Result<Box<dyn Target>, String> {
-    let transport = args.transport.unwrap_or(TransportKind::Shm);
+    let transport = args.transport.unwrap_or(TransportKind::Auto);
     // The FERROCOLL_* settings (algorithm, timeout, job id) on the
     // built-in ones: a bad value is one error, not a warning from
     // `Default` and then the error.
@@ -61,7 +61,7 @@ const MAX_BENCH_HEAP: usize = 1 << 30;
 /// buffers at a time), when the transport has a shared heap and the run
 /// wants one.
 fn shared_heap_bytes(args: &BenchArgs, transport: TransportKind) -> usize {
-    if args.no_shared_heap || transport != TransportKind::Shm {
+    if args.no_shared_heap || transport == TransportKind::Tcp {
         return 0;
     }
     let want = args
@@ -70,6 +70,17 @@ fn shared_heap_bytes(args: &BenchArgs, transport: TransportKind) -> usize {
         .saturating_add(1 << 20)
         .next_multiple_of(4096);
     if want > MAX_BENCH_HEAP { 0 } else { want }
+}
+
+/// How the ranks are linked, for the header.
+fn links(transport: TransportKind, layout: &ferrocoll::process::HostLayout) -> String {
+    let hosts = layout.hosts();
+    match transport {
+        TransportKind::Auto if hosts == 1 => "shm (auto: one host)".to_owned(),
+        TransportKind::Auto => format!("shm inside each of {hosts} hosts, tcp across (auto)"),
+        other if hosts == 1 => other.to_string(),
+        other => format!("{other} ({hosts} hosts)"),
+    }
 }
 
 impl Target for Processes {
@@ -83,13 +94,13 @@ impl Target for Processes {
 
     fn describe(&self, args: &BenchArgs, _config: &CpuConfig, algorithm: &str) -> Vec<String> {
         let p = &self.config;
+        let links = self.comm.lock().map_or_else(
+            |_| p.transport.to_string(),
+            |c| links(p.transport, c.layout()),
+        );
         let mut lines = vec![format!(
-            "# executor: cpu, {} processes over {}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
-            args.ranks,
-            p.transport,
-            p.max_message_bytes,
-            p.planning.slots_per_link,
-            p.planning.timeout,
+            "# executor: cpu, {} processes over {links}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
+            args.ranks, p.max_message_bytes, p.planning.slots_per_link, p.planning.timeout,
         )];
         if p.shared_heap_bytes > 0 {
             lines.push(format!(
@@ -214,10 +225,10 @@ impl BenchRank for ProcessCommunicator {
         try_copy(buffers.1.slice(), "output read back")
     }
 
-    /// Shared memory only: TCP ranks may sit on hosts whose clocks and
-    /// memories differ (every rank has the same transport: the group's
-    /// settings are compared at setup).
+    /// One host linked by shared memory only: TCP ranks may sit on hosts
+    /// whose clocks and memories differ (every rank has the same
+    /// transport and layout: both are agreed at setup).
     fn shares_host_memory(&self) -> bool {
-        self.transport() == TransportKind::Shm
+        self.transport() != TransportKind::Tcp && self.layout().hosts() == 1
     }
 }

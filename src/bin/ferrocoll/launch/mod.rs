@@ -17,6 +17,7 @@
 
 mod forward;
 mod job;
+mod nodes;
 mod notes;
 mod signals;
 mod supervise;
@@ -31,6 +32,7 @@ use clap::Args;
 
 use forward::forward;
 use job::Job;
+use nodes::{Cluster, NodeSpec};
 use notes::Notes;
 use supervise::{Timing, Watchers, stop, supervise};
 use watchdog::Watchdog;
@@ -40,12 +42,36 @@ const MAX_RANKS: u32 = 1024;
 
 #[derive(Args, Debug)]
 pub(crate) struct LaunchArgs {
-    /// Processes to start.
-    #[arg(short = 'n', long = "nproc", default_value_t = 2)]
+    /// Processes to start on this host.
+    #[arg(
+        short = 'n',
+        long = "nproc",
+        visible_alias = "nproc-per-node",
+        default_value_t = 2
+    )]
     nproc: u32,
-    /// MASTER_PORT for the rendezvous; default: a free port.
+    /// MASTER_PORT for the rendezvous; default: a free port (one host only).
     #[arg(long)]
     port: Option<u16>,
+    /// Hosts the job spans: run one launcher per host, each with its
+    /// `--node-rank`, the same `--rdzv-endpoint`, `--nproc-per-node` and
+    /// job secret (`FERROCOLL_JOB_SECRET` or `--secret-file`).
+    #[arg(long, default_value_t = 1)]
+    nnodes: u32,
+    /// This host's place among the `--nnodes` (0 hosts the launchers' store).
+    #[arg(long, default_value_t = 0)]
+    node_rank: u32,
+    /// HOST:PORT where node 0's launcher hosts the launchers' store (an
+    /// address of node 0 every host reaches); the ranks' store goes on a
+    /// free port of the same host.
+    #[arg(long)]
+    rdzv_endpoint: Option<String>,
+    /// Seconds the launchers wait for each other.
+    #[arg(long, default_value_t = 300.0)]
+    rdzv_timeout: f64,
+    /// A file holding the job secret (instead of `FERROCOLL_JOB_SECRET`).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
     /// After a rank fails, give the others this many seconds to notice
     /// and exit on their own (ferrocoll's communicators report a lost peer
     /// within milliseconds) before killing them; 0 kills at once.
@@ -84,6 +110,16 @@ fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(value))
 }
 
+/// Where this launcher's ranks sit in the job.
+struct Placement {
+    /// The first rank started here.
+    first: u32,
+    world: u32,
+    /// This host's node rank (torchrun's `GROUP_RANK`).
+    node: u32,
+    master: (String, u16),
+}
+
 pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     // Every argument is checked before anything starts.
     if args.nproc == 0 || args.nproc > MAX_RANKS {
@@ -93,20 +129,12 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     }
     let grace = seconds("grace", args.grace)?;
     let term_timeout = seconds("term-timeout", args.term_timeout)?;
+    let rdzv_timeout = seconds("rdzv-timeout", args.rdzv_timeout)?;
     if args.command.is_empty() {
         return Err("no command given after `--`".into());
     }
-    let port = match args.port {
-        Some(0) => {
-            return Err(
-                "--port must be between 1 and 65535 (0 is no port: omit the flag for a \
-                        free one)"
-                    .into(),
-            );
-        }
-        Some(p) => p,
-        None => free_port()?,
-    };
+    let spec = node_spec(args)?;
+    let port = one_host_port(args, spec.is_some())?;
     signals::install()?;
     // Our output closing (piped into `head`) must not take the launcher,
     // and with it every rank, down: forwarders see EPIPE and drain. The
@@ -116,20 +144,24 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
+    let (job, placement, cluster) = place(args, spec.as_ref(), port, rdzv_timeout)?;
     // Orphans from anywhere in the job become ours, not init's, so the
     // end can find what left its rank's process group.
     tree::become_subreaper();
-    let job = Job::new();
     // Bound before any rank starts, so no rank's note is lost.
     let notes = Notes::bind(&job.id);
     let mut watchdog = Watchdog::start(&job);
-    let started = spawn_all(args, port, &job, watchdog.as_mut());
+    let started = spawn_all(args, &placement, &job, watchdog.as_mut());
     let (children, forwarders) = match started {
         Ok(started) => started,
         Err(e) => {
             job.remove_segments();
             if let Some(w) = watchdog {
                 w.done();
+            }
+            if let Some(c) = cluster {
+                c.report_failure(&e);
+                c.finish();
             }
             return Err(e);
         }
@@ -138,8 +170,13 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         .iter()
         .map(|(r, c)| format!("{r}={}", c.id()))
         .collect();
+    let (addr, port) = &placement.master;
+    let node = match &spec {
+        Some(s) => format!("node {} of {}, ", s.node_rank, s.nnodes),
+        None => String::new(),
+    };
     eprintln!(
-        "ferrocoll launch: {} ranks, rendezvous 127.0.0.1:{port}, job {}, pids {}",
+        "ferrocoll launch: {node}{} ranks, rendezvous {addr}:{port}, job {}, pids {}",
         args.nproc,
         job.id,
         pids.join(" ")
@@ -153,6 +190,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         Watchers {
             watchdog: watchdog.as_mut(),
             notes,
+            cluster: cluster.as_ref(),
         },
     );
     // A signal that stopped the starting before any rank ran.
@@ -174,7 +212,112 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
     if removed > 0 {
         eprintln!("ferrocoll launch: removed {removed} shared-memory segments ranks left behind");
     }
+    if let Some(c) = cluster {
+        c.finish();
+    }
     Ok(end.report())
+}
+
+/// The ranks' store port of a job on one host (`--port`, else a free
+/// one); across hosts node 0 picks it (0 here).
+fn one_host_port(args: &LaunchArgs, across_hosts: bool) -> Result<u16, String> {
+    match (args.port, across_hosts) {
+        (Some(_), true) => Err(
+            "--port is for one host; across hosts the ranks' store goes beside --rdzv-endpoint"
+                .into(),
+        ),
+        (Some(0), false) => Err(
+            "--port must be between 1 and 65535 (0 is no port: omit the flag for a free one)"
+                .into(),
+        ),
+        (Some(p), false) => Ok(p),
+        (None, false) => free_port(),
+        (None, true) => Ok(0),
+    }
+}
+
+/// The job and where this launcher's ranks sit in it: the whole job on
+/// one host, or (across hosts) what the launchers agreed, with the
+/// watcher of the other hosts.
+fn place(
+    args: &LaunchArgs,
+    spec: Option<&NodeSpec>,
+    port: u16,
+    rdzv_timeout: Duration,
+) -> Result<(Job, Placement, Option<Cluster>), String> {
+    let Some(spec) = spec else {
+        let placement = Placement {
+            first: 0,
+            world: args.nproc,
+            node: 0,
+            master: ("127.0.0.1".to_owned(), port),
+        };
+        return Ok((Job::new(), placement, None));
+    };
+    let secret = job_secret(args)?;
+    let verdict = nodes::meet(spec, &secret, &Job::new().id, rdzv_timeout)?;
+    let placement = Placement {
+        first: spec.node_rank * spec.nproc_per_node,
+        world: spec.world_size(),
+        node: spec.node_rank,
+        master: verdict.master.clone(),
+    };
+    let job = Job {
+        secret: secret.clone(),
+        id: verdict.job_id.clone(),
+    };
+    let cluster = Cluster::watch(spec, &secret, verdict.store)?;
+    Ok((job, placement, Some(cluster)))
+}
+
+/// The job's shape across hosts, when the flags ask for more than one
+/// host's launcher (`None`: this launcher is the whole job).
+fn node_spec(args: &LaunchArgs) -> Result<Option<NodeSpec>, String> {
+    let Some(endpoint) = &args.rdzv_endpoint else {
+        if args.nnodes > 1 || args.node_rank > 0 {
+            return Err(
+                "--nnodes and --node-rank need --rdzv-endpoint HOST:PORT (node 0's address)".into(),
+            );
+        }
+        return Ok(None);
+    };
+    let spec = NodeSpec {
+        nnodes: args.nnodes,
+        node_rank: args.node_rank,
+        nproc_per_node: args.nproc,
+        endpoint: endpoint.clone(),
+    };
+    spec.check()?;
+    if spec.world_size() > MAX_WORLD {
+        return Err(format!(
+            "--nnodes × --nproc-per-node must be at most {MAX_WORLD}"
+        ));
+    }
+    Ok(Some(spec))
+}
+
+/// The most ranks of a job across hosts.
+const MAX_WORLD: u32 = 1 << 20;
+
+/// The secret every node's launcher was given: from `--secret-file`, else
+/// `FERROCOLL_JOB_SECRET`. A job across hosts cannot make one up: the
+/// others would not know it.
+fn job_secret(args: &LaunchArgs) -> Result<ferrocoll::rendezvous::JobSecret, String> {
+    use ferrocoll::rendezvous::JobSecret;
+    match &args.secret_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--secret-file {}: {e}", path.display()))?;
+            JobSecret::new(text.trim_end_matches(['\n', '\r']))
+                .ok_or_else(|| format!("--secret-file {}: the file is empty", path.display()))
+        }
+        None => JobSecret::from_env().ok_or_else(|| {
+            format!(
+                "a job across hosts needs the same secret on every node: set {} (or pass --secret-file)",
+                JobSecret::ENV
+            )
+        }),
+    }
 }
 
 /// Wait up to `within` for the forwarders to pass on what is left; a
@@ -197,7 +340,7 @@ fn drain(forwarders: Vec<JoinHandle<()>>, within: Duration) {
 #[allow(clippy::type_complexity)]
 fn spawn_all(
     args: &LaunchArgs,
-    port: u16,
+    at: &Placement,
     job: &Job,
     mut watchdog: Option<&mut Watchdog>,
 ) -> Result<(Vec<(u32, Child)>, Vec<std::thread::JoinHandle<()>>), String> {
@@ -209,7 +352,8 @@ fn spawn_all(
     let kernels = shared_kernel_choice();
     let mut children: Vec<(u32, Child)> = Vec::new();
     let mut forwarders = Vec::new();
-    for rank in 0..args.nproc {
+    for local in 0..args.nproc {
+        let rank = at.first + local;
         if signals::received().is_some() {
             break;
         }
@@ -228,11 +372,12 @@ fn spawn_all(
         let mut child = command
             .args(rest)
             .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("WORLD_SIZE", args.nproc.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("WORLD_SIZE", at.world.to_string())
             .env("LOCAL_WORLD_SIZE", args.nproc.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
+            .env("GROUP_RANK", at.node.to_string())
+            .env("MASTER_ADDR", &at.master.0)
+            .env("MASTER_PORT", at.master.1.to_string())
             .env(ferrocoll::rendezvous::JobSecret::ENV, job.secret.expose())
             .env("FERROCOLL_JOB_ID", &job.id)
             .stdout(Stdio::piped())

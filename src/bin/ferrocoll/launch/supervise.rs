@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use std::process::{Child, ExitCode, ExitStatus};
 use std::time::{Duration, Instant};
 
+use super::nodes::Cluster;
 use super::notes::{Notes, group_of};
 use super::signals;
 use super::tree::Table;
@@ -37,6 +38,8 @@ pub(super) struct End {
     failed_at: Option<(Instant, Severity)>,
     /// Ranks that said they fail because a peer failed first.
     consequences: HashSet<u32>,
+    /// The job failed on another host first, and how.
+    elsewhere: Option<String>,
     /// A signal the launcher received and forwarded.
     pub(super) signal: Option<i32>,
     /// How the others ended after that.
@@ -68,6 +71,7 @@ impl End {
             failed: None,
             failed_at: None,
             consequences: HashSet::new(),
+            elsewhere: None,
             signal: None,
             after: Vec::new(),
         }
@@ -82,6 +86,12 @@ impl End {
         } else {
             format!("; then {}", self.after.join(", "))
         };
+        if let Some(why) = &self.elsewhere {
+            eprintln!(
+                "ferrocoll launch: the job failed on another host ({why}): stopped this host's ranks{rest}"
+            );
+            return ExitCode::from(1);
+        }
         match (&self.failed, self.signal) {
             (Some((rank, why)), Some(signal)) => {
                 eprintln!(
@@ -114,13 +124,14 @@ impl End {
     /// Note how one rank ended.
     pub(super) fn record(&mut self, rank: u32, status: ExitStatus) {
         let how = severity(&status);
-        if self.signal.is_none() && !status.success() && self.takes_blame(rank, how) {
+        let ours = self.signal.is_none() && self.elsewhere.is_none();
+        if ours && !status.success() && self.takes_blame(rank, how) {
             if let Some((first, why)) = self.failed.take() {
                 self.after.insert(0, format!("rank {first} {why}"));
             }
             self.failed = Some((rank, describe(&status)));
             self.failed_at = Some((Instant::now(), how));
-        } else if self.failed.is_some() || self.signal.is_some() {
+        } else if self.failed.is_some() || self.signal.is_some() || self.elsewhere.is_some() {
             self.after.push(if status.success() {
                 format!("rank {rank} exited cleanly")
             } else if self.consequences.contains(&rank) {
@@ -184,9 +195,27 @@ pub(super) struct Watchers<'a> {
     pub watchdog: Option<&'a mut Watchdog>,
     /// The ranks' notes of failing after a peer.
     pub notes: Option<Notes>,
+    /// The launchers of the job's other hosts.
+    pub cluster: Option<&'a Cluster>,
 }
 
 impl Watchers<'_> {
+    /// Tell the other hosts' launchers of this host's first failure, and
+    /// learn of theirs: whichever came first is the job's.
+    fn exchange(&self, end: &mut End) {
+        let Some(cluster) = self.cluster else { return };
+        if let Some((rank, why)) = &end.failed {
+            if end.elsewhere.is_none() {
+                cluster.report_failure(&format!("rank {rank} failed first ({why})"));
+            }
+        } else if end.elsewhere.is_none()
+            && end.signal.is_none()
+            && let Some(why) = cluster.failed_elsewhere()
+        {
+            end.elsewhere = Some(why);
+        }
+    }
+
     /// A rank's process group is about to be reaped with its rank.
     fn forget(&mut self, group: u32) {
         if let Some(w) = self.watchdog.as_deref_mut() {
@@ -244,7 +273,13 @@ pub(super) fn supervise(
         }
         watchers.read_notes(&running, &mut end);
         running = reap(running, &mut end, &mut watchers);
+        watchers.exchange(&mut end);
         if end.failed.is_some() && kill_at.is_none() {
+            kill_at = Some(Instant::now() + timing.grace);
+        }
+        if end.elsewhere.is_some() && kill_at.is_none() {
+            // The ranks here learn of it from their own links soon; give
+            // them the grace to say so themselves.
             kill_at = Some(Instant::now() + timing.grace);
         }
         // Reading the process table is a few hundred small files: not

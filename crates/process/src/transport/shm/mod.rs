@@ -38,6 +38,10 @@ use segment::Segment;
 /// One rank's end of the shared-memory transport.
 pub(crate) struct ShmTransport {
     rank: Rank,
+    /// This rank's number in the whole group, which failures name: its
+    /// `rank` among the segments where shared memory links only the ranks
+    /// of one host in a larger group.
+    name: Rank,
     segments: Arc<Segments>,
     pids: Vec<u32>,
     spin: bool,
@@ -102,6 +106,7 @@ impl ShmTransport {
         });
         ShmTransport {
             rank,
+            name: rank,
             spin: shape.world_size as usize <= cores,
             heaps,
             segments,
@@ -110,6 +115,27 @@ impl ShmTransport {
             lost: vec![None; shape.world_size as usize],
             position: Arc::new(AtomicU64::new(0)),
             posted: None,
+        }
+    }
+
+    /// The same transport inside a larger group, where this rank is `name`
+    /// (the peers link by segment index, failures name group ranks).
+    pub fn named(mut self, name: Rank) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// Sleep on this rank's doorbell until it moves past `seen` or
+    /// `until`, without spinning first (a caller that also watches other
+    /// links spins over all of them itself).
+    pub fn doze(&mut self, seen: u64, until: Instant) {
+        let now = Instant::now();
+        if self.ticket() == seen && now < until {
+            let limit = (until - now).min(HEALTH_PERIOD);
+            doorbell::sleep(self.segments.bell(self.rank), seen as u32, limit);
+        }
+        if self.last_health.elapsed() >= HEALTH_PERIOD {
+            self.health();
         }
     }
 
@@ -302,9 +328,9 @@ impl Transport for ShmTransport {
     }
 
     fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
-        let (segments, rank) = (self.segments.clone(), self.rank);
+        let (segments, rank, name) = (self.segments.clone(), self.rank, self.name);
         let position = self.position.clone();
-        Box::new(move |reason| segments.fail(rank, rank, reason, position.load(Ordering::Relaxed)))
+        Box::new(move |reason| segments.fail(rank, name, reason, position.load(Ordering::Relaxed)))
     }
 
     fn depart(&mut self) {
