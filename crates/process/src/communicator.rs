@@ -258,7 +258,29 @@ impl ProcessCommunicator {
                 other => self.transport.fail(self.rank, &other.to_string()),
             }
         }
-        result
+        result.map_err(|e| self.name_host(e))
+    }
+
+    /// In a group across hosts, an error about a peer says which host the
+    /// peer is on and which ranks share it (a host down takes them all).
+    fn name_host(&self, e: CommError) -> CommError {
+        let layout = &self.layout;
+        let on = |rank: Rank| {
+            (rank < self.n && layout.hosts() > 1 && !layout.same_host(rank, self.rank))
+                .then(|| layout.describe_host(layout.host(rank)))
+        };
+        match e {
+            CommError::PeerFailed { rank, reason } if !reason.contains(" (on host ") => {
+                match on(rank) {
+                    Some(host) => CommError::PeerFailed {
+                        rank,
+                        reason: format!("{reason} (on {host})"),
+                    },
+                    None => CommError::PeerFailed { rank, reason },
+                }
+            }
+            other => other,
+        }
     }
 
     fn run_plan(

@@ -192,6 +192,16 @@ fn killed_mid(transport: TransportKind, scenario: &str) {
         finished.iter().any(|f| f.output.contains("rank 2")),
         "someone names the lost rank\n{all}"
     );
+    if transport == TransportKind::Auto {
+        // Ranks 1 and 3 are on the other host: they name rank 2's.
+        for f in finished.iter().filter(|f| f.rank % 2 == 1) {
+            assert!(
+                f.output.contains("(on host 0 "),
+                "rank {} does not name the host\n{all}",
+                f.rank
+            );
+        }
+    }
 }
 
 #[test]

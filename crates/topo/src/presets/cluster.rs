@@ -119,7 +119,7 @@ impl Cluster {
 
 /// Copy `part`'s nodes (names prefixed), links and peer-to-peer blocks
 /// into `t`; returns where each of `part`'s nodes went.
-fn append(t: &mut Topology, part: &Topology, prefix: &str) -> Vec<NodeId> {
+pub(super) fn append(t: &mut Topology, part: &Topology, prefix: &str) -> Vec<NodeId> {
     let ids: Vec<NodeId> = part
         .nodes
         .iter()

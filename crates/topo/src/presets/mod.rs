@@ -4,6 +4,7 @@
 //! it is measured on this machine when asked for ([`crate::probe::host`]).
 
 pub mod cluster;
+pub mod cpu_cluster;
 mod host;
 mod nvlink;
 pub(crate) mod pcie;
@@ -38,14 +39,20 @@ pub const NAMES: &[&str] = &[
     "dgx-h100x4",
     "dgx-h100x8",
     "host",
+    "cpu-cluster",
 ];
 
 /// The preset called `name`. `host` measures this machine (a second or
 /// so, once per process) and gives it `host_ranks` threads; the cluster
-/// presets (`dgx-h100x2` …) take `:nics=N,gbps=R` (see [`cluster`]).
+/// presets (`dgx-h100x2` …) take `:nics=N,gbps=R` (see [`cluster`]);
+/// `cpu-cluster` takes `:hosts=H,ranks=L,gbit=R` and measures this
+/// machine as each host (see [`cpu_cluster`]).
 pub fn by_name(name: &str, host_ranks: u32) -> Result<Topology, TopologyError> {
     if let Some(cluster) = cluster::parse(name) {
         return cluster?.build();
+    }
+    if let Some(cluster) = cpu_cluster::parse(name) {
+        return cluster?.build(crate::probe::host::measured());
     }
     let t = match name {
         "dgx1-v100" => nvlink::dgx1_v100(),
@@ -146,6 +153,7 @@ mod tests {
             ("dgx-h100x4", 32, nv(18), PathClass::Net, true),
             ("dgx-h100x8", 64, nv(18), PathClass::Net, true),
             ("host", 3, PathClass::Shm, PathClass::Shm, true),
+            ("cpu-cluster", 4, PathClass::Shm, PathClass::Net, true),
         ];
         assert_eq!(cases.len(), NAMES.len());
         for &(name, devices, first, last, p2p) in cases {
@@ -155,7 +163,7 @@ mod tests {
             assert_eq!(t.path_class(d[0], d[1]).unwrap(), first, "{name}");
             assert_eq!(t.path_class(d[0], d[devices - 1]).unwrap(), last, "{name}");
             assert_eq!(t.p2p(d[0], d[1]), p2p, "{name}");
-            let kind = if name == "host" {
+            let kind = if name == "host" || name == "cpu-cluster" {
                 NodeKind::Thread
             } else {
                 NodeKind::Gpu

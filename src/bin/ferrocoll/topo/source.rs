@@ -19,6 +19,15 @@ pub(crate) fn load(spec: &str, host_ranks: u32) -> Result<Topology, String> {
     if spec == "discover" {
         return sources::nvml::discover().map_err(|e| e.to_string());
     }
+    if let Some(cluster) = presets::cpu_cluster::parse(spec) {
+        let cluster = cluster.map_err(|e| e.to_string())?;
+        if u64::from(cluster.hosts) * u64::from(cluster.ranks) > u64::from(MAX_RANKS) {
+            return Err(format!(
+                "`{spec}`: hosts × ranks must be at most {MAX_RANKS}"
+            ));
+        }
+        return presets::by_name(spec, host_ranks).map_err(|e| e.to_string());
+    }
     if presets::NAMES.contains(&spec) || presets::cluster::parse(spec).is_some() {
         if !(1..=MAX_RANKS).contains(&host_ranks) {
             return Err(format!("--ranks must be between 1 and {MAX_RANKS}"));
