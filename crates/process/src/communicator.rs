@@ -13,6 +13,7 @@ use ferrocoll_core::plan::{ExecutionPlan, OneShot};
 use ferrocoll_core::types::CallShape;
 use ferrocoll_rendezvous::Store;
 
+use crate::across_hosts::AcrossHosts;
 use crate::agree::Agreement;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::exec::{Task, execute};
@@ -117,6 +118,17 @@ impl ProcessCommunicator {
         // (seen at once), not a store key that never appears.
         ferrocoll_core::kernels::calibration();
         crate::panic_note::install();
+        let mut settings = config.planner_settings();
+        let planning = &config.planning;
+        // Nothing chosen by hand: across hosts, all-reduce goes
+        // hierarchical (the layout is the same on every rank).
+        if planning.algorithm.is_none()
+            && planning.schedule.is_none()
+            && planning.selector.is_none()
+        {
+            settings.selector =
+                AcrossHosts::for_layout(&layout, world_size, settings.slots_per_link);
+        }
         Ok(ProcessCommunicator {
             transport,
             layout,
@@ -126,7 +138,7 @@ impl ProcessCommunicator {
             calls: 0,
             p2p_sent: vec![0; world_size as usize],
             p2p_received: vec![0; world_size as usize],
-            planner: Planner::new(world_size, config.planner_settings()),
+            planner: Planner::new(world_size, settings),
             heap_planner: HeapPlanner::new(world_size, config),
             heap_plan_calls: 0,
             agreement: Agreement::new(rank, world_size),
@@ -148,6 +160,22 @@ impl ProcessCommunicator {
         if let Some(h) = self.heap_planner.as_mut() {
             h.set_algorithm(algorithm);
         }
+    }
+
+    /// How a call of `shape` would run here, in the words of its debug
+    /// log line: the one-shot protocol, or the plan's algorithm, channels,
+    /// chunks and why it was chosen. Plans it as the call would (the plan
+    /// is cached for it); runs nothing. The same on every rank.
+    pub fn explain(&mut self, shape: &CallShape) -> Result<String, CommError> {
+        if self.one_shot(shape) {
+            return Ok(format!(
+                "{} {} B {}: protocol=one-shot",
+                shape.collective,
+                shape.size_bytes(self.n),
+                shape.dtype
+            ));
+        }
+        self.planner.plan(shape).map(|p| p.describe())
     }
 
     /// A zeroed buffer of `len` elements in this rank's shared heap

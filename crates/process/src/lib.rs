@@ -41,6 +41,7 @@
 //! - Every rank must pass the same [`ProcessConfig`] (checked when the
 //!   group forms) and make the same calls in the same order.
 
+mod across_hosts;
 mod agree;
 mod communicator;
 mod config;

@@ -158,6 +158,10 @@ fn child() {
     );
     let rank = env.rank;
     match env.scenario.as_str() {
+        "auto-hosts" => {
+            auto_across_hosts(comm);
+            println!("rank {rank} passed");
+        }
         "grid" => {
             grid(comm, 3).unwrap();
             println!("rank {rank} passed");
@@ -188,6 +192,72 @@ fn child() {
         }
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// What `auto` runs on 2 hosts of 2 ranks: all-reduce hierarchical (and
+/// correct), other collectives and forced algorithms as before.
+fn auto_across_hosts(mut comm: ferrocoll_process::ProcessCommunicator) {
+    use ferrocoll_core::types::{CallShape, Collective, DataType};
+    let shape = |collective, count| CallShape {
+        collective,
+        count,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        in_place: false,
+        purpose: Default::default(),
+    };
+    let rank = comm.rank();
+    let big = comm
+        .explain(&shape(Collective::AllReduce, 1 << 18))
+        .unwrap();
+    assert!(big.contains("algorithm=hierarchical 2x2"), "{big}");
+    assert!(big.contains("spans 2 hosts of 2 ranks"), "{big}");
+    let input: Vec<f32> = (0..1 << 18).map(|i| (i % 7) as f32 + rank as f32).collect();
+    let mut out = vec![0.0f32; 1 << 18];
+    comm.all_reduce(&input, &mut out, ReduceOp::Sum).unwrap();
+    for (i, &x) in out.iter().enumerate() {
+        assert_eq!(x, 4.0 * (i % 7) as f32 + 6.0, "element {i}");
+    }
+    let gather = comm
+        .explain(&shape(Collective::AllGather, 1 << 16))
+        .unwrap();
+    assert!(!gather.contains("hierarchical"), "{gather}");
+    let small = comm.explain(&shape(Collective::AllReduce, 4)).unwrap();
+    assert!(small.contains("one-shot"), "{small}");
+    comm.set_algorithm(Some(ferrocoll_core::Algorithm::Ring));
+    let ring = comm
+        .explain(&shape(Collective::AllReduce, 1 << 18))
+        .unwrap();
+    assert!(ring.contains("algorithm=ring"), "{ring}");
+}
+
+/// `auto` across hosts: all-reduce runs the hierarchical schedule of the
+/// group's layout; on one host it does not.
+#[test]
+fn auto_runs_the_hierarchical_all_reduce_across_hosts_only() {
+    let hosts = [("FERROCOLL_TEST_HOSTS", "a,a,b,b")];
+    let ranks = common::spawn_some(
+        "child",
+        "auto-hosts",
+        &[0, 1, 2, 3],
+        4,
+        TransportKind::Auto,
+        &hosts,
+    );
+    let finished = ranks.finish(Duration::from_secs(60), Vec::new());
+    common::assert_all_ok(&finished);
+    assert!(finished.iter().all(|f| f.output.contains("passed")));
+    // One host: the same check fails on its first assertion.
+    let ranks = common::spawn("child", "auto-hosts", 4, TransportKind::Auto);
+    let finished = ranks.finish(Duration::from_secs(60), Vec::new());
+    assert!(
+        finished
+            .iter()
+            .all(|f| f.output.contains("algorithm=direct")
+                && !f.output.contains(&format!("rank {} passed", f.rank))),
+        "{}",
+        common::show(&finished)
+    );
 }
 
 fn grid_on(transport: TransportKind) {
