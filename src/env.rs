@@ -56,6 +56,18 @@ pub enum EnvError {
     /// The rendezvous failed.
     #[error(transparent)]
     Rendezvous(#[from] ferrocoll_rendezvous::StoreError),
+    /// Under torchrun, whose agent holds `MASTER_PORT` for its own store
+    /// (`TORCHELASTIC_USE_AGENT_STORE=True`), the rendezvous failed: that
+    /// port is torch's c10d store, not one ferrocoll's ranks can share.
+    #[error(
+        "{source} — under torchrun MASTER_PORT ({addr}) is its agent's own store (TORCHELASTIC_USE_AGENT_STORE=True), which ferrocoll cannot use: set MASTER_PORT to a free port of rank 0's host for ferrocoll before creating the communicator, or start the job with `ferrocoll launch`"
+    )]
+    AgentStore {
+        /// MASTER_ADDR:MASTER_PORT.
+        addr: String,
+        /// What the rendezvous said.
+        source: ferrocoll_rendezvous::StoreError,
+    },
     /// A number that does not parse.
     #[error("{name}: `{value}` is not a whole number")]
     Number {
@@ -191,7 +203,18 @@ fn bootstrap(
         var("MASTER_ADDR")?,
         number("MASTER_PORT", var("MASTER_PORT")?)?
     );
-    let store = ferrocoll_rendezvous::Store::join(&addr, rank, timeout)?;
+    let agent_store =
+        get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let store = ferrocoll_rendezvous::Store::join(&addr, rank, timeout).map_err(|source| {
+        if agent_store {
+            EnvError::AgentStore {
+                addr: addr.clone(),
+                source,
+            }
+        } else {
+            source.into()
+        }
+    })?;
     Ok(Bootstrap {
         rank,
         world_size,
@@ -291,6 +314,25 @@ mod tests {
             p("/h/.cache/ferrocoll/kernels")
         );
         assert_eq!(kernel_cache_with(env(&[])), None);
+    }
+
+    /// torchrun's agent holds MASTER_PORT: rank 0 finds it taken, and is
+    /// told why and what to do instead of a bare "address in use".
+    #[test]
+    fn under_torchruns_agent_store_the_taken_port_is_explained() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port().to_string();
+        let env = move |k: &str| match k {
+            "RANK" => Some("0".to_owned()),
+            "WORLD_SIZE" => Some("2".to_owned()),
+            "MASTER_ADDR" => Some("127.0.0.1".to_owned()),
+            "MASTER_PORT" => Some(port.clone()),
+            "TORCHELASTIC_USE_AGENT_STORE" => Some("True".to_owned()),
+            _ => None,
+        };
+        let err = bootstrap(env, Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(err, EnvError::AgentStore { .. }), "{err}");
+        assert!(err.to_string().contains("ferrocoll launch"), "{err}");
     }
 
     #[test]

@@ -91,6 +91,16 @@ pub enum TopologyError {
         /// The budget that ran out.
         limit: u64,
     },
+    /// More ranks than the built-in schedules are made for.
+    #[error(
+        "{ranks} ranks is more than the {limit} the built-in schedules are made for (their proofs and plans grow as n² and more): ask for fewer (--ranks, --gpus)"
+    )]
+    TooManyRanks {
+        /// Ranks asked for.
+        ranks: u32,
+        /// The most there may be.
+        limit: u32,
+    },
     /// The schedule needs more ranks than the topology has devices.
     #[error("the schedule has {ranks} ranks but the topology `{topology}` has {devices} devices")]
     TooFewDevices {

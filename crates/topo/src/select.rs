@@ -17,7 +17,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ferrocoll_core::algorithms::{MAX_CHANNELS, forest, hierarchical};
-use ferrocoll_core::plan::{Compiler, DEVICE_CHUNK_BYTES, HOST_CHUNK_BYTES};
+use ferrocoll_core::plan::{Compiler, DEVICE_CHUNK_BYTES, HOST_CHUNK_BYTES, MAX_PLAN_INSTRUCTIONS};
 use ferrocoll_core::select::{Choice, Protocol, Selection, Selector};
 use ferrocoll_core::verify::{Verified, VerifyOptions, verify};
 use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, DataType, Rank, generate};
@@ -39,6 +39,45 @@ type VerdictCell = OnceLock<Result<Arc<Verdict>, TopologyError>>;
 const PROOF_WORK: u64 = 256;
 
 const CACHE_LIMIT: usize = 4096;
+
+/// Steps of a built-in ring or direct schedule of `collective` on `n`
+/// ranks and `channels` channels (each rank takes O(n) steps per
+/// channel), known before it is built; `None` for the others (tree,
+/// halving-doubling: O(log n) per rank).
+fn linear_steps(
+    algorithm: Algorithm,
+    collective: Collective,
+    n: u32,
+    channels: u32,
+) -> Option<u64> {
+    use ferrocoll_core::CollectiveKind as K;
+    if !matches!(algorithm, Algorithm::Ring | Algorithm::Direct) {
+        return None;
+    }
+    let n64 = u64::from(n);
+    let per_rank = match collective.kind() {
+        K::AllReduce | K::AllToAll => 2 * n64 - 1,
+        K::ReduceScatter | K::AllGather => n64,
+        _ => 2,
+    };
+    Some(n64 * u64::from(channels) * per_rank)
+}
+
+/// A schedule of more steps than a plan may hold is refused by name,
+/// not built.
+fn check_plan_steps(
+    steps: u64,
+    algorithm: Algorithm,
+    channels: u32,
+    n: u32,
+) -> Result<(), TopologyError> {
+    if steps > MAX_PLAN_INSTRUCTIONS {
+        return Err(TopologyError::Invalid(format!(
+            "`{algorithm}` x{channels} on {n} ranks has {steps} steps, more than a plan may hold ({MAX_PLAN_INSTRUCTIONS})"
+        )));
+    }
+    Ok(())
+}
 
 /// The default [`SelectOptions::tie_margin`]: 3 %.
 pub const TIE_MARGIN: f64 = 0.03;
@@ -212,6 +251,15 @@ impl TopologySelector {
                 topology: topology.name.clone(),
             });
         }
+        // Before the route tables, which grow as n²: a file is not capped
+        // like the presets.
+        let limit = ferrocoll_core::algorithms::MAX_WORLD_SIZE;
+        if world_size > limit {
+            return Err(TopologyError::TooManyRanks {
+                ranks: world_size,
+                limit,
+            });
+        }
         let devices = all[..world_size as usize].to_vec();
         let rings = search::rings(&topology, &devices, &options.cost, options.max_rings)?;
         // The best single ring, not a packing's first (which is chosen for
@@ -342,6 +390,12 @@ impl TopologySelector {
                 }
             }
         }
+        // A schedule with more steps than a plan may hold never compiles:
+        // building and proving it would only cost memory.
+        let n = self.world_size;
+        variants.retain(|(a, p, _)| {
+            linear_steps(*a, collective, n, p.channels).is_none_or(|s| s <= MAX_PLAN_INSTRUCTIONS)
+        });
         let mut choices: Vec<(Choice, u32)> = variants
             .into_iter()
             .map(|(algorithm, params, m)| (Choice::Builtin { algorithm, params }, m))
@@ -546,10 +600,23 @@ impl TopologySelector {
             CompilerKey::Builtin(algorithm, collective, params.clone()),
             || {
                 let invalid = |e: String| TopologyError::Invalid(e);
+                // Ring and direct grow as n² steps, known before they are
+                // built: charged (and refused past what a plan may hold)
+                // first, so a budget or a bound never pays for gigabytes
+                // of steps it then throws away.
+                let known = linear_steps(algorithm, collective, self.world_size, params.channels);
+                if let Some(steps) = known {
+                    check_plan_steps(steps, algorithm, params.channels, self.world_size)?;
+                    crate::work::charge(PROOF_WORK * steps)?;
+                }
                 let schedule = generate(algorithm, collective, self.world_size, params)
                     .map_err(|e| invalid(e.to_string()))?;
-                // Proving follows every step's chunks symbolically.
-                crate::work::charge(PROOF_WORK * schedule.step_count() as u64)?;
+                if known.is_none() {
+                    // Proving follows every step's chunks symbolically.
+                    let steps = schedule.step_count() as u64;
+                    check_plan_steps(steps, algorithm, params.channels, self.world_size)?;
+                    crate::work::charge(PROOF_WORK * steps)?;
+                }
                 verify(schedule, &VerifyOptions::default())
                     .map(Arc::new)
                     .map_err(|e| invalid(e.to_string()))

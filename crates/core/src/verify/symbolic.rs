@@ -146,13 +146,21 @@ impl<'a> Symbolic<'a> {
             words,
             memory,
             violations: Violations::default(),
-            // Every sent value lives in the arena until the run ends.
+            // Every sent value lives in the arena until the run ends; a
+            // value that is not sent passes through it (pushed, then
+            // truncated), so room for the widest one too: without it the
+            // last push doubles a multi-gigabyte arena on large schedules.
             arena: Vec::with_capacity(
-                schedule
+                (schedule
                     .steps()
                     .filter(|(_, s)| !s.send_to.is_empty())
                     .map(|(_, s)| s.chunks as usize)
                     .sum::<usize>()
+                    + schedule
+                        .steps()
+                        .map(|(_, s)| s.chunks as usize)
+                        .max()
+                        .unwrap_or(0))
                     * (words + 1),
             ),
             accesses: multi_channel.then(Vec::new),

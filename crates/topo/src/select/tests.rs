@@ -386,3 +386,51 @@ fn s_threads() -> TopologySelector {
     };
     TopologySelector::new(presets::host(4, &host), 4, SelectOptions::default()).unwrap()
 }
+
+fn threads(n: u32) -> Topology {
+    presets::host(
+        n,
+        &crate::probe::HostMeasurement {
+            cores: 2,
+            memory_gbps: 20.0,
+            core_gbps: 10.0,
+            handoff_us: 0.2,
+            oversubscribed_handoff_us: 20.0,
+        },
+    )
+}
+
+/// Ring and direct schedules past what a plan may hold are never built
+/// (at 1,000 ranks, building and proving them once asked for a 2.17 GB
+/// block and aborted under an address-space limit); past the built-in
+/// schedules' world size a selector is refused by name.
+#[test]
+fn schedules_that_no_plan_could_hold_are_not_candidates_and_huge_worlds_are_refused() {
+    let n = 400;
+    let options = SelectOptions {
+        channel_multipliers: vec![1, 16],
+        algorithms: vec![Algorithm::Ring],
+        ..SelectOptions::default()
+    };
+    let s = TopologySelector::new(threads(n), n, options).unwrap();
+    let channels: Vec<u32> = s
+        .candidates(Collective::AllReduce)
+        .iter()
+        .map(|c| c.choice.channels())
+        .collect();
+    // x16 has 400 × 16 × 799 = 5.1 M steps, past the 4.19 M a plan holds.
+    assert!(
+        channels.contains(&1) && !channels.contains(&16),
+        "{channels:?}"
+    );
+    assert_eq!(
+        linear_steps(Algorithm::Ring, Collective::AllReduce, n, 16),
+        Some(5_113_600)
+    );
+    assert!(check_plan_steps(5_113_600, Algorithm::Ring, 16, n).is_err());
+    let err = TopologySelector::new(threads(1100), 1100, SelectOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, TopologyError::TooManyRanks { ranks: 1100, .. }),
+        "{err}"
+    );
+}

@@ -323,15 +323,17 @@ fn watch(mut store: Store, k: u32, nnodes: u32, shared: &Shared) {
                 tracing::debug!("the launchers' store is gone after this node ended: {e}");
                 break;
             }
-            Err(e) => Some(format!(
-                "node 0's launcher (the rendezvous) is gone or silent: {e}"
-            )),
+            Err(e) => {
+                // Nothing more can be said or learned: the store is gone.
+                note(
+                    shared,
+                    format!("node 0's launcher (the rendezvous) is gone or silent: {e}"),
+                );
+                break;
+            }
         };
-        if let Some(why) = elsewhere
-            && let Ok(mut e) = shared.elsewhere.lock()
-            && e.is_none()
-        {
-            *e = Some(why);
+        if let Some(why) = elsewhere {
+            note(shared, why);
         }
         // Node 0 keeps the store up until every node has ended or is gone.
         if published && (k != 0 || all_ended(&mut store, nnodes, &last)) {
@@ -340,6 +342,15 @@ fn watch(mut store: Store, k: u32, nnodes: u32, shared: &Shared) {
         std::thread::sleep(BEAT);
     }
     shared.done.store(true, Ordering::Release);
+}
+
+/// Keep the first reason the job failed elsewhere.
+fn note(shared: &Shared, why: String) {
+    if let Ok(mut e) = shared.elsewhere.lock()
+        && e.is_none()
+    {
+        *e = Some(why);
+    }
 }
 
 /// One look: beat, publish, and return why the job failed elsewhere.
