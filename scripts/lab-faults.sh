@@ -18,20 +18,8 @@
 # FERROCOLL_REQUIRE_LAB=1. Tears the lab down on any exit. About 60 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lab=scripts/lab.sh
-bin=$(realpath "${FERROCOLL_BIN:-target/release/ferrocoll}")
-skip() {
-  if [ "${FERROCOLL_REQUIRE_LAB:-0}" = 1 ]; then echo "lab faults: FAILED: $1" >&2; exit 1; fi
-  echo "lab faults: skipped ($1)"; exit 0
-}
-[ "$(id -u)" = 0 ] || skip "not root"
-for t in ip tc unshare nsenter setsid; do command -v "$t" > /dev/null || skip "no $t"; done
-[ -x "$bin" ] || skip "no $bin (cargo build --release)"
-ip netns list 2>/dev/null | grep -q '^fclab-' && skip "a lab is already up"
-
-out=$(mktemp -d)
-cleanup() { bash "$lab" down > /dev/null 2>&1 || true; rm -rf "$out"; }
-trap cleanup EXIT
+. scripts/lab-common.sh
+lab_preflight faults
 fail() { echo "lab faults: FAILED: $*" >&2; tail -n 8 "$out"/*.log >&2 || true; exit 1; }
 port=29800
 
@@ -107,20 +95,29 @@ grep -q 'Out of bounds values : 0 OK' "$out/healthy.0.log" || fail "healthy: wro
 clean healthy
 echo "lab faults: healthy job across 2 hosts: 0 wrong"
 
+# host_killed NAME VICTIM WATCHER LIMIT WHAT: kill host VICTIM's pid namespace
+# mid-run; node WATCHER must fail within LIMIT seconds, naming it; then the
+# lab is rebuilt (a killed host stays dead).
+host_killed() {
+  local name=$1 victim=$2 watcher=$3 limit=$4 what=$5
+  start "$name" 0 1 -- "${long[@]}"
+  running "$name"; sleep 2
+  local t0 rc dt
+  t0=$(date +%s.%N)
+  bash "$lab" fault kill "$victim" > /dev/null
+  rc=$(finish "$name" "$watcher" 15)
+  dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  [ "$rc" = 1 ] || fail "$what: node $watcher exited $rc"
+  awk -v d="$dt" -v l="$limit" 'BEGIN { exit !(d <= l) }' || fail "$what: node $watcher took ${dt}s"
+  grep -q "node $victim\|host $victim" "$out/$name.$watcher.log" || fail "$what: the host is not named"
+  finish "$name" "$victim" 5 > /dev/null
+  clean "$name"
+  echo "lab faults: $what: node $watcher failed after ${dt}s, naming it"
+  bash "$lab" down > /dev/null; bash "$lab" up 2 --rate 1gbit > /dev/null
+}
+
 # 1. a host killed mid-run
-start killed 0 1 -- "${long[@]}"
-running killed; sleep 2
-t0=$(date +%s.%N)
-bash "$lab" fault kill 1 > /dev/null
-rc=$(finish killed 0 15)
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
-[ "$rc" = 1 ] || fail "host killed: node 0 exited $rc"
-awk -v d="$dt" 'BEGIN { exit !(d <= 5) }' || fail "host killed: node 0 took ${dt}s"
-grep -q 'node 1\|host 1' "$out/killed.0.log" || fail "host killed: the host is not named"
-finish killed 1 5 > /dev/null
-clean killed
-echo "lab faults: host 1 killed: node 0 failed after ${dt}s, naming it"
-bash "$lab" down > /dev/null; bash "$lab" up 2 --rate 1gbit > /dev/null
+host_killed killed 1 0 5 "host 1 killed"
 
 # 2. a host's link down mid-call
 start linkdown 0 1 -- "${long[@]}"
@@ -148,19 +145,7 @@ clean flap
 echo "lab faults: a 0.5 s link flap: the job completed, 0 wrong"
 
 # 4. the store's host killed
-start storehost 0 1 -- "${long[@]}"
-running storehost; sleep 2
-t0=$(date +%s.%N)
-bash "$lab" fault kill 0 > /dev/null
-rc=$(finish storehost 1 15)
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
-[ "$rc" = 1 ] || fail "store's host killed: node 1 exited $rc"
-awk -v d="$dt" 'BEGIN { exit !(d <= 6) }' || fail "store's host killed: node 1 took ${dt}s"
-grep -q 'node 0\|host 0' "$out/storehost.1.log" || fail "store's host killed: node 0 is not named"
-finish storehost 0 5 > /dev/null
-clean storehost
-echo "lab faults: host 0 (the store's) killed: node 1 failed after ${dt}s, naming it"
-bash "$lab" down > /dev/null; bash "$lab" up 2 --rate 1gbit > /dev/null
+host_killed storehost 0 1 6 "host 0 (the store's) killed"
 
 # 5. a node that never arrives
 RDZV=3 start missing 0 -- true

@@ -13,20 +13,8 @@
 # FERROCOLL_REQUIRE_LAB=1. Tears the lab down on any exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lab=scripts/lab.sh
-bin=$(realpath "${FERROCOLL_BIN:-target/release/ferrocoll}")
-skip() {
-  if [ "${FERROCOLL_REQUIRE_LAB:-0}" = 1 ]; then echo "lab hosts: FAILED: $1" >&2; exit 1; fi
-  echo "lab hosts: skipped ($1)"; exit 0
-}
-[ "$(id -u)" = 0 ] || skip "not root"
-for t in ip tc unshare nsenter setsid; do command -v "$t" > /dev/null || skip "no $t"; done
-[ -x "$bin" ] || skip "no $bin (cargo build --release)"
-ip netns list 2>/dev/null | grep -q '^fclab-' && skip "a lab is already up"
-
-out=$(mktemp -d)
-cleanup() { bash "$lab" down > /dev/null 2>&1 || true; rm -rf "$out"; }
-trap cleanup EXIT
+. scripts/lab-common.sh
+lab_preflight hosts
 bash "$lab" up 2 --rate 1gbit > /dev/null
 
 # Run one group of 2 hosts × 2 ranks: NAME PORT TRANSPORT [VAR=VALUE...];

@@ -28,6 +28,9 @@ use crate::search;
 use crate::sim::{self, CostModel, Prediction, SimOptions};
 
 mod candidate;
+mod steps;
+
+use steps::{check_plan_steps, linear_steps};
 
 pub use candidate::{Candidate, LL_CANDIDATE_MAX_BYTES, LL_MESSAGE_BYTES, human_bytes};
 
@@ -39,45 +42,6 @@ type VerdictCell = OnceLock<Result<Arc<Verdict>, TopologyError>>;
 const PROOF_WORK: u64 = 256;
 
 const CACHE_LIMIT: usize = 4096;
-
-/// Steps of a built-in ring or direct schedule of `collective` on `n`
-/// ranks and `channels` channels (each rank takes O(n) steps per
-/// channel), known before it is built; `None` for the others (tree,
-/// halving-doubling: O(log n) per rank).
-fn linear_steps(
-    algorithm: Algorithm,
-    collective: Collective,
-    n: u32,
-    channels: u32,
-) -> Option<u64> {
-    use ferrocoll_core::CollectiveKind as K;
-    if !matches!(algorithm, Algorithm::Ring | Algorithm::Direct) {
-        return None;
-    }
-    let n64 = u64::from(n);
-    let per_rank = match collective.kind() {
-        K::AllReduce | K::AllToAll => 2 * n64 - 1,
-        K::ReduceScatter | K::AllGather => n64,
-        _ => 2,
-    };
-    Some(n64 * u64::from(channels) * per_rank)
-}
-
-/// A schedule of more steps than a plan may hold is refused by name,
-/// not built.
-fn check_plan_steps(
-    steps: u64,
-    algorithm: Algorithm,
-    channels: u32,
-    n: u32,
-) -> Result<(), TopologyError> {
-    if steps > MAX_PLAN_INSTRUCTIONS {
-        return Err(TopologyError::Invalid(format!(
-            "`{algorithm}` x{channels} on {n} ranks has {steps} steps, more than a plan may hold ({MAX_PLAN_INSTRUCTIONS})"
-        )));
-    }
-    Ok(())
-}
 
 /// The default [`SelectOptions::tie_margin`]: 3 %.
 pub const TIE_MARGIN: f64 = 0.03;

@@ -132,16 +132,6 @@ impl CpuCluster {
 mod tests {
     use super::*;
 
-    fn measured() -> HostMeasurement {
-        HostMeasurement {
-            cores: 2,
-            memory_gbps: 20.0,
-            core_gbps: 10.0,
-            handoff_us: 0.2,
-            oversubscribed_handoff_us: 20.0,
-        }
-    }
-
     #[test]
     fn names_parse_with_defaults_and_bad_parameters_are_refused() {
         let c = parse("cpu-cluster").unwrap().unwrap();
@@ -167,7 +157,7 @@ mod tests {
         let t = parse("cpu-cluster:hosts=3,ranks=2")
             .unwrap()
             .unwrap()
-            .build(&measured())
+            .build(&HostMeasurement::example())
             .unwrap();
         let names: Vec<&str> = t
             .devices()

@@ -28,6 +28,21 @@ pub struct HostMeasurement {
     pub oversubscribed_handoff_us: f64,
 }
 
+#[cfg(test)]
+impl HostMeasurement {
+    /// A fixed host for tests (4 cores, 40 GB/s of memory): what a
+    /// measurement would give, without measuring.
+    pub(crate) fn example() -> HostMeasurement {
+        HostMeasurement {
+            cores: 4,
+            memory_gbps: 40.0,
+            core_gbps: 12.0,
+            handoff_us: 0.2,
+            oversubscribed_handoff_us: 5.0,
+        }
+    }
+}
+
 /// Arrays for the quick probe behind [`measured`]: 64 MiB is past the
 /// last-level cache of the machines we target and keeps the probe near a
 /// tenth of a second.

@@ -377,27 +377,11 @@ fn ll_candidates_cut_their_chunk_so_the_widest_message_fits_an_ll_slot() {
 }
 
 fn s_threads() -> TopologySelector {
-    let host = crate::probe::HostMeasurement {
-        cores: 4,
-        memory_gbps: 40.0,
-        core_gbps: 12.0,
-        handoff_us: 0.2,
-        oversubscribed_handoff_us: 5.0,
-    };
-    TopologySelector::new(presets::host(4, &host), 4, SelectOptions::default()).unwrap()
+    TopologySelector::new(threads(4), 4, SelectOptions::default()).unwrap()
 }
 
 fn threads(n: u32) -> Topology {
-    presets::host(
-        n,
-        &crate::probe::HostMeasurement {
-            cores: 2,
-            memory_gbps: 20.0,
-            core_gbps: 10.0,
-            handoff_us: 0.2,
-            oversubscribed_handoff_us: 20.0,
-        },
-    )
+    presets::host(n, &crate::probe::HostMeasurement::example())
 }
 
 /// Ring and direct schedules past what a plan may hold are never built

@@ -49,6 +49,7 @@ mod frame;
 mod inflow;
 mod mailbox;
 mod poller;
+mod silence;
 
 use frame::{ACK, BYE, DATA, FAIL, MAX_REASON, encode_prefix};
 use inflow::Inflow;
@@ -56,57 +57,12 @@ use inflow::Inflow;
 pub use inflow::fuzz_frames;
 use mailbox::Mailbox;
 use poller::{Poller, Waker};
+use silence::SILENCE;
 
 /// How long a waiting rank polls its connections before it sleeps (about
 /// one round trip on loopback); yielding its core meanwhile when there
 /// are more ranks than cores.
 const SPIN: Duration = Duration::from_micros(100);
-
-/// How long a peer may stay silent — data it was sent unacknowledged, or
-/// keepalive probes of an idle connection unanswered — before its
-/// connection counts as broken: a host whose link went down or that lost
-/// power is lost within this bound, whatever the collective timeout. A
-/// peer that is merely slow still acknowledges (its kernel does).
-pub(crate) const SILENCE: Duration = Duration::from_secs(2);
-
-/// Have the kernel break `stream` after `limit` of silence from the
-/// other end (`TCP_USER_TIMEOUT`, with keepalive probes so an idle
-/// connection is tested too). Best effort: where the options do not
-/// exist the collective timeout still applies.
-fn bound_silence(stream: &TcpStream, limit: Duration) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let fd = stream.as_raw_fd();
-        let secs = (limit.as_secs() / 2).max(1) as libc::c_int;
-        let options = [
-            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2),
-            (
-                libc::IPPROTO_TCP,
-                libc::TCP_USER_TIMEOUT,
-                limit.as_millis().min(i32::MAX as u128) as libc::c_int,
-            ),
-        ];
-        for (level, name, value) in options {
-            // SAFETY: a setsockopt on a socket this transport owns, with a
-            // pointer to a live c_int and its size.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    level,
-                    name,
-                    (&value as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (stream, limit);
-}
 
 /// How long a frame that is not data (a failure, a goodbye) may wait for
 /// room in a peer's socket before the connection is shut instead.
@@ -305,7 +261,7 @@ impl TcpTransport {
             match stream {
                 Some(s) => {
                     s.set_nodelay(true)?;
-                    bound_silence(&s, SILENCE);
+                    silence::bound(&s, SILENCE);
                     s.set_nonblocking(true)?;
                     writers.push(Mutex::new(Some(s.try_clone()?)));
                     closers.push(Some(s.try_clone()?));
