@@ -11,6 +11,8 @@
 //! | `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`; `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK` | the same under Slurm's `srun` or OpenMPI's `mpirun` when `RANK` is unset (`MASTER_ADDR` and `MASTER_PORT` are still needed) |
 //! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
 //! | `FERROCOLL_JOB_ID` | names the job's shared-memory segments, so `ferrocoll launch` can remove any a killed rank left behind |
+//! | `FERROCOLL_NET_GBPS` | each host's network port in Gbit/s: a group across hosts selects per call on a model of its cluster (hosts like rank 0's, one switch) instead of the fixed rule; feature `topo` ([`crate::network::Network`]) |
+//! | `FERROCOLL_CLUSTER` | instead of a rate, the cluster's topology file (`ferrocoll topo --json` format; its devices, in order, are the ranks) |
 //! | `FERROCOLL_KERNEL_CACHE` | where the CUDA executor keeps its compiled kernel between processes ([`kernel_cache`]; `off` for none); default `$XDG_CACHE_HOME/ferrocoll/kernels` or `~/.cache/ferrocoll/kernels` |
 
 #[cfg(feature = "gpu-api")]
@@ -67,6 +69,17 @@ pub enum EnvError {
         addr: String,
         /// What the rendezvous said.
         source: ferrocoll_rendezvous::StoreError,
+    },
+    /// The network between hosts (`FERROCOLL_NET_GBPS`,
+    /// `FERROCOLL_CLUSTER`) is set badly.
+    #[error("{name}: {why}")]
+    Network {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        why: String,
     },
     /// A number that does not parse.
     #[error("{name}: `{value}` is not a whole number")]
@@ -130,7 +143,13 @@ pub enum JoinError {
 pub fn process_communicator_from_env(
     config: &ferrocoll_process::ProcessConfig,
 ) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
-    let config = config.clone().with_env().map_err(EnvError::from)?;
+    let mut config = config.clone().with_env().map_err(EnvError::from)?;
+    #[cfg(feature = "topo")]
+    if config.cluster.is_none()
+        && let Some(network) = network_from_env()?
+    {
+        config.cluster = Some(crate::network::cluster_model(network));
+    }
     let b = bootstrap_from_env(config.planning.timeout)?;
     let comm =
         ferrocoll_process::ProcessCommunicator::connect(b.store, b.rank, b.world_size, &config)?;
@@ -146,6 +165,39 @@ pub fn process_communicator_from_env(
         );
     }
     Ok(comm)
+}
+
+/// The network the environment names: `FERROCOLL_NET_GBPS` (each host's
+/// port, Gbit/s) or `FERROCOLL_CLUSTER` (a topology file); neither is
+/// `None`, both an error.
+#[cfg(feature = "topo")]
+pub fn network_from_env() -> Result<Option<crate::network::Network>, EnvError> {
+    network_with(|k| std::env::var(k).ok())
+}
+
+#[cfg(feature = "topo")]
+fn network_with(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Option<crate::network::Network>, EnvError> {
+    use crate::network::{Network, parse_rate};
+    let rate = get("FERROCOLL_NET_GBPS").filter(|v| !v.trim().is_empty());
+    let file = get("FERROCOLL_CLUSTER").filter(|v| !v.trim().is_empty());
+    match (rate, file) {
+        (Some(_), Some(_)) => Err(EnvError::Network {
+            name: "FERROCOLL_NET_GBPS",
+            value: "with FERROCOLL_CLUSTER".into(),
+            why: "set one: a rate for hosts like this one, or a whole cluster's file".into(),
+        }),
+        (Some(v), None) => parse_rate(&v)
+            .map(|r| Some(Network::Rate(r)))
+            .map_err(|why| EnvError::Network {
+                name: "FERROCOLL_NET_GBPS",
+                value: v,
+                why,
+            }),
+        (None, Some(path)) => Ok(Some(Network::File(path.into()))),
+        (None, None) => Ok(None),
+    }
 }
 
 /// The rank, world-size and local-rank variables of the launchers whose
@@ -284,6 +336,36 @@ pub fn log_level() -> tracing::Level {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(feature = "topo")]
+    fn the_network_is_a_rate_or_a_file_and_bad_values_are_errors() {
+        use crate::network::Network;
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(network_with(env(&[])).unwrap(), None);
+        assert_eq!(
+            network_with(env(&[("FERROCOLL_NET_GBPS", " 10 ")])).unwrap(),
+            Some(Network::Rate(10.0))
+        );
+        assert_eq!(
+            network_with(env(&[("FERROCOLL_CLUSTER", "/c.json")])).unwrap(),
+            Some(Network::File("/c.json".into()))
+        );
+        for bad in ["0", "fast", "inf"] {
+            let e =
+                network_with(|k| (k == "FERROCOLL_NET_GBPS").then(|| bad.to_owned())).unwrap_err();
+            assert!(e.to_string().contains("FERROCOLL_NET_GBPS: `"), "{e}");
+        }
+        let both = &[("FERROCOLL_NET_GBPS", "1"), ("FERROCOLL_CLUSTER", "/c")];
+        assert!(network_with(env(both)).is_err());
+    }
 
     #[test]
     fn the_kernel_cache_follows_the_variable_then_the_users_cache() {

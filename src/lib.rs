@@ -135,6 +135,8 @@ pub mod auto;
 pub mod env;
 #[cfg(feature = "log")]
 pub mod log;
+#[cfg(feature = "topo")]
+pub mod network;
 
 /// Facts about this build, from `build.rs`.
 pub mod build_info {

@@ -112,7 +112,8 @@ impl ProcessCommunicator {
         world_size: u32,
         config: &ProcessConfig,
     ) -> Result<Self, SetupError> {
-        let (transport, layout) = connect(&mut store, rank, world_size, config)?;
+        let formed = connect(&mut store, rank, world_size, config)?;
+        let (transport, layout) = (formed.transport, formed.layout);
         // Measure the host's kernels now, not inside the first call; after
         // the group formed, so a rank that dies meanwhile is a lost peer
         // (seen at once), not a store key that never appears.
@@ -120,9 +121,17 @@ impl ProcessCommunicator {
         crate::panic_note::install();
         let mut settings = config.planner_settings();
         let planning = &config.planning;
-        // Nothing chosen by hand: across hosts, all-reduce goes
-        // hierarchical (the layout is the same on every rank).
-        if planning.algorithm.is_none()
+        // Nothing chosen by hand: across hosts, calls go by the network's
+        // model where the group has one (rank 0's, the same everywhere),
+        // else all-reduce goes hierarchical (the layout is the same on
+        // every rank).
+        if let (Some(model), Some(network)) = (&config.cluster, &formed.network) {
+            let selector = model
+                .0
+                .selector(network, world_size, settings.slots_per_link)
+                .map_err(|reason| SetupError::Cluster { reason })?;
+            settings.selector = Some(selector);
+        } else if planning.algorithm.is_none()
             && planning.schedule.is_none()
             && planning.selector.is_none()
         {

@@ -3,6 +3,8 @@
 use ferrocoll_core::comm::{Executor, PlannerSettings, Planning};
 use ferrocoll_core::select::host_rule;
 use ferrocoll_core::settings::{EnvOverrides, SettingsError};
+
+use crate::cluster::SharedClusterModel;
 use std::fmt;
 use std::str::FromStr;
 
@@ -96,6 +98,14 @@ pub struct ProcessConfig {
     /// match *and* each can read a probe file the other wrote in shared
     /// memory. Not part of the settings ranks must share.
     pub host_id: Option<String>,
+    /// The network between the group's hosts (a rate, a cluster file):
+    /// where set and the group spans hosts with nothing forced, calls
+    /// are planned by the selector it builds from rank 0's description of
+    /// the group ([`crate::ClusterModel`]; the facade's
+    /// `ferrocoll::network::cluster_model`, from `FERROCOLL_NET_GBPS` or
+    /// `FERROCOLL_CLUSTER`). `None`: all-reduce across equal hosts runs
+    /// the hierarchical schedule, other calls the rule.
+    pub cluster: Option<SharedClusterModel>,
 }
 
 impl Default for ProcessConfig {
@@ -119,6 +129,7 @@ impl ProcessConfig {
             shared_heap_bytes: 0,
             one_shot_bytes: ferrocoll_core::plan::ONE_SHOT_BYTES,
             host_id: None,
+            cluster: None,
         }
     }
 

@@ -45,6 +45,11 @@ impl HostLayout {
         self.names.len() as u32
     }
 
+    /// The host of every rank, in rank order.
+    pub fn host_of(&self) -> &[u32] {
+        &self.host_of
+    }
+
     /// The host `rank` is on.
     pub fn host(&self, rank: Rank) -> u32 {
         self.host_of[rank as usize]

@@ -43,6 +43,7 @@
 
 mod across_hosts;
 mod agree;
+mod cluster;
 mod communicator;
 mod config;
 mod direct;
@@ -57,6 +58,7 @@ mod transport;
 mod wire;
 mod zero_copy;
 
+pub use cluster::{ClusterModel, SharedClusterModel};
 pub use communicator::{AbortHandle, ProcessCommunicator};
 pub use config::{ProcessConfig, TransportKind};
 pub use layout::HostLayout;

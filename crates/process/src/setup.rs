@@ -15,6 +15,7 @@ use ferrocoll_rendezvous::{JobSecret, Store, StoreError};
 pub use handshake::fuzz_hello;
 use thiserror::Error;
 
+use crate::cluster;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::layout::HostLayout;
 use crate::transport::Transport;
@@ -125,6 +126,14 @@ pub enum SetupError {
         /// Each host and its ranks.
         layout: String,
     },
+    /// The group's network model ([`crate::ClusterModel`]: a rate, a
+    /// cluster file) gave no selector: rank 0 could not describe the
+    /// group, or its description builds none. Every rank reports it.
+    #[error("the network between the group's hosts: {reason}")]
+    Cluster {
+        /// Why, in the model's words.
+        reason: String,
+    },
     /// This system has no shared-memory transport.
     #[error("the shared-memory transport needs a Unix system; use tcp")]
     Unsupported,
@@ -135,7 +144,7 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
     // As planned: `None` and the executor's default plan the same.
     let planned = config.planner_settings();
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={} cluster={}",
         config.transport,
         config.max_message_bytes,
         planned.slots_per_link,
@@ -160,11 +169,26 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
         } else {
             0
         },
+        config
+            .cluster
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |c| c.0.settings()),
     )
 }
 
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A formed group, as this rank sees it.
+pub(crate) struct Formed {
+    /// Its links.
+    pub transport: Box<dyn Transport>,
+    /// Which rank is on which host.
+    pub layout: HostLayout,
+    /// Rank 0's description of the network between the hosts, where the
+    /// configuration has a model of it and the group spans hosts.
+    pub network: Option<String>,
 }
 
 /// Meet the others and open the transport.
@@ -173,7 +197,7 @@ pub(crate) fn connect(
     rank: Rank,
     world_size: u32,
     config: &ProcessConfig,
-) -> Result<(Box<dyn Transport>, HostLayout), SetupError> {
+) -> Result<Formed, SetupError> {
     if world_size == 0 {
         return Err(SetupError::EmptyWorld);
     }
@@ -245,7 +269,7 @@ fn form(
     rank: Rank,
     world_size: u32,
     config: &ProcessConfig,
-) -> Result<(Box<dyn Transport>, HostLayout), SetupError> {
+) -> Result<Formed, SetupError> {
     let mine = fingerprint(config, world_size);
     store.set(&format!("pg/config/{rank}"), mine.as_bytes())?;
     let theirs = text(watch.wait(store, "pg/config/0")?);
@@ -268,6 +292,7 @@ fn form(
                 .join(", "),
         });
     }
+    let network = describe_network(store, watch, rank, &layout, config)?;
     let transport = open(store, watch, (rank, world_size), &layout, config)?;
     watch.barrier(store, "pg/connected")?;
     reclaim(store, world_size)?;
@@ -278,7 +303,44 @@ fn form(
         transport = %config.transport,
         "process group formed"
     );
-    Ok((transport, layout))
+    Ok(Formed {
+        transport,
+        layout,
+        network,
+    })
+}
+
+/// Rank 0's description of the network between the hosts, read by every
+/// rank: only where a model is configured, the group spans hosts, and
+/// nothing forced leaves the selector a choice.
+fn describe_network(
+    store: &mut Store,
+    watch: &mut Watch,
+    rank: Rank,
+    layout: &HostLayout,
+    config: &ProcessConfig,
+) -> Result<Option<String>, SetupError> {
+    let planning = &config.planning;
+    let Some(model) = &config.cluster else {
+        return Ok(None);
+    };
+    if layout.hosts() < 2
+        || planning.algorithm.is_some()
+        || planning.schedule.is_some()
+        || planning.selector.is_some()
+    {
+        return Ok(None);
+    }
+    const KEY: &str = "pg/cluster";
+    if rank == 0 {
+        store.set(
+            KEY,
+            cluster::publishable(model.0.as_ref(), layout).as_bytes(),
+        )?;
+    }
+    cluster::read_published(text(watch.wait(store, KEY)?))
+        .map(Some)
+        .map_err(|reason| SetupError::Cluster { reason })
 }
 
 /// The links of `rank`: shared memory to the ranks of its host and TCP to

@@ -474,3 +474,164 @@ fn equal_host_ids_on_one_machine_make_one_host() {
             .all(|l| l.hosts() == 1 && l.host_name(0) == "same")
     );
 }
+
+/// A network model that names who described the group, or refuses to.
+#[derive(Debug)]
+struct TestNetwork {
+    refuse: bool,
+}
+
+impl ferrocoll_process::ClusterModel for TestNetwork {
+    fn settings(&self) -> String {
+        format!("test network refuse={}", self.refuse)
+    }
+
+    fn describe(&self, layout: &ferrocoll_process::HostLayout) -> Result<String, String> {
+        if self.refuse {
+            return Err("no rate for this network".into());
+        }
+        Ok(format!(
+            "{} hosts, described by thread {:?}",
+            layout.hosts(),
+            std::thread::current().id()
+        ))
+    }
+
+    fn selector(
+        &self,
+        description: &str,
+        _world_size: u32,
+        _slots_per_link: u32,
+    ) -> Result<ferrocoll_core::select::SharedSelector, String> {
+        Ok(ferrocoll_core::select::SharedSelector(std::sync::Arc::new(
+            Said(description.to_owned()),
+        )))
+    }
+}
+
+/// Selects the ring, saying what the network's description was.
+#[derive(Debug)]
+struct Said(String);
+
+impl ferrocoll_core::select::Selector for Said {
+    fn select(
+        &self,
+        _collective: ferrocoll_core::Collective,
+        _world_size: u32,
+        _bytes: usize,
+    ) -> Option<ferrocoll_core::select::Selection> {
+        Some(ferrocoll_core::select::Selection {
+            choice: ferrocoll_core::select::Choice::Builtin {
+                algorithm: ferrocoll_core::Algorithm::Ring,
+                params: Default::default(),
+            },
+            max_chunk_bytes: None,
+            protocol: None,
+            why: self.0.clone(),
+        })
+    }
+}
+
+fn all_reduce_shape(count: usize) -> ferrocoll_core::types::CallShape {
+    ferrocoll_core::types::CallShape {
+        collective: ferrocoll_core::Collective::AllReduce,
+        count,
+        dtype: ferrocoll_core::DataType::F32,
+        op: ReduceOp::Sum,
+        in_place: false,
+        purpose: Default::default(),
+    }
+}
+
+/// Across hosts, every rank selects with rank 0's description of the
+/// network (hosts measure differently: each describing its own would
+/// select differently); on one host, or with an algorithm forced, the
+/// model is not consulted.
+#[test]
+fn across_hosts_every_rank_selects_on_rank_0s_description_of_the_network() {
+    let model =
+        ferrocoll_process::SharedClusterModel(std::sync::Arc::new(TestNetwork { refuse: false }));
+    let explained = |hosts: [&'static str; 4], algorithm| {
+        threads(
+            4,
+            |r| ProcessConfig {
+                host_id: Some(hosts[r as usize].to_owned()),
+                cluster: Some(model.clone()),
+                planning: Planning {
+                    algorithm,
+                    ..ProcessConfig::default().planning
+                },
+                ..ProcessConfig::default()
+            },
+            |comm| {
+                let mut comm = comm.unwrap();
+                let said = comm.explain(&all_reduce_shape(1 << 16)).unwrap();
+                let mut x = vec![comm.rank() as f32; 1 << 16];
+                comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                assert!(x.iter().all(|&v| v == 6.0));
+                said
+            },
+        )
+    };
+    let said = explained(["a", "a", "b", "b"], None);
+    assert!(
+        said[0].contains("2 hosts, described by thread"),
+        "{}",
+        said[0]
+    );
+    assert!(said.iter().all(|s| *s == said[0]), "{said:#?}");
+    let one_host = explained(["a"; 4], None);
+    assert!(
+        one_host.iter().all(|s| !s.contains("described")),
+        "{one_host:?}"
+    );
+    let forced = explained(["a", "a", "b", "b"], Some(ferrocoll_core::Algorithm::Tree));
+    assert!(
+        forced.iter().all(|s| !s.contains("described")),
+        "{forced:?}"
+    );
+}
+
+/// A model that cannot describe the group fails every rank with its
+/// reason, well within the timeout; ranks with different models are
+/// refused as other differing settings are.
+#[test]
+fn a_network_rank_0_cannot_describe_fails_every_rank_with_its_reason() {
+    let refusing =
+        ferrocoll_process::SharedClusterModel(std::sync::Arc::new(TestNetwork { refuse: true }));
+    let accepting =
+        ferrocoll_process::SharedClusterModel(std::sync::Arc::new(TestNetwork { refuse: false }));
+    let started = std::time::Instant::now();
+    let errors = threads(
+        3,
+        |r| ProcessConfig {
+            host_id: Some(format!("h{r}")),
+            cluster: Some(refusing.clone()),
+            ..ProcessConfig::default()
+        },
+        |comm| comm.err().map(|e| e.to_string()),
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    for e in &errors {
+        let e = e.as_deref().expect("no group forms");
+        assert!(e.contains("no rate for this network"), "{e}");
+    }
+    let errors = threads(
+        2,
+        |r| ProcessConfig {
+            host_id: Some(format!("h{r}")),
+            cluster: Some(if r == 0 { &refusing } else { &accepting }.clone()),
+            planning: Planning {
+                timeout: Duration::from_secs(2),
+                ..ProcessConfig::default().planning
+            },
+            ..ProcessConfig::default()
+        },
+        |comm| comm.err().map(|e| e.to_string()),
+    );
+    let rank1 = errors[1].as_deref().expect("rank 1 must refuse");
+    assert!(
+        rank1.contains("refuse=true") && rank1.contains("refuse=false"),
+        "{rank1}"
+    );
+}

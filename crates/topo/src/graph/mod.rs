@@ -9,6 +9,7 @@
 
 mod file;
 mod link;
+mod order;
 mod route;
 mod subset;
 

@@ -88,44 +88,103 @@ impl CpuCluster {
     /// `ferrocoll launch --nnodes` numbers them in), each host's memory,
     /// its port and the switch.
     pub fn build(&self, measured: &HostMeasurement) -> Result<Topology, TopologyError> {
-        let mut t = Topology::new(
-            format!(
-                "cpu-cluster:hosts={},ranks={},gbit={}",
-                self.hosts, self.ranks, self.gbit
-            ),
-            format!(
-                "{} hosts of {} ranks each (shared memory inside a host, as this one measures: {:.1} GB/s of memory, {} cores), one {} Gbit/s port per host on one switch",
-                self.hosts, self.ranks, measured.memory_gbps, measured.cores, self.gbit
-            ),
-        );
-        let host = super::host(self.ranks, measured);
-        let mut ports = Vec::new();
-        for h in 0..self.hosts {
-            let ids = super::cluster::append(&mut t, &host, &format!("h{h}-"));
-            let cpu = host
-                .nodes
-                .iter()
-                .position(|n| n.kind == NodeKind::Cpu)
-                .map(|v| ids[v])
-                .ok_or_else(|| TopologyError::Invalid("the host preset has no CPU".into()))?;
-            let nic = t.add_node(Node::new(format!("h{h}-NIC"), NodeKind::Nic));
-            // The port reads and writes host memory: no narrower than it.
-            t.connect_with(nic, cpu, LinkKind::SharedMemory, measured.memory_gbps, 0.0);
-            ports.push(nic);
-        }
-        let switch = t.add_node(Node::new("SWITCH", NodeKind::NetworkSwitch));
-        for nic in ports {
-            t.connect_with(
-                nic,
-                switch,
-                LinkKind::Network,
-                self.gbit / 8.0,
-                TCP_HOP_US / 2.0,
-            );
-        }
-        t.validate()?;
-        Ok(t)
+        let sizes = vec![self.ranks; self.hosts as usize];
+        on_one_switch(&sizes, self.gbit, measured)
     }
+}
+
+/// The cluster a group across hosts runs on, from its layout: rank `r`
+/// on host `host_of[r]` (hosts numbered from 0, each holding a rank, in
+/// any order and any number per host), every host like this one
+/// (`measured`), one port of `gbit` Gbit/s per host on one switch.
+pub fn for_layout(
+    host_of: &[u32],
+    gbit: f64,
+    measured: &HostMeasurement,
+) -> Result<Topology, TopologyError> {
+    if !(gbit.is_finite() && gbit > 0.0 && gbit <= 100_000.0) {
+        return Err(TopologyError::Invalid(format!(
+            "a network rate of {gbit} Gbit/s: expected (0, 100000]"
+        )));
+    }
+    let hosts = host_of.iter().max().map_or(0, |&h| h as usize + 1);
+    let mut sizes = vec![0u32; hosts];
+    for &h in host_of {
+        sizes[h as usize] += 1;
+    }
+    if host_of.is_empty() || sizes.contains(&0) || host_of.len() > 65_536 {
+        return Err(TopologyError::Invalid(format!(
+            "a layout of {} ranks on {hosts} hosts: every host from 0 must hold a rank, at most 65536 in all",
+            host_of.len()
+        )));
+    }
+    let t = on_one_switch(&sizes, gbit, measured)?;
+    // The devices come host by host; rank r is the next thread of its host.
+    let first: Vec<usize> = sizes
+        .iter()
+        .scan(0, |next, &n| {
+            let at = *next;
+            *next += n as usize;
+            Some(at)
+        })
+        .collect();
+    let mut taken = vec![0usize; hosts];
+    let order: Vec<usize> = host_of
+        .iter()
+        .map(|&h| {
+            let h = h as usize;
+            taken[h] += 1;
+            first[h] + taken[h] - 1
+        })
+        .collect();
+    t.with_rank_order(&order)
+}
+
+/// Hosts of `sizes[h]` ranks each, one port of `gbit` Gbit/s per host on
+/// one switch; devices host by host.
+fn on_one_switch(
+    sizes: &[u32],
+    gbit: f64,
+    measured: &HostMeasurement,
+) -> Result<Topology, TopologyError> {
+    let equal = sizes.windows(2).all(|w| w[0] == w[1]);
+    let shape = if equal {
+        format!("hosts={},ranks={}", sizes.len(), sizes[0])
+    } else {
+        let each: Vec<String> = sizes.iter().map(u32::to_string).collect();
+        format!("ranks={}", each.join("+"))
+    };
+    let mut t = Topology::new(
+        format!("cpu-cluster:{shape},gbit={gbit}"),
+        format!(
+            "{} hosts ({} ranks in all; shared memory inside a host, as this one measures: {:.1} GB/s of memory, {} cores), one {gbit} Gbit/s port per host on one switch",
+            sizes.len(),
+            sizes.iter().sum::<u32>(),
+            measured.memory_gbps,
+            measured.cores
+        ),
+    );
+    let mut ports = Vec::new();
+    for (h, &ranks) in sizes.iter().enumerate() {
+        let host = super::host(ranks, measured);
+        let ids = super::cluster::append(&mut t, &host, &format!("h{h}-"));
+        let cpu = host
+            .nodes
+            .iter()
+            .position(|n| n.kind == NodeKind::Cpu)
+            .map(|v| ids[v])
+            .ok_or_else(|| TopologyError::Invalid("the host preset has no CPU".into()))?;
+        let nic = t.add_node(Node::new(format!("h{h}-NIC"), NodeKind::Nic));
+        // The port reads and writes host memory: no narrower than it.
+        t.connect_with(nic, cpu, LinkKind::SharedMemory, measured.memory_gbps, 0.0);
+        ports.push(nic);
+    }
+    let switch = t.add_node(Node::new("SWITCH", NodeKind::NetworkSwitch));
+    for nic in ports {
+        t.connect_with(nic, switch, LinkKind::Network, gbit / 8.0, TCP_HOP_US / 2.0);
+    }
+    t.validate()?;
+    Ok(t)
 }
 
 #[cfg(test)]
@@ -180,5 +239,37 @@ mod tests {
             .collect();
         // Both directions of every host's port.
         assert_eq!(network, [0.125; 6]);
+    }
+
+    #[test]
+    fn a_layout_places_each_rank_on_its_host_and_equal_hosts_match_the_preset() {
+        let m = HostMeasurement::example();
+        let t = for_layout(&[0, 1, 0, 1], 1.0, &m).unwrap();
+        let names: Vec<&str> = t
+            .devices()
+            .iter()
+            .map(|&d| t.nodes[d].name.as_str())
+            .collect();
+        assert_eq!(names, ["h0-T0", "h1-T0", "h0-T1", "h1-T1"]);
+        assert_eq!(t.name, "cpu-cluster:hosts=2,ranks=2,gbit=1");
+        let h = crate::search::hierarchy(&t, &t.devices(), &crate::sim::CostModel::default())
+            .unwrap()
+            .expect("two machines");
+        assert_eq!(h.nodes, [vec![0, 2], vec![1, 3]]);
+        let preset = parse("cpu-cluster:hosts=2,ranks=2").unwrap().unwrap();
+        assert_eq!(
+            for_layout(&[0, 0, 1, 1], 1.0, &m).unwrap(),
+            preset.build(&m).unwrap()
+        );
+        let uneven = for_layout(&[0, 0, 1], 10.0, &m).unwrap();
+        assert_eq!(uneven.name, "cpu-cluster:ranks=2+1,gbit=10");
+        for (host_of, gbit) in [
+            (&[][..], 1.0),
+            (&[0, 2][..], 1.0),
+            (&[0, 1][..], 0.0),
+            (&[0, 1][..], f64::NAN),
+        ] {
+            assert!(for_layout(host_of, gbit, &m).is_err(), "{host_of:?} {gbit}");
+        }
     }
 }

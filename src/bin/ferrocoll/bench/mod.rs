@@ -75,6 +75,17 @@ pub(crate) struct BenchArgs {
     /// `shm` (one host) or `tcp` (every pair); rank 0 prints the table.
     #[arg(long)]
     transport: Option<ferrocoll::process::TransportKind>,
+    /// `--transport auto|tcp` across hosts: each host's network port in
+    /// Gbit/s (default `FERROCOLL_NET_GBPS`). `auto` then selects per
+    /// size on a model of the cluster (hosts like rank 0's, one switch)
+    /// instead of the fixed rule (hierarchical all-reduce across equal
+    /// hosts).
+    #[arg(long, value_parser = parse_net_gbps)]
+    net_gbps: Option<f64>,
+    /// As `--net-gbps`, the cluster's topology file instead (default
+    /// `FERROCOLL_CLUSTER`; its devices, in order, are the ranks).
+    #[arg(long, conflicts_with = "net_gbps")]
+    cluster: Option<std::path::PathBuf>,
     /// `nccl` only: this process is one rank of the group the env://
     /// variables describe (`ferrocoll launch`, torchrun, `srun`), on the
     /// GPU numbered `LOCAL_RANK`; rank 0 prints the table.
@@ -254,4 +265,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     report::finish(&args, &rows, bandwidth.as_ref())
+}
+
+fn parse_net_gbps(value: &str) -> Result<f64, String> {
+    ferrocoll::network::parse_rate(value)
 }

@@ -8,6 +8,7 @@ use ferrocoll::Verified;
 use ferrocoll::comm::{Call, CommError, Communicator, Planning};
 use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
+use ferrocoll::network::Network;
 use ferrocoll::process::{ProcessCommunicator, ProcessConfig, SharedBuffer, TransportKind};
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
@@ -36,7 +37,13 @@ pub(crate) fn open(args: &mut BenchArgs) -> Result<Box<dyn Target>, String> {
     let boot =
         ferrocoll::env::bootstrap_from_env(env.planning.timeout).map_err(|e| e.to_string())?;
     args.ranks = boot.world_size;
+    let network = match (args.net_gbps, &args.cluster) {
+        (Some(gbit), _) => Some(Network::Rate(gbit)),
+        (None, Some(file)) => Some(Network::File(file.clone())),
+        (None, None) => ferrocoll::env::network_from_env().map_err(|e| e.to_string())?,
+    };
     let config = ProcessConfig {
+        cluster: network.map(ferrocoll::network::cluster_model),
         transport,
         max_message_bytes: args.max_chunk_bytes.unwrap_or(env.max_message_bytes),
         shared_heap_bytes: shared_heap_bytes(args, transport),
@@ -102,6 +109,12 @@ impl Target for Processes {
             "# executor: cpu, {} processes over {links}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
             args.ranks, p.max_message_bytes, p.planning.slots_per_link, p.planning.timeout,
         )];
+        if let Some(model) = &p.cluster {
+            lines.push(format!(
+                "# network between hosts: {}; across hosts `auto` selects each size on rank 0's model of the cluster",
+                model.0.settings()
+            ));
+        }
         if p.shared_heap_bytes > 0 {
             lines.push(format!(
                 "# buffers in the shared heap ({} B per rank): peers read values in place (--no-shared-heap: copy through slots); calls that send only values lying in an input or output run with chunks up to {} B, not cut to the slot",

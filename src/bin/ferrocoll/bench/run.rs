@@ -1,7 +1,7 @@
 //! Timing and checking one section, on any executor behind [`Backend`].
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrocoll::Collective;
 use ferrocoll::comm::{CommError, Communicator};
@@ -249,14 +249,57 @@ impl Timing {
 /// Untimed calls of the first size before any row: what ran just before
 /// (the `--membw` probe, the selector's host measurement, starting the
 /// ranks) can leave two ranks sharing a core for tens of milliseconds,
-/// and the first rows alone would pay for it.
+/// and the first rows alone would pay for it. At most this many calls…
 const SETTLE_CALLS: u32 = 200;
+
+/// …and no more batches once this long has passed: the transient lasts
+/// tens of milliseconds, and a count alone made a 16 MiB row over a
+/// 1 Gbit/s network settle for 28 s, a 1 GiB row for minutes.
+const SETTLE_TIME: Duration = Duration::from_millis(250);
 
 /// The settling calls for `n` ranks: fewer when there are many (each call
 /// then lasts longer, and the same time passes in fewer); the same on
 /// every rank.
 fn settle_calls(n: u32) -> u32 {
     (SETTLE_CALLS * 8 / n.max(1)).clamp(5, SETTLE_CALLS)
+}
+
+/// Settle with calls of `count` elements: batches of 1, 2, 4, … calls
+/// until [`settle_calls`] ran or [`SETTLE_TIME`] passed on some rank.
+/// Ranks decide together after each batch (one small all-reduce), so
+/// every rank makes the same calls whatever its own clock says.
+fn settle<T: KitElement, C: BenchRank>(
+    comm: &mut C,
+    args: &BenchArgs,
+    section: &Section,
+    collective: Collective,
+    count: usize,
+) -> Result<(), CommError> {
+    let started = Instant::now();
+    let (mut done, mut batch) = (0, 1);
+    let most = settle_calls(comm.world_size());
+    while done < most {
+        let iters = batch.min(most - done);
+        let settle = BenchArgs {
+            iters,
+            warmup: 0,
+            check: 0,
+            ..args.clone()
+        };
+        one_size::<T, C>(comm, &settle, section, collective, count, false, 0, None)?;
+        done += iters;
+        batch *= 2;
+        let mut late = [i32::from(started.elapsed() >= SETTLE_TIME)];
+        ferrocoll::comm::CommunicatorExt::all_reduce_in_place(
+            comm,
+            &mut late,
+            ferrocoll::ReduceOp::Max,
+        )?;
+        if late[0] == 1 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 fn typed<T: KitElement, B: Backend>(
@@ -274,19 +317,13 @@ fn typed<T: KitElement, B: Backend>(
     };
     let rows: Mutex<Vec<Row>> = Mutex::new(Vec::new());
     let wrong: Mutex<Vec<[u64; 2]>> = Mutex::new(vec![[0, 0]; sizes.len()]);
-    let settle = BenchArgs {
-        iters: settle_calls(n),
-        warmup: 0,
-        check: 0,
-        ..args.clone()
-    };
     let pairs = args.membw && n >= 2 && collective == Collective::AllReduce;
     let results = backend.run(&|comm: &mut B::Rank| {
         let wanted = pairs && comm.shares_host_memory();
         let mut pairing = paired::Pairing::agree(comm, wanted)?;
         if let Some(&first) = sizes.first() {
             let count = first / (std::mem::size_of::<T>() * collective.size_blocks(n) as usize);
-            one_size::<T, B::Rank>(comm, &settle, section, collective, count, false, 0, None)?;
+            settle::<T, B::Rank>(comm, args, section, collective, count)?;
         }
         for (i, &size) in sizes.iter().enumerate() {
             let blocks = collective.size_blocks(n) as usize;
