@@ -11,6 +11,7 @@
 //! | `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`; `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK` | the same under Slurm's `srun` or OpenMPI's `mpirun` when `RANK` is unset (`MASTER_ADDR` and `MASTER_PORT` are still needed) |
 //! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
 //! | `FERROCOLL_JOB_ID` | names the job's shared-memory segments, so `ferrocoll launch` can remove any a killed rank left behind |
+//! | `FERROCOLL_TRACE_BUFFER`, `FERROCOLL_TRACE_DIR` | the flight recorder: calls each communicator keeps (default 2000), and where every rank dumps them on a failure, when dropped, and on `SIGUSR1` (`ferrocoll trace DIR`; docs/diagnostics.md) |
 //! | `FERROCOLL_NET_GBPS` | each host's network port in Gbit/s: a group across hosts selects per call on a model of its cluster (hosts like rank 0's, one switch) instead of the fixed rule; feature `topo` ([`crate::network::Network`]) |
 //! | `FERROCOLL_CLUSTER` | instead of a rate, the cluster's topology file (`ferrocoll topo --json` format; its devices, in order, are the ranks) |
 //! | `FERROCOLL_KERNEL_CACHE` | where the CUDA executor keeps its compiled kernel between processes ([`kernel_cache`]; `off` for none); default `$XDG_CACHE_HOME/ferrocoll/kernels` or `~/.cache/ferrocoll/kernels` |

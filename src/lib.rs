@@ -160,6 +160,8 @@ mod docs_compile {
     mod cpu_executor {}
     #[doc = include_str!("../docs/cuda-executor.md")]
     mod cuda_executor {}
+    #[doc = include_str!("../docs/diagnostics.md")]
+    mod diagnostics {}
     #[doc = include_str!("../docs/nccl.md")]
     mod nccl {}
     #[doc = include_str!("../docs/plan.md")]

@@ -544,3 +544,105 @@ fn gpu_bench_fails_fast(bin: &str, backend: &str, ranks: &str) -> String {
     assert!(started.elapsed() < Duration::from_secs(15), "{text}");
     text
 }
+
+/// A rank stopped mid-run (SIGSTOP): the others time out and dump their
+/// flight recorders, and `ferrocoll trace` names the stopped rank (it
+/// wrote no dump) and the call the others are stuck in. Before that,
+/// SIGUSR1 makes a running rank dump without stopping it.
+#[test]
+fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-cli-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut launcher = launch_bench(&[], "shm", &["64K", "64K", "1000000"])
+        .env("FERROCOLL_TIMEOUT_MS", "2000")
+        .env("FERROCOLL_TRACE_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    let streams: [Box<dyn std::io::Read + Send>; 2] = [
+        Box::new(launcher.stdout.take().unwrap()),
+        Box::new(launcher.stderr.take().unwrap()),
+    ];
+    for stream in streams {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let (mut pids, mut log, mut formed) = (Vec::new(), Vec::new(), false);
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
+        if line.contains("pids ") {
+            pids = launch_banner(&line).0;
+        }
+        formed |= line.starts_with("[rank 0] #") && line.contains("on 4 ranks");
+        log.push(line);
+        if formed && !pids.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(pids.len(), 4, "{log:#?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let signal = |sig: &str, pid: u32| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    signal("-USR1", pids[0]);
+    let dumped = |rank: u32| {
+        std::fs::read_dir(&dir).is_ok_and(|d| {
+            d.filter_map(Result::ok).any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .ends_with(&format!(".r{rank}.json"))
+            })
+        })
+    };
+    let asked = Instant::now();
+    while !dumped(0) {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "SIGUSR1 wrote no dump"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        launcher.try_wait().unwrap().is_none(),
+        "SIGUSR1 stopped rank 0"
+    );
+    signal("-STOP", pids[1]);
+    let stopped = Instant::now();
+    while launcher.try_wait().unwrap().is_none() {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(60),
+            "the launcher hangs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .arg("trace")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(!dumped(1), "a stopped rank cannot dump:\n{text}");
+    assert!(text.contains("rank 1: WROTE NO DUMP"), "{text}");
+    assert!(text.contains("suspects: rank 1 ("), "{text}");
+    assert!(
+        text.contains("first call not finished by every rank: #"),
+        "{text}"
+    );
+    assert!(text.contains("all-reduce f32 x16384"), "{text}");
+    for r in [0, 2, 3] {
+        assert!(text.contains(&format!("rank {r}: failed it")), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

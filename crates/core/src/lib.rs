@@ -65,6 +65,7 @@ pub mod replay;
 pub mod schedule;
 pub mod select;
 pub mod settings;
+pub mod trace;
 pub mod types;
 pub mod verify;
 

@@ -11,6 +11,8 @@
 //! | `FERROCOLL_KERNELS` | force the host kernels' width instead of calibrating it (`baseline`, `avx2`, `avx512`; each call then takes its stores by the rule: non-temporal past half the last-level cache of the call's bytes, cached below), or the width and the stores too (`nt`, `cached`) for outputs, then optionally for hand-offs (slots a peer reads next), e.g. `avx2,cached` or `avx512,nt,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates the width once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same width and rule |
 //! | `FERROCOLL_ONE_SHOT_BYTES` | threads and processes over shared memory: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |
 //! | `FERROCOLL_PEER_READS` | no longer read (set to anything but 0, a warning says so, once): cross-memory attach between processes was removed (docs/benchmarks.md); buffers in the shared heap are the zero-copy path |
+//! | `FERROCOLL_TRACE_BUFFER` | calls each communicator's flight recorder keeps ([`crate::trace`]; default 2000, 0 for none) |
+//! | `FERROCOLL_TRACE_DIR` | where every rank writes its flight recorder's dump on a failed call, when its communicator is dropped, and on `SIGUSR1` (`ferrocoll trace DIR` merges them) |
 //! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -70,6 +72,50 @@ pub struct EnvOverrides {
     /// system's own answer (hostname, boot id, namespaces) is not wanted;
     /// trimmed, non-empty, at most 255 printable ASCII characters.
     pub host_id: Option<String>,
+}
+
+/// Calls a flight recorder keeps unless `FERROCOLL_TRACE_BUFFER` says
+/// otherwise: 2000 calls of a training step's gradient buckets cover
+/// minutes of a run.
+pub const DEFAULT_TRACE_CAPACITY: usize = 2000;
+
+/// The flight recorder's settings (see [`crate::trace`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSettings {
+    /// `FERROCOLL_TRACE_BUFFER`: calls each communicator keeps (default
+    /// [`DEFAULT_TRACE_CAPACITY`]; 0 records nothing).
+    pub capacity: usize,
+    /// `FERROCOLL_TRACE_DIR`: where ranks write their dumps; `None`:
+    /// nowhere (the ring is still kept, for `FlightRecorder::calls`).
+    pub dir: Option<std::path::PathBuf>,
+}
+
+/// The flight recorder's settings from the environment; a malformed
+/// buffer size is warned about once and the default kept.
+pub fn trace_settings() -> TraceSettings {
+    trace_settings_from(|k| std::env::var(k).ok())
+}
+
+fn trace_settings_from(get: impl Fn(&str) -> Option<String>) -> TraceSettings {
+    let capacity = match get("FERROCOLL_TRACE_BUFFER") {
+        None => DEFAULT_TRACE_CAPACITY,
+        Some(v) => v.trim().parse::<usize>().unwrap_or_else(|_| {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "FERROCOLL_TRACE_BUFFER=`{v}` is not a whole number; keeping {} calls",
+                    DEFAULT_TRACE_CAPACITY
+                )
+            });
+            DEFAULT_TRACE_CAPACITY
+        }),
+    };
+    // Past a million calls a ring is a memory leak, not a record.
+    let capacity = capacity.min(1 << 20);
+    let dir = get("FERROCOLL_TRACE_DIR")
+        .filter(|d| !d.trim().is_empty())
+        .map(std::path::PathBuf::from);
+    TraceSettings { capacity, dir }
 }
 
 /// `FERROCOLL_KERNELS`, unparsed (the kernels module parses it and

@@ -10,6 +10,7 @@ use ferrocoll_core::comm::{
 };
 use ferrocoll_core::comm::{Planned, Planner};
 use ferrocoll_core::plan::{ExecutionPlan, OneShot};
+use ferrocoll_core::trace::{FlightRecorder, Identity};
 use ferrocoll_core::types::CallShape;
 use ferrocoll_rendezvous::Store;
 
@@ -66,6 +67,8 @@ pub struct ProcessCommunicator {
     /// Rank 0 hosts the store; keep it for the life of the group (a split
     /// meets its new group in a scope of it).
     store: Store,
+    /// This rank's last calls.
+    recorder: FlightRecorder,
 }
 
 impl std::fmt::Debug for ProcessCommunicator {
@@ -119,6 +122,10 @@ impl ProcessCommunicator {
         // (seen at once), not a store key that never appears.
         ferrocoll_core::kernels::calibration();
         crate::panic_note::install();
+        let trace = config
+            .trace
+            .clone()
+            .unwrap_or_else(ferrocoll_core::settings::trace_settings);
         let mut settings = config.planner_settings();
         let planning = &config.planning;
         // Nothing chosen by hand: across hosts, calls go by the network's
@@ -156,7 +163,23 @@ impl ProcessCommunicator {
             one_shot_calls: 0,
             one_shot_memo: None,
             store,
+            recorder: FlightRecorder::with(
+                Identity {
+                    group: format!("processes-{}", config.job_id.as_deref().unwrap_or("world")),
+                    rank,
+                    world_size,
+                    executor: "processes",
+                },
+                trace.capacity,
+                trace.dir,
+            ),
         })
+    }
+
+    /// This rank's flight recorder: its last calls
+    /// (`ferrocoll_core::trace`).
+    pub fn recorder(&self) -> &FlightRecorder {
+        &self.recorder
     }
 
     /// Force (or, with `None`, stop forcing) the algorithm of later calls.
@@ -274,8 +297,11 @@ impl ProcessCommunicator {
             .store
             .scoped(&format!("split{call}.{}", membership.color))
             .map_err(|e| setup(e.into()))?;
-        let comm = ProcessCommunicator::connect(store, membership.rank, size, &self.config)
+        let mut comm = ProcessCommunicator::connect(store, membership.rank, size, &self.config)
             .map_err(setup)?;
+        comm.recorder = self
+            .recorder
+            .split(call, membership.color, membership.rank, size);
         Ok(Some(comm))
     }
 
@@ -352,6 +378,8 @@ impl ProcessCommunicator {
             None => agreed,
         };
         let kernels = ferrocoll_core::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
+        self.recorder
+            .planned(number, &plan.schedule, Some(planned.signature));
         tracing::debug!(
             rank = self.rank,
             call = number,
@@ -602,11 +630,20 @@ impl Communicator for ProcessCommunicator {
         // Inside a collective (or barrier) it is call `self.calls`;
         // point-to-point calls sit between collectives.
         let collective = matches!(checked, Checked::Collective { .. } | Checked::Barrier);
+        let number = self.calls;
+        match &checked {
+            Checked::Collective { shape, .. } => self.recorder.begin(number, Some(shape)),
+            Checked::Barrier => self.recorder.begin(number, None),
+            _ => {}
+        }
         if collective {
             self.transport.set_position(inside(self.calls));
         }
         let result = self.dispatch(checked);
         self.transport.set_position(between(self.calls));
+        if collective {
+            self.recorder.end(number, &result);
+        }
         result
     }
 

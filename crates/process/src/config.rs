@@ -106,6 +106,10 @@ pub struct ProcessConfig {
     /// `FERROCOLL_CLUSTER`). `None`: all-reduce across equal hosts runs
     /// the hierarchical schedule, other calls the rule.
     pub cluster: Option<SharedClusterModel>,
+    /// The flight recorder's size and dump directory
+    /// (`ferrocoll_core::trace`); `None`: `FERROCOLL_TRACE_BUFFER` and
+    /// `FERROCOLL_TRACE_DIR`. Not part of the settings ranks must share.
+    pub trace: Option<ferrocoll_core::settings::TraceSettings>,
 }
 
 impl Default for ProcessConfig {
@@ -130,6 +134,7 @@ impl ProcessConfig {
             one_shot_bytes: ferrocoll_core::plan::ONE_SHOT_BYTES,
             host_id: None,
             cluster: None,
+            trace: None,
         }
     }
 

@@ -58,6 +58,7 @@ impl ProcessCommunicator {
             }
         };
         let (shot, signature) = (&memo.0, memo.1.as_str());
+        self.recorder().planned(number, "one-shot", None);
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let from = match shot.input_buffer {

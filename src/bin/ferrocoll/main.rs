@@ -1,6 +1,6 @@
 //! The `ferrocoll` command-line tool: benchmark (`bench`), prove
 //! (`verify`), print (`schedule`, `plan`), show topologies (`topo`),
-//! predict (`sim`, `estimate`). Run `ferrocoll --help` for the commands.
+//! predict (`sim`, `estimate`), read flight-recorder dumps (`trace`). Run `ferrocoll --help` for the commands.
 
 mod bench;
 mod estimate_cmd;
@@ -13,6 +13,7 @@ mod sim_cmd;
 mod spec;
 mod synth_cmd;
 mod topo;
+mod trace_cmd;
 mod verify_cmd;
 
 use std::process::ExitCode;
@@ -65,6 +66,8 @@ enum Command {
     Rendezvous(rendezvous_cmd::RendezvousArgs),
     /// What a bug report needs: build, CPU and memory bandwidth, CUDA driver, NVRTC, NCCL, GPUs and their links.
     Info(info_cmd::InfoArgs),
+    /// Read the ranks' flight-recorder dumps (FERROCOLL_TRACE_DIR): who stalled in which call.
+    Trace(trace_cmd::TraceArgs),
 }
 
 fn main() -> ExitCode {
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Command::LaunchWatchdog(args) => launch::watchdog::run(&args),
         Command::Rendezvous(args) => rendezvous_cmd::run(&args),
         Command::Info(args) => info_cmd::run(&args),
+        Command::Trace(args) => trace_cmd::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -12,6 +12,7 @@ use crate::comm::{
     Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, Planner, split,
 };
 use crate::plan::{LinkLoad, OneShot};
+use crate::trace::{FlightRecorder, Identity};
 use crate::types::{CallShape, Rank};
 
 /// Channel id reserved for point-to-point send/recv (schedules never reach it).
@@ -25,6 +26,8 @@ pub struct CpuCommunicator {
     calls: u64,
     /// The last one-shot call's shape and this rank's part of it.
     pub(super) one_shot: Option<(CallShape, Arc<OneShot>)>,
+    /// This rank's last calls.
+    recorder: FlightRecorder,
 }
 
 /// The signature a barrier announces.
@@ -44,6 +47,15 @@ pub fn group(n: u32, config: &CpuConfig) -> Result<Vec<CpuCommunicator>, CommErr
     let planner = Planner::new(n, config.planner_settings());
     let group = Arc::new(Group::new(n, config.link_slots() as usize, planner));
     let config = Arc::new(config.clone());
+    // Names the group in flight-recorder dumps: groups of one process
+    // apart, and the same for each of its ranks.
+    static GROUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let number = GROUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("threads-p{}-g{number}", std::process::id());
+    let trace = config
+        .trace
+        .clone()
+        .unwrap_or_else(crate::settings::trace_settings);
     Ok((0..n)
         .map(|rank| CpuCommunicator {
             group: group.clone(),
@@ -51,6 +63,16 @@ pub fn group(n: u32, config: &CpuConfig) -> Result<Vec<CpuCommunicator>, CommErr
             rank,
             calls: 0,
             one_shot: None,
+            recorder: FlightRecorder::with(
+                Identity {
+                    group: name.clone(),
+                    rank,
+                    world_size: n,
+                    executor: "threads",
+                },
+                trace.capacity,
+                trace.dir.clone(),
+            ),
         })
         .collect())
 }
@@ -182,13 +204,22 @@ impl CpuCommunicator {
             let planner = Planner::new(size, config.planner_settings());
             Group::new(size, config.link_slots() as usize, planner)
         });
+        let recorder = self
+            .recorder
+            .split(call, membership.color, membership.rank, size);
         Ok(Some(CpuCommunicator {
             group,
             config,
             rank: membership.rank,
             calls: 0,
             one_shot: None,
+            recorder,
         }))
+    }
+
+    /// This rank's flight recorder: its last calls ([`crate::trace`]).
+    pub fn recorder(&self) -> &FlightRecorder {
+        &self.recorder
     }
 
     /// What every link of the group has carried since the group was made:
@@ -234,6 +265,8 @@ impl CpuCommunicator {
         let plan = &planned.plan;
         self.agree(number, planned.signature, None, &|| plan.signature())?;
         let kernels = crate::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
+        self.recorder
+            .planned(number, &plan.schedule, Some(planned.signature));
         tracing::debug!(
             rank = self.rank,
             call = number,
@@ -403,16 +436,27 @@ impl Communicator for CpuCommunicator {
     }
 
     fn execute(&mut self, call: Call<'_>) -> Result<(), CommError> {
-        match call.check(self.rank, self.group.n)? {
+        let number = self.calls;
+        let (recorded, result) = match call.check(self.rank, self.group.n)? {
             Checked::Collective {
                 shape,
                 input,
                 output,
-            } => self.collective(&shape, input, output),
-            Checked::Send { data, peer } => self.send(data, peer),
-            Checked::Recv { buffer, peer } => self.recv(buffer, peer),
-            Checked::Barrier => self.barrier(),
+            } => {
+                self.recorder.begin(number, Some(&shape));
+                (true, self.collective(&shape, input, output))
+            }
+            Checked::Send { data, peer } => (false, self.send(data, peer)),
+            Checked::Recv { buffer, peer } => (false, self.recv(buffer, peer)),
+            Checked::Barrier => {
+                self.recorder.begin(number, None);
+                (true, self.barrier())
+            }
+        };
+        if recorded {
+            self.recorder.end(number, &result);
         }
+        result
     }
 
     fn split(

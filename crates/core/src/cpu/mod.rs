@@ -63,6 +63,9 @@ pub struct CpuConfig {
     /// Values above [`crate::settings::MAX_ONE_SHOT_BYTES`] count as that
     /// (each rank stages twice the budget over the world size).
     pub one_shot_bytes: usize,
+    /// The flight recorder's size and dump directory ([`crate::trace`]);
+    /// `None`: `FERROCOLL_TRACE_BUFFER` and `FERROCOLL_TRACE_DIR`.
+    pub trace: Option<crate::settings::TraceSettings>,
 }
 
 impl Default for CpuConfig {
@@ -81,6 +84,7 @@ impl CpuConfig {
             planning: Planning::default(),
             pin_ranks: true,
             one_shot_bytes: crate::plan::ONE_SHOT_BYTES,
+            trace: None,
         }
     }
 

@@ -45,6 +45,8 @@ impl CpuCommunicator {
         self.agree(number, shot.signature, Some(published), &|| {
             one_shot_describe(shape)
         })?;
+        self.recorder()
+            .planned(number, "one-shot", Some(shot.signature));
         tracing::debug!(
             rank = self.rank,
             call = number,

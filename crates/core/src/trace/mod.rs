@@ -1,0 +1,32 @@
+//! The flight recorder: every communicator keeps its last calls (what
+//! was called, what ran, when, how it ended) so that after a hang or a
+//! failure a user can see which rank stalled in which call.
+//!
+//! - [`FlightRecorder`] holds a ring of the last `FERROCOLL_TRACE_BUFFER`
+//!   calls (default [`DEFAULT_CAPACITY`]; 0 records nothing).
+//! - With `FERROCOLL_TRACE_DIR=DIR`, every rank writes its ring to
+//!   `DIR/<host>.<group>.r<rank>.json` when a call fails (a timeout, a
+//!   lost peer, an abort), when its communicator is dropped, and when the
+//!   process gets `SIGUSR1` (then for every communicator it holds). Each
+//!   write goes to a temporary file renamed into place, so a reader never
+//!   sees half a dump.
+//! - [`merge`] reads a directory of dumps and names, per group, the first
+//!   call the ranks do not all finish, which ranks never started it, never
+//!   finished it or failed it, which ranks left no dump, and calls the
+//!   ranks describe differently (`ferrocoll trace DIR`).
+//!
+//! Invariant: recording never fails a call. A dump that cannot be written
+//! is a warning.
+
+mod call;
+mod dump;
+pub mod merge;
+mod record;
+mod signal;
+#[cfg(test)]
+mod tests;
+
+pub use crate::settings::DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY;
+pub use call::{CallRecord, CallState, Identity};
+pub use dump::{Dump, FORMAT};
+pub use record::FlightRecorder;

@@ -1,0 +1,213 @@
+//! The ring of a communicator's last calls.
+
+use super::call::{CallRecord, CallState, Identity, now_us};
+use super::dump::Dump;
+use crate::comm::CommError;
+use crate::types::CallShape;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+struct Ring {
+    identity: Identity,
+    /// Where dumps go, if anywhere.
+    dir: Option<PathBuf>,
+    capacity: usize,
+    calls: VecDeque<Entry>,
+    /// Records that fell out of the ring.
+    dropped: u64,
+}
+
+/// A call as the ring keeps it: the shape as given, text only when a
+/// dump is written (a call costs no formatting).
+struct Entry {
+    call: u64,
+    /// `None`: a barrier.
+    shape: Option<CallShape>,
+    algorithm: Option<std::sync::Arc<str>>,
+    plan: Option<u64>,
+    started_us: u64,
+    ended_us: Option<u64>,
+    state: CallState,
+}
+
+impl Entry {
+    fn record(&self) -> CallRecord {
+        let (collective, dtype, count, op, in_place) = match &self.shape {
+            Some(s) => (
+                s.collective.to_string(),
+                s.dtype.to_string(),
+                s.count,
+                s.op.to_string(),
+                s.in_place,
+            ),
+            None => ("barrier".into(), String::new(), 0, String::new(), false),
+        };
+        CallRecord {
+            call: self.call,
+            collective,
+            dtype,
+            count,
+            op,
+            in_place,
+            algorithm: self
+                .algorithm
+                .as_deref()
+                .map(str::to_owned)
+                .or_else(|| self.shape.is_none().then(|| "agreement".to_owned())),
+            plan: self.plan.map(|h| format!("{h:016x}")),
+            started_us: self.started_us,
+            ended_us: self.ended_us,
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl Ring {
+    fn dump(&self, reason: &str) -> Dump {
+        let calls: Vec<CallRecord> = self.calls.iter().map(Entry::record).collect();
+        Dump::of(&self.identity, self.dropped, &calls, reason)
+    }
+}
+
+impl super::signal::Dumps for Mutex<Ring> {
+    fn dump_now(&self, reason: &str) {
+        let ring = self.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dir) = &ring.dir {
+            ring.dump(reason).write_into(dir);
+        }
+    }
+}
+
+/// A communicator's flight recorder (see the module's documentation).
+/// Cheap when off: a capacity of 0 records nothing.
+pub struct FlightRecorder {
+    ring: Arc<Mutex<Ring>>,
+    dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for FlightRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlightRecorder")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FlightRecorder {
+    /// A recorder for `identity`, sized and placed by the environment
+    /// (`FERROCOLL_TRACE_BUFFER`, `FERROCOLL_TRACE_DIR`).
+    pub fn new(identity: Identity) -> FlightRecorder {
+        let settings = crate::settings::trace_settings();
+        FlightRecorder::with(identity, settings.capacity, settings.dir)
+    }
+
+    /// A recorder keeping `capacity` calls, dumping into `dir` if set.
+    pub fn with(identity: Identity, capacity: usize, dir: Option<PathBuf>) -> FlightRecorder {
+        let recorder = FlightRecorder {
+            ring: Arc::new(Mutex::new(Ring {
+                identity,
+                dir: dir.clone(),
+                capacity,
+                calls: VecDeque::with_capacity(capacity.min(64)),
+                dropped: 0,
+            })),
+            dir,
+        };
+        if recorder.dir.is_some() {
+            let ring: Arc<dyn super::signal::Dumps> = recorder.ring.clone();
+            super::signal::register(&ring);
+        }
+        recorder
+    }
+
+    /// The recorder of a group split from this one by its call number
+    /// `call` with `color`, where this rank is `rank` of `world_size`:
+    /// named after this group, the call and the color, the same on every
+    /// rank of the new group.
+    pub fn split(&self, call: u64, color: u32, rank: u32, world_size: u32) -> FlightRecorder {
+        let (identity, capacity) = {
+            let ring = self.lock();
+            let identity = Identity {
+                group: format!("{}.s{call}c{color}", ring.identity.group),
+                rank,
+                world_size,
+                executor: ring.identity.executor,
+            };
+            (identity, ring.capacity)
+        };
+        FlightRecorder::with(identity, capacity, self.dir.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Call `call` starts: `shape`, or a barrier for `None`.
+    pub fn begin(&self, call: u64, shape: Option<&CallShape>) {
+        let mut ring = self.lock();
+        if ring.capacity == 0 {
+            return;
+        }
+        if ring.calls.len() == ring.capacity {
+            ring.calls.pop_front();
+            ring.dropped += 1;
+        }
+        let record = Entry {
+            call,
+            shape: shape.copied(),
+            algorithm: None,
+            plan: None,
+            started_us: now_us(),
+            ended_us: None,
+            state: CallState::Running,
+        };
+        ring.calls.push_back(record);
+    }
+
+    /// What call `call` runs.
+    pub fn planned(&self, call: u64, algorithm: &str, plan: Option<u64>) {
+        let mut ring = self.lock();
+        if let Some(r) = ring.calls.back_mut().filter(|r| r.call == call) {
+            r.algorithm = Some(algorithm.into());
+            r.plan = plan;
+        }
+    }
+
+    /// Call `call` returned `result`; a failure is dumped where dumps go.
+    pub fn end(&self, call: u64, result: &Result<(), CommError>) {
+        {
+            let mut ring = self.lock();
+            if let Some(r) = ring.calls.back_mut().filter(|r| r.call == call) {
+                r.ended_us = Some(now_us());
+                r.state = match result {
+                    Ok(()) => CallState::Done,
+                    Err(e) => CallState::Failed(e.to_string()),
+                };
+            }
+        }
+        if let Err(e) = result {
+            self.dump(&format!("call #{call} failed: {e}"));
+        }
+    }
+
+    /// The recorded calls, oldest first.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.lock().calls.iter().map(Entry::record).collect()
+    }
+
+    /// Write the ring where dumps go (if anywhere), saying why; returns
+    /// the file written.
+    pub fn dump(&self, reason: &str) -> Option<PathBuf> {
+        let dir = self.dir.as_ref()?;
+        self.lock().dump(reason).write_into(dir)
+    }
+}
+
+impl Drop for FlightRecorder {
+    fn drop(&mut self) {
+        if self.dir.is_some() && !self.lock().calls.is_empty() {
+            self.dump("the communicator was dropped");
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The recorder's ring and dumps, and what `merge` makes of them.
+
+use std::time::Duration;
+
+use super::merge::{self, RankAt};
+use super::*;
+use crate::comm::{CommError, Communicator, CommunicatorExt};
+use crate::cpu::{self, CpuConfig};
+use crate::settings::TraceSettings;
+use crate::types::{CallShape, Collective, DataType, ReduceOp};
+
+fn shape(count: usize) -> CallShape {
+    CallShape {
+        collective: Collective::AllReduce,
+        count,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        in_place: false,
+        purpose: Default::default(),
+    }
+}
+
+fn identity(rank: u32) -> Identity {
+    Identity {
+        group: "g".into(),
+        rank,
+        world_size: 3,
+        executor: "test",
+    }
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-trace-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn the_ring_keeps_the_last_calls_and_how_each_ended() {
+    let r = FlightRecorder::with(identity(0), 3, None);
+    for call in 0..5 {
+        r.begin(call, Some(&shape(10 + call as usize)));
+        r.planned(call, "ring", Some(0xabc));
+        let result = if call == 4 {
+            Err(CommError::Timeout {
+                rank: 0,
+                timeout: Duration::from_secs(1),
+                what: "rank 1's message".into(),
+            })
+        } else {
+            Ok(())
+        };
+        r.end(call, &result);
+    }
+    let calls = r.calls();
+    assert_eq!(calls.iter().map(|c| c.call).collect::<Vec<_>>(), [2, 3, 4]);
+    assert_eq!(calls[0].state, CallState::Done);
+    assert_eq!(calls[0].plan.as_deref(), Some("0000000000000abc"));
+    assert!(matches!(&calls[2].state, CallState::Failed(why) if why.contains("rank 1's message")));
+    assert!(calls[2].ended_us.unwrap() >= calls[2].started_us);
+    let off = FlightRecorder::with(identity(0), 0, None);
+    off.begin(0, None);
+    assert!(off.calls().is_empty());
+}
+
+#[test]
+fn a_failure_and_a_drop_write_an_atomic_dump_named_by_host_group_and_rank() {
+    let dir = temp_dir("dump");
+    let r = FlightRecorder::with(identity(2), 10, Some(dir.clone()));
+    r.begin(0, None);
+    r.end(0, &Err(CommError::EmptyGroup));
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}: no temporary file is left");
+    let name = files[0].to_string_lossy().into_owned();
+    assert!(name.ends_with(".g.r2.json"), "{name}");
+    let dump: Dump = serde_json::from_slice(&std::fs::read(dir.join(&name)).unwrap()).unwrap();
+    assert!(dump.reason.contains("call #0 failed"), "{}", dump.reason);
+    assert_eq!(dump.calls[0].collective, "barrier");
+    r.begin(1, Some(&shape(5)));
+    drop(r);
+    let dump: Dump = serde_json::from_slice(&std::fs::read(dir.join(&name)).unwrap()).unwrap();
+    assert_eq!(dump.calls.len(), 2);
+    assert_eq!(dump.calls[1].state, CallState::Running);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn dump(rank: u32, calls: &[(u64, usize, CallState)]) -> Dump {
+    Dump {
+        format: FORMAT.into(),
+        host: "h".into(),
+        pid: 1,
+        group: "g".into(),
+        rank,
+        world_size: 4,
+        executor: "test".into(),
+        reason: "test".into(),
+        written_us: 10,
+        dropped: 0,
+        calls: calls
+            .iter()
+            .map(|(call, count, state)| CallRecord {
+                call: *call,
+                collective: "all-reduce".into(),
+                dtype: "f32".into(),
+                count: *count,
+                op: "sum".into(),
+                in_place: false,
+                algorithm: Some("ring".into()),
+                plan: None,
+                started_us: *call,
+                ended_us: None,
+                state: state.clone(),
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn merge_names_who_never_started_who_is_inside_who_failed_and_who_is_silent() {
+    use CallState::*;
+    let failed = Failed("timed out waiting for rank 1".into());
+    let report = merge::merge(vec![
+        dump(0, &[(6, 8, Done), (7, 8, failed.clone())]),
+        dump(2, &[(6, 8, Done)]),
+        dump(3, &[(6, 8, Done), (7, 8, Running)]),
+    ]);
+    let g = &report[0];
+    let stuck = g.stuck.as_ref().unwrap();
+    assert_eq!(stuck.call, 7);
+    assert_eq!(
+        stuck.ranks,
+        [
+            (0, RankAt::Failed("timed out waiting for rank 1".into())),
+            (1, RankAt::NoDump),
+            (2, RankAt::NeverStarted(Some(6))),
+            (3, RankAt::Running),
+        ]
+    );
+    let text = g.to_string();
+    assert!(text.contains("rank 1: WROTE NO DUMP"), "{text}");
+    assert!(
+        text.contains("rank 2: NEVER STARTED it (its last call was #6)"),
+        "{text}"
+    );
+    assert!(g.disagreements.is_empty());
+    assert_eq!(stuck.suspects(), [1, 2, 3]);
+    assert!(text.contains("suspects: rank 1, rank 2, rank 3"), "{text}");
+}
+
+#[test]
+fn merge_lists_calls_ranks_describe_differently_and_keeps_each_ranks_newest_dump() {
+    use CallState::*;
+    let mut old = dump(1, &[(0, 8, Running)]);
+    old.written_us = 1;
+    let report = merge::merge(vec![
+        dump(0, &[(0, 8, Done), (1, 8, Done)]),
+        dump(1, &[(0, 8, Done), (1, 9, Done)]),
+        old,
+    ]);
+    let g = &report[0];
+    assert_eq!(g.disagreements.len(), 1);
+    assert_eq!(g.disagreements[0].call, 1);
+    assert_eq!(g.dumps[&1].calls.len(), 2, "the newer dump of rank 1");
+    assert!(g.to_string().contains("is not the same call on every rank"));
+}
+
+#[test]
+fn a_directory_without_dumps_is_an_error_and_strangers_are_skipped() {
+    let dir = temp_dir("merge");
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(matches!(
+        merge::read_dir(&dir),
+        Err(merge::MergeError::Empty(_))
+    ));
+    std::fs::write(dir.join("other.json"), b"{\"a\": 1}").unwrap();
+    std::fs::write(
+        dir.join("r0.json"),
+        serde_json::to_vec(&dump(0, &[])).unwrap(),
+    )
+    .unwrap();
+    let report = merge::read_dir(&dir).unwrap();
+    assert_eq!(report.skipped.len(), 1);
+    assert!(report.to_string().contains("skipped"), "{report}");
+    assert!(merge::read_dir(&dir.join("missing")).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One rank of four threads skips the last call and leaves: the others
+/// fail it, and the merged dumps say rank 2 never started it.
+#[test]
+fn threads_a_rank_that_skips_a_call_is_named_by_the_trace() {
+    let dir = temp_dir("threads");
+    let config = CpuConfig {
+        trace: Some(TraceSettings {
+            capacity: 100,
+            dir: Some(dir.clone()),
+        }),
+        ..CpuConfig::builtin()
+    };
+    let results = cpu::run(4, &config, |comm| {
+        let rank = comm.rank();
+        for call in 0..4 {
+            if call == 3 && rank == 2 {
+                return Ok(());
+            }
+            let mut x = vec![1.0f32; 1000 + call];
+            comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        }
+        Ok(())
+    });
+    assert!(results[0].is_err() && results[2].is_ok(), "{results:?}");
+    let report = merge::read_dir(&dir).unwrap();
+    let g = &report.groups[0];
+    assert_eq!(g.dumps.len(), 4, "{report}");
+    let stuck = g.stuck.as_ref().expect("a call not every rank finished");
+    assert_eq!(stuck.call, 3, "{report}");
+    assert_eq!(
+        stuck.ranks[2],
+        (2, RankAt::NeverStarted(Some(2))),
+        "{report}"
+    );
+    assert!(
+        stuck.what.contains("all-reduce f32 x1003"),
+        "{}",
+        stuck.what
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
