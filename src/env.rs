@@ -6,7 +6,8 @@
 //! |---|---|
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling` (or `auto`) |
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds |
-//! | `FERROCOLL_LOG` | log level for `ferrocoll::log::init` (feature `log`) and the CLI: `error`, `warn`, `info`, `debug` (one line per call: the algorithm and why), `trace` |
+//! | `FERROCOLL_LOG` | what `ferrocoll::log::init` (feature `log`) and the CLI log: a level (`error`, `warn`, `info`, `debug` — one line per call: the algorithm and why —, `trace`) or `EnvFilter` directives (`info,ferrocoll_process=debug`); `RUST_LOG` when unset |
+//! | `FERROCOLL_LOG_FILE` | log to a file instead of stderr: `%h` host, `%r` rank, `%p` pid ([`crate::log`]) |
 //! | `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` | the `env://` bootstrap of a multi-process group ([`bootstrap_from_env`]); `ferrocoll launch` sets them |
 //! | `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`; `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK` | the same under Slurm's `srun` or OpenMPI's `mpirun` when `RANK` is unset (`MASTER_ADDR` and `MASTER_PORT` are still needed) |
 //! | `FERROCOLL_JOB_SECRET` | the token the store and every TCP connection of a group authenticate with; `ferrocoll launch` sets a random one |
@@ -323,7 +324,8 @@ fn kernel_cache_with(
     Some(base.join("ferrocoll").join("kernels"))
 }
 
-/// The log level `FERROCOLL_LOG` asks for (default: `warn`).
+/// The log level `FERROCOLL_LOG` asks for when it is one level (default:
+/// `warn`). [`crate::log::init`] takes per-module directives as well.
 pub fn log_level() -> tracing::Level {
     match std::env::var("FERROCOLL_LOG").as_deref().map(str::trim) {
         Ok("error") => tracing::Level::ERROR,

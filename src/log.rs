@@ -1,25 +1,129 @@
 //! Seeing what ferrocoll decides, in a program of your own.
 //!
 //! ferrocoll logs through `tracing`; with no subscriber installed nothing
-//! prints. One line at the top of `main` installs one at the level
-//! `FERROCOLL_LOG` names (default `warn`):
+//! prints. One line at the top of `main` installs one:
 //!
 //! ```
 //! ferrocoll::log::init();
 //! // FERROCOLL_LOG=debug: one line per call, with the algorithm and why.
 //! ```
 //!
+//! | variable | effect |
+//! |---|---|
+//! | `FERROCOLL_LOG` | `tracing-subscriber` `EnvFilter` directives: a level (`error`, `warn` — the default —, `info`, `debug`, `trace`) or per-module ones, `info,ferrocoll_process=debug` |
+//! | `RUST_LOG` | the same, when `FERROCOLL_LOG` is unset |
+//! | `FERROCOLL_LOG_FILE` | write there instead of stderr (appending); `%h` is the host's name, `%r` the rank (`RANK`, else `x`), `%p` the process id: `/tmp/fc.%h.%r.log` gives a file per rank |
+//!
 //! A program that already installs its own subscriber keeps it (`init`
 //! then does nothing); ferrocoll's debug lines come from the targets
 //! `ferrocoll_core`, `ferrocoll_process` and so on.
 
-/// Install a subscriber printing to stderr at the level `FERROCOLL_LOG`
-/// asks for. Returns `false` (and changes nothing) when the program has
-/// already installed one.
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use tracing_subscriber::EnvFilter;
+
+/// Install a subscriber filtered by `FERROCOLL_LOG` (or `RUST_LOG`),
+/// writing to stderr or to `FERROCOLL_LOG_FILE`. Returns `false` (and
+/// changes nothing) when the program has already installed one.
+/// Directives that do not parse, or a file that cannot be opened, are
+/// reported on stderr and replaced by the defaults (`warn`, stderr):
+/// logging never stops a program.
 pub fn init() -> bool {
-    tracing_subscriber::fmt()
-        .with_max_level(crate::env::log_level())
-        .with_writer(std::io::stderr)
-        .try_init()
-        .is_ok()
+    let get = |k: &str| std::env::var(k).ok();
+    let filter = filter(&directives(get)).unwrap_or_else(|e| {
+        eprintln!("ferrocoll: {e}; logging at `warn`");
+        EnvFilter::new("warn")
+    });
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let file = get("FERROCOLL_LOG_FILE").filter(|p| !p.trim().is_empty());
+    let opened = file.map(|pattern| {
+        let path = file_path(&pattern, get("RANK").as_deref());
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("FERROCOLL_LOG_FILE: cannot open {}: {e}", path.display()))
+    });
+    match opened {
+        Some(Ok(file)) => builder.with_writer(Mutex::new(file)).try_init().is_ok(),
+        Some(Err(e)) => {
+            eprintln!("ferrocoll: {e}; logging to stderr");
+            builder.with_writer(std::io::stderr).try_init().is_ok()
+        }
+        None => builder.with_writer(std::io::stderr).try_init().is_ok(),
+    }
+}
+
+/// The directives in force: `FERROCOLL_LOG`, else `RUST_LOG`, else `warn`
+/// (`1`, an older spelling of `debug`, still means it).
+fn directives(get: impl Fn(&str) -> Option<String>) -> String {
+    let set = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+    match set("FERROCOLL_LOG").or_else(|| set("RUST_LOG")) {
+        Some(v) if v.trim() == "1" => "debug".to_owned(),
+        Some(v) => v.trim().to_owned(),
+        None => "warn".to_owned(),
+    }
+}
+
+fn filter(directives: &str) -> Result<EnvFilter, String> {
+    EnvFilter::builder()
+        .parse(directives)
+        .map_err(|e| format!("log directives `{directives}` do not parse ({e})"))
+}
+
+/// `pattern` with `%h`, `%r` and `%p` filled in.
+fn file_path(pattern: &str, rank: Option<&str>) -> PathBuf {
+    let rank = rank.map(str::trim).filter(|r| !r.is_empty()).unwrap_or("x");
+    PathBuf::from(
+        pattern
+            .replace("%h", &ferrocoll_core::trace::host_name())
+            .replace("%r", rank)
+            .replace("%p", &std::process::id().to_string()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn directives_come_from_ferrocoll_log_then_rust_log_then_warn() {
+        assert_eq!(directives(env(&[])), "warn");
+        assert_eq!(directives(env(&[("RUST_LOG", "info")])), "info");
+        let both = [
+            ("FERROCOLL_LOG", "info,ferrocoll_process=debug"),
+            ("RUST_LOG", "trace"),
+        ];
+        assert_eq!(directives(env(&both)), "info,ferrocoll_process=debug");
+        assert_eq!(directives(env(&[("FERROCOLL_LOG", "1")])), "debug");
+        assert!(filter("info,ferrocoll_process=debug").is_ok());
+        let e = filter("ferrocoll_core=loud").unwrap_err();
+        assert!(e.contains("ferrocoll_core=loud"), "{e}");
+    }
+
+    #[test]
+    fn a_log_file_per_rank_names_its_host_rank_and_process() {
+        let p = file_path("/tmp/fc.%h.%r.%p.log", Some("3"));
+        let name = p.to_string_lossy();
+        assert!(
+            name.starts_with("/tmp/fc.") && name.contains(".3."),
+            "{name}"
+        );
+        assert!(
+            name.ends_with(&format!(".{}.log", std::process::id())),
+            "{name}"
+        );
+        assert!(!name.contains('%'), "{name}");
+        assert!(file_path("/l.%r", None).ends_with("l.x"));
+    }
 }

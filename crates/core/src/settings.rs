@@ -13,7 +13,7 @@
 //! | `FERROCOLL_PEER_READS` | no longer read (set to anything but 0, a warning says so, once): cross-memory attach between processes was removed (docs/benchmarks.md); buffers in the shared heap are the zero-copy path |
 //! | `FERROCOLL_TRACE_BUFFER` | calls each communicator's flight recorder keeps ([`crate::trace`]; default 2000, 0 for none) |
 //! | `FERROCOLL_TRACE_DIR` | where every rank writes its flight recorder's dump on a failed call, when its communicator is dropped, and on `SIGUSR1` (`ferrocoll trace DIR` merges them) |
-//! | `FERROCOLL_LOG` | the log level the facade's `log::init` and the CLI install: `error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace` |
+//! | `FERROCOLL_LOG` | what the facade's `log::init` and the CLI log: a level (`error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace`) or `tracing-subscriber` `EnvFilter` directives such as `info,ferrocoll_process=debug` (`RUST_LOG` when unset); `FERROCOLL_LOG_FILE` writes a file per rank (`%h` host, `%r` rank, `%p` pid) |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
 //! all-to-all, say) does not fail that call: the selector picks one that

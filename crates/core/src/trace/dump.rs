@@ -103,8 +103,9 @@ impl Dump {
     }
 }
 
-/// This host's name, for file names and reports.
-pub(crate) fn host_name() -> String {
+/// This host's name (`gethostname`; `localhost` where there is none),
+/// for dump and log file names and reports.
+pub fn host_name() -> String {
     #[cfg(target_os = "linux")]
     {
         let mut buf = [0u8; 256];

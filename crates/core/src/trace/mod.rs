@@ -28,5 +28,5 @@ mod tests;
 
 pub use crate::settings::DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY;
 pub use call::{CallRecord, CallState, Identity};
-pub use dump::{Dump, FORMAT};
+pub use dump::{Dump, FORMAT, host_name};
 pub use record::FlightRecorder;
