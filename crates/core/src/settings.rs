@@ -5,7 +5,7 @@
 //!
 //! | variable | effect |
 //! |---|---|
-//! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling`, or `auto` (the default: the selector decides) |
+//! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling`, or `auto` (the default: the selector decides); or NCCL_ALGO's forms ([`crate::select::AlgoFilter`]): a list the selector picks among (`ring,tree`), exclusions (`^direct`), per collective (`allreduce:tree;broadcast:ring,direct`) |
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 60000) |
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernels' width instead of calibrating it (`baseline`, `avx2`, `avx512`; each call then takes its stores by the rule: non-temporal past half the last-level cache of the call's bytes, cached below), or the width and the stores too (`nt`, `cached`) for outputs, then optionally for hand-offs (slots a peer reads next), e.g. `avx2,cached` or `avx512,nt,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates the width once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same width and rule |
@@ -25,6 +25,7 @@ use thiserror::Error;
 
 use crate::algorithms::Algorithm;
 use crate::error::ParseNameError;
+use crate::select::AlgoFilter;
 
 /// A `FERROCOLL_*` variable with a value ferrocoll cannot use.
 #[derive(Debug, Clone, Error)]
@@ -32,6 +33,9 @@ pub enum SettingsError {
     /// `FERROCOLL_ALGO` names no algorithm.
     #[error("FERROCOLL_ALGO: {0}")]
     Algorithm(#[from] ParseNameError),
+    /// `FERROCOLL_ALGO`'s NCCL form has a token that names nothing.
+    #[error("FERROCOLL_ALGO: {0}")]
+    AlgorithmRules(String),
     /// A number that does not parse, or is 0 where a wait needs a length.
     #[error("{name}: `{value}` is not a whole number of at least 1")]
     Number {
@@ -59,8 +63,14 @@ pub const MAX_ONE_SHOT_BYTES: usize = 16 << 20;
 /// What the environment overrides; `None` leaves a setting alone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EnvOverrides {
-    /// `FERROCOLL_ALGO`: `Some(None)` is `auto`.
+    /// `FERROCOLL_ALGO` naming one algorithm for every collective:
+    /// `Some(None)` is `auto` (and the NCCL forms, which go to
+    /// `algorithms`).
     pub algorithm: Option<Option<Algorithm>>,
+    /// `FERROCOLL_ALGO` in NCCL_ALGO's forms: lists, `^` exclusions,
+    /// per-collective rules (`Some(None)`: none, the variable set
+    /// otherwise).
+    pub algorithms: Option<Option<AlgoFilter>>,
     /// `FERROCOLL_TIMEOUT_MS`.
     pub timeout: Option<Duration>,
     /// `FERROCOLL_JOB_ID`, when it is a non-empty run of ASCII letters and
@@ -132,13 +142,20 @@ impl EnvOverrides {
 
     /// The overrides `get` reports (tests pass a map instead of the environment).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
-        let algorithm = match get("FERROCOLL_ALGO") {
-            None => None,
-            Some(v) => Some(match v.trim() {
-                "" | "auto" => None,
-                name => Some(name.parse::<Algorithm>()?),
-            }),
-        };
+        let (mut algorithm, mut algorithms) = (None, None);
+        if let Some(v) = get("FERROCOLL_ALGO") {
+            algorithms = Some(None);
+            match v.trim() {
+                "" | "auto" => algorithm = Some(None),
+                // NCCL_ALGO's forms: lists, `^` exclusions, `coll:algos;…`.
+                rules if rules.contains([',', ';', ':', '^']) => {
+                    algorithm = Some(None);
+                    algorithms =
+                        Some(AlgoFilter::parse(rules).map_err(SettingsError::AlgorithmRules)?);
+                }
+                name => algorithm = Some(Some(name.parse::<Algorithm>()?)),
+            }
+        }
         let timeout = match get("FERROCOLL_TIMEOUT_MS") {
             None => None,
             // A zero timeout would fail every wait at once (and sockets
@@ -186,6 +203,7 @@ impl EnvOverrides {
         }
         Ok(EnvOverrides {
             algorithm,
+            algorithms,
             timeout,
             job_id,
             one_shot_bytes,
@@ -204,6 +222,14 @@ impl EnvOverrides {
     }
 
     /// Apply to the two settings every backend has.
+    /// The NCCL-form `FERROCOLL_ALGO` rules, where the variable is set.
+    pub fn apply_algorithms(&self, algorithms: &mut Option<AlgoFilter>) {
+        if let Some(a) = &self.algorithms {
+            *algorithms = a.clone();
+        }
+    }
+
+    /// `FERROCOLL_ALGO` (one algorithm) and `FERROCOLL_TIMEOUT_MS`, where set.
     pub fn apply(&self, algorithm: &mut Option<Algorithm>, timeout: &mut Duration) {
         if let Some(a) = self.algorithm {
             *algorithm = a;

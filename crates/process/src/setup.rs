@@ -144,7 +144,7 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
     // As planned: `None` and the executor's default plan the same.
     let planned = config.planner_settings();
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={} cluster={}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} algorithms={} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={} cluster={}",
         config.transport,
         config.max_message_bytes,
         planned.slots_per_link,
@@ -152,6 +152,11 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
         planned.channels,
         planned.max_chunk_bytes,
         config.planning.algorithm,
+        config
+            .planning
+            .algorithms
+            .as_ref()
+            .map_or_else(|| "auto".to_owned(), ToString::to_string),
         config.planning.selector.is_some(),
         config
             .planning

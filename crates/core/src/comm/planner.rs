@@ -7,8 +7,10 @@ use std::sync::Arc;
 use super::CommError;
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
 use crate::plan::{Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
-use crate::select::{Choice, Protocol, Rule, Selection, SharedSelector, select};
-use crate::types::{CallShape, Collective};
+use crate::select::{
+    AlgoFilter, Choice, Protocol, Rule, Selection, SharedSelector, restrict, select,
+};
+use crate::types::{CallShape, Collective, CollectiveKind};
 use crate::verify::{Verified, VerifyOptions, verify};
 
 /// Plans kept per planner; the least recently used goes first.
@@ -19,6 +21,8 @@ const PLAN_CACHE_LIMIT: usize = 64;
 pub struct PlannerSettings {
     /// Force an algorithm (`None`: the selector, then `rule`).
     pub algorithm: Option<Algorithm>,
+    /// Which algorithms each collective may run (see [`Planning::algorithms`](super::Planning::algorithms)).
+    pub algorithms: Option<AlgoFilter>,
     /// Selects the algorithm of calls that force none.
     pub selector: Option<SharedSelector>,
     /// Channels of forced and rule-picked algorithms.
@@ -64,7 +68,14 @@ impl PlannerSettings {
         // Staging is allocated at the budget: never more than the
         // settings layer accepts.
         let budget = self.one_shot_bytes.min(crate::settings::MAX_ONE_SHOT_BYTES);
-        OneShotRule::new(budget, custom)
+        // A collective FERROCOLL_ALGO restricts runs what it allows.
+        let restricted: Vec<CollectiveKind> = self.algorithms.as_ref().map_or_else(Vec::new, |f| {
+            CollectiveKind::ALL
+                .into_iter()
+                .filter(|&k| f.allowed(k).is_some())
+                .collect()
+        });
+        OneShotRule::new(budget, custom).excluding(&restricted)
     }
 }
 
@@ -228,7 +239,10 @@ impl Planner {
             let s = v.schedule();
             internal.is_none() && s.collective == shape.collective && s.world_size == n
         });
-        let forced = internal.or(st.algorithm);
+        let filter = st.algorithms.as_ref();
+        let forced = internal
+            .or(st.algorithm)
+            .or_else(|| filter.and_then(|f| f.forced(shape.collective.kind())));
         let (key, chunk, why, synthesized, protocol) = match custom {
             Some(_) => (
                 ScheduleKey::Custom,
@@ -239,7 +253,8 @@ impl Planner {
             ),
             None => {
                 let bytes = shape.size_bytes(n);
-                let mut s = select(
+                let restrict = |s| restrict(s, filter, shape.collective, st.channels);
+                let mut s = restrict(select(
                     forced,
                     st.selector.as_ref(),
                     st.channels,
@@ -247,10 +262,10 @@ impl Planner {
                     n,
                     bytes,
                     st.rule,
-                );
+                ));
                 let channels = s.choice.channels();
                 if let Some(max) = st.max_channels.filter(|&m| channels > m) {
-                    let rule = select(
+                    let rule = restrict(select(
                         forced,
                         None,
                         st.channels,
@@ -258,7 +273,7 @@ impl Planner {
                         n,
                         bytes,
                         st.rule,
-                    );
+                    ));
                     s = Selection {
                         why: format!(
                             "{} needs {channels} channels, past the {max} this group was set up for; {}",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::planner::{PlannerSettings, link_slots};
 use crate::algorithms::Algorithm;
-use crate::select::{Rule, SharedSelector};
+use crate::select::{AlgoFilter, Rule, SharedSelector};
 use crate::settings::EnvOverrides;
 use crate::verify::Verified;
 
@@ -26,6 +26,10 @@ pub struct Planning {
     /// Force an algorithm; `None` asks `selector`, then the executor's
     /// rule.
     pub algorithm: Option<Algorithm>,
+    /// Which algorithms each collective may run (`FERROCOLL_ALGO` in
+    /// NCCL_ALGO's forms): a collective allowed one runs it as if forced,
+    /// a selection not allowed gives way to an allowed algorithm.
+    pub algorithms: Option<AlgoFilter>,
     /// A schedule of your own: every call whose collective (with its root)
     /// and world size match it runs this schedule; other calls use
     /// `algorithm` or the selector.
@@ -53,6 +57,7 @@ impl Default for Planning {
         Planning {
             timeout: Duration::from_secs(60),
             algorithm: None,
+            algorithms: None,
             schedule: None,
             selector: None,
             channels: None,
@@ -89,6 +94,7 @@ impl Planning {
     pub fn settings(&self, executor: Executor) -> PlannerSettings {
         PlannerSettings {
             algorithm: self.algorithm,
+            algorithms: self.algorithms.clone(),
             selector: self.selector.clone(),
             channels: self.channels.unwrap_or(executor.channels),
             max_chunk_bytes: self.max_chunk_bytes.unwrap_or(executor.max_chunk_bytes),
@@ -111,6 +117,7 @@ impl Planning {
     /// planning (`FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT_MS`) applied.
     pub fn with_overrides(mut self, env: &EnvOverrides) -> Self {
         env.apply(&mut self.algorithm, &mut self.timeout);
+        env.apply_algorithms(&mut self.algorithms);
         self
     }
 }

@@ -17,7 +17,7 @@
 //! read a [`OneShot`] and compute nothing.
 
 use super::hash::stable_hash;
-use crate::types::{Buffer, CallShape, Collective, Element, Rank, ReduceOp};
+use crate::types::{Buffer, CallShape, Collective, CollectiveKind, Element, Rank, ReduceOp};
 
 /// The total one-shot budget by default: world size × published bytes.
 /// A one-shot rank reads every peer's whole input, so the traffic grows
@@ -34,13 +34,34 @@ pub struct OneShotRule {
     /// The collective a schedule of the user's runs at this world size:
     /// its calls keep that schedule.
     custom: Option<Collective>,
+    /// Collectives that must run what the configuration allows, a bit
+    /// each (by their place in [`CollectiveKind::ALL`]).
+    excluded: u32,
+}
+
+fn bit(kind: CollectiveKind) -> u32 {
+    CollectiveKind::ALL
+        .iter()
+        .position(|&k| k == kind)
+        .map_or(0, |i| 1 << i)
 }
 
 impl OneShotRule {
     /// Calls whose world size × published bytes is at most `budget`, except
     /// those of `custom` (the collective a configured schedule runs).
     pub fn new(budget: usize, custom: Option<Collective>) -> Self {
-        OneShotRule { budget, custom }
+        OneShotRule {
+            budget,
+            custom,
+            excluded: 0,
+        }
+    }
+
+    /// This rule, never taking `kinds` (collectives whose algorithms
+    /// `FERROCOLL_ALGO` restricts).
+    pub fn excluding(mut self, kinds: &[CollectiveKind]) -> Self {
+        self.excluded = kinds.iter().fold(0, |bits, &k| bits | bit(k));
+        self
     }
 
     /// No call takes the one-shot path (a forced algorithm, tests of the
@@ -65,6 +86,7 @@ impl OneShotRule {
         if self.budget == 0
             || matches!(shape.collective, Collective::SendRecv)
             || self.custom == Some(shape.collective)
+            || self.excluded & bit(shape.collective.kind()) != 0
         {
             return false;
         }

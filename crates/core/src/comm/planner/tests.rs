@@ -15,6 +15,7 @@ use crate::verify::{VerifyOptions, verify};
 /// chunks, 2 slots, no bounds.
 fn base() -> PlannerSettings {
     PlannerSettings {
+        algorithms: None,
         algorithm: None,
         selector: None,
         channels: 1,

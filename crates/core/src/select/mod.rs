@@ -16,6 +16,10 @@ use crate::algorithms::{Algorithm, AlgorithmParams};
 use crate::types::{Collective, CollectiveKind};
 use crate::verify::Verified;
 
+mod filter;
+
+pub use filter::{AlgoFilter, Allowed};
+
 /// The schedule a selection runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
@@ -144,17 +148,7 @@ pub fn select(
     bytes: usize,
     rule: Rule,
 ) -> Selection {
-    let fixed = |algorithm: Algorithm| Choice::Builtin {
-        algorithm,
-        params: AlgorithmParams {
-            channels: if algorithm == Algorithm::HalvingDoubling {
-                1
-            } else {
-                channels
-            },
-            ..AlgorithmParams::default()
-        },
-    };
+    let fixed = |algorithm: Algorithm| builtin(algorithm, channels);
     let mut refused = None;
     if let Some(algorithm) = forced {
         match algorithm.supports(collective.kind()) {
@@ -196,6 +190,60 @@ pub fn select(
         );
     }
     selection
+}
+
+/// A built-in algorithm on `channels` channels (halving-doubling has
+/// exactly one).
+fn builtin(algorithm: Algorithm, channels: u32) -> Choice {
+    Choice::Builtin {
+        algorithm,
+        params: AlgorithmParams {
+            channels: if algorithm == Algorithm::HalvingDoubling {
+                1
+            } else {
+                channels
+            },
+            ..AlgorithmParams::default()
+        },
+    }
+}
+
+/// `selection` kept to what `filter` allows for `collective`: a choice
+/// it does not allow gives way to the first allowed algorithm that can
+/// express the collective (on `channels` channels), and says so.
+pub fn restrict(
+    selection: Selection,
+    filter: Option<&AlgoFilter>,
+    collective: Collective,
+    channels: u32,
+) -> Selection {
+    let Some(filter) = filter else {
+        return selection;
+    };
+    let kind = collective.kind();
+    let chosen = match &selection.choice {
+        Choice::Builtin { algorithm, .. } => Some(*algorithm),
+        Choice::Synthesized(_) => None,
+    };
+    if filter.permits(kind, chosen) {
+        return selection;
+    }
+    let Some(algorithm) = filter.fallback(kind) else {
+        tracing::warn!(
+            "FERROCOLL_ALGO `{filter}` allows nothing that can run {kind}; running {}",
+            selection.choice
+        );
+        return selection;
+    };
+    Selection {
+        choice: builtin(algorithm, channels),
+        max_chunk_bytes: None,
+        protocol: selection.protocol,
+        why: format!(
+            "FERROCOLL_ALGO `{filter}` does not allow {} for {kind}",
+            selection.choice
+        ),
+    }
 }
 
 /// Above this many ranks, direct's n² messages per call cost more than
