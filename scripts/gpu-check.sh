@@ -102,6 +102,10 @@ fi
 export FERROCOLL_CUDA_INCLUDE="${FERROCOLL_CUDA_INCLUDE:-/usr/local/cuda/include}"
 export FERROCOLL_KERNEL_CACHE="$BUNDLE/kernels"
 export FERROCOLL_REQUIRE_GPU=1
+# Below every step's cap, so a hang ends in the executor's error naming
+# the stuck rank, not in `timeout` killing the step (the library's default
+# is 10 minutes).
+export FERROCOLL_TIMEOUT_MS="${FERROCOLL_TIMEOUT_MS:-20000}"
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 # NCCL with several ranks on one GPU: needs it enabled, and NVLS (NVLink
 # SHARP through the NVSwitch) has nothing to do on one GPU.

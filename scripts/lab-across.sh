@@ -31,7 +31,7 @@ cleanup() { bash "$lab" down > /dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT
 bash "$lab" up "$hosts" --rate "$rate" > /dev/null
 topo="cpu-cluster:hosts=$hosts,ranks=$ranks,gbit=$gbit"
-"$bin" synth --topo "$topo" --kind hierarchical --size 16M -o "$out/hier.json" > /dev/null
+"$bin" synth --topo "$topo" --kind hierarchical --size 16M --output "$out/hier.json" > /dev/null
 
 # One run: ALGO PORT; prints the out-of-place µs of the 16 MiB row.
 run() {

@@ -14,7 +14,7 @@ for k in (3, 4, 5, 6):
     for c in itertools.combinations(range(8), k):
         print(",".join(map(str, c)))' > "$work/subsets"
 while read -r gpus; do
-  out=$("$bin" synth --topo dgx1-v100 --gpus "$gpus" --op all-reduce -o "$work/s.json")
+  out=$("$bin" synth --topo dgx1-v100 --gpus "$gpus" --op all-reduce --output "$work/s.json")
   # The NVLink-only line is absent when NVLink does not connect the members.
   nv=$(echo "$out" | awk '/NVLink only, members alone/ {print $(NF-1)}')
   ev=$(echo "$out" | awk '/every link, members alone/ {print $(NF-1)}')

@@ -553,17 +553,32 @@ fn gpu_bench_fails_fast(bin: &str, backend: &str, ranks: &str) -> String {
 fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
     let dir = std::env::temp_dir().join(format!("ferrocoll-cli-trace-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut launcher = launch_bench(&[], "shm", &["64K", "64K", "1000000"])
-        .env("FERROCOLL_TIMEOUT_MS", "2000")
-        .env("FERROCOLL_TRACE_DIR", &dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    /// A failed assertion must not leave the job running: SIGTERM to the
+    /// launcher ends its ranks.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            if self.0.try_wait().ok().flatten().is_none() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &self.0.id().to_string()])
+                    .status();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut launcher = Stop(
+        launch_bench(&[], "shm", &["64K", "64K", "1000000"])
+            .env("FERROCOLL_TIMEOUT_MS", "2000")
+            .env("FERROCOLL_TRACE_DIR", &dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let (tx, rx) = mpsc::channel::<String>();
     let streams: [Box<dyn std::io::Read + Send>; 2] = [
-        Box::new(launcher.stdout.take().unwrap()),
-        Box::new(launcher.stderr.take().unwrap()),
+        Box::new(launcher.0.stdout.take().unwrap()),
+        Box::new(launcher.0.stderr.take().unwrap()),
     ];
     for stream in streams {
         let tx = tx.clone();
@@ -614,12 +629,12 @@ fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
-        launcher.try_wait().unwrap().is_none(),
+        launcher.0.try_wait().unwrap().is_none(),
         "SIGUSR1 stopped rank 0"
     );
     signal("-STOP", pids[1]);
     let stopped = Instant::now();
-    while launcher.try_wait().unwrap().is_none() {
+    while launcher.0.try_wait().unwrap().is_none() {
         assert!(
             stopped.elapsed() < Duration::from_secs(60),
             "the launcher hangs"

@@ -6,7 +6,7 @@
 //! | variable | effect |
 //! |---|---|
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling`, or `auto` (the default: the selector decides); or NCCL_ALGO's forms ([`crate::select::AlgoFilter`]): a list the selector picks among (`ring,tree`), exclusions (`^direct`), per collective (`allreduce:tree;broadcast:ring,direct`) |
-//! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 60000) |
+//! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 600000, 10 minutes, as torch.distributed with NCCL: a rank may checkpoint between calls; a lost peer is noticed without it) |
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernels' width instead of calibrating it (`baseline`, `avx2`, `avx512`; each call then takes its stores by the rule: non-temporal past half the last-level cache of the call's bytes, cached below), or the width and the stores too (`nt`, `cached`) for outputs, then optionally for hand-offs (slots a peer reads next), e.g. `avx2,cached` or `avx512,nt,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates the width once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same width and rule |
 //! | `FERROCOLL_ONE_SHOT_BYTES` | threads and processes over shared memory: calls whose world size × input bytes is at most this take the one-shot small-message protocol (default 65536; 0 turns it off) |

@@ -22,7 +22,7 @@ fn default_and_from_env_apply_the_environment_and_builtin_ignores_it() {
     assert_eq!(CpuConfig::from_env().unwrap(), d);
     assert_eq!(
         CpuConfig::builtin().planning.timeout,
-        Duration::from_secs(60)
+        ferrocoll_core::comm::DEFAULT_TIMEOUT
     );
     // SAFETY: as above.
     unsafe { std::env::set_var("FERROCOLL_TIMEOUT_MS", "soon") };
@@ -31,6 +31,6 @@ fn default_and_from_env_apply_the_environment_and_builtin_ignores_it() {
     // Default cannot fail: the bad value is logged and ignored.
     assert_eq!(
         CpuConfig::default().planning.timeout,
-        Duration::from_secs(60)
+        ferrocoll_core::comm::DEFAULT_TIMEOUT
     );
 }

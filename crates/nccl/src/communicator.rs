@@ -86,7 +86,7 @@ pub struct NcclConfig {
 impl Default for NcclConfig {
     fn default() -> Self {
         NcclConfig {
-            timeout: Duration::from_secs(60),
+            timeout: ferrocoll_core::comm::DEFAULT_TIMEOUT,
             min_ctas: None,
             max_ctas: None,
         }

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+
+use crate::host_facts;
 use ferrocoll::cuda::info::{self, DriverFacts};
 use ferrocoll::topo::probe::host;
 use ferrocoll::topo::render;
@@ -39,13 +41,13 @@ pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
         env!("FERROCOLL_BUILD_PROFILE"),
         env!("FERROCOLL_BUILD_TARGET")
     );
-    println!("os            {}", os());
-    println!("cpu           {}", cpu());
+    println!("os            {}", host_facts::os());
+    println!("cpu           {}", host_facts::cpu());
     if !args.no_measure {
         let m = host::measured();
         println!(
             "memory        {}; measured {:.1} GB/s on {} cores ({:.1} GB/s one core)",
-            memory_total(),
+            host_facts::memory_total(),
             m.memory_gbps,
             m.cores,
             m.core_gbps
@@ -216,59 +218,4 @@ fn loaded(stem: &str) -> Option<PathBuf> {
                 .is_some_and(|f| f.starts_with(stem))
         })
         .map(PathBuf::from)
-}
-
-fn os() -> String {
-    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned());
-    match (
-        read("/proc/sys/kernel/ostype"),
-        read("/proc/sys/kernel/osrelease"),
-    ) {
-        (Ok(t), Ok(r)) => format!("{t} {r}"),
-        _ => std::env::consts::OS.to_owned(),
-    }
-}
-
-/// The CPU's model, logical CPUs, and the vector extensions the host
-/// kernels choose from.
-fn cpu() -> String {
-    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |key: &str| {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_owned())
-    };
-    let model = field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_owned());
-    let logical = text.lines().filter(|l| l.starts_with("processor")).count();
-    let flags = field("flags").unwrap_or_default();
-    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-    let vector: Vec<&str> = ["avx512f", "avx2", "neon"]
-        .into_iter()
-        .filter(|f| has(f))
-        .collect();
-    format!(
-        "{model}, {logical} logical CPUs{}",
-        if vector.is_empty() {
-            String::new()
-        } else {
-            format!(", {}", vector.join(" "))
-        }
-    )
-}
-
-fn memory_total() -> String {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            let kb: f64 = t
-                .lines()
-                .find(|l| l.starts_with("MemTotal:"))?
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some(format!("{:.1} GiB", kb / f64::from(1u32 << 20)))
-        })
-        .unwrap_or_else(|| "size unknown".to_owned())
 }

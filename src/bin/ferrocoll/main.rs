@@ -4,6 +4,7 @@
 
 mod bench;
 mod estimate_cmd;
+mod host_facts;
 mod info_cmd;
 mod launch;
 mod plan_cmd;

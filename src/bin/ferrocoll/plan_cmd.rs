@@ -30,7 +30,12 @@ pub(crate) struct PlanArgs {
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     count: usize,
     /// Element type.
-    #[arg(short = 'd', long, default_value = "float")]
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        alias = "dtype",
+        default_value = "float"
+    )]
     dtype: DataType,
     /// Reduction op.
     #[arg(short = 'o', long, default_value = "sum")]

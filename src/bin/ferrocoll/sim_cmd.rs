@@ -41,7 +41,12 @@ pub(crate) struct SimArgs {
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
     step_factor: usize,
     /// Element type (sets the element size).
-    #[arg(short = 'd', long, default_value = "float")]
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        alias = "dtype",
+        default_value = "float"
+    )]
     dtype: DataType,
     /// Root of broadcast and reduce.
     #[arg(short = 'r', long, default_value_t = 0)]

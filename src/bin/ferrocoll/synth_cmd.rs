@@ -40,7 +40,9 @@ pub(crate) struct SynthArgs {
     root: u32,
     /// Where to write the schedule (JSON, loadable by `bench --algo`,
     /// `sim --algo` and `ProcessConfig::planning.schedule`).
-    #[arg(short = 'o', long)]
+    /// (`-o`, its old short form, still works: elsewhere `-o` is the
+    /// reduction op, as in nccl-tests.)
+    #[arg(long, short_alias = 'o')]
     output: PathBuf,
     /// Call size the report simulates.
     #[arg(long, default_value = "1G", value_parser = parse_size)]

@@ -46,7 +46,7 @@ pub use lend::{Lender, LentBuffer, LentMemory};
 pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};
 pub use planner::{Planned, Planner, PlannerSettings, link_slots};
-pub use planning::{Executor, Planning};
+pub use planning::{DEFAULT_TIMEOUT, Executor, Planning};
 pub use work::{Failed, Work};
 
 use crate::kernels::Reduce;

@@ -13,6 +13,14 @@ use crate::select::{AlgoFilter, Rule, SharedSelector};
 use crate::settings::EnvOverrides;
 use crate::verify::Verified;
 
+/// How long a wait lasts by default: 10 minutes, torch.distributed's
+/// default with NCCL (30 with gloo). A rank that checkpoints, or runs a
+/// long evaluation, between two calls must not fail its group; a peer
+/// that is certainly gone is noticed without waiting for this (over
+/// shared memory in tens of milliseconds, a TCP peer within 2 s, a
+/// process's exit at once).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// How a group plans its calls; every rank of a group passes the same.
 ///
 /// [`Planning::default`] is the built-in planning of every executor: what
@@ -55,7 +63,7 @@ pub struct Planning {
 impl Default for Planning {
     fn default() -> Self {
         Planning {
-            timeout: Duration::from_secs(60),
+            timeout: DEFAULT_TIMEOUT,
             algorithm: None,
             algorithms: None,
             schedule: None,

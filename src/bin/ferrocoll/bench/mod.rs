@@ -9,6 +9,7 @@
 mod backend;
 mod cuda;
 mod device;
+mod files;
 mod launched;
 mod limits;
 mod nccl;
@@ -122,13 +123,23 @@ pub(crate) struct BenchArgs {
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     iters: u32,
     /// Untimed warm-up iterations per size.
-    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    #[arg(
+        short = 'w',
+        long = "warmup-iters",
+        alias = "warmup_iters",
+        default_value_t = 5
+    )]
     warmup: u32,
     /// Check results (1) or not (0); wrong elements go in `#wrong`.
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     check: u32,
     /// Element type (`float`, `half`, `bf16`, `int32`, ... or `all`).
-    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        alias = "dtype",
+        default_value = "float"
+    )]
     dtype: String,
     /// Reduction op (`sum`, `prod`, `min`, `max`, `avg`, or `all`).
     #[arg(short = 'o', long = "redop", default_value = "sum")]
@@ -136,10 +147,14 @@ pub(crate) struct BenchArgs {
     /// Root of broadcast and reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: u32,
-    /// Also write the rows as JSON.
-    #[arg(long)]
+    /// Also write the run as JSON (nccl-tests' `-J`): the command line,
+    /// the FERROCOLL_/NCCL_/CUDA_ environment (secrets masked), versions,
+    /// host, start and end, and the rows with each mode's fastest, median
+    /// and slowest call.
+    #[arg(short = 'J', long)]
     json: Option<PathBuf>,
-    /// Also write the rows as CSV.
+    /// Also write the rows as CSV, every column the JSON rows have
+    /// (quoted where a field holds a comma or a quote).
     #[arg(long)]
     csv: Option<PathBuf>,
     /// Draw busbw against size as SVG, one line per algorithm.
@@ -182,6 +197,7 @@ pub(crate) struct BenchArgs {
 /// Run the benchmark: choose the backend, plan the sections, sweep them,
 /// report.
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
+    let facts = files::RunFacts::start(args);
     limits::check_ranks(args)?;
     let (target, args) = backend::open(args)?;
     let setup = setup::Setup::new(&args, target.custom())?;
@@ -264,7 +280,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     if !show {
         return Ok(ExitCode::SUCCESS);
     }
-    report::finish(&args, &rows, bandwidth.as_ref())
+    report::finish(&args, &rows, bandwidth.as_ref(), &facts)
 }
 
 fn parse_net_gbps(value: &str) -> Result<f64, String> {

@@ -1,12 +1,12 @@
-//! The table (nccl-tests' columns), its footer, and the JSON, CSV and SVG files.
+//! The table (nccl-tests' columns), its footer, and the SVG plot (the
+//! JSON and CSV files are `files.rs`).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use std::process::ExitCode;
 
-use serde::Serialize;
-
+use super::files::{RunFacts, write_csv, write_json};
 use super::paired::{self, Paired};
 use super::row::{Measure, Row};
 use super::setup::Setup;
@@ -262,10 +262,11 @@ pub(crate) fn finish(
     args: &BenchArgs,
     rows: &[Row],
     bw: Option<&MemoryBandwidth>,
+    run: &RunFacts,
 ) -> Result<ExitCode, String> {
     let wrong = print_footer(rows, bw, args.ranks);
     if let Some(path) = &args.json {
-        write_json(path, rows, bw).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_json(path, rows, bw, run).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if let Some(path) = &args.csv {
         write_csv(path, rows).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -278,56 +279,6 @@ pub(crate) fn finish(
     } else {
         ExitCode::FAILURE
     })
-}
-
-#[derive(Serialize)]
-struct JsonReport<'a> {
-    version: u32,
-    memory_bandwidth: Option<&'a MemoryBandwidth>,
-    rows: &'a [Row],
-}
-
-pub(crate) fn write_json(
-    path: &Path,
-    rows: &[Row],
-    bw: Option<&MemoryBandwidth>,
-) -> std::io::Result<()> {
-    let report = JsonReport {
-        version: 1,
-        memory_bandwidth: bw,
-        rows,
-    };
-    std::fs::write(
-        path,
-        serde_json::to_string_pretty(&report).expect("rows serialize"),
-    )
-}
-
-pub(crate) fn write_csv(path: &Path, rows: &[Row]) -> std::io::Result<()> {
-    let mut out = String::from(
-        "collective,algorithm,ranks,size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n",
-    );
-    let m = |m: Option<Measure>| match m {
-        Some(m) => format!("{:.3},{:.4},{:.4},{}", m.time_us, m.algbw, m.busbw, m.wrong),
-        None => ",,,".to_owned(),
-    };
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{}",
-            r.collective,
-            r.algorithm,
-            r.ranks,
-            r.size,
-            r.count,
-            r.dtype,
-            r.redop,
-            r.root,
-            m(r.out_of_place),
-            m(r.in_place)
-        );
-    }
-    std::fs::write(path, out)
 }
 
 pub(crate) fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
