@@ -47,7 +47,15 @@ use ferrocoll::grad_sync::GradientSync;
 const LAYERS: usize = 16;
 const PARAMS_PER_LAYER: usize = 512 * 1024;
 const BUCKET_BYTES: usize = 2 << 20;
-const STEPS: usize = 25;
+/// Steps each median is taken over: 25, or `FERROCOLL_EXAMPLE_STEPS` (a
+/// test that only wants the timeline of a few steps sets it).
+static STEPS: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    std::env::var("FERROCOLL_EXAMPLE_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(25)
+});
 /// Every layer's gradients, f32.
 const GRADIENT_BYTES: usize = LAYERS * PARAMS_PER_LAYER * 4;
 
@@ -202,7 +210,7 @@ impl<C: Communicator + Send + 'static> Steps<C> {
         backward: Option<(Duration, Writer)>,
         overlap: bool,
     ) -> Result<Duration, Error> {
-        let times = (0..STEPS)
+        let times = (0..*STEPS)
             .map(|_| self.step(backward, overlap))
             .collect::<Result<_, _>>()?;
         Ok(median(times))
@@ -230,7 +238,7 @@ impl Backward {
             backward.write(layer); // the pages' first touch, untimed
         }
         backward.write_time = median(
-            (0..STEPS)
+            (0..*STEPS)
                 .map(|i| {
                     let t = Instant::now();
                     backward.write(i % LAYERS);
@@ -250,7 +258,7 @@ impl Backward {
     /// plus, when the host writes them, the gradient writes, measured.
     fn alone(&mut self, layer_compute: Duration, writer: Writer) -> Duration {
         median(
-            (0..STEPS)
+            (0..*STEPS)
                 .map(|_| {
                     let t = Instant::now();
                     for (done, layer) in (0..LAYERS).rev().enumerate() {
@@ -297,13 +305,14 @@ fn run_rank<C: Communicator + Send + 'static>(comm: C) -> Result<String, Error> 
     let comm = steps.median_step(None, false)?;
     let mut backward = Backward::new(rank);
     let mut report = format!(
-        "# gradient sync overlapped with backward: {world} ranks, {LAYERS} layers x {:.1} MiB f32, buckets of {} MiB ({} buckets, {} in memory the communicator lent), medians of {STEPS} steps\n\
+        "# gradient sync overlapped with backward: {world} ranks, {LAYERS} layers x {:.1} MiB f32, buckets of {} MiB ({} buckets, {} in memory the communicator lent), medians of {} steps\n\
          # backward compute is stood in by a sleep to each layer's deadline, counted from the start of backward\n\
          comm alone                 {:8.2} ms  (every bucket's all-reduce, gradients already written)\n",
         (PARAMS_PER_LAYER * 4) as f64 / (1 << 20) as f64,
         BUCKET_BYTES >> 20,
         steps.sync.buckets().len(),
         steps.sync.lent_buckets(),
+        *STEPS,
         ms(comm),
     );
     for writer in [Writer::Host, Writer::Device] {

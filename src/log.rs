@@ -13,6 +13,7 @@
 //! | `FERROCOLL_LOG` | `tracing-subscriber` `EnvFilter` directives: a level (`error`, `warn` — the default —, `info`, `debug`, `trace`) or per-module ones, `info,ferrocoll_process=debug` |
 //! | `RUST_LOG` | the same, when `FERROCOLL_LOG` is unset |
 //! | `FERROCOLL_LOG_FILE` | write there instead of stderr (appending); `%h` is the host's name, `%r` the rank (`RANK`, else `x`), `%p` the process id: `/tmp/fc.%h.%r.log` gives a file per rank |
+//! | `FERROCOLL_TIMELINE` | also write a Chrome trace (Perfetto, `chrome://tracing`) of every collective call and gradient bucket to this file (`%h`, `%r`, `%p` as above); [`finish`] completes it, and so does the process's normal exit. `ferrocoll trace --timeline OUT FILE…` merges one file per rank into one trace with a track per rank |
 //!
 //! A program that already installs its own subscriber keeps it (`init`
 //! then does nothing); ferrocoll's debug lines come from the targets
@@ -21,7 +22,9 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use tracing_subscriber::EnvFilter;
+use tracing_chrome::{ChromeLayerBuilder, FlushGuard};
+use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+use tracing_subscriber::prelude::*;
 
 /// Install a subscriber filtered by `FERROCOLL_LOG` (or `RUST_LOG`),
 /// writing to stderr or to `FERROCOLL_LOG_FILE`. Returns `false` (and
@@ -35,7 +38,6 @@ pub fn init() -> bool {
         eprintln!("ferrocoll: {e}; logging at `warn`");
         EnvFilter::new("warn")
     });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let file = get("FERROCOLL_LOG_FILE").filter(|p| !p.trim().is_empty());
     let opened = file.map(|pattern| {
         let path = file_path(&pattern, get("RANK").as_deref());
@@ -45,13 +47,99 @@ pub fn init() -> bool {
             .open(&path)
             .map_err(|e| format!("FERROCOLL_LOG_FILE: cannot open {}: {e}", path.display()))
     });
-    match opened {
-        Some(Ok(file)) => builder.with_writer(Mutex::new(file)).try_init().is_ok(),
+    let writer = match opened {
+        Some(Ok(file)) => tracing_subscriber::fmt::writer::BoxMakeWriter::new(Mutex::new(file)),
         Some(Err(e)) => {
             eprintln!("ferrocoll: {e}; logging to stderr");
-            builder.with_writer(std::io::stderr).try_init().is_ok()
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr)
         }
-        None => builder.with_writer(std::io::stderr).try_init().is_ok(),
+        None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
+    };
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_filter(filter);
+    let (timeline, guard) = match timeline(get("FERROCOLL_TIMELINE"), get("RANK").as_deref()) {
+        Some((layer, guard)) => (Some(layer.with_filter(LevelFilter::INFO)), Some(guard)),
+        None => (None, None),
+    };
+    let installed = tracing_subscriber::registry()
+        .with(lines)
+        .with(timeline)
+        .try_init()
+        .is_ok();
+    if installed && let Some(guard) = guard {
+        *TIMELINE.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
+        finish_at_exit();
+        // Each file counts time from its own start: this mark lets
+        // `ferrocoll trace --timeline` line the ranks' files up.
+        let unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        tracing::info!(target: "ferrocoll::timeline", unix_us, "timeline start");
+    }
+    installed
+}
+
+/// The timeline's writer, until [`finish`].
+static TIMELINE: Mutex<Option<FlushGuard>> = Mutex::new(None);
+
+/// Complete the timeline file (`FERROCOLL_TIMELINE`): everything recorded
+/// so far is written and the trace closed; later spans are not recorded.
+/// A normal exit does it too; call it before `std::process::exit` or when
+/// the program may be killed.
+pub fn finish() {
+    let guard = TIMELINE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    drop(guard);
+}
+
+#[cfg(unix)]
+fn finish_at_exit() {
+    extern "C" fn at_exit() {
+        finish();
+    }
+    // SAFETY: registers a function without arguments that only takes and
+    // drops the guard (joining its writer thread), to run at exit.
+    unsafe { libc::atexit(at_exit) };
+}
+
+#[cfg(not(unix))]
+fn finish_at_exit() {}
+
+type Timeline = tracing_chrome::ChromeLayer<
+    tracing_subscriber::layer::Layered<
+        tracing_subscriber::filter::Filtered<
+            tracing_subscriber::fmt::Layer<
+                tracing_subscriber::Registry,
+                tracing_subscriber::fmt::format::DefaultFields,
+                tracing_subscriber::fmt::format::Format,
+                tracing_subscriber::fmt::writer::BoxMakeWriter,
+            >,
+            EnvFilter,
+            tracing_subscriber::Registry,
+        >,
+        tracing_subscriber::Registry,
+    >,
+>;
+
+/// The Chrome-trace layer `FERROCOLL_TIMELINE` asks for, if the file opens.
+fn timeline(pattern: Option<String>, rank: Option<&str>) -> Option<(Timeline, FlushGuard)> {
+    let pattern = pattern.filter(|p| !p.trim().is_empty())?;
+    let path = file_path(&pattern, rank);
+    match std::fs::File::create(&path) {
+        Ok(file) => Some(
+            ChromeLayerBuilder::new()
+                .writer(file)
+                .include_args(true)
+                .include_locations(false)
+                .build(),
+        ),
+        Err(e) => {
+            eprintln!(
+                "ferrocoll: FERROCOLL_TIMELINE: cannot create {}: {e}; no timeline",
+                path.display()
+            );
+            None
+        }
     }
 }
 

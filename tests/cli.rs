@@ -676,3 +676,62 @@ fn one_spelling_per_flag_and_the_old_ones_still_work() {
         String::from_utf8_lossy(&sim.stderr)
     );
 }
+
+/// `FERROCOLL_TIMELINE` on example 05 (gradient sync overlapped with
+/// backward, 2 ranks on threads): a Chrome trace with every rank's
+/// collective calls and every gradient bucket, each call nested in its
+/// bucket on the progress thread, which Perfetto opens.
+#[test]
+fn example_05s_timeline_has_each_ranks_calls_and_buckets() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ferrocoll"));
+    let example = bin
+        .with_file_name("examples")
+        .join("05_overlap_gradient_sync");
+    assert!(
+        example.exists(),
+        "{} is missing: `cargo test` builds the examples (run it without --test)",
+        example.display()
+    );
+    let trace =
+        std::env::temp_dir().join(format!("ferrocoll-timeline-{}.json", std::process::id()));
+    let out = Command::new(&example)
+        .arg("2")
+        .env("FERROCOLL_EXAMPLE_STEPS", "2")
+        .env("FERROCOLL_TIMELINE", &trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let spans = |name: &str, rank: &str| -> Vec<&serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["name"] == name && e["ph"] == "B" && e["args"]["rank"] == rank)
+            .collect()
+    };
+    for rank in ["0", "1"] {
+        let buckets = spans("bucket", rank);
+        let indexes: std::collections::BTreeSet<&str> = buckets
+            .iter()
+            .filter_map(|e| e["args"]["index"].as_str())
+            .collect();
+        assert_eq!(indexes.len(), 16, "rank {rank}: {indexes:?}");
+        let calls = spans("collective", rank);
+        assert!(calls.len() >= 16, "rank {rank}: {} calls", calls.len());
+        assert!(calls.iter().all(|e| e["ts"].as_f64().is_some()));
+    }
+    // A bucket's all-reduce runs inside the bucket's span on the progress thread.
+    let nested = events.windows(2).any(|w| {
+        w[0]["name"] == "bucket"
+            && w[0]["ph"] == "B"
+            && w[1]["name"] == "collective"
+            && w[1]["ph"] == "B"
+            && w[0]["tid"] == w[1]["tid"]
+    });
+    assert!(nested, "no call nested in its bucket");
+    let _ = std::fs::remove_file(trace);
+}

@@ -631,11 +631,18 @@ impl Communicator for ProcessCommunicator {
         // point-to-point calls sit between collectives.
         let collective = matches!(checked, Checked::Collective { .. } | Checked::Barrier);
         let number = self.calls;
-        match &checked {
-            Checked::Collective { shape, .. } => self.recorder.begin(number, Some(shape)),
-            Checked::Barrier => self.recorder.begin(number, None),
-            _ => {}
-        }
+        let span = match &checked {
+            Checked::Collective { shape, .. } => {
+                self.recorder.begin(number, Some(shape));
+                ferrocoll_core::trace::call_span(self.rank, number, shape, self.n)
+            }
+            Checked::Barrier => {
+                self.recorder.begin(number, None);
+                tracing::Span::none()
+            }
+            _ => tracing::Span::none(),
+        };
+        let _span = span.entered();
         if collective {
             self.transport.set_position(inside(self.calls));
         }

@@ -127,7 +127,11 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         F: FnOnce(&mut C, &mut B) -> Result<(), CommError> + Send + 'static,
     {
         let (tx, rx) = mpsc::sync_channel(1);
+        // The call runs inside whatever span started it (a gradient
+        // bucket's): a timeline nests it there.
+        let span = tracing::Span::current();
         let job: Job<C> = Box::new(move |comm, failed| {
+            let _span = span.enter();
             let mut buffers = buffers;
             let result = match failed {
                 Some(e) => Err(e.clone()),

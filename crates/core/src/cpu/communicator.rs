@@ -102,30 +102,32 @@ where
             .map(|mut comm| {
                 let (group, rank) = (comm.group.clone(), comm.rank);
                 let cpu = super::pin::cpu_for(allowed.as_deref(), rank, n);
-                let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
-                    if let Some(cpu) = cpu
-                        && !super::pin::pin_to(cpu)
-                    {
-                        tracing::debug!(rank, cpu, "could not pin the rank's thread");
-                    }
-                    let (group, rank) = (comm.group.clone(), comm.rank);
-                    match catch_unwind(AssertUnwindSafe(|| f(&mut comm))) {
-                        Ok(Ok(value)) => Ok(value),
-                        Ok(Err(e)) => {
-                            group.fail_on(rank, &e);
-                            Err(e)
+                let spawned = std::thread::Builder::new()
+                    .name(format!("ferrocoll-rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        if let Some(cpu) = cpu
+                            && !super::pin::pin_to(cpu)
+                        {
+                            tracing::debug!(rank, cpu, "could not pin the rank's thread");
                         }
-                        Err(panic) => {
-                            let what = crate::comm::panic_message(&*panic);
-                            let e = CommError::PeerFailed {
-                                rank,
-                                reason: format!("panicked: {what}"),
-                            };
-                            group.fail(rank, &format!("panicked: {what}"));
-                            Err(e)
+                        let (group, rank) = (comm.group.clone(), comm.rank);
+                        match catch_unwind(AssertUnwindSafe(|| f(&mut comm))) {
+                            Ok(Ok(value)) => Ok(value),
+                            Ok(Err(e)) => {
+                                group.fail_on(rank, &e);
+                                Err(e)
+                            }
+                            Err(panic) => {
+                                let what = crate::comm::panic_message(&*panic);
+                                let e = CommError::PeerFailed {
+                                    rank,
+                                    reason: format!("panicked: {what}"),
+                                };
+                                group.fail(rank, &format!("panicked: {what}"));
+                                Err(e)
+                            }
                         }
-                    }
-                });
+                    });
                 // The system refused a thread: this rank never runs, so
                 // fail the group at once rather than let the others wait.
                 spawned.map_err(|e| {
@@ -444,6 +446,8 @@ impl Communicator for CpuCommunicator {
                 output,
             } => {
                 self.recorder.begin(number, Some(&shape));
+                let _span =
+                    crate::trace::call_span(self.rank, number, &shape, self.group.n).entered();
                 (true, self.collective(&shape, input, output))
             }
             Checked::Send { data, peer } => (false, self.send(data, peer)),

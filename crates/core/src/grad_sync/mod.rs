@@ -371,6 +371,13 @@ impl<T: Reduce + Default, C: Communicator + Send + 'static> GradientSync<T, C> {
                 .buffer
                 .take()
                 .unwrap_or_else(|| BucketMemory::new(None, b.len));
+            let _bucket = tracing::info_span!(
+                "bucket",
+                rank = self.comm.rank(),
+                index = self.next,
+                bytes = (b.len * std::mem::size_of::<T>()) as u64,
+            )
+            .entered();
             b.work = Some(self.comm.iall_reduce(buffer, ReduceOp::Avg));
             self.next += 1;
         }

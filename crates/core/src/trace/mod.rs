@@ -30,3 +30,24 @@ pub use crate::settings::DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY;
 pub use call::{CallRecord, CallState, Identity};
 pub use dump::{Dump, FORMAT, host_name};
 pub use record::FlightRecorder;
+
+/// The `tracing` span of one collective call (level `info`, target
+/// `ferrocoll_core::trace`): what a timeline (`FERROCOLL_TIMELINE`, the
+/// facade's `log::init`) draws, one per call, with the rank, the call's
+/// number, the collective and its bytes. Free when no subscriber wants
+/// it.
+pub fn call_span(
+    rank: u32,
+    call: u64,
+    shape: &crate::types::CallShape,
+    world_size: u32,
+) -> tracing::Span {
+    tracing::info_span!(
+        "collective",
+        rank,
+        call,
+        op = %shape.collective,
+        dtype = %shape.dtype,
+        bytes = shape.size_bytes(world_size) as u64,
+    )
+}
