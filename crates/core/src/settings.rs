@@ -13,6 +13,7 @@
 //! | `FERROCOLL_PEER_READS` | no longer read (set to anything but 0, a warning says so, once): cross-memory attach between processes was removed (docs/benchmarks.md); buffers in the shared heap are the zero-copy path |
 //! | `FERROCOLL_TRACE_BUFFER` | calls each communicator's flight recorder keeps ([`crate::trace`]; default 2000, 0 for none) |
 //! | `FERROCOLL_TRACE_DIR` | where every rank writes its flight recorder's dump on a failed call, when its communicator is dropped, and on `SIGUSR1` (`ferrocoll trace DIR` merges them) |
+//! | `FERROCOLL_SUMMARY` | `1`: when a communicator goes away, rank 0 prints per collective and size the calls its flight recorder holds: count, latency percentiles, bus bandwidth |
 //! | `FERROCOLL_LOG` | what the facade's `log::init` and the CLI log: a level (`error`, `warn` (default), `info`, `debug` (one line per call: the algorithm and why), `trace`) or `tracing-subscriber` `EnvFilter` directives such as `info,ferrocoll_process=debug` (`RUST_LOG` when unset); `FERROCOLL_LOG_FILE` writes a file per rank (`%h` host, `%r` rank, `%p` pid) |
 //!
 //! A forced algorithm that cannot express a collective (tree for an
@@ -98,6 +99,9 @@ pub struct TraceSettings {
     /// `FERROCOLL_TRACE_DIR`: where ranks write their dumps; `None`:
     /// nowhere (the ring is still kept, for `FlightRecorder::calls`).
     pub dir: Option<std::path::PathBuf>,
+    /// `FERROCOLL_SUMMARY` (`1`): rank 0 prints a per-collective summary
+    /// of the calls its ring holds when its communicator goes away.
+    pub summary: bool,
 }
 
 /// The flight recorder's settings from the environment; a malformed
@@ -125,7 +129,12 @@ fn trace_settings_from(get: impl Fn(&str) -> Option<String>) -> TraceSettings {
     let dir = get("FERROCOLL_TRACE_DIR")
         .filter(|d| !d.trim().is_empty())
         .map(std::path::PathBuf::from);
-    TraceSettings { capacity, dir }
+    let summary = get("FERROCOLL_SUMMARY").is_some_and(|v| !matches!(v.trim(), "" | "0"));
+    TraceSettings {
+        capacity,
+        dir,
+        summary,
+    }
 }
 
 /// `FERROCOLL_KERNELS`, unparsed (the kernels module parses it and

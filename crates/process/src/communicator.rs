@@ -163,16 +163,20 @@ impl ProcessCommunicator {
             one_shot_calls: 0,
             one_shot_memo: None,
             store,
-            recorder: FlightRecorder::with(
-                Identity {
-                    group: format!("processes-{}", config.job_id.as_deref().unwrap_or("world")),
-                    rank,
-                    world_size,
-                    executor: "processes",
-                },
-                trace.capacity,
-                trace.dir,
-            ),
+            recorder: {
+                let mut r = FlightRecorder::with(
+                    Identity {
+                        group: format!("processes-{}", config.job_id.as_deref().unwrap_or("world")),
+                        rank,
+                        world_size,
+                        executor: "processes",
+                    },
+                    trace.capacity,
+                    trace.dir,
+                );
+                r.summarize_on_drop(trace.summary);
+                r
+            },
         })
     }
 

@@ -63,16 +63,20 @@ pub fn group(n: u32, config: &CpuConfig) -> Result<Vec<CpuCommunicator>, CommErr
             rank,
             calls: 0,
             one_shot: None,
-            recorder: FlightRecorder::with(
-                Identity {
-                    group: name.clone(),
-                    rank,
-                    world_size: n,
-                    executor: "threads",
-                },
-                trace.capacity,
-                trace.dir.clone(),
-            ),
+            recorder: {
+                let mut r = FlightRecorder::with(
+                    Identity {
+                        group: name.clone(),
+                        rank,
+                        world_size: n,
+                        executor: "threads",
+                    },
+                    trace.capacity,
+                    trace.dir.clone(),
+                );
+                r.summarize_on_drop(trace.summary);
+                r
+            },
         })
         .collect())
 }

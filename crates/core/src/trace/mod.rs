@@ -23,6 +23,7 @@ mod dump;
 pub mod merge;
 mod record;
 mod signal;
+mod summary;
 #[cfg(test)]
 mod tests;
 
@@ -30,6 +31,7 @@ pub use crate::settings::DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY;
 pub use call::{CallRecord, CallState, Identity};
 pub use dump::{Dump, FORMAT, host_name};
 pub use record::FlightRecorder;
+pub use summary::{SummaryRow, render as render_summary};
 
 /// The `tracing` span of one collective call (level `info`, target
 /// `ferrocoll_core::trace`): what a timeline (`FERROCOLL_TIMELINE`, the

@@ -20,15 +20,15 @@ struct Ring {
 
 /// A call as the ring keeps it: the shape as given, text only when a
 /// dump is written (a call costs no formatting).
-struct Entry {
-    call: u64,
+pub(super) struct Entry {
+    pub call: u64,
     /// `None`: a barrier.
-    shape: Option<CallShape>,
-    algorithm: Option<std::sync::Arc<str>>,
-    plan: Option<u64>,
-    started_us: u64,
-    ended_us: Option<u64>,
-    state: CallState,
+    pub shape: Option<CallShape>,
+    pub algorithm: Option<std::sync::Arc<str>>,
+    pub plan: Option<u64>,
+    pub started_us: u64,
+    pub ended_us: Option<u64>,
+    pub state: CallState,
 }
 
 impl Entry {
@@ -84,6 +84,7 @@ impl super::signal::Dumps for Mutex<Ring> {
 pub struct FlightRecorder {
     ring: Arc<Mutex<Ring>>,
     dir: Option<PathBuf>,
+    summarize: bool,
 }
 
 impl std::fmt::Debug for FlightRecorder {
@@ -113,6 +114,7 @@ impl FlightRecorder {
                 dropped: 0,
             })),
             dir,
+            summarize: false,
         };
         if recorder.dir.is_some() {
             let ring: Arc<dyn super::signal::Dumps> = recorder.ring.clone();
@@ -191,6 +193,19 @@ impl FlightRecorder {
         }
     }
 
+    /// Per collective and size, the calls the ring holds: count, latency
+    /// percentiles, bus bandwidth ([`super::summary`]).
+    pub fn summary(&self) -> Vec<super::SummaryRow> {
+        let ring = self.lock();
+        super::summary::rows(ring.calls.iter(), ring.identity.world_size)
+    }
+
+    /// Print the summary on stderr when this recorder is dropped (rank 0
+    /// only: `FERROCOLL_SUMMARY=1`).
+    pub fn summarize_on_drop(&mut self, on: bool) {
+        self.summarize = on && self.lock().identity.rank == 0;
+    }
+
     /// The recorded calls, oldest first.
     pub fn calls(&self) -> Vec<CallRecord> {
         self.lock().calls.iter().map(Entry::record).collect()
@@ -206,6 +221,16 @@ impl FlightRecorder {
 
 impl Drop for FlightRecorder {
     fn drop(&mut self) {
+        if self.summarize {
+            let rows = self.summary();
+            if !rows.is_empty() {
+                let group = self.lock().identity.group.clone();
+                eprint!(
+                    "# ferrocoll: calls of group {group} seen by rank 0\n{}",
+                    super::summary::render(&rows)
+                );
+            }
+        }
         if self.dir.is_some() && !self.lock().calls.is_empty() {
             self.dump("the communicator was dropped");
         }

@@ -197,6 +197,7 @@ fn threads_a_rank_that_skips_a_call_is_named_by_the_trace() {
         trace: Some(TraceSettings {
             capacity: 100,
             dir: Some(dir.clone()),
+            summary: false,
         }),
         ..CpuConfig::builtin()
     };
@@ -228,4 +229,31 @@ fn threads_a_rank_that_skips_a_call_is_named_by_the_trace() {
         stuck.what
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_summary_groups_finished_calls_by_collective_and_size() {
+    let r = FlightRecorder::with(identity(0), 100, None);
+    for call in 0..5 {
+        r.begin(call, Some(&shape(if call < 4 { 1000 } else { 10 })));
+        r.end(call, &Ok(()));
+    }
+    r.begin(5, Some(&shape(1000)));
+    r.end(5, &Err(CommError::EmptyGroup));
+    r.begin(6, None);
+    r.end(6, &Ok(()));
+    let rows = r.summary();
+    assert_eq!(
+        rows.len(),
+        2,
+        "{rows:?}: failed calls and barriers are left out"
+    );
+    let big = rows.iter().max_by_key(|row| row.bytes).unwrap();
+    assert_eq!((big.collective.as_str(), big.calls), ("all-reduce", 4));
+    assert!(big.p50_us <= big.p90_us && big.p90_us <= big.max_us);
+    let text = render_summary(&rows);
+    assert!(
+        text.contains("busbw p50") && text.contains("all-reduce"),
+        "{text}"
+    );
 }
