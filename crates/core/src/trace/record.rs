@@ -1,6 +1,6 @@
 //! The ring of a communicator's last calls.
 
-use super::call::{CallRecord, CallState, Identity, now_us};
+use super::call::{CallRecord, CallState, Entry, Identity, now_us};
 use super::dump::Dump;
 use crate::comm::CommError;
 use crate::types::CallShape;
@@ -16,51 +16,6 @@ struct Ring {
     calls: VecDeque<Entry>,
     /// Records that fell out of the ring.
     dropped: u64,
-}
-
-/// A call as the ring keeps it: the shape as given, text only when a
-/// dump is written (a call costs no formatting).
-pub(super) struct Entry {
-    pub call: u64,
-    /// `None`: a barrier.
-    pub shape: Option<CallShape>,
-    pub algorithm: Option<std::sync::Arc<str>>,
-    pub plan: Option<u64>,
-    pub started_us: u64,
-    pub ended_us: Option<u64>,
-    pub state: CallState,
-}
-
-impl Entry {
-    fn record(&self) -> CallRecord {
-        let (collective, dtype, count, op, in_place) = match &self.shape {
-            Some(s) => (
-                s.collective.to_string(),
-                s.dtype.to_string(),
-                s.count,
-                s.op.to_string(),
-                s.in_place,
-            ),
-            None => ("barrier".into(), String::new(), 0, String::new(), false),
-        };
-        CallRecord {
-            call: self.call,
-            collective,
-            dtype,
-            count,
-            op,
-            in_place,
-            algorithm: self
-                .algorithm
-                .as_deref()
-                .map(str::to_owned)
-                .or_else(|| self.shape.is_none().then(|| "agreement".to_owned())),
-            plan: self.plan.map(|h| format!("{h:016x}")),
-            started_us: self.started_us,
-            ended_us: self.ended_us,
-            state: self.state.clone(),
-        }
-    }
 }
 
 impl Ring {

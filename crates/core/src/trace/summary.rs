@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::call::CallState;
-use super::record::Entry;
+use super::call::{CallState, Entry};
 
 /// One row: a collective at one size.
 #[derive(Debug, Clone, PartialEq)]
