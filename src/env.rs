@@ -145,13 +145,15 @@ pub enum JoinError {
 pub fn process_communicator_from_env(
     config: &ferrocoll_process::ProcessConfig,
 ) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
-    let mut config = config.clone().with_env().map_err(EnvError::from)?;
+    let config = config.clone().with_env().map_err(EnvError::from)?;
     #[cfg(feature = "topo")]
-    if config.cluster.is_none()
-        && let Some(network) = network_from_env()?
-    {
-        config.cluster = Some(crate::network::cluster_model(network));
-    }
+    let config = match (&config.cluster, network_from_env()?) {
+        (None, Some(network)) => ferrocoll_process::ProcessConfig {
+            cluster: Some(crate::network::cluster_model(network)),
+            ..config
+        },
+        _ => config,
+    };
     let b = bootstrap_from_env(config.planning.timeout)?;
     let comm =
         ferrocoll_process::ProcessCommunicator::connect(b.store, b.rank, b.world_size, &config)?;

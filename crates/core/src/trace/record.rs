@@ -149,7 +149,7 @@ impl FlightRecorder {
     }
 
     /// Per collective and size, the calls the ring holds: count, latency
-    /// percentiles, bus bandwidth ([`super::summary`]).
+    /// percentiles, bus bandwidth ([`super::SummaryRow`]).
     pub fn summary(&self) -> Vec<super::SummaryRow> {
         let ring = self.lock();
         super::summary::rows(ring.calls.iter(), ring.identity.world_size)
