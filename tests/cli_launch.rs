@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{alive, launch_banner, launch_with_banner, processes_with, unique_secret};
+use common::{Stopped, alive, launch_banner, launch_with_banner, processes_with, unique_secret};
 
 fn ferrocoll(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
@@ -197,19 +197,21 @@ fn launch_bench(launch_flags: &[&str], transport: &str, sizes: &[&str; 3]) -> Co
 fn kill_one_mid_bench(transport: &str) {
     // One size, iterated far longer than the test lasts: the kill lands
     // mid-bench whatever the machine's speed.
-    let mut launcher = launch_bench(&["--grace", "20"], transport, &["1M", "1M", "1000000"])
-        .env("FERROCOLL_TIMEOUT_MS", "30000")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut launcher = Stopped(
+        launch_bench(&["--grace", "20"], transport, &["1M", "1M", "1000000"])
+            .env("FERROCOLL_TIMEOUT_MS", "30000")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let (tx, rx) = mpsc::channel::<(bool, String)>();
     for (is_err, stream) in [
         (
             false,
-            Box::new(launcher.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(launcher.0.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
         ),
-        (true, Box::new(launcher.stderr.take().unwrap())),
+        (true, Box::new(launcher.0.stderr.take().unwrap())),
     ] {
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -242,7 +244,7 @@ fn kill_one_mid_bench(transport: &str) {
     assert!(formed, "the group never formed: {log:#?}");
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
-        launcher.try_wait().unwrap().is_none(),
+        launcher.0.try_wait().unwrap().is_none(),
         "the bench ended early: {log:#?}"
     );
     let killed = Instant::now();
@@ -254,7 +256,7 @@ fn kill_one_mid_bench(transport: &str) {
             .success()
     );
     let status = loop {
-        if let Some(s) = launcher.try_wait().unwrap() {
+        if let Some(s) = launcher.0.try_wait().unwrap() {
             break s;
         }
         assert!(
@@ -553,20 +555,7 @@ fn gpu_bench_fails_fast(bin: &str, backend: &str, ranks: &str) -> String {
 fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
     let dir = std::env::temp_dir().join(format!("ferrocoll-cli-trace-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    /// A failed assertion must not leave the job running: SIGTERM to the
-    /// launcher ends its ranks.
-    struct Stop(std::process::Child);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            if self.0.try_wait().ok().flatten().is_none() {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &self.0.id().to_string()])
-                    .status();
-                let _ = self.0.wait();
-            }
-        }
-    }
-    let mut launcher = Stop(
+    let mut launcher = Stopped(
         launch_bench(&[], "shm", &["64K", "64K", "1000000"])
             .env("FERROCOLL_TIMEOUT_MS", "2000")
             .env("FERROCOLL_TRACE_DIR", &dir)

@@ -106,3 +106,19 @@ pub fn launch_with_banner(args: &[&str], secret: &str) -> (std::process::Child, 
         .unwrap();
     (child, banner)
 }
+
+/// A launcher that a failed assertion must not leave running: dropped
+/// while it still runs, it gets SIGTERM (which ends its ranks) and is
+/// reaped.
+pub struct Stopped(pub std::process::Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+}
