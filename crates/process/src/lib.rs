@@ -53,6 +53,7 @@ pub mod launch_note;
 mod layout;
 mod one_shot;
 mod panic_note;
+mod point_to_point;
 mod setup;
 mod transport;
 mod wire;
