@@ -165,7 +165,7 @@ fn file_path(pattern: &str, rank: Option<&str>) -> PathBuf {
     let rank = rank.map(str::trim).filter(|r| !r.is_empty()).unwrap_or("x");
     PathBuf::from(
         pattern
-            .replace("%h", &ferrocoll_core::trace::host_name())
+            .replace("%h", &ferrocoll_core::host::name())
             .replace("%r", rank)
             .replace("%p", &std::process::id().to_string()),
     )

@@ -58,6 +58,7 @@ pub mod cpu;
 pub mod error;
 pub mod flow;
 pub mod grad_sync;
+pub mod host;
 pub mod input;
 pub mod kernels;
 pub mod plan;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 /// Name, system, CPU and memory, for a report.
 pub(crate) fn summary() -> BTreeMap<&'static str, String> {
     BTreeMap::from([
-        ("name", ferrocoll::trace::host_name()),
+        ("name", ferrocoll::host::name()),
         ("os", os()),
         ("cpu", cpu()),
         ("memory", memory_total()),

@@ -46,7 +46,7 @@ impl Dump {
     ) -> Dump {
         Dump {
             format: FORMAT.to_owned(),
-            host: host_name(),
+            host: crate::host::name(),
             pid: std::process::id(),
             group: identity.group.clone(),
             rank: identity.rank,
@@ -101,24 +101,4 @@ impl Dump {
             }
         }
     }
-}
-
-/// This host's name (`gethostname`; `localhost` where there is none),
-/// for dump and log file names and reports.
-pub fn host_name() -> String {
-    #[cfg(target_os = "linux")]
-    {
-        let mut buf = [0u8; 256];
-        // SAFETY: gethostname writes at most `buf.len()` bytes into the
-        // buffer we own.
-        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-        if rc == 0 {
-            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-            let name = String::from_utf8_lossy(&buf[..end]).into_owned();
-            if !name.is_empty() {
-                return name;
-            }
-        }
-    }
-    "localhost".to_owned()
 }

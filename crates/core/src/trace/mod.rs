@@ -29,7 +29,7 @@ mod tests;
 
 pub use crate::settings::DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY;
 pub use call::{CallRecord, CallState, Identity};
-pub use dump::{Dump, FORMAT, host_name};
+pub use dump::{Dump, FORMAT};
 pub use record::FlightRecorder;
 pub use summary::{SummaryRow, render as render_summary};
 

@@ -89,15 +89,10 @@ fn describe(layout: &Layout) -> String {
 fn hello_of(gpu: &str, layout: &Layout) -> String {
     format!(
         "{}|{}|{gpu}|{}",
-        host_name(),
+        ferrocoll_core::host::name(),
         std::process::id(),
         describe(layout)
     )
-}
-
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_or_else(|_| "?".into(), |h| h.trim().to_owned())
 }
 
 /// Check what every rank published at the hello step — every pair, so

@@ -208,20 +208,15 @@ fn host_key(host_id: Option<&str>) -> (String, String) {
             .map(|s| s.trim().to_owned())
             .unwrap_or_default()
     };
-    let hostname = read("/proc/sys/kernel/hostname");
+    let hostname = ferrocoll_core::host::name();
     let boot = read("/proc/sys/kernel/random/boot_id");
     let pid_ns = std::fs::read_link("/proc/self/ns/pid")
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
     let shm = shm_device(&segment::directory());
-    let name = if hostname.is_empty() {
-        "localhost".to_owned()
-    } else {
-        hostname.clone()
-    };
     (
         format!("host={hostname} boot={boot} {pid_ns} shm={shm}"),
-        name,
+        hostname,
     )
 }
 

@@ -99,7 +99,7 @@ pub(crate) fn meet(
     job_id: &str,
     timeout: Duration,
 ) -> Result<Verdict, String> {
-    let hostname = host_name();
+    let hostname = ferrocoll::host::name();
     let role = if spec.node_rank == 0 { 0 } else { 1 };
     let mut store = Store::join_with(&spec.endpoint, role, timeout, Some(secret))
         .map_err(|e| format!("node {}: meeting the other launchers: {e}", spec.node_rank))?;
@@ -223,13 +223,6 @@ fn wait_for(store: &mut Store, key: &str, timeout: Duration) -> Result<Vec<u8>, 
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// This host's name, for messages.
-pub(crate) fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "?".to_owned())
 }
 
 /// The other nodes, watched from a thread while this node's ranks run.
