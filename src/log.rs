@@ -22,7 +22,8 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use tracing_chrome::{ChromeLayerBuilder, FlushGuard};
+use tracing_chrome::{ChromeLayer, ChromeLayerBuilder, FlushGuard};
+use tracing_subscriber::Registry;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::prelude::*;
 
@@ -57,14 +58,16 @@ pub fn init() -> bool {
     };
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(writer)
-        .with_filter(filter);
-    let (timeline, guard) = match timeline(get("FERROCOLL_TIMELINE"), get("RANK").as_deref()) {
-        Some((layer, guard)) => (Some(layer.with_filter(LevelFilter::INFO)), Some(guard)),
-        None => (None, None),
-    };
+        .with_filter(filter)
+        .boxed();
+    let mut layers = vec![lines];
+    let mut guard = None;
+    if let Some((layer, g)) = timeline(get("FERROCOLL_TIMELINE"), get("RANK").as_deref()) {
+        layers.push(layer.with_filter(LevelFilter::INFO).boxed());
+        guard = Some(g);
+    }
     let installed = tracing_subscriber::registry()
-        .with(lines)
-        .with(timeline)
+        .with(layers)
         .try_init()
         .is_ok();
     if installed && let Some(guard) = guard {
@@ -105,24 +108,11 @@ fn finish_at_exit() {
 #[cfg(not(unix))]
 fn finish_at_exit() {}
 
-type Timeline = tracing_chrome::ChromeLayer<
-    tracing_subscriber::layer::Layered<
-        tracing_subscriber::filter::Filtered<
-            tracing_subscriber::fmt::Layer<
-                tracing_subscriber::Registry,
-                tracing_subscriber::fmt::format::DefaultFields,
-                tracing_subscriber::fmt::format::Format,
-                tracing_subscriber::fmt::writer::BoxMakeWriter,
-            >,
-            EnvFilter,
-            tracing_subscriber::Registry,
-        >,
-        tracing_subscriber::Registry,
-    >,
->;
-
 /// The Chrome-trace layer `FERROCOLL_TIMELINE` asks for, if the file opens.
-fn timeline(pattern: Option<String>, rank: Option<&str>) -> Option<(Timeline, FlushGuard)> {
+fn timeline(
+    pattern: Option<String>,
+    rank: Option<&str>,
+) -> Option<(ChromeLayer<Registry>, FlushGuard)> {
     let pattern = pattern.filter(|p| !p.trim().is_empty())?;
     let path = file_path(&pattern, rank);
     match std::fs::File::create(&path) {
