@@ -29,7 +29,6 @@ pub(crate) struct RunFacts {
     host: BTreeMap<&'static str, String>,
     /// Seconds since the Unix epoch.
     started_unix_s: f64,
-    ended_unix_s: Option<f64>,
 }
 
 fn now_s() -> f64 {
@@ -47,7 +46,6 @@ impl RunFacts {
             versions: versions(args.backend),
             host: host_facts::summary(),
             started_unix_s: now_s(),
-            ended_unix_s: None,
         }
     }
 }
@@ -98,6 +96,8 @@ struct JsonReport<'a> {
     version: u32,
     #[serde(flatten)]
     run: &'a RunFacts,
+    /// Seconds since the Unix epoch, as the file is written.
+    ended_unix_s: f64,
     memory_bandwidth: Option<&'a MemoryBandwidth>,
     rows: &'a [Row],
 }
@@ -108,17 +108,10 @@ pub(crate) fn write_json(
     bw: Option<&MemoryBandwidth>,
     run: &RunFacts,
 ) -> std::io::Result<()> {
-    let run = RunFacts {
-        ended_unix_s: Some(now_s()),
-        argv: run.argv.clone(),
-        environment: run.environment.clone(),
-        versions: run.versions.clone(),
-        host: run.host.clone(),
-        started_unix_s: run.started_unix_s,
-    };
     let report = JsonReport {
         version: JSON_VERSION,
-        run: &run,
+        run,
+        ended_unix_s: now_s(),
         memory_bandwidth: bw,
         rows,
     };
