@@ -152,19 +152,30 @@ fn read_dump(path: &Path) -> Result<Dump, String> {
     if dump.format != FORMAT {
         return Err(format!("format `{}`, not {FORMAT}", dump.format));
     }
-    if dump.rank >= dump.world_size {
-        return Err(format!(
-            "rank {} of a group of {}",
-            dump.rank, dump.world_size
-        ));
-    }
+    plausible(&dump)?;
     Ok(dump)
 }
 
-/// Group the dumps and report on each group.
+/// The largest group a dump may claim: the report lists every rank, and a
+/// file that says four billion must not make it try.
+pub const MAX_GROUP: u32 = 1 << 16;
+
+/// Whether a dump's rank and group size can be believed.
+fn plausible(dump: &Dump) -> Result<(), String> {
+    if dump.world_size > MAX_GROUP || dump.rank >= dump.world_size {
+        return Err(format!(
+            "rank {} of a group of {} (groups of at most {MAX_GROUP} ranks are read)",
+            dump.rank, dump.world_size
+        ));
+    }
+    Ok(())
+}
+
+/// Group the dumps and report on each group; dumps whose rank or group
+/// size cannot be believed are left out.
 pub fn merge(dumps: Vec<Dump>) -> Vec<GroupReport> {
     let mut groups: BTreeMap<String, BTreeMap<u32, Dump>> = BTreeMap::new();
-    for d in dumps {
+    for d in dumps.into_iter().filter(|d| plausible(d).is_ok()) {
         let ranks = groups.entry(d.group.clone()).or_default();
         // A rank's newest dump says the most.
         if ranks

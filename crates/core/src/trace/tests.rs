@@ -257,3 +257,25 @@ fn the_summary_groups_finished_calls_by_collective_and_size() {
         "{text}"
     );
 }
+
+/// A dump that claims a group of four billion ranks is skipped, not
+/// believed: the report lists every rank of a group, and building that
+/// list aborted `ferrocoll trace` on the allocation.
+#[test]
+fn a_dump_claiming_a_huge_group_is_skipped_not_believed() {
+    let dir = temp_dir("huge");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut huge = dump(1, &[(0, 8, CallState::Running)]);
+    huge.world_size = u32::MAX;
+    std::fs::write(dir.join("huge.json"), serde_json::to_vec(&huge).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("r0.json"),
+        serde_json::to_vec(&dump(0, &[])).unwrap(),
+    )
+    .unwrap();
+    let report = merge::read_dir(&dir).unwrap();
+    assert_eq!(report.skipped.len(), 1, "{report}");
+    assert!(report.to_string().contains("groups of at most"), "{report}");
+    assert!(merge::merge(vec![huge]).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
