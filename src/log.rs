@@ -56,7 +56,10 @@ pub fn init() -> bool {
         }
         None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
     };
+    // Plain text: the lines go to pipes and files as often as to a
+    // terminal (tracing-chrome turns the `ansi` feature on).
     let lines = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
         .with_writer(writer)
         .with_filter(filter)
         .boxed();

@@ -45,4 +45,8 @@ fn debug_logging_names_each_calls_algorithm() {
         "{err}"
     );
     assert!(err.contains("protocol=one-shot"), "{err}");
+    assert!(
+        !err.contains('\x1b'),
+        "no terminal colours in a pipe: {err}"
+    );
 }
