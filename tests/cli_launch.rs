@@ -556,7 +556,10 @@ fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
     let dir = std::env::temp_dir().join(format!("ferrocoll-cli-trace-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut launcher = Stopped(
-        launch_bench(&[], "shm", &["64K", "64K", "1000000"])
+        // The grace lets every survivor time out and dump by itself: with
+        // none, the first to time out gets the others killed before they
+        // dump (seen in CI on a loaded host).
+        launch_bench(&["--grace", "20"], "shm", &["64K", "64K", "1000000"])
             .env("FERROCOLL_TIMEOUT_MS", "2000")
             .env("FERROCOLL_TRACE_DIR", &dir)
             .stdout(Stdio::piped())
