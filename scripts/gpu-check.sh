@@ -122,10 +122,10 @@ for n in 1 2 4 8; do
 done
 for n in 1 2 8; do
   step "small calls 8B-1M, $n rank(s), Simple" 20 latency.txt \
-    "${bench[@]}" --backend cuda --compare nccl --ll-max-bytes 0 --ranks "$n" \
+    env FERROCOLL_PROTO=Simple "${bench[@]}" --backend cuda --compare nccl --ranks "$n" \
     -b 8 -e 1M -f 4 -n 50 -w 10 -c 0 --json "$JSON/lat-simple-$n.json"
   step "small calls 8B-1M, $n rank(s), LL" 20 latency.txt \
-    "${bench[@]}" --backend cuda --ll-max-bytes 1M --ranks "$n" \
+    env FERROCOLL_PROTO=LL "${bench[@]}" --backend cuda --ll-max-bytes 1M --ranks "$n" \
     -b 8 -e 1M -f 4 -n 50 -w 10 -c 0 --json "$JSON/lat-ll-$n.json"
 done
 for n in 2 4 8; do

@@ -180,3 +180,26 @@ fn example_05s_timeline_has_each_ranks_calls_and_buckets() {
     assert!(nested, "no call nested in its bucket");
     let _ = std::fs::remove_file(trace);
 }
+
+/// The NCCL-form overrides refuse a bad token before anything runs, each
+/// naming the variable and the token.
+#[test]
+fn a_bad_algorithm_or_protocol_override_is_refused_naming_the_token() {
+    for (var, value, token) in [
+        ("FERROCOLL_ALGO", "allreduce:nvls", "nvls"),
+        ("FERROCOLL_PROTO", "LL128", "LL128"),
+        ("FERROCOLL_PROTO", "^simple,LL", "allows no protocol"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+            .args(["bench", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"])
+            .env(var, value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {err}");
+        assert!(
+            err.contains(var) && err.contains(token),
+            "{var}={value}: {err}"
+        );
+    }
+}

@@ -6,6 +6,7 @@
 //! | variable | effect |
 //! |---|---|
 //! | `FERROCOLL_ALGO` | force an algorithm: `ring`, `tree`, `direct`, `halving-doubling`, or `auto` (the default: the selector decides); or NCCL_ALGO's forms ([`crate::select::AlgoFilter`]): a list the selector picks among (`ring,tree`), exclusions (`^direct`), per collective (`allreduce:tree;broadcast:ring,direct`) |
+//! | `FERROCOLL_PROTO` | the CUDA executor's protocols, in NCCL_PROTO's forms ([`crate::select::ProtoFilter`]): `LL` or `Simple` forces one, `^LL` excludes, `allreduce:LL;broadcast:simple` per collective; names in any case; `LL128` (NCCL's) is refused by name. Unset, the topology selector picks per size (calls up to `CudaConfig::ll_max_bytes` take LL without one). Host executors have one protocol and ignore it |
 //! | `FERROCOLL_TIMEOUT_MS` | the longest any wait lasts, in milliseconds (default 600000, 10 minutes, as torch.distributed with NCCL: a rank may checkpoint between calls; a lost peer is noticed without it) |
 //! | `FERROCOLL_JOB_ID` | names a process group's shared-memory segments, so the launcher that set it can remove what killed ranks left (letters and digits; anything else is ignored) |
 //! | `FERROCOLL_KERNELS` | force the host kernels' width instead of calibrating it (`baseline`, `avx2`, `avx512`; each call then takes its stores by the rule: non-temporal past half the last-level cache of the call's bytes, cached below), or the width and the stores too (`nt`, `cached`) for outputs, then optionally for hand-offs (slots a peer reads next), e.g. `avx2,cached` or `avx512,nt,cached`; one this CPU cannot run is ignored with a warning. `ferrocoll launch` calibrates the width once and sets it for every rank it starts (unless it is set already), so all ranks of a job run the same width and rule |
@@ -26,7 +27,7 @@ use thiserror::Error;
 
 use crate::algorithms::Algorithm;
 use crate::error::ParseNameError;
-use crate::select::AlgoFilter;
+use crate::select::{AlgoFilter, ProtoFilter};
 
 /// A `FERROCOLL_*` variable with a value ferrocoll cannot use.
 #[derive(Debug, Clone, Error)]
@@ -37,6 +38,10 @@ pub enum SettingsError {
     /// `FERROCOLL_ALGO`'s NCCL form has a token that names nothing.
     #[error("FERROCOLL_ALGO: {0}")]
     AlgorithmRules(String),
+    /// `FERROCOLL_PROTO` has a token that names nothing, or allows no
+    /// protocol.
+    #[error("FERROCOLL_PROTO: {0}")]
+    Protocols(String),
     /// A number that does not parse, or is 0 where a wait needs a length.
     #[error("{name}: `{value}` is not a whole number of at least 1")]
     Number {
@@ -72,6 +77,8 @@ pub struct EnvOverrides {
     /// per-collective rules (`Some(None)`: none, the variable set
     /// otherwise).
     pub algorithms: Option<Option<AlgoFilter>>,
+    /// `FERROCOLL_PROTO` (`Some(None)`: set to nothing).
+    pub protocols: Option<Option<ProtoFilter>>,
     /// `FERROCOLL_TIMEOUT_MS`.
     pub timeout: Option<Duration>,
     /// `FERROCOLL_JOB_ID`, when it is a non-empty run of ASCII letters and
@@ -165,6 +172,9 @@ impl EnvOverrides {
                 name => algorithm = Some(Some(name.parse::<Algorithm>()?)),
             }
         }
+        let protocols = get("FERROCOLL_PROTO")
+            .map(|v| ProtoFilter::parse(&v).map_err(SettingsError::Protocols))
+            .transpose()?;
         let timeout = match get("FERROCOLL_TIMEOUT_MS") {
             None => None,
             // A zero timeout would fail every wait at once (and sockets
@@ -213,6 +223,7 @@ impl EnvOverrides {
         Ok(EnvOverrides {
             algorithm,
             algorithms,
+            protocols,
             timeout,
             job_id,
             one_shot_bytes,
@@ -235,6 +246,13 @@ impl EnvOverrides {
     pub fn apply_algorithms(&self, algorithms: &mut Option<AlgoFilter>) {
         if let Some(a) = &self.algorithms {
             *algorithms = a.clone();
+        }
+    }
+
+    /// The `FERROCOLL_PROTO` rules, where the variable is set.
+    pub fn apply_protocols(&self, protocols: &mut Option<ProtoFilter>) {
+        if let Some(p) = &self.protocols {
+            *protocols = p.clone();
         }
     }
 
@@ -284,6 +302,13 @@ mod tests {
         assert_eq!(auto.algorithm, Some(None));
         let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_ALGO", "rung")])).unwrap_err();
         assert!(e.to_string().contains("FERROCOLL_ALGO"), "{e}");
+        let e = EnvOverrides::from_lookup(env(&[("FERROCOLL_PROTO", "LL128")])).unwrap_err();
+        assert!(
+            matches!(&e, SettingsError::Protocols(m) if m.contains("LL128")),
+            "{e}"
+        );
+        let ll = EnvOverrides::from_lookup(env(&[("FERROCOLL_PROTO", "allreduce:LL")])).unwrap();
+        assert_eq!(ll.protocols.unwrap().unwrap().to_string(), "allreduce:LL");
         for bad in [
             &[("FERROCOLL_TIMEOUT_MS", "soon")],
             &[("FERROCOLL_TIMEOUT_MS", "0")],

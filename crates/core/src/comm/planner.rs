@@ -8,7 +8,7 @@ use super::CommError;
 use crate::algorithms::{Algorithm, AlgorithmParams, generate};
 use crate::plan::{Chunking, Compiler, ExecutionPlan, OneShotRule, PlanError};
 use crate::select::{
-    AlgoFilter, Choice, Protocol, Rule, Selection, SharedSelector, restrict, select,
+    AlgoFilter, Choice, ProtoFilter, Protocol, Rule, Selection, SharedSelector, restrict, select,
 };
 use crate::types::{CallShape, Collective, CollectiveKind};
 use crate::verify::{Verified, VerifyOptions, verify};
@@ -23,6 +23,9 @@ pub struct PlannerSettings {
     pub algorithm: Option<Algorithm>,
     /// Which algorithms each collective may run (see [`Planning::algorithms`](super::Planning::algorithms)).
     pub algorithms: Option<AlgoFilter>,
+    /// Which protocols each collective may use (see [`Planning::protocols`](super::Planning::protocols));
+    /// applied where the executor has LL (`max_ll_message_bytes`).
+    pub protocols: Option<ProtoFilter>,
     /// Selects the algorithm of calls that force none.
     pub selector: Option<SharedSelector>,
     /// Channels of forced and rule-picked algorithms.
@@ -304,6 +307,7 @@ impl Planner {
                 (key, s.max_chunk_bytes, s.why, synthesized, s.protocol)
             }
         };
+        let (protocol, why) = self.filter_protocol(shape, protocol, why);
         let compiler = self.compiler(key, synthesized)?;
         let chunk = self.chunk_bytes(shape, chunk, protocol, &compiler);
         let plan = compiler
@@ -327,6 +331,28 @@ impl Planner {
             why: why.into(),
             protocol,
         })
+    }
+
+    /// The protocol `FERROCOLL_PROTO` leaves the call, on an executor
+    /// that has LL; the reason joins the call's `why` where it changed.
+    fn filter_protocol(
+        &self,
+        shape: &CallShape,
+        chosen: Option<Protocol>,
+        why: String,
+    ) -> (Option<Protocol>, String) {
+        let st = &self.settings;
+        let Some(filter) = st
+            .protocols
+            .as_ref()
+            .filter(|_| st.max_ll_message_bytes.is_some())
+        else {
+            return (chosen, why);
+        };
+        match filter.apply(shape.collective.kind(), chosen) {
+            (p, Some(reason)) => (p, format!("{why}; {reason}")),
+            (p, None) => (p, why),
+        }
     }
 
     /// A selector's schedule must be for this call: a selector that hands

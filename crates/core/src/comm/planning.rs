@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::planner::{PlannerSettings, link_slots};
 use crate::algorithms::Algorithm;
-use crate::select::{AlgoFilter, Rule, SharedSelector};
+use crate::select::{AlgoFilter, ProtoFilter, Rule, SharedSelector};
 use crate::settings::EnvOverrides;
 use crate::verify::Verified;
 
@@ -38,6 +38,10 @@ pub struct Planning {
     /// NCCL_ALGO's forms): a collective allowed one runs it as if forced,
     /// a selection not allowed gives way to an allowed algorithm.
     pub algorithms: Option<AlgoFilter>,
+    /// Which protocols each collective may use on an executor that has
+    /// more than one (`FERROCOLL_PROTO` in NCCL_PROTO's forms): a
+    /// collective allowed one uses it, whatever the selector chose.
+    pub protocols: Option<ProtoFilter>,
     /// A schedule of your own: every call whose collective (with its root)
     /// and world size match it runs this schedule; other calls use
     /// `algorithm` or the selector.
@@ -66,6 +70,7 @@ impl Default for Planning {
             timeout: DEFAULT_TIMEOUT,
             algorithm: None,
             algorithms: None,
+            protocols: None,
             schedule: None,
             selector: None,
             channels: None,
@@ -103,6 +108,7 @@ impl Planning {
         PlannerSettings {
             algorithm: self.algorithm,
             algorithms: self.algorithms.clone(),
+            protocols: self.protocols.clone(),
             selector: self.selector.clone(),
             channels: self.channels.unwrap_or(executor.channels),
             max_chunk_bytes: self.max_chunk_bytes.unwrap_or(executor.max_chunk_bytes),
@@ -122,10 +128,11 @@ impl Planning {
     }
 
     /// This planning with the `FERROCOLL_*` overrides that concern
-    /// planning (`FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT_MS`) applied.
+    /// planning (`FERROCOLL_ALGO`, `FERROCOLL_PROTO`, `FERROCOLL_TIMEOUT_MS`) applied.
     pub fn with_overrides(mut self, env: &EnvOverrides) -> Self {
         env.apply(&mut self.algorithm, &mut self.timeout);
         env.apply_algorithms(&mut self.algorithms);
+        env.apply_protocols(&mut self.protocols);
         self
     }
 }

@@ -130,7 +130,7 @@ impl AlgoFilter {
     }
 }
 
-fn parse_collectives(text: &str) -> Result<Vec<CollectiveKind>, String> {
+pub(super) fn parse_collectives(text: &str) -> Result<Vec<CollectiveKind>, String> {
     text.split(',')
         .map(str::trim)
         .map(|c| {

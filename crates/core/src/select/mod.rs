@@ -17,8 +17,10 @@ use crate::types::{Collective, CollectiveKind};
 use crate::verify::Verified;
 
 mod filter;
+mod proto;
 
 pub use filter::{AlgoFilter, Allowed};
+pub use proto::ProtoFilter;
 
 /// The schedule a selection runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

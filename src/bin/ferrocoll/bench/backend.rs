@@ -55,7 +55,7 @@ fn check_flags(args: &BenchArgs) -> Result<(), String> {
     }
     if args.ll_max_bytes.is_some() && args.backend != Backend::Cuda {
         return Err(
-            "--ll-max-bytes sets the CUDA executor's protocol: use it with --backend cuda"
+            "--ll-max-bytes sizes the CUDA executor's LL protocol: use it with --backend cuda"
                 .to_owned(),
         );
     }

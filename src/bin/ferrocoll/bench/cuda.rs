@@ -72,7 +72,7 @@ fn describe(args: &BenchArgs, config: &CpuConfig, algorithm: &str) -> Vec<String
     vec![
         device_timing(args),
         format!(
-            "# cuda: max chunk {} B, channels {}, {} slots per link, LL up to {} B, timeout {:?}, algorithm {algorithm}",
+            "# cuda: max chunk {} B, channels {}, {} slots per link, LL up to {} B{}, timeout {:?}, algorithm {algorithm}",
             cuda.max_chunk_bytes(),
             cuda.planning.channels.map_or(
                 "auto (the GPU's resident blocks shared by its ranks)".into(),
@@ -80,6 +80,12 @@ fn describe(args: &BenchArgs, config: &CpuConfig, algorithm: &str) -> Vec<String
             ),
             cuda.planning.slots_per_link,
             cuda.ll_max_bytes,
+            cuda.planning
+                .protocols
+                .as_ref()
+                .map_or_else(String::new, |p| format!(
+                    ", protocols `{p}` (FERROCOLL_PROTO)"
+                )),
             cuda.planning.timeout,
         ),
     ]
@@ -128,6 +134,10 @@ pub(crate) fn cuda_config(cpu: &CpuConfig, args: &BenchArgs) -> CudaConfig {
         planning: Planning {
             timeout: cpu.planning.timeout,
             algorithm: cpu.planning.algorithm,
+            // FERROCOLL_ALGO's NCCL forms and FERROCOLL_PROTO, read with
+            // the rest of the environment into the bench's configuration.
+            algorithms: cpu.planning.algorithms.clone(),
+            protocols: cpu.planning.protocols.clone(),
             schedule: cpu.planning.schedule.clone(),
             channels: args.channels,
             max_chunk_bytes: Some(args.max_chunk_bytes.unwrap_or(base.max_chunk_bytes())),

@@ -178,9 +178,12 @@ pub(crate) struct BenchArgs {
     /// `--max-chunk-bytes`, turns `auto` back into the fixed rule.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     channels: Option<u32>,
-    /// With `--backend cuda`: calls of up to this many bytes per rank
-    /// send their messages with the small-message (LL) protocol; 0 sends
-    /// every call in bulk (default: the executor's, 64 KiB).
+    /// With `--backend cuda`: the small-message (LL) protocol's size.
+    /// LL slots carry messages of up to this many bytes, and calls up to
+    /// it take LL unless `FERROCOLL_PROTO` says otherwise (default: the
+    /// executor's, 64 KiB; 0 turns LL off). To force a protocol, set
+    /// `FERROCOLL_PROTO` (`Simple`, `LL`, `^LL`, per collective) as
+    /// NCCL_PROTO.
     #[arg(long, value_parser = parse_size)]
     ll_max_bytes: Option<usize>,
     /// Print the simulator's prediction for each row on this host's

@@ -16,6 +16,7 @@ use crate::verify::{VerifyOptions, verify};
 fn base() -> PlannerSettings {
     PlannerSettings {
         algorithms: None,
+        protocols: None,
         algorithm: None,
         selector: None,
         channels: 1,
@@ -229,4 +230,56 @@ fn an_ll_selection_is_cut_to_the_ll_slot_and_a_bulk_one_is_not() {
     assert!(ll <= 4 << 10, "an LL message of {ll} bytes");
     let bulk = largest(Protocol::Simple);
     assert!(bulk > 4 << 10, "bulk messages cut to {bulk} bytes");
+}
+
+/// `FERROCOLL_PROTO` on an executor with LL: a forced protocol replaces
+/// the selector's (and is cut to its slot), a free collective keeps the
+/// selector's, and without a selector a forced LL still reaches the plan.
+/// An executor without LL ignores it.
+#[test]
+fn ferrocoll_proto_forces_a_protocol_per_collective_where_the_executor_has_ll() {
+    use crate::select::{Choice, ProtoFilter, Protocol, SharedSelector};
+    let ring = Choice::Builtin {
+        algorithm: Algorithm::Ring,
+        params: AlgorithmParams::default(),
+    };
+    let planned = |selected: Option<Protocol>, proto: &str, ll: bool, collective| {
+        let settings = PlannerSettings {
+            selector: selected.map(|p| SharedSelector(Arc::new(Fixed(ring.clone(), p)))),
+            max_message_bytes: Some(64 << 10),
+            max_ll_message_bytes: ll.then_some(4 << 10),
+            protocols: ProtoFilter::parse(proto).unwrap(),
+            ..base()
+        };
+        Planner::new(4, settings)
+            .plan(&shape(collective, 100_000, false))
+            .unwrap()
+    };
+    let (ll, simple) = (Protocol::LowLatency, Protocol::Simple);
+    let p = planned(Some(simple), "allreduce:LL", true, Collective::AllReduce);
+    assert_eq!(p.protocol, Some(ll));
+    assert!(
+        p.why.contains("FERROCOLL_PROTO `allreduce:LL` runs LL"),
+        "{}",
+        p.why
+    );
+    assert!(p.plan.links.iter().all(|l| l.largest <= 4 << 10));
+    let p = planned(Some(simple), "allreduce:LL", true, Collective::AllGather);
+    assert_eq!(
+        p.protocol,
+        Some(simple),
+        "a collective no rule names is free"
+    );
+    assert_eq!(
+        planned(Some(ll), "^ll", true, Collective::AllReduce).protocol,
+        Some(simple)
+    );
+    assert_eq!(
+        planned(None, "LL", true, Collective::AllReduce).protocol,
+        Some(ll)
+    );
+    assert_eq!(
+        planned(None, "LL", false, Collective::AllReduce).protocol,
+        None
+    );
 }
