@@ -516,6 +516,10 @@ impl Communicator for ProcessCommunicator {
         Some(std::sync::Arc::new(move |why: &str| abort(why)))
     }
 
+    fn call_queue(&self) -> Option<ferrocoll_core::comm::CallQueueRef> {
+        Some(self.recorder.queue())
+    }
+
     /// This rank's shared heap, where peers read a call's values in place
     /// (and where every rank's buffers lie in its heap, a call of several
     /// segments runs with the heap's larger chunks).

@@ -121,6 +121,27 @@ pub trait Communicator {
     fn lender(&self) -> Option<Lender> {
         None
     }
+
+    /// Where an [`AsyncCommunicator`] tells this rank's flight recorder
+    /// about calls it queued and has not started yet (the "queued" state
+    /// of [`crate::trace`]). `None` where the backend records no calls.
+    fn call_queue(&self) -> Option<CallQueueRef> {
+        None
+    }
+}
+
+/// A shared [`CallQueue`].
+pub type CallQueueRef = std::sync::Arc<dyn CallQueue>;
+
+/// Calls started on an [`AsyncCommunicator`] wait in its queue before its
+/// progress thread runs them; a backend's flight recorder shows them.
+pub trait CallQueue: Send + Sync {
+    /// A call described by `what` joined the queue; returns its token.
+    fn queued(&self, what: String) -> u64;
+    /// The progress thread starts the queued call `token` (`None`: a job
+    /// nothing recorded): the next call the backend records began queued
+    /// (at the time the token was taken), and the queue forgets it.
+    fn started(&self, token: Option<u64>);
 }
 
 /// The text of a panic's payload (`panic!` with a literal or a format).
@@ -381,6 +402,10 @@ impl<C: Communicator + ?Sized> Communicator for &mut C {
     fn lender(&self) -> Option<Lender> {
         (**self).lender()
     }
+
+    fn call_queue(&self) -> Option<CallQueueRef> {
+        (**self).call_queue()
+    }
 }
 
 impl<C: Communicator + ?Sized> Communicator for Box<C> {
@@ -414,6 +439,10 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
 
     fn lender(&self) -> Option<Lender> {
         (**self).lender()
+    }
+
+    fn call_queue(&self) -> Option<CallQueueRef> {
+        (**self).call_queue()
     }
 }
 

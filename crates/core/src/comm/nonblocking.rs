@@ -27,7 +27,7 @@ use super::call::Call;
 use super::error::CommError;
 use super::p2p::{P2pOp, send_recv_batch};
 use super::work::{Outcome, Work};
-use super::{Aborter, Communicator, CommunicatorExt, Lender};
+use super::{Aborter, CallQueueRef, Communicator, CommunicatorExt, Lender};
 use crate::kernels::Reduce;
 use crate::types::{Collective, Rank, ReduceOp};
 
@@ -70,6 +70,8 @@ pub struct AsyncCommunicator<C: Communicator + Send + 'static> {
     aborter: Option<Aborter>,
     /// The backend's lender: it hands out memory from any thread.
     lender: Option<Lender>,
+    /// The backend's flight recorder's queue: what waits to run.
+    queue: Option<CallQueueRef>,
     jobs: Option<mpsc::Sender<Job<C>>>,
     worker: Option<JoinHandle<C>>,
 }
@@ -88,7 +90,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
     /// ([`CommError::Capacity`] if the system refuses the thread).
     pub fn new(comm: C) -> Result<Self, CommError> {
         let (rank, world_size) = (comm.rank(), comm.world_size());
-        let (aborter, lender) = (comm.aborter(), comm.lender());
+        let (aborter, lender, waiting) = (comm.aborter(), comm.lender(), comm.call_queue());
         let (jobs, queue) = mpsc::channel::<Job<C>>();
         let worker = std::thread::Builder::new()
             .name(format!("ferrocoll-progress-{rank}"))
@@ -101,6 +103,7 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
             world_size,
             aborter,
             lender,
+            queue: waiting,
             jobs: Some(jobs),
             worker: Some(worker),
         })
@@ -126,12 +129,31 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         B: Send + 'static,
         F: FnOnce(&mut C, &mut B) -> Result<(), CommError> + Send + 'static,
     {
+        self.start_as(
+            || "a call started with AsyncCommunicator::start".into(),
+            buffers,
+            f,
+        )
+    }
+
+    /// [`start`](Self::start), described to the flight recorder while it
+    /// waits in the queue (`what` is only formatted where one records).
+    fn start_as<B, F>(&mut self, what: impl FnOnce() -> String, buffers: B, f: F) -> Work<B>
+    where
+        B: Send + 'static,
+        F: FnOnce(&mut C, &mut B) -> Result<(), CommError> + Send + 'static,
+    {
+        let queue = self.queue.clone();
+        let token = queue.as_ref().map(|q| q.queued(what()));
         let (tx, rx) = mpsc::sync_channel(1);
         // The call runs inside whatever span started it (a gradient
         // bucket's): a timeline nests it there.
         let span = tracing::Span::current();
         let job: Job<C> = Box::new(move |comm, failed| {
             let _span = span.enter();
+            if let Some(q) = &queue {
+                q.started(token);
+            }
             let mut buffers = buffers;
             let result = match failed {
                 Some(e) => Err(e.clone()),
@@ -161,7 +183,11 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         T: Reduce,
         B: AsMut<[T]> + Send + 'static,
     {
-        self.start(buffer, move |c, b| c.all_reduce_in_place(b.as_mut(), op))
+        let mut buffer = buffer;
+        let what = described::<T>("all-reduce", buffer.as_mut().len(), Some(op), " in place");
+        self.start_as(what, buffer, move |c, b| {
+            c.all_reduce_in_place(b.as_mut(), op)
+        })
     }
 
     /// Start an out-of-place all-reduce of `input` into `output`.
@@ -171,7 +197,8 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
-        self.start((input, output), move |c, (i, o)| {
+        let what = described::<T>("all-reduce", input.as_ref().len(), Some(op), "");
+        self.start_as(what, (input, output), move |c, (i, o)| {
             c.all_reduce(i.as_ref(), o.as_mut(), op)
         })
     }
@@ -182,7 +209,11 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         T: Reduce,
         B: AsMut<[T]> + Send + 'static,
     {
-        self.start(buffer, move |c, b| c.broadcast_in_place(b.as_mut(), root))
+        let mut buffer = buffer;
+        let what = described::<T>("broadcast", buffer.as_mut().len(), None, "");
+        self.start_as(what, buffer, move |c, b| {
+            c.broadcast_in_place(b.as_mut(), root)
+        })
     }
 
     /// Start an all-gather of every rank's `input` into `output` (`n` blocks).
@@ -192,7 +223,8 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
-        self.start((input, output), |c, (i, o)| {
+        let what = described::<T>("all-gather", input.as_ref().len(), None, "");
+        self.start_as(what, (input, output), |c, (i, o)| {
             c.all_gather(i.as_ref(), o.as_mut())
         })
     }
@@ -209,7 +241,8 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
-        self.start((input, output), move |c, (i, o)| {
+        let what = described::<T>("reduce-scatter", input.as_ref().len(), Some(op), "");
+        self.start_as(what, (input, output), move |c, (i, o)| {
             c.reduce_scatter(i.as_ref(), o.as_mut(), op)
         })
     }
@@ -221,7 +254,8 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
-        self.start((input, output), |c, (i, o)| {
+        let what = described::<T>("all-to-all", input.as_ref().len(), None, "");
+        self.start_as(what, (input, output), |c, (i, o)| {
             c.execute(Call::collective(
                 Collective::AllToAll,
                 ReduceOp::Sum,
@@ -239,7 +273,9 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         T: Reduce,
         I: AsRef<[T]> + Send + 'static,
     {
-        self.start(data, move |c, d| c.send(d.as_ref(), peer))
+        let what = described::<T>("send", data.as_ref().len(), None, "");
+        let what = move || format!("{} to rank {peer}", what());
+        self.start_as(what, data, move |c, d| c.send(d.as_ref(), peer))
     }
 
     /// Start receiving `buffer.len()` elements from `peer`.
@@ -248,7 +284,10 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         T: Reduce,
         B: AsMut<[T]> + Send + 'static,
     {
-        self.start(buffer, move |c, b| c.recv(b.as_mut(), peer))
+        let mut buffer = buffer;
+        let what = described::<T>("recv", buffer.as_mut().len(), None, "");
+        let what = move || format!("{} from rank {peer}", what());
+        self.start_as(what, buffer, move |c, b| c.recv(b.as_mut(), peer))
     }
 
     /// Start a batch of sends and receives that run as one call, in an
@@ -264,23 +303,32 @@ impl<C: Communicator + Send + 'static> AsyncCommunicator<C> {
         I: AsRef<[T]> + Send + 'static,
         B: AsMut<[T]> + Send + 'static,
     {
-        self.start((sends, recvs), |c, (sends, recvs)| {
-            let mut ops: Vec<P2pOp<'_>> = sends
-                .iter()
-                .map(|(d, peer)| P2pOp::send(d.as_ref(), *peer))
-                .collect();
-            ops.extend(
-                recvs
-                    .iter_mut()
-                    .map(|(b, peer)| P2pOp::recv(b.as_mut(), *peer)),
-            );
-            send_recv_batch(c, ops)
-        })
+        let what = format!(
+            "batch of {} sends and {} receives",
+            sends.len(),
+            recvs.len()
+        );
+        self.start_as(
+            || what,
+            (sends, recvs),
+            |c, (sends, recvs)| {
+                let mut ops: Vec<P2pOp<'_>> = sends
+                    .iter()
+                    .map(|(d, peer)| P2pOp::send(d.as_ref(), *peer))
+                    .collect();
+                ops.extend(
+                    recvs
+                        .iter_mut()
+                        .map(|(b, peer)| P2pOp::recv(b.as_mut(), *peer)),
+                );
+                send_recv_batch(c, ops)
+            },
+        )
     }
 
     /// Start a barrier.
     pub fn ibarrier(&mut self) -> Work<()> {
-        self.start((), |c, _| c.barrier())
+        self.start_as(|| "barrier".into(), (), |c, _| c.barrier())
     }
 }
 
@@ -318,10 +366,14 @@ impl<C: Communicator + Send + 'static> Communicator for AsyncCommunicator<C> {
         // the job was dropped without running (a closed queue), either way
         // never touching the buffers again.
         let call: Call<'static> = unsafe { std::mem::transmute::<Call<'_>, Call<'static>>(call) };
-        let work = self.start(Some(call), |c, call| {
-            let call = call.take().expect("each job runs once");
-            c.execute(call)
-        });
+        let work = self.start_as(
+            || "a blocking call".into(),
+            Some(call),
+            |c, call| {
+                let call = call.take().expect("each job runs once");
+                c.execute(call)
+            },
+        );
         work.wait().map(drop).map_err(|f| f.error)
     }
 
@@ -357,6 +409,20 @@ impl<C: Communicator + Send + 'static> Communicator for AsyncCommunicator<C> {
 
     fn lender(&self) -> Option<Lender> {
         self.lender.clone()
+    }
+}
+
+/// How a typed start describes its call to the flight recorder while it
+/// waits: `all-reduce f32 x1024 sum in place`.
+fn described<T: Reduce>(
+    name: &'static str,
+    len: usize,
+    op: Option<ReduceOp>,
+    tail: &'static str,
+) -> impl FnOnce() -> String {
+    move || {
+        let op = op.map_or_else(String::new, |op| format!(" {op}"));
+        format!("{name} {} x{len}{op}{tail}", T::DATA_TYPE)
     }
 }
 

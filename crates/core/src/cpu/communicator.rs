@@ -479,4 +479,8 @@ impl Communicator for CpuCommunicator {
         let (group, rank) = (self.group.clone(), self.rank);
         Some(Arc::new(move |why: &str| group.quiesce(rank, &why)))
     }
+
+    fn call_queue(&self) -> Option<crate::comm::CallQueueRef> {
+        Some(self.recorder.queue())
+    }
 }

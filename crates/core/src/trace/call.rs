@@ -39,6 +39,10 @@ pub struct CallRecord {
     pub algorithm: Option<String>,
     /// The plan's hash (what ranks agree on), where one was compiled.
     pub plan: Option<String>,
+    /// When an `AsyncCommunicator` queued it, µs since the Unix epoch
+    /// (`None`: called directly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_us: Option<u64>,
     /// Entry, µs since the Unix epoch.
     pub started_us: u64,
     /// Return, µs since the Unix epoch.
@@ -64,6 +68,16 @@ impl CallRecord {
             if self.in_place { " in place" } else { "" }
         )
     }
+}
+
+/// A call an `AsyncCommunicator` queued that its progress thread has
+/// not started: state "queued".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedRecord {
+    /// What was started: `all-reduce f32 x1024 sum in place`.
+    pub what: String,
+    /// When, µs since the Unix epoch.
+    pub queued_us: u64,
 }
 
 /// Who a recorder belongs to.
@@ -95,6 +109,7 @@ pub(super) struct Entry {
     pub shape: Option<CallShape>,
     pub algorithm: Option<std::sync::Arc<str>>,
     pub plan: Option<u64>,
+    pub queued_us: Option<u64>,
     pub started_us: u64,
     pub ended_us: Option<u64>,
     pub state: CallState,
@@ -125,6 +140,7 @@ impl Entry {
                 .map(str::to_owned)
                 .or_else(|| self.shape.is_none().then(|| "agreement".to_owned())),
             plan: self.plan.map(|h| format!("{h:016x}")),
+            queued_us: self.queued_us,
             started_us: self.started_us,
             ended_us: self.ended_us,
             state: self.state.clone(),

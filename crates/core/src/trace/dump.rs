@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::call::{CallRecord, Identity, now_us};
+use super::call::{CallRecord, Identity, QueuedRecord, now_us};
 
 /// The `format` every dump carries.
 pub const FORMAT: &str = "ferrocoll-trace/1";
@@ -35,6 +35,10 @@ pub struct Dump {
     pub dropped: u64,
     /// The calls, oldest first.
     pub calls: Vec<CallRecord>,
+    /// Calls queued on an `AsyncCommunicator` behind them, not started,
+    /// oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<QueuedRecord>,
 }
 
 impl Dump {
@@ -42,6 +46,7 @@ impl Dump {
         identity: &Identity,
         dropped: u64,
         calls: impl IntoIterator<Item = &'a CallRecord>,
+        queued: Vec<QueuedRecord>,
         reason: &str,
     ) -> Dump {
         Dump {
@@ -56,6 +61,7 @@ impl Dump {
             written_us: now_us(),
             dropped,
             calls: calls.into_iter().cloned().collect(),
+            queued,
         }
     }
 

@@ -350,6 +350,15 @@ impl fmt::Display for GroupReport {
                         )?,
                         None => writeln!(f, "    rank {rank}: none [{at}]")?,
                     }
+                    if let Some(oldest) = d.queued.first() {
+                        let waited = d.written_us.saturating_sub(oldest.queued_us) as f64 / 1e6;
+                        writeln!(
+                            f,
+                            "      {} call(s) queued behind it, not started; the oldest, {}, for {waited:.3} s",
+                            d.queued.len(),
+                            oldest.what
+                        )?;
+                    }
                 }
             }
         }

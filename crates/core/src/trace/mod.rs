@@ -10,6 +10,11 @@
 //!   process gets `SIGUSR1` (then for every communicator it holds). Each
 //!   write goes to a temporary file renamed into place, so a reader never
 //!   sees half a dump.
+//! - A call started on an `AsyncCommunicator` is *queued* until its
+//!   progress thread runs it: the dump lists the queued calls
+//!   ([`Dump::queued`]) and each started call keeps when it was queued
+//!   ([`CallRecord::queued_us`]), so a dump tells a call stuck behind
+//!   another from one never started.
 //! - [`merge`] reads a directory of dumps and names, per group, the first
 //!   call the ranks do not all finish, which ranks never started it, never
 //!   finished it or failed it, which ranks left no dump, and calls the
@@ -28,7 +33,7 @@ mod summary;
 mod tests;
 
 pub use crate::settings::DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY;
-pub use call::{CallRecord, CallState, Identity};
+pub use call::{CallRecord, CallState, Identity, QueuedRecord};
 pub use dump::{Dump, FORMAT};
 pub use record::FlightRecorder;
 pub use summary::{SummaryRow, render as render_summary};

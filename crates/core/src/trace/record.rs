@@ -1,8 +1,8 @@
 //! The ring of a communicator's last calls.
 
-use super::call::{CallRecord, CallState, Entry, Identity, now_us};
+use super::call::{CallRecord, CallState, Entry, Identity, QueuedRecord, now_us};
 use super::dump::Dump;
-use crate::comm::CommError;
+use crate::comm::{CallQueue, CallQueueRef, CommError};
 use crate::types::CallShape;
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -16,12 +16,60 @@ struct Ring {
     calls: VecDeque<Entry>,
     /// Records that fell out of the ring.
     dropped: u64,
+    /// Calls an `AsyncCommunicator` queued and has not started: token,
+    /// description, when.
+    queued: VecDeque<(u64, String, u64)>,
+    /// The next queue token.
+    tokens: u64,
+    /// When the call the progress thread is starting was queued: the
+    /// next recorded call's.
+    starting: Option<u64>,
 }
 
 impl Ring {
     fn dump(&self, reason: &str) -> Dump {
         let calls: Vec<CallRecord> = self.calls.iter().map(Entry::record).collect();
-        Dump::of(&self.identity, self.dropped, &calls, reason)
+        let queued = self
+            .queued
+            .iter()
+            .map(|(_, what, at)| QueuedRecord {
+                what: what.clone(),
+                queued_us: *at,
+            })
+            .collect();
+        Dump::of(&self.identity, self.dropped, &calls, queued, reason)
+    }
+}
+
+/// Past this many queued calls the oldest are no longer listed: a
+/// program that starts calls and never waits would otherwise grow the
+/// list without bound.
+const MAX_QUEUED: usize = 4096;
+
+/// The ring's side of an `AsyncCommunicator`'s queue.
+struct RingQueue(Arc<Mutex<Ring>>);
+
+impl CallQueue for RingQueue {
+    fn queued(&self, what: String) -> u64 {
+        let mut ring = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        ring.tokens += 1;
+        let token = ring.tokens;
+        if ring.capacity > 0 {
+            if ring.queued.len() == MAX_QUEUED {
+                ring.queued.pop_front();
+            }
+            ring.queued.push_back((token, what, now_us()));
+        }
+        token
+    }
+
+    fn started(&self, token: Option<u64>) {
+        let mut ring = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let at = token.and_then(|t| {
+            let i = ring.queued.iter().position(|q| q.0 == t)?;
+            ring.queued.remove(i).map(|q| q.2)
+        });
+        ring.starting = at;
     }
 }
 
@@ -67,6 +115,9 @@ impl FlightRecorder {
                 capacity,
                 calls: VecDeque::with_capacity(capacity.min(64)),
                 dropped: 0,
+                queued: VecDeque::new(),
+                tokens: 0,
+                starting: None,
             })),
             dir,
             summarize: false,
@@ -110,16 +161,23 @@ impl FlightRecorder {
             ring.calls.pop_front();
             ring.dropped += 1;
         }
+        let queued_us = ring.starting.take();
         let record = Entry {
             call,
             shape: shape.copied(),
             algorithm: None,
             plan: None,
+            queued_us,
             started_us: now_us(),
             ended_us: None,
             state: CallState::Running,
         };
         ring.calls.push_back(record);
+    }
+
+    /// Where an `AsyncCommunicator` reports the calls it queued.
+    pub fn queue(&self) -> CallQueueRef {
+        Arc::new(RingQueue(self.ring.clone()))
     }
 
     /// What call `call` runs.

@@ -110,11 +110,13 @@ fn dump(rank: u32, calls: &[(u64, usize, CallState)]) -> Dump {
                 in_place: false,
                 algorithm: Some("ring".into()),
                 plan: None,
+                queued_us: None,
                 started_us: *call,
                 ended_us: None,
                 state: state.clone(),
             })
             .collect(),
+        queued: Vec::new(),
     }
 }
 
@@ -277,5 +279,94 @@ fn a_dump_claiming_a_huge_group_is_skipped_not_believed() {
     assert_eq!(report.skipped.len(), 1, "{report}");
     assert!(report.to_string().contains("groups of at most"), "{report}");
     assert!(merge::merge(vec![huge]).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A call waits in an `AsyncCommunicator`'s queue ("queued") until its
+/// progress thread starts it; the started call keeps when it was queued,
+/// and a job the recorder was not told about attaches nothing.
+#[test]
+fn queued_calls_are_listed_until_started_and_keep_when_they_were_queued() {
+    let dir = temp_dir("queue");
+    let r = FlightRecorder::with(identity(1), 10, Some(dir.clone()));
+    let q = r.queue();
+    let (a, b) = (q.queued("first".into()), q.queued("second".into()));
+    q.started(Some(a));
+    r.begin(0, Some(&shape(4)));
+    r.end(0, &Err(CommError::EmptyGroup));
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let dump: Dump = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let whats: Vec<&str> = dump.queued.iter().map(|q| q.what.as_str()).collect();
+    assert_eq!(whats, ["second"]);
+    assert!(
+        dump.calls[0]
+            .queued_us
+            .is_some_and(|t| t <= dump.calls[0].started_us)
+    );
+    q.started(None);
+    r.begin(1, None);
+    q.started(Some(b));
+    assert!(
+        r.calls()[1].queued_us.is_none(),
+        "an unrecorded job attaches nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Through the real path: three all-reduces started on one rank whose
+/// peer never calls. The first times out and its dump lists the two
+/// behind it as queued, described; `ferrocoll trace` says so.
+#[test]
+fn an_async_ranks_dump_lists_the_calls_queued_behind_a_stuck_one() {
+    use crate::comm::AsyncCommunicator;
+    let dir = temp_dir("async");
+    let mut config = CpuConfig::builtin();
+    config.planning.timeout = Duration::from_millis(300);
+    config.trace = Some(TraceSettings {
+        capacity: 100,
+        dir: Some(dir.clone()),
+        summary: false,
+    });
+    let comms = cpu::group(2, &config).unwrap();
+    let done = std::sync::Barrier::new(2);
+    let dump = std::thread::scope(|s| {
+        let mut ranks = comms.into_iter();
+        let (zero, one) = (ranks.next().unwrap(), ranks.next().unwrap());
+        s.spawn(|| {
+            let _one = one;
+            done.wait();
+        });
+        let mut comm = AsyncCommunicator::new(zero).unwrap();
+        let works: Vec<_> = (0..3)
+            .map(|_| comm.iall_reduce(vec![1.0f32; 16], ReduceOp::Sum))
+            .collect();
+        for w in works {
+            assert!(w.wait().is_err());
+        }
+        let file = std::fs::read_dir(&dir)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let text = std::fs::read(&file).unwrap();
+        done.wait();
+        serde_json::from_slice::<Dump>(&text).unwrap()
+    });
+    assert!(dump.reason.contains("call #0 failed"), "{}", dump.reason);
+    let whats: Vec<&str> = dump.queued.iter().map(|q| q.what.as_str()).collect();
+    assert_eq!(whats, ["all-reduce f32 x16 sum in place"; 2]);
+    assert!(dump.calls[0].queued_us.is_some());
+    let report = merge::merge(vec![dump]);
+    let text = report[0].to_string();
+    assert!(
+        text.contains("2 call(s) queued behind it, not started"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
