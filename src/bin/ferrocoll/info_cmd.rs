@@ -52,6 +52,7 @@ pub(crate) fn run(args: &InfoArgs) -> Result<ExitCode, String> {
             m.cores,
             m.core_gbps
         );
+        println!("host kernels  {}", ferrocoll::kernels::calibration());
     }
     let driver = info::driver();
     match &driver {

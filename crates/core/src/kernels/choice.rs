@@ -1,9 +1,9 @@
-//! Which kernel variant a call runs: the vector width (by CPU feature
-//! detection, and a timing once per process on arrays larger than the
-//! last-level cache) and the kind of store (non-temporal or cached) for
-//! each kind of destination — a call's output, and a hand-off another
-//! rank reads next — chosen per call by [`StoreRule`]: by how many bytes
-//! pass through the cache before the destination is read again.
+//! Which kernel variant a call runs: the vector width and the kind of
+//! store to the call's outputs, chosen for the call's regime — its bytes
+//! within a share of the last-level cache, or past it — by timing every
+//! variant this CPU runs in each regime ([`calibrate`](super::calibrate));
+//! and the stores to hand-offs another rank reads next, by [`StoreRule`]
+//! on their own size.
 //!
 //! A [`KernelChoice`] can only be made for what this CPU supports
 //! ([`KernelChoice::available`]), which is what makes calling the
@@ -12,68 +12,131 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::calibrate::{self, Regime};
 use super::rule::StoreRule;
 use super::variant::{KernelChoice, Stores, Width, stores_name, width_name};
 
-/// What the calibration measured and chose, and how stores are decided.
+/// One regime's variant and what it was chosen on.
+#[derive(Debug, Clone)]
+pub struct RegimeChoice {
+    /// The width and the stores to outputs (hand-offs go by the rule).
+    pub choice: KernelChoice,
+    /// Every variant's rate in GB/s, as timed in this regime (empty where
+    /// `FERROCOLL_KERNELS` forced it or the CPU has one variant).
+    pub rates: Vec<(KernelChoice, f64)>,
+    /// Bytes of each of the four arrays it was timed on.
+    pub array_bytes: u64,
+    /// Forced by `FERROCOLL_KERNELS`.
+    pub forced: bool,
+}
+
+/// The two regimes' variants, and how hand-offs store.
 #[derive(Debug, Clone)]
 pub struct Calibration {
-    /// The width every call uses, with the stores of a call of unknown
-    /// size (outputs past the cache, hand-offs within it).
-    pub choice: KernelChoice,
-    /// Each width's rate in GB/s (bytes read and written by a fused
-    /// two-source, two-destination f32 sum with non-temporal stores, on
-    /// arrays larger than the last-level cache), best of a few runs.
-    pub rates: Vec<(KernelChoice, f64)>,
-    /// Stores forced by `FERROCOLL_KERNELS` (outputs, hand-offs), instead
-    /// of the rule.
-    pub forced_stores: Option<(Stores, Stores)>,
-    /// How stores are chosen per call.
+    /// Calls whose bytes fit the cache's share.
+    pub in_cache: RegimeChoice,
+    /// Calls past it (and calls of unknown size).
+    pub past_cache: RegimeChoice,
+    /// Stores to hand-offs forced by `FERROCOLL_KERNELS` (else the rule's).
+    pub forced_handoff: Option<Stores>,
+    /// Where the regimes meet, and the stores of hand-offs.
     pub rule: StoreRule,
-    /// How long calibrating took.
+    /// How long timing took.
     pub took: Duration,
+}
+
+impl Calibration {
+    /// The choice of `regime`.
+    pub fn regime(&self, regime: Regime) -> &RegimeChoice {
+        match regime {
+            Regime::InCache => &self.in_cache,
+            Regime::PastCache => &self.past_cache,
+        }
+    }
+
+    /// The `FERROCOLL_KERNELS` value that makes another process choose
+    /// the same (`in:avx512,cached;past:avx2,nt`; hand-offs by the rule
+    /// unless forced here).
+    pub fn spec(&self) -> String {
+        let one = |r: &RegimeChoice| {
+            format!(
+                "{},{}",
+                width_name(r.choice.width),
+                stores_name(r.choice.stores, true)
+            )
+        };
+        let mut spec = format!("in:{};past:{}", one(&self.in_cache), one(&self.past_cache));
+        if let Some(h) = self.forced_handoff {
+            spec.push_str(&format!(";handoff:{}", stores_name(h, true)));
+        }
+        spec
+    }
 }
 
 impl std::fmt::Display for Calibration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(width_name(self.choice.width))?;
-        if self.rates.is_empty() {
-            f.write_str(" (forced by FERROCOLL_KERNELS, or the only width)")?;
-        } else {
-            write!(f, " (calibrated in {:.0?}:", self.took)?;
-            for (c, rate) in &self.rates {
-                write!(f, " {} {rate:.1} GB/s;", width_name(c.width))?;
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        let threshold = mib(self.rule.threshold());
+        write!(
+            f,
+            "calls up to {threshold:.0} MiB ({:.0}% of the {:.0} MiB last-level cache{}): {}; past it: {}; hand-offs: ",
+            super::rule::LLC_SHARE * 100.0,
+            mib(self.rule.llc_bytes),
+            if self.rule.measured { "" } else { ", assumed" },
+            regime_name(&self.in_cache.choice),
+            regime_name(&self.past_cache.choice),
+        )?;
+        match self.forced_handoff {
+            Some(h) => write!(f, "{} stores (FERROCOLL_KERNELS)", stores_name(h, false))?,
+            None => write!(f, "cached up to {threshold:.0} MiB, non-temporal past it")?,
+        }
+        for (name, r) in [
+            ("in the cache", &self.in_cache),
+            ("past it", &self.past_cache),
+        ] {
+            if r.forced {
+                write!(f, "; {name}: FERROCOLL_KERNELS")?;
+            } else if !r.rates.is_empty() {
+                write!(f, "; {name}, 4 x {:.0} MiB:", mib(r.array_bytes))?;
+                for (c, rate) in &r.rates {
+                    write!(
+                        f,
+                        " {}/{} {rate:.1}",
+                        width_name(c.width),
+                        stores_name(c.stores, true)
+                    )?;
+                }
+                f.write_str(" GB/s")?;
             }
-            f.write_str(")")?;
         }
-        match self.forced_stores {
-            Some((output, handoff)) => write!(
-                f,
-                "; {} stores to outputs, {} to hand-offs (forced by FERROCOLL_KERNELS)",
-                stores_name(output, false),
-                stores_name(handoff, false)
-            ),
-            None => write!(f, "; {}", self.rule),
+        if self.took > Duration::ZERO {
+            write!(f, " (timed in {:.0?})", self.took)?;
         }
+        Ok(())
     }
+}
+
+/// A regime's variant as reports name it: `avx2 + non-temporal stores`.
+fn regime_name(c: &KernelChoice) -> String {
+    format!(
+        "{} + {} stores",
+        width_name(c.width),
+        stores_name(c.stores, false)
+    )
 }
 
 /// The variant of a call whose outputs and inputs take `call_bytes`
 /// (every rank's, where ranks share this host's cache) and whose
-/// hand-offs are `handoff_bytes` each: the calibrated width, and stores
-/// by the rule — non-temporal to outputs past a share of the last-level
-/// cache, cached below; hand-offs, read right after they are written,
-/// by their own size — unless `FERROCOLL_KERNELS` forces them.
+/// hand-offs are `handoff_bytes` each: its regime's width and output
+/// stores, and hand-off stores by the rule on their size, unless
+/// `FERROCOLL_KERNELS` forces them.
 pub fn for_call(call_bytes: u64, handoff_bytes: u64) -> KernelChoice {
     let c = calibration();
-    let (stores, handoff) = c
-        .forced_stores
-        .unwrap_or_else(|| (c.rule.stores(call_bytes), c.rule.stores(handoff_bytes)));
-    usable(KernelChoice {
-        width: c.choice.width,
-        stores,
-        handoff,
-    })
+    let chosen = c.regime(Regime::of(&c.rule, call_bytes)).choice;
+    let handoff = c
+        .forced_handoff
+        .unwrap_or_else(|| c.rule.stores(handoff_bytes));
+    usable(KernelChoice { handoff, ..chosen })
 }
 
 /// `choice`, its stores cached where this CPU has no non-temporal ones.
@@ -91,20 +154,25 @@ fn usable(choice: KernelChoice) -> KernelChoice {
     }
 }
 
-/// The variant of a call of unknown size: outputs past the cache (the
-/// case that decides bandwidth), hand-offs within it.
+/// The variant of a call of unknown size: past the cache (the case that
+/// decides bandwidth), hand-offs within it.
 pub fn chosen() -> KernelChoice {
-    calibration().choice
+    let c = calibration();
+    usable(KernelChoice {
+        handoff: c.forced_handoff.unwrap_or(Stores::Cached),
+        ..c.past_cache.choice
+    })
 }
 
-/// The calibration, run on first use (a few tens of milliseconds), unless
-/// `FERROCOLL_KERNELS` forces a width this CPU can run.
+/// The calibration, run on first use (tens of milliseconds on a cache of
+/// tens of MiB, a few hundred on one of hundreds), unless
+/// `FERROCOLL_KERNELS` forces both regimes.
 pub fn calibration() -> &'static Calibration {
     static CALIBRATION: OnceLock<Calibration> = OnceLock::new();
     CALIBRATION.get_or_init(|| {
         let rule = StoreRule::host();
         let forced = crate::settings::kernels_override().and_then(|v| match parse(&v) {
-            Some(c) => Some(c),
+            Some(f) => Some(f),
             None => {
                 tracing::warn!(
                     "FERROCOLL_KERNELS=`{v}` is not a variant this CPU can run; calibrating"
@@ -112,137 +180,144 @@ pub fn calibration() -> &'static Calibration {
                 None
             }
         });
-        let (width, rates, forced_stores, took) = match forced {
-            Some(Forced { width, stores }) => (width, Vec::new(), stores, Duration::ZERO),
-            None => {
-                let started = Instant::now();
-                let (width, rates) = calibrate(&rule);
-                (width, rates, None, started.elapsed())
-            }
+        let forced = forced.unwrap_or_default();
+        let started = Instant::now();
+        let regime = |r: Regime, forced: Option<(Width, Option<Stores>)>| match forced {
+            Some((width, stores)) => RegimeChoice {
+                choice: usable(KernelChoice {
+                    width,
+                    stores: stores.unwrap_or(r.default_stores()),
+                    handoff: Stores::Cached,
+                }),
+                rates: Vec::new(),
+                array_bytes: 0,
+                forced: true,
+            },
+            None => timed(&rule, r),
         };
-        let (stores, handoff) = forced_stores.unwrap_or((Stores::NonTemporal, Stores::Cached));
+        let in_cache = regime(Regime::InCache, forced.in_cache);
+        let past_cache = regime(Regime::PastCache, forced.past_cache);
         let c = Calibration {
-            choice: usable(KernelChoice {
-                width,
-                stores,
-                handoff,
-            }),
-            rates,
-            forced_stores,
+            in_cache,
+            past_cache,
+            forced_handoff: forced.handoff,
             rule,
-            took,
+            took: started.elapsed(),
         };
         tracing::debug!("host kernels: {c}");
         c
     })
 }
 
-/// What `FERROCOLL_KERNELS` forces: a width, and maybe the stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Forced {
-    width: Width,
-    stores: Option<(Stores, Stores)>,
+/// `regime` chosen by timing every variant there.
+fn timed(rule: &StoreRule, regime: Regime) -> RegimeChoice {
+    match calibrate::measure(rule, regime) {
+        Some((array_bytes, rates)) => RegimeChoice {
+            choice: calibrate::pick(&rates, regime).expect("two variants or more were timed"),
+            rates,
+            array_bytes,
+            forced: false,
+        },
+        None => RegimeChoice {
+            choice: usable(KernelChoice {
+                handoff: Stores::Cached,
+                ..KernelChoice::available()[0]
+            }),
+            rates: Vec::new(),
+            array_bytes: 0,
+            forced: false,
+        },
+    }
 }
 
-/// A variant named like `avx2` (the width; stores by the rule),
-/// `avx2,cached` (both kinds of destination) or `avx2,nt,cached`
-/// (outputs, then hand-offs), if this CPU can run it.
+/// What `FERROCOLL_KERNELS` forces: each regime's width and maybe its
+/// output stores, and maybe the hand-offs' stores.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Forced {
+    in_cache: Option<(Width, Option<Stores>)>,
+    past_cache: Option<(Width, Option<Stores>)>,
+    handoff: Option<Stores>,
+}
+
+/// `FERROCOLL_KERNELS`, if this CPU can run what it names:
+/// - `avx2` — the width in both regimes, stores by regime and rule;
+/// - `avx2,cached` — also the stores of outputs and hand-offs;
+/// - `avx2,nt,cached` — outputs' stores, then hand-offs';
+/// - `in:avx512,cached;past:avx2,nt` — per regime (what `ferrocoll
+///   launch` passes its ranks), with `;handoff:nt` optionally; a regime
+///   not named is timed.
 fn parse(spec: &str) -> Option<Forced> {
+    if spec.contains(':') {
+        let mut f = Forced::default();
+        for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once(':')?;
+            match key.trim() {
+                "in" => f.in_cache = Some(one_regime(value)?),
+                "past" => f.past_cache = Some(one_regime(value)?),
+                "handoff" => f.handoff = Some(stores(value.trim())?),
+                _ => return None,
+            }
+        }
+        return Some(f);
+    }
+    let (width, stores) = variant(spec)?;
+    let (output, handoff) = match stores[..] {
+        [] => (None, None),
+        [one] => (Some(one), Some(one)),
+        [output, handoff] => (Some(output), Some(handoff)),
+        _ => return None,
+    };
+    runnable(width, output)?;
+    runnable(width, handoff)?;
+    Some(Forced {
+        in_cache: Some((width, output)),
+        past_cache: Some((width, output)),
+        handoff,
+    })
+}
+
+/// One regime's `width[,stores]`, if runnable.
+fn one_regime(text: &str) -> Option<(Width, Option<Stores>)> {
+    let (width, stores) = variant(text)?;
+    let output = match stores[..] {
+        [] => None,
+        [one] => Some(one),
+        _ => return None,
+    };
+    runnable(width, output)?;
+    Some((width, output))
+}
+
+/// A width and the stores after it.
+fn variant(text: &str) -> Option<(Width, Vec<Stores>)> {
     let mut width = None;
-    let mut stores = Vec::new();
-    for part in spec.split([',', '+', ' ']).filter(|p| !p.is_empty()) {
+    let mut list = Vec::new();
+    for part in text.split([',', '+', ' ']).filter(|p| !p.is_empty()) {
         match part.trim().to_ascii_lowercase().as_str() {
             "baseline" => width = Some(Width::Baseline),
             "avx2" => width = Some(Width::Avx2),
             "avx512" => width = Some(Width::Avx512),
-            "nt" | "non-temporal" => stores.push(Stores::NonTemporal),
-            "cached" => stores.push(Stores::Cached),
-            _ => return None,
+            other => list.push(stores(other)?),
         }
     }
-    let stores = match stores[..] {
-        [] => None,
-        [one] => Some((one, one)),
-        [output, handoff] => Some((output, handoff)),
-        _ => return None,
-    };
-    let width = width?;
-    let runnable = |s: Stores| {
-        KernelChoice::available()
-            .iter()
-            .any(|c| c.width == width && c.stores == s)
-    };
-    let ok = match stores {
-        None => runnable(Stores::Cached),
-        Some((output, handoff)) => runnable(output) && runnable(handoff),
-    };
-    ok.then_some(Forced { width, stores })
+    Some((width?, list))
 }
 
-/// The calibration's four arrays together are this many times the
-/// last-level cache, so what is timed is what a call past the cache does
-/// (a timing that fits the cache can favour what loses at DRAM sizes).
-const CALIBRATION_LLC_MULTIPLE: u64 = 2;
-
-/// Each calibration array's size bounds: at least 4 MiB (past any L2),
-/// at most 32 MiB (a few tens of milliseconds in all).
-const CALIBRATION_BYTES: (u64, u64) = (4 << 20, 32 << 20);
-
-/// A width within this fraction of the fastest ties with it; of tied
-/// widths the widest wins: past the cache every width waits on memory
-/// alike, and in the cache the widest computes fastest.
-const TIED_WITHIN: f64 = 0.03;
-
-/// Time each width on arrays past the cache; the width to use and every
-/// width's rate.
-fn calibrate(rule: &StoreRule) -> (Width, Vec<(KernelChoice, f64)>) {
-    let candidates: Vec<KernelChoice> = KernelChoice::available()
-        .into_iter()
-        .filter(|c| c.stores == Stores::NonTemporal || !cfg!(target_arch = "x86_64"))
-        .collect();
-    if candidates.len() == 1 {
-        return (candidates[0].width, Vec::new());
+fn stores(text: &str) -> Option<Stores> {
+    match text.to_ascii_lowercase().as_str() {
+        "nt" | "non-temporal" => Some(Stores::NonTemporal),
+        "cached" => Some(Stores::Cached),
+        _ => None,
     }
-    let bytes = (rule.llc_bytes * CALIBRATION_LLC_MULTIPLE / 4)
-        .clamp(CALIBRATION_BYTES.0, CALIBRATION_BYTES.1);
-    let len = (bytes / 4) as usize;
-    let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
-    let b = vec![0.5f32; len];
-    let mut d0 = vec![0f32; len];
-    let mut d1 = vec![0f32; len];
-    let moved = (4 * len * 4) as f64;
-    let mut rates = Vec::new();
-    for &choice in &candidates {
-        let mut best = f64::MAX;
-        for _ in 0..3 {
-            let t = Instant::now();
-            // SAFETY: four distinct arrays of `len` elements; `choice` is
-            // available on this CPU.
-            unsafe {
-                super::lines::sum_f32(
-                    choice,
-                    &[a.as_ptr(), b.as_ptr()],
-                    &[d0.as_mut_ptr(), d1.as_mut_ptr()],
-                    len,
-                );
-            }
-            super::stream_fence();
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        rates.push((choice, moved / best / 1e9));
-    }
-    std::hint::black_box((&d0, &d1));
-    (pick(&rates).width, rates)
 }
 
-/// The widest variant within [`TIED_WITHIN`] of the fastest.
-fn pick(rates: &[(KernelChoice, f64)]) -> KernelChoice {
-    let best = rates.iter().map(|r| r.1).fold(0.0, f64::max);
-    rates
+/// `Some` where this CPU runs `width` with `stores` (cached when `None`).
+fn runnable(width: Width, stores: Option<Stores>) -> Option<()> {
+    let s = stores.unwrap_or(Stores::Cached);
+    KernelChoice::available()
         .iter()
-        .rev()
-        .find(|r| r.1 >= best * (1.0 - TIED_WITHIN))
-        .map_or(rates[0].0, |r| r.0)
+        .any(|c| c.width == width && c.stores == s)
+        .then_some(())
 }
 
 #[cfg(test)]
@@ -266,35 +341,53 @@ mod tests {
             assert!(all.iter().all(|c| c.width() != w));
         }
         let shown = calibration().to_string();
-        assert!(shown.contains("stores"), "{shown}");
+        assert!(shown.contains("past it"), "{shown}");
+        // What the launcher passes its ranks reads back as the same choices.
+        let c = calibration();
+        let f = parse(&c.spec()).expect("a calibration's spec parses");
+        for (r, forced) in [(&c.in_cache, f.in_cache), (&c.past_cache, f.past_cache)] {
+            assert_eq!(forced, Some((r.choice.width, Some(r.choice.stores))));
+        }
     }
 
     #[test]
     fn forced_variants_parse_only_when_runnable() {
+        let both = |w, s| Some((w, s));
         assert_eq!(
             parse("baseline,cached"),
             Some(Forced {
-                width: Width::Baseline,
-                stores: Some((Stores::Cached, Stores::Cached)),
+                in_cache: both(Width::Baseline, Some(Stores::Cached)),
+                past_cache: both(Width::Baseline, Some(Stores::Cached)),
+                handoff: Some(Stores::Cached),
             })
         );
-        // A width alone leaves the stores to the rule.
+        // A width alone leaves the stores to the regime and the rule.
         assert_eq!(
             parse("baseline"),
             Some(Forced {
-                width: Width::Baseline,
-                stores: None,
+                in_cache: both(Width::Baseline, None),
+                past_cache: both(Width::Baseline, None),
+                handoff: None,
+            })
+        );
+        // Per regime; a regime not named is timed.
+        assert_eq!(
+            parse("past:baseline,cached"),
+            Some(Forced {
+                past_cache: both(Width::Baseline, Some(Stores::Cached)),
+                ..Forced::default()
             })
         );
         for c in KernelChoice::available() {
             let f = parse(&c.spec()).expect("round-trips");
-            assert_eq!((f.width, f.stores), (c.width, Some((c.stores, c.handoff))));
-            assert_eq!(parse(c.width_spec()).unwrap().width, c.width);
+            assert_eq!(f.past_cache, Some((c.width, Some(c.stores))));
+            assert_eq!(f.handoff, Some(c.handoff));
+            assert_eq!(parse(c.width_spec()).unwrap().in_cache.unwrap().0, c.width);
         }
         if let Some(f) = parse("avx2,nt,cached") {
-            assert_eq!(f.stores, Some((Stores::NonTemporal, Stores::Cached)));
+            assert_eq!(f.handoff, Some(Stores::Cached));
             let nt = KernelChoice {
-                width: f.width,
+                width: Width::Avx2,
                 stores: Stores::NonTemporal,
                 handoff: Stores::Cached,
             };
@@ -302,50 +395,47 @@ mod tests {
             assert_eq!(nt.to(Destination::Output), nt);
             assert!(nt.to_string().contains("to hand-offs"), "{nt}");
         }
-        assert!(parse("avx2,nt,cached,nt").is_none(), "at most two kinds");
-        assert!(parse("avx3,nt").is_none());
-        assert!(parse("").is_none());
+        for bad in [
+            "avx2,nt,cached,nt",
+            "avx3,nt",
+            "",
+            "in:baseline,nt,cached",
+            "inside:baseline",
+            "handoff:sometimes",
+        ] {
+            assert!(parse(bad).is_none(), "{bad}");
+        }
         for w in KernelChoice::unavailable() {
             let name = if w == Width::Avx2 { "avx2" } else { "avx512" };
             assert!(parse(name).is_none(), "{name} offered on a CPU without it");
+            assert!(parse(&format!("past:{name}")).is_none(), "{name}");
         }
     }
 
+    /// Every call takes its regime's width and output stores; hand-offs
+    /// store by their own size unless forced.
     #[test]
-    fn the_widest_width_wins_a_near_tie() {
-        let all = KernelChoice::available();
-        let rates: Vec<_> = all
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| (c, 10.0 - 0.01 * i as f64))
-            .collect();
-        assert_eq!(pick(&rates), *all.last().unwrap());
-        let mut rates = rates;
-        rates[0].1 = 20.0;
-        assert_eq!(pick(&rates), all[0]);
-    }
-
-    /// Every call's stores follow the rule unless forced: past the share
-    /// of the cache outputs stream, within it they are cached; hand-offs
-    /// by their own size.
-    #[test]
-    fn a_calls_stores_follow_its_bytes() {
+    fn a_call_runs_its_regimes_choice() {
         let c = calibration();
-        if c.forced_stores.is_some() {
-            return;
-        }
         let past = c.rule.threshold() + 1;
-        let nt_here = KernelChoice::available()
-            .iter()
-            .any(|k| k.stores == Stores::NonTemporal);
         let big = for_call(past, 512 << 10);
         let small = for_call(4 << 10, 512 << 10);
-        assert_eq!(small.stores(), Stores::Cached);
-        assert_eq!(small.handoff_stores(), Stores::Cached);
-        assert_eq!(big.handoff_stores(), Stores::Cached);
-        if nt_here {
-            assert_eq!(big.stores(), Stores::NonTemporal);
+        assert_eq!(
+            (big.width(), big.stores()),
+            (c.past_cache.choice.width, c.past_cache.choice.stores)
+        );
+        assert_eq!(
+            (small.width(), small.stores()),
+            (c.in_cache.choice.width, c.in_cache.choice.stores)
+        );
+        if c.forced_handoff.is_none() {
+            assert_eq!(big.handoff_stores(), Stores::Cached);
+            let nt_here = KernelChoice::available()
+                .iter()
+                .any(|k| k.width == big.width && k.stores == Stores::NonTemporal);
+            if nt_here {
+                assert_eq!(for_call(past, past).handoff_stores(), Stores::NonTemporal);
+            }
         }
-        assert_eq!(big.width(), c.choice.width());
     }
 }

@@ -9,13 +9,15 @@
 //! the same memory as one of the sources (exactly the same range, element
 //! for element — partial overlaps are staged by the caller).
 
+mod calibrate;
 mod choice;
 mod lines;
 mod reduce;
 mod rule;
 mod variant;
 
-pub use choice::{Calibration, calibration, chosen, for_call};
+pub use calibrate::{Regime, pick};
+pub use choice::{Calibration, RegimeChoice, calibration, chosen, for_call};
 pub use rule::{ASSUMED_LLC_BYTES, LLC_SHARE, StoreRule, last_level_cache};
 pub use variant::{Destination, KernelChoice, Stores, Width};
 

@@ -415,17 +415,18 @@ fn spawn_all(
     Ok((children, forwarders))
 }
 
-/// The host kernel width every rank should run, measured once here (the
-/// ranks would time the same widths on the same arrays, but each rank
-/// timing on its own beside the others is noise); the stores are left to
-/// the rule, which every rank applies alike to each call's bytes, so no
-/// rank is forced onto a weaker store than it would pick. `None` when the
-/// caller forces a variant with `FERROCOLL_KERNELS` already.
+/// The host kernels every rank should run, timed once here for both
+/// regimes (in the cache and past it): the ranks would time the same
+/// variants on the same arrays, but each rank timing on its own beside
+/// the others is noise, and ranks that chose differently would run at
+/// different rates. Hand-offs keep the rule, which every rank applies
+/// alike. `None` when the caller forces a variant with
+/// `FERROCOLL_KERNELS` already.
 fn shared_kernel_choice() -> Option<String> {
     if ferrocoll::settings::kernels_override().is_some() {
         return None;
     }
-    Some(ferrocoll::kernels::chosen().width_spec().to_owned())
+    Some(ferrocoll::kernels::calibration().spec())
 }
 
 /// `ferrocoll` as the command means this very executable, wherever cargo
