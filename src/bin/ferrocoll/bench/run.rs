@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use ferrocoll::Collective;
 use ferrocoll::comm::{CommError, Communicator};
-use ferrocoll::conformance::{KitElement, SplitMix64, expected, in_place_buffer, wrong_elements};
+use ferrocoll::conformance::{KitElement, SplitMix64, in_place_buffer};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 use ferrocoll::topo::probe::membw::Arrays;
 
@@ -270,23 +270,22 @@ fn settle_calls(n: u32) -> u32 {
 /// every rank makes the same calls whatever its own clock says.
 fn settle<T: KitElement, C: BenchRank>(
     comm: &mut C,
-    args: &BenchArgs,
     section: &Section,
     collective: Collective,
     count: usize,
+    mine: &[T],
 ) -> Result<(), CommError> {
     let started = Instant::now();
     let (mut done, mut batch) = (0, 1);
     let most = settle_calls(comm.world_size());
+    let out_len = collective.output_blocks(comm.world_size()) as usize * count;
+    // Placed once for every batch: placing is what a large row pays for.
+    let mut placed = comm.place(mine, try_filled(T::poison(), out_len, "output")?)?;
     while done < most {
         let iters = batch.min(most - done);
-        let settle = BenchArgs {
-            iters,
-            warmup: 0,
-            check: 0,
-            ..args.clone()
-        };
-        one_size::<T, C>(comm, &settle, section, collective, count, false, 0, None)?;
+        for _ in 0..iters {
+            comm.collective(&mut placed, collective, section.op, false, count)?;
+        }
         done += iters;
         batch *= 2;
         let mut late = [i32::from(started.elapsed() >= SETTLE_TIME)];
@@ -321,13 +320,16 @@ fn typed<T: KitElement, B: Backend>(
     let results = backend.run(&|comm: &mut B::Rank| {
         let wanted = pairs && comm.shares_host_memory();
         let mut pairing = paired::Pairing::agree(comm, wanted)?;
-        if let Some(&first) = sizes.first() {
-            let count = first / (std::mem::size_of::<T>() * collective.size_blocks(n) as usize);
-            settle::<T, B::Rank>(comm, args, section, collective, count)?;
-        }
         for (i, &size) in sizes.iter().enumerate() {
             let blocks = collective.size_blocks(n) as usize;
             let count = size / (std::mem::size_of::<T>() * blocks);
+            // One input per size, for both modes and the check: making it
+            // is most of the time a large row spends outside its calls.
+            let in_len = collective.input_blocks(n) as usize * count;
+            let input: Vec<T> = inputs(comm.rank(), in_len, i as u64, section.op)?;
+            if i == 0 {
+                settle::<T, B::Rank>(comm, section, collective, count, &input)?;
+            }
             let mut probe = pairing.for_size(size, n)?;
             let mut measures = [None, None];
             let mut mine = [0u64; 2];
@@ -341,7 +343,7 @@ fn typed<T: KitElement, B: Backend>(
                     args,
                     section,
                     collective,
-                    count,
+                    (count, &input),
                     in_place,
                     i as u64,
                     probe.as_deref_mut(),
@@ -412,17 +414,16 @@ fn one_size<T: KitElement, C: BenchRank>(
     args: &BenchArgs,
     section: &Section,
     collective: Collective,
-    count: usize,
+    (count, mine): (usize, &[T]),
     in_place: bool,
     seed: u64,
     probe: Option<&mut Arrays>,
 ) -> Result<(Timing, u64), CommError> {
     let n = comm.world_size();
     let rank = comm.rank();
-    let in_len = collective.input_blocks(n) as usize * count;
+    let in_len = mine.len();
     let out_len = collective.output_blocks(n) as usize * count;
     let op = section.op;
-    let mine: Vec<T> = inputs(rank, in_len, seed, op)?;
     let fresh = |mine: &[T]| -> Result<Vec<T>, CommError> {
         Ok(if in_place {
             in_place_buffer(
@@ -436,7 +437,7 @@ fn one_size<T: KitElement, C: BenchRank>(
             try_filled(T::poison(), out_len, "output")?
         })
     };
-    let mut placed = comm.place(&mine, fresh(&mine)?)?;
+    let mut placed = comm.place(mine, fresh(mine)?)?;
     for _ in 0..args.warmup {
         comm.collective(&mut placed, collective, op, in_place, count)?;
     }
@@ -467,14 +468,20 @@ fn one_size<T: KitElement, C: BenchRank>(
     if args.check == 0 {
         return Ok((timing, 0));
     }
-    drop(placed);
-    let mut placed = comm.place(&mine, fresh(&mine)?)?;
-    comm.collective(&mut placed, collective, op, in_place, count)?;
+    // Out of place, the timed calls left the last one's output: checking
+    // it checks a call on inputs the loop kept (a call that wrote its
+    // input shows). In place, every call reduced the last one's result:
+    // the check runs once more on fresh data (as it does when no call ran).
+    if in_place || args.iters + args.warmup == 0 {
+        drop(placed);
+        placed = comm.place(mine, fresh(mine)?)?;
+        comm.collective(&mut placed, collective, op, in_place, count)?;
+    }
     let out = comm.output(&placed)?;
     drop(placed);
     Ok((
         timing,
-        count_wrong(collective, op, n, rank, count, seed, in_place, &mine, &out)?,
+        count_wrong(collective, op, n, rank, count, seed, in_place, mine, &out)?,
     ))
 }
 
@@ -556,26 +563,30 @@ fn count_wrong<T: KitElement>(
     mine: &[T],
     out: &[T],
 ) -> Result<u64, CommError> {
-    let mut all: Vec<Vec<T>> = try_with_capacity(n as usize, "inputs of every rank")?;
-    for r in 0..n {
-        all.push(if r == rank {
-            try_copy(mine, "reference input")?
-        } else {
-            inputs(r, mine.len(), seed, op)?
-        });
+    let mut others: Vec<Vec<T>> = try_with_capacity(n as usize, "inputs of every rank")?;
+    for r in (0..n).filter(|&r| r != rank) {
+        others.push(inputs(r, mine.len(), seed, op)?);
     }
+    let mut all: Vec<&[T]> = others.iter().map(Vec::as_slice).collect();
+    all.insert(rank as usize, mine);
     let r = rank as usize;
     let result: &[T] = match (collective, in_place) {
         (Collective::ReduceScatter, true) => &out[r * count..(r + 1) * count],
         _ => out,
     };
-    let untouched = if in_place {
-        try_copy(mine, "untouched pattern")?
-    } else {
-        try_filled(T::poison(), count, "untouched pattern")?
+    // Only a non-root rank's reduce leaves its output alone.
+    let poison;
+    let untouched: &[T] = match collective {
+        Collective::Reduce { root } if root != rank && in_place => mine,
+        Collective::Reduce { root } if root != rank => {
+            poison = try_filled(T::poison(), count, "untouched pattern")?;
+            &poison
+        }
+        _ => &[],
     };
-    let want = expected(collective, op, n, count, rank, &all);
-    Ok(wrong_elements(op, &want, result, &untouched).len() as u64)
+    Ok(ferrocoll::conformance::count_wrong(
+        collective, op, count, rank, &all, result, untouched,
+    ))
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 //! the inputs: `n × ε(type) × Σ|xᵢ|` for sums, relative `n × ε` for
 //! products, exact for min and max.
 
+mod count;
+
+pub use count::count_wrong;
+
 use half::{bf16, f16};
 
 use crate::algorithms::Algorithm;
