@@ -32,9 +32,26 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE="${BUNDLE:-target/gpu-bundle}"
 
+usage() {
+  sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+case "${1:-}" in
+  -h | --help) usage; exit 0 ;;
+  "" | --build) ;;
+  *) echo "gpu-check.sh: unknown argument \`$1'" >&2; usage >&2; exit 2 ;;
+esac
+
 if [ "${1:-}" = "--build" ]; then
   set -e
   cargo build --release -q
+  # The kernels are compiled here, at the end: without NVRTC the bundle
+  # would ship none, and every process on the GPU would compile its own
+  # (1.5-4 s each), overrunning the steps. Refuse before the long builds.
+  if ! target/release/ferrocoll info --no-measure 2> /dev/null | grep -q '^nvrtc  *[0-9]'; then
+    echo "gpu-check.sh --build: NVRTC not found; put libnvrtc on LD_LIBRARY_PATH and the CUDA" >&2
+    echo "headers in FERROCOLL_CUDA_INCLUDE (.ci/run installs both from the NVRTC wheels)" >&2
+    exit 1
+  fi
   mkdir -p "$BUNDLE"
   for t in cuda_conformance nccl_conformance; do
     path=$(cargo test --release -q --workspace --no-run --message-format=json-render-diagnostics \
@@ -75,13 +92,22 @@ step() {
     return
   fi
   local t0=$SECONDS
-  echo "== $name (limit ${limit}s)" | tee -a "$OUT/$file"
-  timeout --kill-after=5 "$limit" "$@" >> "$OUT/$file" 2>&1
+  # The executor's own timeout ends before the step's, so a hang ends in
+  # its error naming the stuck rank, not in `timeout` killing the step
+  # (the library's default is 10 minutes).
+  local wait_ms=$(((limit * 2 / 3) * 1000))
+  [ -n "${FERROCOLL_TIMEOUT_MS:-}" ] && [ "$FERROCOLL_TIMEOUT_MS" -lt "$wait_ms" ] && wait_ms=$FERROCOLL_TIMEOUT_MS
+  echo "== $name (limit ${limit}s, FERROCOLL_TIMEOUT_MS=$wait_ms)" | tee -a "$OUT/$file"
+  FERROCOLL_TIMEOUT_MS=$wait_ms timeout --kill-after=5 "$limit" "$@" >> "$OUT/$file" 2>&1
   local rc=$?
   local verdict="rc $rc"
   [ "$rc" -eq 124 ] && verdict="timed out"
   summary+=("$(printf '%-40s %-10s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$file")")
 }
+
+# First, so that even the preamble's `info` reads the carried kernels
+# instead of compiling into the default cache.
+export FERROCOLL_KERNEL_CACHE="$BUNDLE/kernels"
 
 # Libraries from Python environments that are not on PATH (an unactivated
 # venv or conda env): the binaries search PATH's Pythons themselves.
@@ -91,38 +117,50 @@ find_lib() {
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-if ! "$FC" info --no-measure 2> /dev/null | grep -q '^nccl  .* at /'; then
+# Read into a variable, then searched: `info | grep -q` under pipefail
+# reads as "not found" whenever grep stops reading early.
+libs=$("$FC" info --no-measure 2> /dev/null || true)
+if ! grep -q '^nccl  *[0-9].* at /' <<< "$libs"; then
   nccl=$(find_lib 'libnccl.so.2')
   [ -n "$nccl" ] && export FERROCOLL_NCCL_LIB="$nccl"
 fi
-if ! "$FC" info --no-measure 2> /dev/null | grep -q '^nvrtc .* at /'; then
+if ! grep -q '^nvrtc  *[0-9].* at /' <<< "$libs"; then
   nvrtc=$(find_lib 'libnvrtc.so.1*')
   [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export FERROCOLL_CUDA_INCLUDE="${FERROCOLL_CUDA_INCLUDE:-/usr/local/cuda/include}"
-export FERROCOLL_KERNEL_CACHE="$BUNDLE/kernels"
 export FERROCOLL_REQUIRE_GPU=1
-# Below every step's cap, so a hang ends in the executor's error naming
-# the stuck rank, not in `timeout` killing the step (the library's default
-# is 10 minutes).
-export FERROCOLL_TIMEOUT_MS="${FERROCOLL_TIMEOUT_MS:-20000}"
+grep -h MemAvailable /proc/meminfo 2> /dev/null | tee -a "$OUT/info.txt"
+# NCCL before 2.30 cannot put several ranks on one GPU: compare with it at
+# K = 1 only then (a refused comparison would only cost the step's time).
+nccl_version=$("$FC" info --no-measure 2> /dev/null | sed -n 's/^nccl  *\([0-9][0-9.]*\).*/\1/p')
+nccl_multi=0
+if [ -n "$nccl_version" ] && [ "$(printf '%s\n' 2.30 "$nccl_version" | sort -V | head -n 1)" = 2.30 ]; then
+  nccl_multi=1
+fi
+echo "nccl $nccl_version: compared at K > 1: $([ $nccl_multi = 1 ] && echo yes || echo no)" | tee -a "$OUT/info.txt"
+compare() { # K: the --compare flag for K ranks, or nothing
+  if [ "$1" -eq 1 ] || [ "$nccl_multi" = 1 ]; then echo "--compare nccl"; fi
+}
 export CUDA_DEVICE_MAX_CONNECTIONS=32
-# NCCL with several ranks on one GPU: needs it enabled, and NVLS (NVLink
-# SHARP through the NVSwitch) has nothing to do on one GPU.
-export NCCL_MULTI_RANK_GPU_ENABLE=1
+# NCCL with several ranks on one GPU: needs it enabled (2.30 on), and NVLS
+# (NVLink SHARP through the NVSwitch) has nothing to do on one GPU.
+[ "$nccl_multi" = 1 ] && export NCCL_MULTI_RANK_GPU_ENABLE=1
 export NCCL_NVLS_ENABLE=0
 
 step "environment (ferrocoll info --kernels)" 60 info.txt "$FC" info --kernels
 
 bench=("$FC" bench --devices 0)
 for n in 1 2 4 8; do
+  # shellcheck disable=SC2046 # compare's words are meant to split
   step "bandwidth 256M-1G, $n rank(s), vs NCCL" 45 bandwidth.txt \
-    "${bench[@]}" --backend cuda --compare nccl --ranks "$n" -b 256M -e 1G -f 2 -n 10 -w 3 -c 0 \
+    "${bench[@]}" --backend cuda $(compare "$n") --ranks "$n" -b 256M -e 1G -f 2 -n 10 -w 3 -c 0 \
     --membw --json "$JSON/bw-$n.json"
 done
 for n in 1 2 8; do
+  # shellcheck disable=SC2046
   step "small calls 8B-1M, $n rank(s), Simple" 20 latency.txt \
-    env FERROCOLL_PROTO=Simple "${bench[@]}" --backend cuda --compare nccl --ranks "$n" \
+    env FERROCOLL_PROTO=Simple "${bench[@]}" --backend cuda $(compare "$n") --ranks "$n" \
     -b 8 -e 1M -f 4 -n 50 -w 10 -c 0 --json "$JSON/lat-simple-$n.json"
   step "small calls 8B-1M, $n rank(s), LL" 20 latency.txt \
     env FERROCOLL_PROTO=LL "${bench[@]}" --backend cuda --ll-max-bytes 1M --ranks "$n" \
@@ -132,12 +170,24 @@ for n in 2 4 8; do
   step "checked 1K-64M, every collective, $n ranks" 40 check.txt \
     "${bench[@]}" --backend cuda --ranks "$n" --op all -b 1K -e 64M -f 16 -n 2 -w 1 -c 1
 done
-step "checked bf16 aligned and unaligned, 4 ranks" 20 check.txt \
-  "${bench[@]}" --backend cuda --ranks 4 -d bf16 -b 67108864 -e 67108870 -f 67108870 -n 2 -w 1 -c 1
+for size in 67108864 67108870; do # aligned, then 33554435 elements (odd)
+  step "checked bf16 $size B, 4 ranks" 15 check.txt \
+    "${bench[@]}" --backend cuda --ranks 4 -d bf16 -b "$size" -e "$size" -n 2 -w 1 -c 1
+done
 step "conformance, the failures, capture, relay" 150 conformance.txt \
   "$BUNDLE/cuda_conformance" --test-threads=1
-step "two processes on one GPU: refused" 20 other.txt \
-  "$FC" launch -n 2 -- "$FC" bench --backend cuda --from-env -b 1K -e 1K
+# Both ranks see GPU 0 alone: refused because they share it, which the
+# output must say (with GPU 1 visible, rank 1 would fail on a missing GPU).
+refused_on_one_gpu() {
+  local out rc
+  out=$(CUDA_VISIBLE_DEVICES=0 "$FC" launch -n 2 -- "$FC" bench --backend cuda --from-env -b 1K -e 1K 2>&1)
+  rc=$?
+  echo "$out"
+  [ "$rc" -ne 0 ] && grep -q 'are both on GPU' <<< "$out"
+}
+export -f refused_on_one_gpu
+export FC
+step "two processes on one GPU: refused" 20 other.txt bash -c refused_on_one_gpu
 step "NCCL conformance, ranks on 1 GPU" 40 other.txt \
   "$BUNDLE/nccl_conformance" --test-threads=1
 

@@ -68,12 +68,14 @@ def small_calls(folder):
     print("|---|---|---|---|---|---|")
     for k in (1, 2, 8):
         simple, ll = load(folder, f"lat-simple-{k}.json"), load(folder, f"lat-ll-{k}.json")
-        if not simple:
+        if not simple and not ll:
             print(f"| {k} | (no run) | | | | |")
             continue
-        t = lambda rep, nccl: {r["size"]: r["out_of_place"]["time_us"] for r in rows(rep, nccl)} if rep else {}
+        # Either file alone still makes rows: a step that failed or ran out
+        # of time loses its own column, not the other's.
+        t = lambda rep, nccl: {r["size"]: r["out_of_place"]["time_us"] for r in rows(rep, nccl) if r.get("out_of_place")} if rep else {}
         ours_s, ours_l, theirs = t(simple, False), t(ll, False), t(simple, True)
-        for size in sorted(ours_s):
+        for size in sorted(set(ours_s) | set(ours_l)):
             best = min(x for x in (ours_s.get(size), ours_l.get(size)) if x is not None)
             ratio = best / base[size] if size in base and base[size] else None
             print(

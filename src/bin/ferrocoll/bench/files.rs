@@ -29,6 +29,10 @@ pub(crate) struct RunFacts {
     host: BTreeMap<&'static str, String>,
     /// Seconds since the Unix epoch.
     started_unix_s: f64,
+    /// What the run could not do and went on without (a comparison that
+    /// failed), as printed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
 }
 
 fn now_s() -> f64 {
@@ -46,7 +50,19 @@ impl RunFacts {
             versions: versions(args.backend),
             host: host_facts::summary(),
             started_unix_s: now_s(),
+            notes: Vec::new(),
         }
+    }
+
+    /// Record what the run went on without.
+    pub(crate) fn note(&mut self, text: String) {
+        self.notes.push(text);
+    }
+
+    /// What was recorded so far.
+    #[cfg(test)]
+    pub(crate) fn notes(&self) -> &[String] {
+        &self.notes
     }
 }
 

@@ -21,6 +21,8 @@ mod row;
 mod run;
 pub(crate) mod setup;
 mod target;
+#[cfg(test)]
+mod tests;
 mod threads;
 
 use std::io::IsTerminal;
@@ -197,6 +199,59 @@ pub(crate) struct BenchArgs {
     compare: Option<Peer>,
 }
 
+/// Every section on `target`, with its comparison where asked: a
+/// comparison that fails (NCCL too old for ranks sharing a GPU, say) is a
+/// printed note in `facts`, and the run goes on with its own rows.
+fn sweep(
+    target: &dyn target::Target,
+    args: &BenchArgs,
+    setup: &setup::Setup,
+    progress: Option<&indicatif::ProgressBar>,
+    predictor: Option<&predict::Predictor>,
+    bandwidth: Option<&ferrocoll::topo::probe::membw::MemoryBandwidth>,
+    facts: &mut files::RunFacts,
+) -> Result<Vec<Row>, String> {
+    let mut rows: Vec<Row> = Vec::new();
+    for section in &setup.sections {
+        if target.prints() {
+            report::print_section(section, args.ranks, &args.algo);
+        }
+        let config = setup.section_config(section);
+        let sweep = target::Sweep {
+            args,
+            config: &config,
+            section,
+            sizes: &setup.sizes,
+            progress,
+        };
+        let mut section_rows = target.run_section(&sweep)?;
+        if let Some(p) = predictor {
+            for row in &mut section_rows {
+                let collective = setup.collective(section, args);
+                row.predicted_us = p.time_us(&config, collective, section.dtype, row.size);
+            }
+        }
+        for row in &section_rows {
+            report::print_row(row, bandwidth, args.ranks);
+        }
+        rows.extend(section_rows);
+        match target.compare(&sweep) {
+            Ok(Some(theirs)) => {
+                let ours = &rows[rows.len() - setup.sizes.len()..];
+                report::print_comparison(ours, &theirs, bandwidth, args.ranks);
+                rows.extend(theirs);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let note = format!("no comparison for {}: {e}", section.kind.name());
+                println!("# {note}");
+                facts.note(note);
+            }
+        }
+    }
+    Ok(rows)
+}
+
 /// Run the benchmark: choose the backend, plan the sections, sweep them,
 /// report.
 pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
@@ -229,40 +284,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         true => Some(predict::Predictor::new(args.ranks, bandwidth.as_ref())),
         false => None,
     };
-    let mut rows: Vec<Row> = Vec::new();
-    for section in &setup.sections {
-        if show {
-            report::print_section(section, args.ranks, &args.algo);
-        }
-        let config = setup.section_config(section);
-        let sweep = target::Sweep {
-            args: &args,
-            config: &config,
-            section,
-            sizes: &setup.sizes,
-            progress: progress.as_ref(),
-        };
-        let mut section_rows = target.run_section(&sweep)?;
-        if let Some(p) = &predictor {
-            for row in &mut section_rows {
-                let collective = setup.collective(section, &args);
-                row.predicted_us = p.time_us(&config, collective, section.dtype, row.size);
-            }
-        }
-        for row in &section_rows {
-            report::print_row(row, bandwidth.as_ref(), args.ranks);
-        }
-        rows.extend(section_rows);
-        if let Some(theirs) = target.compare(&sweep)? {
-            report::print_comparison(
-                &rows[rows.len() - setup.sizes.len()..],
-                &theirs,
-                bandwidth.as_ref(),
-                args.ranks,
-            );
-            rows.extend(theirs);
-        }
-    }
+    let mut facts = facts;
+    let rows = sweep(
+        &*target,
+        &args,
+        &setup,
+        progress.as_ref(),
+        predictor.as_ref(),
+        bandwidth.as_ref(),
+        &mut facts,
+    )?;
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
