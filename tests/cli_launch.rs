@@ -648,8 +648,16 @@ fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
         "{text}"
     );
     assert!(text.contains("all-reduce f32 x16384"), "{text}");
+    // Rank 1 may stop after some peers finished the call it then holds
+    // up (it had sent them their data): those finished it, the others
+    // failed it; none is a suspect.
     for r in [0, 2, 3] {
-        assert!(text.contains(&format!("rank {r}: failed it")), "{text}");
+        let failed = text.contains(&format!("rank {r}: failed it"));
+        assert!(
+            failed || text.contains(&format!("rank {r}: finished it")),
+            "{text}"
+        );
     }
+    assert!(text.contains(": failed it"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
