@@ -282,6 +282,17 @@ fn a_dump_claiming_a_huge_group_is_skipped_not_believed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The one dump written into `dir`.
+fn only_dump(dir: &std::path::Path) -> Dump {
+    let file = std::fs::read_dir(dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+}
+
 /// A call waits in an `AsyncCommunicator`'s queue ("queued") until its
 /// progress thread starts it; the started call keeps when it was queued,
 /// and a job the recorder was not told about attaches nothing.
@@ -294,13 +305,7 @@ fn queued_calls_are_listed_until_started_and_keep_when_they_were_queued() {
     q.started(Some(a));
     r.begin(0, Some(&shape(4)));
     r.end(0, &Err(CommError::EmptyGroup));
-    let file = std::fs::read_dir(&dir)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let dump: Dump = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let dump = only_dump(&dir);
     let whats: Vec<&str> = dump.queued.iter().map(|q| q.what.as_str()).collect();
     assert_eq!(whats, ["second"]);
     assert!(
@@ -348,15 +353,9 @@ fn an_async_ranks_dump_lists_the_calls_queued_behind_a_stuck_one() {
         for w in works {
             assert!(w.wait().is_err());
         }
-        let file = std::fs::read_dir(&dir)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
-        let text = std::fs::read(&file).unwrap();
+        let dump = only_dump(&dir);
         done.wait();
-        serde_json::from_slice::<Dump>(&text).unwrap()
+        dump
     });
     assert!(dump.reason.contains("call #0 failed"), "{}", dump.reason);
     let whats: Vec<&str> = dump.queued.iter().map(|q| q.what.as_str()).collect();
