@@ -47,7 +47,8 @@ if [ "${1:-}" = "--build" ]; then
   # The kernels are compiled here, at the end: without NVRTC the bundle
   # would ship none, and every process on the GPU would compile its own
   # (1.5-4 s each), overrunning the steps. Refuse before the long builds.
-  if ! target/release/ferrocoll info --no-measure 2> /dev/null | grep -q '^nvrtc  *[0-9]'; then
+  nvrtc=$("${CARGO_TARGET_DIR:-target}/release/ferrocoll" info --no-measure 2> /dev/null || true)
+  if ! grep -q '^nvrtc  *[0-9]' <<< "$nvrtc"; then
     echo "gpu-check.sh --build: NVRTC not found; put libnvrtc on LD_LIBRARY_PATH and the CUDA" >&2
     echo "headers in FERROCOLL_CUDA_INCLUDE (.ci/run installs both from the NVRTC wheels)" >&2
     exit 1

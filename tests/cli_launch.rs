@@ -555,12 +555,19 @@ fn gpu_bench_fails_fast(bin: &str, backend: &str, ranks: &str) -> String {
 fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
     let dir = std::env::temp_dir().join(format!("ferrocoll-cli-trace-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    // Rank 0 times out after 2 s, the others only after 60: with no
+    // grace the launcher kills them while they still wait, so their dumps
+    // can only come from the SIGUSR1 it sends first (before it did, CI saw
+    // a survivor killed without a dump).
+    let bin = env!("CARGO_BIN_EXE_ferrocoll");
+    let bench = format!(
+        "if [ \"$RANK\" = 0 ]; then t=2000; else t=60000; fi; \
+         FERROCOLL_TIMEOUT_MS=$t exec {bin} bench --backend cpu --transport shm \
+         -b 64K -e 64K -n 1000000 -w 1"
+    );
     let mut launcher = Stopped(
-        // The grace lets every survivor time out and dump by itself: with
-        // none, the first to time out gets the others killed before they
-        // dump (seen in CI on a loaded host).
-        launch_bench(&["--grace", "20"], "shm", &["64K", "64K", "1000000"])
-            .env("FERROCOLL_TIMEOUT_MS", "2000")
+        Command::new(bin)
+            .args(["launch", "-n", "4", "--", "sh", "-c", &bench])
             .env("FERROCOLL_TRACE_DIR", &dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -648,16 +655,48 @@ fn the_trace_names_a_stopped_rank_and_the_call_the_others_wait_in() {
         "{text}"
     );
     assert!(text.contains("all-reduce f32 x16384"), "{text}");
-    // Rank 1 may stop after some peers finished the call it then holds
-    // up (it had sent them their data): those finished it, the others
-    // failed it; none is a suspect.
+    // Every survivor dumped: by itself when it failed, or asked by the
+    // launcher while still inside (or past: rank 1 may stop after feeding
+    // some peers the call it then holds up).
     for r in [0, 2, 3] {
-        let failed = text.contains(&format!("rank {r}: failed it"));
+        assert!(dumped(r), "rank {r} left no dump:\n{text}");
+        let at = ["failed it", "STILL INSIDE it", "finished it"];
         assert!(
-            failed || text.contains(&format!("rank {r}: finished it")),
+            at.iter().any(|a| text.contains(&format!("rank {r}: {a}"))),
             "{text}"
         );
     }
     assert!(text.contains(": failed it"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `FERROCOLL_TRACE_DIR` set, the ranks the launcher is about to kill
+/// get SIGUSR1 first, and a moment to dump: here rank 0 fails, and the
+/// others (shells that write a file on SIGUSR1, as a rank writes its
+/// flight recorder) are killed after writing it, not before.
+#[test]
+fn ranks_about_to_be_killed_are_asked_to_dump_first() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-cli-ask-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = "if [ \"$RANK\" = 0 ]; then sleep 0.5; exit 3; fi; \
+                  trap 'touch \"$FERROCOLL_TRACE_DIR/r$RANK\"' USR1; \
+                  while :; do sleep 0.05; done";
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["launch", "-n", "3", "--", "sh", "-c", script])
+        .env("FERROCOLL_TRACE_DIR", &dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("rank 0 failed first"), "{text}");
+    for r in [1, 2] {
+        assert!(
+            dir.join(format!("r{r}")).exists(),
+            "rank {r} was not asked: {text}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

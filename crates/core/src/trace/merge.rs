@@ -61,20 +61,25 @@ pub struct Stuck {
 }
 
 impl Stuck {
-    /// The ranks that hold the others up: those that wrote no dump, never
-    /// started the call, or are still inside it, where some rank got
-    /// further (finished it, or failed it waiting).
+    /// The ranks that hold the others up: those that wrote no dump or
+    /// never started the call; where there are none, those still inside
+    /// it. A rank that dumped from inside the call was alive and waiting
+    /// (a SIGUSR1 dump, as `ferrocoll launch` asks of ranks it is about to
+    /// kill); one that could not dump, or never came, is what it waited on.
     pub fn suspects(&self) -> Vec<u32> {
-        self.ranks
-            .iter()
-            .filter(|(_, at)| {
-                matches!(
-                    at,
-                    RankAt::NoDump | RankAt::NeverStarted(_) | RankAt::Running
-                )
-            })
-            .map(|&(rank, _)| rank)
-            .collect()
+        let pick = |f: fn(&RankAt) -> bool| -> Vec<u32> {
+            self.ranks
+                .iter()
+                .filter(|(_, at)| f(at))
+                .map(|&(rank, _)| rank)
+                .collect()
+        };
+        let absent = pick(|at| matches!(at, RankAt::NoDump | RankAt::NeverStarted(_)));
+        if absent.is_empty() {
+            pick(|at| matches!(at, RankAt::Running))
+        } else {
+            absent
+        }
     }
 }
 

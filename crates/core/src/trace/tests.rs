@@ -148,8 +148,17 @@ fn merge_names_who_never_started_who_is_inside_who_failed_and_who_is_silent() {
         "{text}"
     );
     assert!(g.disagreements.is_empty());
-    assert_eq!(stuck.suspects(), [1, 2, 3]);
-    assert!(text.contains("suspects: rank 1, rank 2, rank 3"), "{text}");
+    // Rank 3 dumped from inside the call: alive, waiting. The absent
+    // ranks come first; only without them is a rank inside a suspect.
+    assert_eq!(stuck.suspects(), [1, 2]);
+    assert!(text.contains("suspects: rank 1, rank 2 ("), "{text}");
+    let inside = merge::merge(vec![
+        dump(0, &[(7, 8, failed.clone())]),
+        dump(1, &[(7, 8, Running)]),
+        dump(2, &[(7, 8, Done)]),
+        dump(3, &[(7, 8, Running)]),
+    ]);
+    assert_eq!(inside[0].stuck.as_ref().unwrap().suspects(), [1, 3]);
 }
 
 #[test]

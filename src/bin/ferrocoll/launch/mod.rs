@@ -3,7 +3,10 @@
 //! output with their rank, and fail fast: when one exits with an error
 //! (or is killed), the others are killed — after `--grace` seconds in
 //! which they may report the loss themselves — and the launcher exits
-//! non-zero, naming the rank that failed first.
+//! non-zero, naming the rank that failed first. With
+//! `FERROCOLL_TRACE_DIR` set, ranks about to be killed first get SIGUSR1
+//! and a second to dump their flight recorders, so a hang's survivors
+//! leave their record instead of only the first rank to time out.
 //!
 //! Like torchrun, it never leaves an orphan: SIGINT, SIGTERM and SIGHUP
 //! are forwarded to every rank's process group, which gets
@@ -186,6 +189,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<ExitCode, String> {
         &Timing {
             grace,
             term_timeout,
+            dump_wait: ferrocoll::settings::trace_settings().dir.map(|_| DUMP_WAIT),
         },
         Watchers {
             watchdog: watchdog.as_mut(),
@@ -414,6 +418,11 @@ fn spawn_all(
     }
     Ok((children, forwarders))
 }
+
+/// How long ranks about to be killed get to write their flight
+/// recorders' dumps (a dump is one small file written in milliseconds;
+/// ranks on a loaded host get the rest).
+const DUMP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The host kernels every rank should run, timed once here for both
 /// regimes (in the cache and past it): the ranks would time the same

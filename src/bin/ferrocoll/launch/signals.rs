@@ -61,6 +61,20 @@ pub(crate) fn name(signal: i32) -> String {
     format!("signal {signal}")
 }
 
+/// Send `signal` to process `pid` alone (a rank, not what it started).
+pub(crate) fn send(pid: u32, signal: i32) {
+    #[cfg(unix)]
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: signalling a child this launcher started and has not
+        // reaped yet (so the pid is still its); no memory is involved.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (pid, signal);
+}
+
 /// Send `signal` to the process group `pid` leads (and to `pid` itself).
 pub(crate) fn send_group(pid: u32, signal: i32) {
     #[cfg(unix)]

@@ -187,6 +187,9 @@ fn describe(status: &ExitStatus) -> String {
 pub(super) struct Timing {
     pub grace: Duration,
     pub term_timeout: Duration,
+    /// With flight-recorder dumps on (`FERROCOLL_TRACE_DIR`): how long
+    /// the ranks about to be killed get to write theirs after a SIGUSR1.
+    pub dump_wait: Option<Duration>,
 }
 
 /// What the supervision keeps informed and reads besides the ranks.
@@ -255,6 +258,7 @@ pub(super) fn supervise(
     let mut running: Vec<(u32, Child)> = children;
     let mut stopped_since: Option<Instant> = None;
     let mut looks = 0u64;
+    let mut asked_for_dumps = false;
     while !running.is_empty() {
         if let Some((signal, count)) = signals::received()
             && count > forwarded
@@ -300,6 +304,17 @@ pub(super) fn supervise(
             kill_at = Some(Instant::now());
         }
         if kill_at.is_some_and(|at| Instant::now() >= at) {
+            // A rank killed unasked leaves no dump, and the survivors of a
+            // hang are the ranks whose dumps say where it stalled.
+            if let Some(wait) = timing.dump_wait.filter(|_| !asked_for_dumps) {
+                asked_for_dumps = true;
+                for (_, child) in &running {
+                    #[cfg(unix)]
+                    signals::send(child.id(), libc::SIGUSR1);
+                }
+                kill_at = Some(Instant::now() + wait);
+                continue;
+            }
             for (rank, child) in &mut running {
                 stop(child);
                 end.after.push(format!("rank {rank} killed"));
