@@ -275,9 +275,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
     let progress = (show && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new((setup.sections.len() * setup.sizes.len()) as u64);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {msg}")
+            indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} sizes {msg}")
                 .expect("valid template"),
         );
+        // Drawn and turning from the start, so a phase of seconds (placing
+        // and checking a 1 GiB row) shows it is alive.
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
         bar
     });
     let predictor = match args.predict {

@@ -246,6 +246,17 @@ impl Timing {
     }
 }
 
+/// Where rank 0 tells the progress bar its phase (`None` on other ranks).
+type Say<'a> = Option<&'a dyn Fn(&str)>;
+
+/// Say on the progress bar what rank 0 does now: one phase of a large
+/// row (making its data, settling, checking) can take seconds.
+fn phase(progress: Option<&indicatif::ProgressBar>, rank: u32, what: impl FnOnce() -> String) {
+    if let Some(bar) = progress.filter(|_| rank == 0) {
+        bar.set_message(what());
+    }
+}
+
 /// Untimed calls of the first size before any row: what ran just before
 /// (the `--membw` probe, the selector's host measurement, starting the
 /// ranks) can leave two ranks sharing a core for tens of milliseconds,
@@ -328,6 +339,7 @@ fn typed<T: KitElement, B: Backend>(
             let in_len = collective.input_blocks(n) as usize * count;
             let input: Vec<T> = inputs(comm.rank(), in_len, i as u64, section.op)?;
             if i == 0 {
+                phase(progress, comm.rank(), || format!("{size} B: settling"));
                 settle::<T, B::Rank>(comm, section, collective, count, &input)?;
             }
             let mut probe = pairing.for_size(size, n)?;
@@ -338,6 +350,9 @@ fn typed<T: KitElement, B: Backend>(
                 if in_place && (collective.in_place_alias(0).is_none() || !proven_in_place) {
                     continue;
                 }
+                let mode = if in_place { "in place" } else { "out of place" };
+                let say = |what: &str| phase(progress, 0, || format!("{size} B {mode}: {what}"));
+                let say = (comm.rank() == 0).then_some(&say as &dyn Fn(&str));
                 let (time, bad) = one_size::<T, B::Rank>(
                     comm,
                     args,
@@ -346,7 +361,7 @@ fn typed<T: KitElement, B: Backend>(
                     (count, &input),
                     in_place,
                     i as u64,
-                    probe.as_deref_mut(),
+                    (probe.as_deref_mut(), say),
                 )?;
                 wrong.lock().unwrap()[i][m] += bad;
                 mine[m] = bad;
@@ -417,8 +432,14 @@ fn one_size<T: KitElement, C: BenchRank>(
     (count, mine): (usize, &[T]),
     in_place: bool,
     seed: u64,
-    probe: Option<&mut Arrays>,
+    (probe, say): (Option<&mut Arrays>, Say<'_>),
 ) -> Result<(Timing, u64), CommError> {
+    let say = |what: &str| {
+        if let Some(say) = say {
+            say(what);
+        }
+    };
+    say("placing");
     let n = comm.world_size();
     let rank = comm.rank();
     let in_len = mine.len();
@@ -442,6 +463,7 @@ fn one_size<T: KitElement, C: BenchRank>(
         comm.collective(&mut placed, collective, op, in_place, count)?;
     }
     comm.barrier()?;
+    say("timing");
     let timing = match comm.timed(&mut placed, collective, op, in_place, count, args.iters) {
         Some(each) => {
             let each = each?;
@@ -472,6 +494,7 @@ fn one_size<T: KitElement, C: BenchRank>(
     // it checks a call on inputs the loop kept (a call that wrote its
     // input shows). In place, every call reduced the last one's result:
     // the check runs once more on fresh data (as it does when no call ran).
+    say("checking");
     if in_place || args.iters + args.warmup == 0 {
         drop(placed);
         placed = comm.place(mine, fresh(mine)?)?;
