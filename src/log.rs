@@ -12,8 +12,8 @@
 //! |---|---|
 //! | `FERROCOLL_LOG` | `tracing-subscriber` `EnvFilter` directives: a level (`error`, `warn` — the default —, `info`, `debug`, `trace`) or per-module ones, `info,ferrocoll_process=debug` |
 //! | `RUST_LOG` | the same, when `FERROCOLL_LOG` is unset |
-//! | `FERROCOLL_LOG_FILE` | write there instead of stderr (appending); `%h` is the host's name, `%r` the rank (`RANK`, else `x`), `%p` the process id: `/tmp/fc.%h.%r.log` gives a file per rank |
-//! | `FERROCOLL_TIMELINE` | also write a Chrome trace (Perfetto, `chrome://tracing`) of every collective call and gradient bucket to this file (`%h`, `%r`, `%p` as above); [`finish`] completes it, and so does the process's normal exit. `ferrocoll trace --timeline OUT FILE…` merges one file per rank into one trace with a track per rank |
+//! | `FERROCOLL_LOG_FILE` | write there instead of stderr (appending); `%h` is the host's name, `%r` the rank (`RANK`, else `x`; `launcher` for `ferrocoll launch` itself), `%p` the process id: `/tmp/fc.%h.%r.log` gives a file per rank |
+//! | `FERROCOLL_TIMELINE` | also write a Chrome trace (Perfetto, `chrome://tracing`) of every collective call and gradient bucket to this file (`%h`, `%r`, `%p` as above); [`finish`] completes it, and so does the process's normal exit. `ferrocoll trace --timeline OUT FILE…` merges one file per rank into one trace with a track per rank (`ferrocoll launch` itself writes none) |
 //!
 //! A program that already installs its own subscriber keeps it (`init`
 //! then does nothing); ferrocoll's debug lines come from the targets
@@ -34,6 +34,19 @@ use tracing_subscriber::prelude::*;
 /// reported on stderr and replaced by the defaults (`warn`, stderr):
 /// logging never stops a program.
 pub fn init() -> bool {
+    init_as(std::env::var("RANK").ok(), true)
+}
+
+/// [`init`] for `ferrocoll launch`: `%r` in `FERROCOLL_LOG_FILE` becomes
+/// `launcher` (it has no `RANK`, and its ranks' files are theirs), and
+/// no timeline is written (a launcher runs no collective; its ranks write
+/// theirs).
+pub fn init_launcher() -> bool {
+    init_as(Some("launcher".to_owned()), false)
+}
+
+/// [`init`] naming `%r` by `rank`, with the timeline if `timeline`.
+fn init_as(rank: Option<String>, timeline_wanted: bool) -> bool {
     let get = |k: &str| std::env::var(k).ok();
     let filter = filter(&directives(get)).unwrap_or_else(|e| {
         eprintln!("ferrocoll: {e}; logging at `warn`");
@@ -41,7 +54,7 @@ pub fn init() -> bool {
     });
     let file = get("FERROCOLL_LOG_FILE").filter(|p| !p.trim().is_empty());
     let opened = file.map(|pattern| {
-        let path = file_path(&pattern, get("RANK").as_deref());
+        let path = file_path(&pattern, rank.as_deref());
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -65,7 +78,8 @@ pub fn init() -> bool {
         .boxed();
     let mut layers = vec![lines];
     let mut guard = None;
-    if let Some((layer, g)) = timeline(get("FERROCOLL_TIMELINE"), get("RANK").as_deref()) {
+    let wanted = get("FERROCOLL_TIMELINE").filter(|_| timeline_wanted);
+    if let Some((layer, g)) = timeline(wanted, rank.as_deref()) {
         layers.push(layer.with_filter(LevelFilter::INFO).boxed());
         guard = Some(g);
     }

@@ -271,3 +271,32 @@ fn a_launcher_whose_output_is_closed_keeps_its_ranks_running() {
     assert!(marker.exists(), "the rank did not finish");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `%r` in `FERROCOLL_LOG_FILE` names the launcher's own file `launcher`,
+/// and the launcher writes no timeline: before, both came out as an
+/// empty file named `x` beside the ranks' (it has no `RANK`).
+#[test]
+fn the_launcher_names_its_log_file_and_writes_no_timeline() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-launch-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["launch", "-n", "2", "--", "true"])
+        .env("FERROCOLL_LOG", "info")
+        .env("FERROCOLL_LOG_FILE", dir.join("log.%r"))
+        .env("FERROCOLL_TIMELINE", dir.join("timeline.%r.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["log.launcher"], "{names:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -77,7 +77,10 @@ fn main() -> ExitCode {
     // touched.
     unsafe { ferrocoll::env::prepare_gpu_environment() };
     let cli = Cli::parse();
-    ferrocoll::log::init();
+    match cli.command {
+        Command::Launch(_) => ferrocoll::log::init_launcher(),
+        _ => ferrocoll::log::init(),
+    };
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => verify_cmd::run(&args),
