@@ -223,6 +223,9 @@ pub(crate) fn connect(
     let mut watch = Watch::start(store, rank, world_size, config.planning.timeout)?;
     let formed = form(store, &mut watch, rank, world_size, config);
     formed.map_err(|e| {
+        // A rank killed mid-setup cannot remove its host probe: the ones
+        // it named are removed by those that see the setup fail.
+        hosts::remove_named_probes(store, world_size);
         // Name the root cause, and leave it for peers that see us exit.
         let e = watch.explain(store, e);
         watch.record_cause(store, &e);

@@ -10,6 +10,11 @@
 //! probe alone would let containers with a shared tmpfs but separate pid
 //! namespaces pass. Each rank removes its own probe once every peer has
 //! said what it read.
+//!
+//! A rank names its probe in the store (`pg/host-probe/<rank>`, with the
+//! nonce) *before* it writes the file, so a rank killed at any moment of
+//! setup leaves no probe its peers cannot find: a setup that fails
+//! removes every probe named there that still holds its nonce.
 
 use std::path::Path;
 
@@ -72,31 +77,33 @@ pub(super) fn discover(
         ferrocoll_rendezvous::random_hex::<16>()
     );
     let probe_path = segment::directory().join(&probe);
-    // No probe (a read-only or missing tmpfs): this rank shares a host
-    // with nobody, which TCP still serves.
-    let wrote = write_probe(&probe_path, &nonce);
-    let mine = Card {
+    let mut mine = Card {
         key,
         name,
-        probe: if wrote { probe } else { String::new() },
+        probe,
         nonce,
     };
+    // Named before written: whoever outlives this rank can remove it.
+    store.set(&format!("pg/host-probe/{rank}"), mine.encode().as_bytes())?;
+    // No probe (a read-only or missing tmpfs): this rank shares a host
+    // with nobody, which TCP still serves.
+    let wrote = write_probe(&probe_path, &mine.nonce);
+    if !wrote {
+        mine.probe = String::new();
+    }
     let layout = exchange(store, watch, rank, world_size, &mine);
     if wrote {
         let _ = std::fs::remove_file(&probe_path);
     }
-    if layout.is_err() {
-        remove_published_probes(store, world_size);
-    }
     layout
 }
 
-/// On a failed setup, remove the probes of every peer that published one
-/// here (a peer killed before it removed its own leaves it otherwise),
-/// each only if it still holds the nonce its card names.
-fn remove_published_probes(store: &mut Store, world_size: u32) {
+/// After a failed setup, remove the probe of every rank that named one
+/// (a rank killed before it removed its own leaves it otherwise), each
+/// only if it still holds the nonce named with it.
+pub(super) fn remove_named_probes(store: &mut Store, world_size: u32) {
     for peer in 0..world_size {
-        if let Ok(Some(bytes)) = store.get(&format!("pg/host/{peer}"))
+        if let Ok(Some(bytes)) = store.get(&format!("pg/host-probe/{peer}"))
             && let Some(card) = Card::decode(&bytes)
             && reads_probe(&card)
         {
