@@ -41,10 +41,34 @@ impl JobSecret {
         (!secret.is_empty()).then_some(JobSecret { secret })
     }
 
+    /// Fewer bytes than this in a hand-set secret draw a warning.
+    pub const SHORT_BYTES: usize = 24;
+
     /// The secret in `FERROCOLL_JOB_SECRET`, whatever its bytes; `None`
-    /// when it is unset or empty (the job then runs unauthenticated).
+    /// when it is unset or empty (the job then runs unauthenticated). A
+    /// short one is warned about, once per process.
     pub fn from_env() -> Option<JobSecret> {
-        std::env::var_os(Self::ENV).and_then(JobSecret::new)
+        let secret = std::env::var_os(Self::ENV).and_then(JobSecret::new)?;
+        if secret.is_short() {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    bytes = secret.bytes().len(),
+                    "FERROCOLL_JOB_SECRET is short: a process squatting on the \
+                     store's or a rank's port collects one proof over a nonce \
+                     it chose and can guess a short secret from it offline; \
+                     use a random one of {} bytes or more (launch makes 64 hex digits)",
+                    Self::SHORT_BYTES
+                );
+            });
+        }
+        Some(secret)
+    }
+
+    /// Whether the secret is short enough to guess offline from one proof
+    /// (launchers' generated secrets never are).
+    pub fn is_short(&self) -> bool {
+        self.bytes().len() < Self::SHORT_BYTES
     }
 
     /// A fresh random secret: 32 bytes from the system's random source, as
@@ -200,5 +224,21 @@ mod tests {
         assert!(text.bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
         assert_ne!(random_bytes::<16>(), random_bytes::<16>());
+    }
+
+    #[test]
+    fn hand_set_passwords_are_short_and_generated_secrets_are_not() {
+        assert!(JobSecret::new("hunter2").unwrap().is_short());
+        assert!(
+            JobSecret::new("x".repeat(JobSecret::SHORT_BYTES - 1))
+                .unwrap()
+                .is_short()
+        );
+        assert!(
+            !JobSecret::new("x".repeat(JobSecret::SHORT_BYTES))
+                .unwrap()
+                .is_short()
+        );
+        assert!(!JobSecret::generate().is_short());
     }
 }
