@@ -9,6 +9,7 @@ use ferrocoll_core::comm::{
     Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, split,
 };
 use ferrocoll_core::comm::{Planned, Planner};
+use ferrocoll_core::kernels::KernelWatch;
 use ferrocoll_core::plan::{ExecutionPlan, OneShot};
 use ferrocoll_core::trace::{FlightRecorder, Identity};
 use ferrocoll_core::types::CallShape;
@@ -68,6 +69,8 @@ pub struct ProcessCommunicator {
     store: Store,
     /// This rank's last calls.
     recorder: FlightRecorder,
+    /// Keeps the kernels of large calls honest.
+    watch: KernelWatch,
 }
 
 impl std::fmt::Debug for ProcessCommunicator {
@@ -157,6 +160,7 @@ impl ProcessCommunicator {
             one_shot_calls: 0,
             one_shot_memo: None,
             store,
+            watch: KernelWatch::new(config.planning.kernel_watch.clone()),
             recorder: {
                 let mut r = FlightRecorder::with(
                     Identity {
@@ -375,7 +379,7 @@ impl ProcessCommunicator {
             Some(h) => signature_of(&h.plan),
             None => agreed,
         };
-        let kernels = ferrocoll_core::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
+        let kernels = self.watch.for_call(plan.host_bytes(), plan.chunk_bytes);
         self.recorder
             .planned(number, &plan.schedule, Some(planned.signature));
         tracing::debug!(
@@ -388,6 +392,8 @@ impl ProcessCommunicator {
             planned.describe()
         );
         let started = Instant::now();
+        let rank_bytes = plan.input_bytes + plan.output_bytes;
+        let meter = self.watch.meter(rank_bytes);
         ferrocoll_core::with_element_type!(shape.dtype, T => {
             let mut scratch: Vec<T> = Vec::with_capacity(plan.scratch_bytes as usize / std::mem::size_of::<T>());
             let task = Task {
@@ -398,9 +404,12 @@ impl ProcessCommunicator {
                 signature: &signature,
                 timeout: self.config.planning.timeout,
                 kernels,
+                meter: &meter,
             };
             self.by_reference += execute::<T>(self.transport.as_mut(), &task)?;
         });
+        self.watch
+            .observe(rank_bytes, plan.host_bytes(), kernels, &meter);
         tracing::trace!(
             rank = self.rank,
             call = number,
@@ -497,6 +506,9 @@ impl Communicator for ProcessCommunicator {
         if collective {
             self.recorder.end(number, &result);
         }
+        if result.is_ok() && self.watch.due() {
+            return self.kernel_checkpoint();
+        }
         result
     }
 
@@ -576,6 +588,24 @@ impl ProcessCommunicator {
         };
         self.transport.settle();
         self.fail_on(result)
+    }
+}
+
+impl ProcessCommunicator {
+    /// The kernel watch's checkpoint, right after the collective that made
+    /// it due (every rank makes that call, so every rank gets here).
+    fn kernel_checkpoint(&mut self) -> Result<(), CommError> {
+        let mut watch = std::mem::replace(&mut self.watch, KernelWatch::off());
+        let result = watch.checkpoint(&mut |values, op| {
+            ferrocoll_core::comm::CommunicatorExt::all_reduce_in_place(self, values, op)
+        });
+        self.watch = watch;
+        result.map(drop)
+    }
+
+    /// The kernel variants this rank's watch switched to, oldest first.
+    pub fn kernel_switches(&self) -> &[ferrocoll_core::kernels::Switch] {
+        self.watch.switches()
     }
 }
 

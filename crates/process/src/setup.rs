@@ -144,7 +144,7 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
     // As planned: `None` and the executor's default plan the same.
     let planned = config.planner_settings();
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} algorithms={} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={} cluster={}",
+        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} algorithms={} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={} cluster={} kernel_watch={}",
         config.transport,
         config.max_message_bytes,
         planned.slots_per_link,
@@ -178,6 +178,9 @@ fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
             .cluster
             .as_ref()
             .map_or_else(|| "none".to_owned(), |c| c.0.settings()),
+        // Its checkpoints are calls: a rank without them would meet its
+        // peers' checkpoint with its next call.
+        config.planning.kernel_watch.enabled,
     )
 }
 

@@ -62,6 +62,10 @@ pub struct Planning {
     /// Messages each link holds in flight: never fewer than the built-in
     /// schedules were proven with (2), nor than `schedule` was.
     pub slots_per_link: u32,
+    /// The host executors' run-time watch over their kernels (on by
+    /// default; see [`crate::kernels::KernelWatch`]). Every rank must set
+    /// it alike.
+    pub kernel_watch: crate::kernels::WatchSettings,
 }
 
 impl Default for Planning {
@@ -76,6 +80,7 @@ impl Default for Planning {
             channels: None,
             max_chunk_bytes: None,
             slots_per_link: 4,
+            kernel_watch: crate::kernels::WatchSettings::default(),
         }
     }
 }

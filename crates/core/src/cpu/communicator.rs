@@ -11,6 +11,7 @@ use super::group::{Group, Msg};
 use crate::comm::{
     Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, Planner, split,
 };
+use crate::kernels::{KernelWatch, Switch};
 use crate::plan::{LinkLoad, OneShot};
 use crate::trace::{FlightRecorder, Identity};
 use crate::types::{CallShape, Rank};
@@ -28,6 +29,8 @@ pub struct CpuCommunicator {
     pub(super) one_shot: Option<(CallShape, Arc<OneShot>)>,
     /// This rank's last calls.
     recorder: FlightRecorder,
+    /// Keeps the kernels of large calls honest.
+    watch: KernelWatch,
 }
 
 /// The signature a barrier announces.
@@ -63,6 +66,7 @@ pub fn group(n: u32, config: &CpuConfig) -> Result<Vec<CpuCommunicator>, CommErr
             rank,
             calls: 0,
             one_shot: None,
+            watch: KernelWatch::new(config.planning.kernel_watch.clone()),
             recorder: {
                 let mut r = FlightRecorder::with(
                     Identity {
@@ -219,6 +223,7 @@ impl CpuCommunicator {
             rank: membership.rank,
             calls: 0,
             one_shot: None,
+            watch: KernelWatch::new(self.config.planning.kernel_watch.clone()),
             recorder,
         }))
     }
@@ -270,7 +275,7 @@ impl CpuCommunicator {
         let planned = self.group.plan(shape)?;
         let plan = &planned.plan;
         self.agree(number, planned.signature, None, &|| plan.signature())?;
-        let kernels = crate::kernels::for_call(plan.host_bytes(), plan.chunk_bytes);
+        let kernels = self.watch.for_call(plan.host_bytes(), plan.chunk_bytes);
         self.recorder
             .planned(number, &plan.schedule, Some(planned.signature));
         tracing::debug!(
@@ -284,6 +289,8 @@ impl CpuCommunicator {
         let output_base = output.as_mut_ptr() as usize;
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let started = Instant::now();
+        let rank_bytes = plan.input_bytes + plan.output_bytes;
+        let meter = self.watch.meter(rank_bytes);
         crate::with_element_type!(shape.dtype, T => {
             let mut scratch: Vec<T> = Vec::with_capacity(plan.scratch_bytes as usize / std::mem::size_of::<T>());
             let task = Task {
@@ -293,9 +300,12 @@ impl CpuCommunicator {
                 bases: [input_base, output_base, scratch.as_mut_ptr() as usize],
                 timeout: self.config.planning.timeout,
                 kernels,
+                meter: &meter,
             };
             execute::<T>(&task)?;
         });
+        self.watch
+            .observe(rank_bytes, plan.host_bytes(), kernels, &meter);
         tracing::trace!(
             rank = self.rank,
             call = number,
@@ -424,6 +434,24 @@ impl CpuCommunicator {
     }
 }
 
+impl CpuCommunicator {
+    /// The kernel watch's checkpoint, right after the collective that made
+    /// it due (every rank makes that call, so every rank gets here).
+    fn kernel_checkpoint(&mut self) -> Result<(), CommError> {
+        let mut watch = std::mem::replace(&mut self.watch, KernelWatch::off());
+        let result = watch.checkpoint(&mut |values, op| {
+            crate::comm::CommunicatorExt::all_reduce_in_place(self, values, op)
+        });
+        self.watch = watch;
+        result.map(drop)
+    }
+
+    /// The kernel variants this rank's watch switched to, oldest first.
+    pub fn kernel_switches(&self) -> &[Switch] {
+        self.watch.switches()
+    }
+}
+
 impl Drop for CpuCommunicator {
     fn drop(&mut self) {
         // Peers waiting for this rank's next call learn at once that it
@@ -463,6 +491,9 @@ impl Communicator for CpuCommunicator {
         };
         if recorded {
             self.recorder.end(number, &result);
+        }
+        if result.is_ok() && self.watch.due() {
+            return self.kernel_checkpoint();
         }
         result
     }

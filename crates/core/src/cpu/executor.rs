@@ -41,6 +41,8 @@ pub(crate) struct Task<'a> {
     pub timeout: Duration,
     /// The kernel variant of the call: its stores by the call's bytes.
     pub kernels: crate::kernels::KernelChoice,
+    /// Times the kernels of a watched call.
+    pub meter: &'a crate::kernels::Meter,
 }
 
 /// The links of a rank in one call, looked up once.
@@ -260,7 +262,10 @@ fn try_fire<T: Reduce>(
         srcs = vec![own.clone().expect("direct receives write")];
     }
     if !dsts.is_empty() {
-        combine::<T>(task.kernels, task.plan.op, &srcs, &dsts);
+        let moved = (srcs.len() + dsts.len()) as u64 * bytes as u64;
+        task.meter.time(moved, || {
+            combine::<T>(task.kernels, task.plan.op, &srcs, &dsts)
+        });
     }
     publish(task, &outgoing, outgoing_msgs, ins);
     for (q, m) in incoming.iter().zip(&ins.recv) {

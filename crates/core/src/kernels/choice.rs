@@ -26,6 +26,11 @@ pub struct RegimeChoice {
     pub rates: Vec<(KernelChoice, f64)>,
     /// Bytes of each of the four arrays it was timed on.
     pub array_bytes: u64,
+    /// The rate in GB/s the chosen variant was timed at: here, or by the
+    /// launcher that handed its choice on (`FERROCOLL_KERNELS`'s
+    /// `@GB/s`). `None` where a user forced the variant: the run-time
+    /// watch ([`super::KernelWatch`]) then keeps it whatever it measures.
+    pub rate: Option<f64>,
     /// Forced by `FERROCOLL_KERNELS`.
     pub forced: bool,
 }
@@ -55,12 +60,14 @@ impl Calibration {
     }
 
     /// The `FERROCOLL_KERNELS` value that makes another process choose
-    /// the same (`in:avx512,cached;past:avx2,nt`; hand-offs by the rule
-    /// unless forced here).
+    /// the same (`in:avx512,cached@34.2;past:avx2,nt@21.0`; hand-offs by
+    /// the rule unless forced here). Each regime carries the rate it was
+    /// timed at, so the other process's watch knows what to expect.
     pub fn spec(&self) -> String {
         let one = |r: &RegimeChoice| {
+            let rate = r.rate.map(|g| format!("@{g:.1}")).unwrap_or_default();
             format!(
-                "{},{}",
+                "{},{}{rate}",
                 width_name(r.choice.width),
                 stores_name(r.choice.stores, true)
             )
@@ -96,6 +103,9 @@ impl std::fmt::Display for Calibration {
         ] {
             if r.forced {
                 write!(f, "; {name}: FERROCOLL_KERNELS")?;
+                if let Some(rate) = r.rate {
+                    write!(f, " (timed at {rate:.1} GB/s by the launcher)")?;
+                }
             } else if !r.rates.is_empty() {
                 write!(f, "; {name}, 4 x {:.0} MiB:", mib(r.array_bytes))?;
                 for (c, rate) in &r.rates {
@@ -140,7 +150,7 @@ pub fn for_call(call_bytes: u64, handoff_bytes: u64) -> KernelChoice {
 }
 
 /// `choice`, its stores cached where this CPU has no non-temporal ones.
-fn usable(choice: KernelChoice) -> KernelChoice {
+pub(super) fn usable(choice: KernelChoice) -> KernelChoice {
     let runnable = |s: Stores| {
         KernelChoice::available()
             .iter()
@@ -182,7 +192,7 @@ pub fn calibration() -> &'static Calibration {
         });
         let forced = forced.unwrap_or_default();
         let started = Instant::now();
-        let regime = |r: Regime, forced: Option<(Width, Option<Stores>)>| match forced {
+        let regime = |r: Regime, forced: Option<(Width, Option<Stores>)>, rate| match forced {
             Some((width, stores)) => RegimeChoice {
                 choice: usable(KernelChoice {
                     width,
@@ -191,12 +201,13 @@ pub fn calibration() -> &'static Calibration {
                 }),
                 rates: Vec::new(),
                 array_bytes: 0,
+                rate,
                 forced: true,
             },
             None => timed(&rule, r),
         };
-        let in_cache = regime(Regime::InCache, forced.in_cache);
-        let past_cache = regime(Regime::PastCache, forced.past_cache);
+        let in_cache = regime(Regime::InCache, forced.in_cache, forced.rates.0);
+        let past_cache = regime(Regime::PastCache, forced.past_cache, forced.rates.1);
         let c = Calibration {
             in_cache,
             past_cache,
@@ -212,12 +223,20 @@ pub fn calibration() -> &'static Calibration {
 /// `regime` chosen by timing every variant there.
 fn timed(rule: &StoreRule, regime: Regime) -> RegimeChoice {
     match calibrate::measure(rule, regime) {
-        Some((array_bytes, rates)) => RegimeChoice {
-            choice: calibrate::pick(&rates, regime).expect("two variants or more were timed"),
-            rates,
-            array_bytes,
-            forced: false,
-        },
+        Some((array_bytes, rates)) => {
+            let choice = calibrate::pick(&rates, regime).expect("two variants or more were timed");
+            let rate = rates
+                .iter()
+                .find(|(c, _)| (c.width, c.stores) == (choice.width, choice.stores))
+                .map(|r| r.1);
+            RegimeChoice {
+                choice,
+                rates,
+                array_bytes,
+                rate,
+                forced: false,
+            }
+        }
         None => RegimeChoice {
             choice: usable(KernelChoice {
                 handoff: Stores::Cached,
@@ -225,36 +244,52 @@ fn timed(rule: &StoreRule, regime: Regime) -> RegimeChoice {
             }),
             rates: Vec::new(),
             array_bytes: 0,
+            rate: None,
             forced: false,
         },
     }
 }
 
 /// What `FERROCOLL_KERNELS` forces: each regime's width and maybe its
-/// output stores, and maybe the hand-offs' stores.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// output stores, and maybe the hand-offs' stores; and the rates a
+/// launcher timed its regimes' variants at (in the cache, past it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Forced {
     in_cache: Option<(Width, Option<Stores>)>,
     past_cache: Option<(Width, Option<Stores>)>,
     handoff: Option<Stores>,
+    rates: (Option<f64>, Option<f64>),
 }
 
 /// `FERROCOLL_KERNELS`, if this CPU can run what it names:
 /// - `avx2` — the width in both regimes, stores by regime and rule;
 /// - `avx2,cached` — also the stores of outputs and hand-offs;
 /// - `avx2,nt,cached` — outputs' stores, then hand-offs';
-/// - `in:avx512,cached;past:avx2,nt` — per regime (what `ferrocoll
-///   launch` passes its ranks), with `;handoff:nt` optionally; a regime
-///   not named is timed.
+/// - `in:avx512,cached;past:avx2,nt` — per regime, with `;handoff:nt`
+///   optionally; a regime not named is timed;
+/// - `in:avx512,cached@34.2;past:avx2,nt@21.0` — what `ferrocoll launch`
+///   passes its ranks: each regime's variant and the GB/s it was timed at
+///   (a variant handed on with its rate may be re-measured at run time,
+///   one forced without stays).
 fn parse(spec: &str) -> Option<Forced> {
     if spec.contains(':') {
         let mut f = Forced::default();
         for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once(':')?;
+            let (value, rate) = match value.split_once('@') {
+                Some((v, rate)) => {
+                    let rate: f64 = rate.trim().parse().ok()?;
+                    if !(rate.is_finite() && rate > 0.0) {
+                        return None;
+                    }
+                    (v, Some(rate))
+                }
+                None => (value, None),
+            };
             match key.trim() {
-                "in" => f.in_cache = Some(one_regime(value)?),
-                "past" => f.past_cache = Some(one_regime(value)?),
-                "handoff" => f.handoff = Some(stores(value.trim())?),
+                "in" => (f.in_cache, f.rates.0) = (Some(one_regime(value)?), rate),
+                "past" => (f.past_cache, f.rates.1) = (Some(one_regime(value)?), rate),
+                "handoff" if rate.is_none() => f.handoff = Some(stores(value.trim())?),
                 _ => return None,
             }
         }
@@ -273,6 +308,7 @@ fn parse(spec: &str) -> Option<Forced> {
         in_cache: Some((width, output)),
         past_cache: Some((width, output)),
         handoff,
+        rates: (None, None),
     })
 }
 
@@ -345,8 +381,16 @@ mod tests {
         // What the launcher passes its ranks reads back as the same choices.
         let c = calibration();
         let f = parse(&c.spec()).expect("a calibration's spec parses");
-        for (r, forced) in [(&c.in_cache, f.in_cache), (&c.past_cache, f.past_cache)] {
+        let handed = [
+            (&c.in_cache, f.in_cache, f.rates.0),
+            (&c.past_cache, f.past_cache, f.rates.1),
+        ];
+        for (r, forced, rate) in handed {
             assert_eq!(forced, Some((r.choice.width, Some(r.choice.stores))));
+            // The rate travels to a tenth of a GB/s.
+            let close = |a: f64, b: f64| (a - b).abs() <= 0.05 + 1e-9;
+            assert_eq!(rate.is_some(), r.rate.is_some(), "{}", c.spec());
+            assert!(rate.zip(r.rate).is_none_or(|(a, b)| close(a, b)));
         }
     }
 
@@ -359,6 +403,7 @@ mod tests {
                 in_cache: both(Width::Baseline, Some(Stores::Cached)),
                 past_cache: both(Width::Baseline, Some(Stores::Cached)),
                 handoff: Some(Stores::Cached),
+                rates: (None, None),
             })
         );
         // A width alone leaves the stores to the regime and the rule.
@@ -368,6 +413,7 @@ mod tests {
                 in_cache: both(Width::Baseline, None),
                 past_cache: both(Width::Baseline, None),
                 handoff: None,
+                rates: (None, None),
             })
         );
         // Per regime; a regime not named is timed.
@@ -395,7 +441,16 @@ mod tests {
             assert_eq!(nt.to(Destination::Output), nt);
             assert!(nt.to_string().contains("to hand-offs"), "{nt}");
         }
+        // A launcher's hand-on: variants with the rates they were timed at.
+        let handed = parse("in:baseline,cached@34.25;past:baseline,nt@9").unwrap();
+        assert_eq!(handed.rates, (Some(34.25), Some(9.0)));
+        assert_eq!(handed.in_cache, both(Width::Baseline, Some(Stores::Cached)));
         for bad in [
+            "past:baseline,cached@",
+            "past:baseline,cached@fast",
+            "past:baseline,cached@-3",
+            "past:baseline,cached@inf",
+            "handoff:nt@3",
             "avx2,nt,cached,nt",
             "avx3,nt",
             "",

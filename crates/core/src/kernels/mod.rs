@@ -15,11 +15,16 @@ mod lines;
 mod reduce;
 mod rule;
 mod variant;
+mod watch;
 
 pub use calibrate::{Regime, pick};
 pub use choice::{Calibration, RegimeChoice, calibration, chosen, for_call};
 pub use rule::{ASSUMED_LLC_BYTES, LLC_SHARE, StoreRule, last_level_cache};
 pub use variant::{Destination, KernelChoice, Stores, Width};
+pub use watch::{
+    KernelProbe, KernelWatch, Meter, SLOW_BELOW, SharedProbe, Switch, TimedProbe, WATCH_MIN_BYTES,
+    WatchSettings,
+};
 
 pub use reduce::Reduce;
 

@@ -53,6 +53,8 @@ pub(crate) struct Task<'a> {
     pub timeout: Duration,
     /// The call's kernel variant: its stores by the call's bytes.
     pub kernels: ferrocoll_core::kernels::KernelChoice,
+    /// Times the kernels of a watched call.
+    pub meter: &'a ferrocoll_core::kernels::Meter,
 }
 
 /// A contiguous run of a value in local memory: (offset into the value,
@@ -348,7 +350,11 @@ fn try_fire<T: Reduce>(
         },
         len: bytes / std::mem::size_of::<T>(),
     };
-    if let Err(e) = value(t, &step, arrived.inputs) {
+    // What the kernels read and write: every input, the write, every room.
+    let values = step.incoming.len() + usize::from(step.read.is_some());
+    let moved =
+        (values + usize::from(step.write.is_some()) + step.rooms.len()) as u64 * bytes as u64;
+    if let Err(e) = task.meter.time(moved, || value(t, &step, arrived.inputs)) {
         for (d, m) in direct_to.iter().zip(&ins.send) {
             if d.is_some() {
                 t.give_back_post(m.peer, channel);
