@@ -52,6 +52,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod algorithms;
+pub mod aligned;
 pub mod comm;
 pub mod conformance;
 pub mod cpu;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
 use super::board::Board;
+use crate::aligned::{CacheLine, LINE_BYTES};
 use crate::comm::{CommError, Planned, Planner};
 use crate::plan::{LinkLoad, OneShotRule};
 use crate::types::{CallShape, DataType, Link, Rank};
@@ -54,8 +55,10 @@ pub(crate) struct LinkState {
 
 /// A slot buffer. Written only by the link's sender while the slot is free,
 /// read only by its receiver while the message that names it is queued.
-/// Backed by `u64`s so it is aligned for every element type.
-pub(crate) struct SlotBuffer(UnsafeCell<Vec<u64>>);
+/// Backed by cache lines, so it is aligned for every element type and
+/// sits at the offset the caller's line-aligned buffers do
+/// ([`crate::aligned`]).
+pub(crate) struct SlotBuffer(UnsafeCell<Vec<CacheLine>>);
 
 // SAFETY: access follows the slot protocol above: the sender writes a slot
 // only when fewer than `slots` messages are queued, and those are the
@@ -70,9 +73,9 @@ impl SlotBuffer {
     pub(crate) unsafe fn prepare(&self, bytes: usize) -> usize {
         // SAFETY: exclusive by the caller's contract.
         let v = unsafe { &mut *self.0.get() };
-        let words = bytes.div_ceil(8);
-        if v.len() < words {
-            v.resize(words, 0);
+        let lines = bytes.div_ceil(LINE_BYTES);
+        if v.len() < lines {
+            v.resize(lines, CacheLine::ZERO);
         }
         v.as_mut_ptr() as usize
     }

@@ -220,11 +220,13 @@ pub fn calibration() -> &'static Calibration {
     })
 }
 
-/// `regime` chosen by timing every variant there.
+/// `regime` chosen by timing every variant there; the first variant,
+/// untimed, where there is one or none could be timed (no memory).
 fn timed(rule: &StoreRule, regime: Regime) -> RegimeChoice {
-    match calibrate::measure(rule, regime) {
-        Some((array_bytes, rates)) => {
-            let choice = calibrate::pick(&rates, regime).expect("two variants or more were timed");
+    let measured = calibrate::measure(rule, regime)
+        .and_then(|(bytes, rates)| Some((calibrate::pick(&rates, regime)?, bytes, rates)));
+    match measured {
+        Some((choice, array_bytes, rates)) => {
             let rate = rates
                 .iter()
                 .find(|(c, _)| (c.width, c.stores) == (choice.width, choice.stores))

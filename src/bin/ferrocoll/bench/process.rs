@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use ferrocoll::Verified;
+use ferrocoll::aligned::AlignedBuffer;
 use ferrocoll::comm::{Call, CommError, Communicator, Planning};
 use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
@@ -14,7 +15,7 @@ use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
 use super::BenchArgs;
 use super::row::Row;
-use super::run::{Backend, BenchRank, try_copy};
+use super::run::{Backend, BenchRank, try_aligned, try_copy};
 use super::setup::custom_schedule;
 use super::target::{Sweep, Target, host_bandwidth};
 
@@ -179,7 +180,7 @@ impl<C: BenchRank + Send> Backend for Process<'_, C> {
 /// A rank's buffer: in the group's shared heap when it has one (peers
 /// read it in place), else private.
 pub(crate) enum Held<T: KitElement> {
-    Private(Vec<T>),
+    Private(AlignedBuffer<T>),
     Shared(SharedBuffer<T>),
 }
 
@@ -190,7 +191,7 @@ impl<T: KitElement> Held<T> {
                 shared.copy_from_slice(from);
                 Ok(Held::Shared(shared))
             }
-            Err(CommError::Unsupported { .. }) => Ok(Held::Private(try_copy(from, "buffer")?)),
+            Err(CommError::Unsupported { .. }) => Ok(Held::Private(try_aligned(from, "buffer")?)),
             Err(e) => Err(e),
         }
     }

@@ -4,6 +4,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ferrocoll::Collective;
+use ferrocoll::aligned::AlignedBuffer;
 use ferrocoll::comm::{CommError, Communicator};
 use ferrocoll::conformance::{KitElement, SplitMix64, in_place_buffer};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
@@ -104,33 +105,36 @@ impl Backend for Cpu<'_> {
     }
 }
 
-/// Threads on host memory: buffers are vectors.
+/// Threads on host memory: buffers start on cache lines, as the slots do.
 impl BenchRank for CpuCommunicator {
-    type Buffers<T: KitElement> = (Vec<T>, Vec<T>);
+    type Buffers<T: KitElement> = (AlignedBuffer<T>, AlignedBuffer<T>);
 
     fn place<T: KitElement>(
         &mut self,
         input: &[T],
         output: Vec<T>,
-    ) -> Result<(Vec<T>, Vec<T>), CommError> {
-        Ok((try_copy(input, "placed input")?, output))
+    ) -> Result<Self::Buffers<T>, CommError> {
+        Ok((
+            try_aligned(input, "placed input")?,
+            try_aligned(&output, "placed output")?,
+        ))
     }
 
     fn collective<T: KitElement>(
         &mut self,
-        (input, output): &mut (Vec<T>, Vec<T>),
+        (input, output): &mut Self::Buffers<T>,
         collective: Collective,
         op: ferrocoll::ReduceOp,
         in_place: bool,
         _count: usize,
     ) -> Result<(), CommError> {
-        let input = (!in_place).then(|| input.as_slice().into());
+        let input = (!in_place).then(|| (&input[..]).into());
         let call =
-            ferrocoll::comm::Call::collective(collective, op, input, output.as_mut_slice().into());
+            ferrocoll::comm::Call::collective(collective, op, input, (&mut output[..]).into());
         Communicator::execute(self, call)
     }
 
-    fn output<T: KitElement>(&mut self, buffers: &(Vec<T>, Vec<T>)) -> Result<Vec<T>, CommError> {
+    fn output<T: KitElement>(&mut self, buffers: &Self::Buffers<T>) -> Result<Vec<T>, CommError> {
         try_copy(&buffers.1, "output read back")
     }
 
@@ -175,6 +179,17 @@ pub(crate) fn try_with_capacity<T>(len: usize, what: &str) -> Result<Vec<T>, Com
         ),
     })?;
     Ok(v)
+}
+
+/// A copy of `items` starting on a cache line, allocated fallibly.
+pub(crate) fn try_aligned<T: Copy>(items: &[T], what: &str) -> Result<AlignedBuffer<T>, CommError> {
+    AlignedBuffer::try_copy(items).map_err(|e| CommError::Capacity {
+        what: format!(
+            "cannot allocate the {what} buffer of {} elements of {} bytes: {e}",
+            items.len(),
+            std::mem::size_of::<T>()
+        ),
+    })
 }
 
 /// `len` copies of `value`, allocated fallibly.
@@ -621,18 +636,25 @@ mod tests {
         let results = cpu::run(2, &CpuConfig::default(), |comm| {
             // Small arrays: this checks the protocol, it measures nothing.
             let mut arrays = Arrays::new(1 << 20).unwrap();
-            let mut placed = (vec![1.0f32; 1024], vec![0.0f32; 1024]);
+            let mut placed = comm.place(&[1.0f32; 1024], vec![0.0f32; 1024])?;
+            assert_eq!(
+                placed.0.as_ptr() as usize % 64,
+                0,
+                "buffers start on a line"
+            );
             let made = std::cell::Cell::new(0u32);
-            let call = |comm: &mut CpuCommunicator, placed: &mut (Vec<f32>, Vec<f32>)| {
-                made.set(made.get() + 1);
-                comm.collective(
-                    placed,
-                    Collective::AllReduce,
-                    ferrocoll::ReduceOp::Sum,
-                    false,
-                    1024,
-                )
-            };
+            let call =
+                |comm: &mut CpuCommunicator,
+                 placed: &mut <CpuCommunicator as BenchRank>::Buffers<f32>| {
+                    made.set(made.get() + 1);
+                    comm.collective(
+                        placed,
+                        Collective::AllReduce,
+                        ferrocoll::ReduceOp::Sum,
+                        false,
+                        1024,
+                    )
+                };
             let seen = std::cell::RefCell::new(Vec::new());
             let timing = paired_loop(comm, &mut placed, 7, &mut arrays, call, |rounds| {
                 seen.borrow_mut().extend(rounds.iter().map(|r| r.calls));
