@@ -40,7 +40,6 @@ use std::time::{Duration, Instant};
 use super::calibrate::{self, Regime};
 use super::choice::calibration;
 use super::variant::{KernelChoice, Stores, Width};
-use crate::comm::CommError;
 use crate::types::ReduceOp;
 
 /// Calls of at least this many bytes per rank (input and output) are
@@ -117,8 +116,9 @@ impl fmt::Debug for SharedProbe {
     }
 }
 
-/// An all-reduce of a few `f64` over the group, in place, with an op.
-pub type GroupReduce<'a> = dyn FnMut(&mut [f64], ReduceOp) -> Result<(), CommError> + 'a;
+/// An all-reduce of a few `f64` over the group, in place, with an op;
+/// `E` is the communicator's error.
+pub type GroupReduce<'a, E> = dyn FnMut(&mut [f64], ReduceOp) -> Result<(), E> + 'a;
 
 /// Whether and how a communicator watches its kernels.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,10 +339,7 @@ impl KernelWatch {
     /// The checkpoint, on every rank at the same call: `reduce` runs an
     /// all-reduce of a few `f64` over the group with the op given. Returns
     /// the switch, if one was made.
-    pub fn checkpoint(
-        &mut self,
-        reduce: &mut GroupReduce<'_>,
-    ) -> Result<Option<Switch>, CommError> {
+    pub fn checkpoint<E>(&mut self, reduce: &mut GroupReduce<'_, E>) -> Result<Option<Switch>, E> {
         let mut vote = [f64::from(u8::from(self.slow()))];
         reduce(&mut vote, ReduceOp::Max)?;
         if vote[0] == 0.0 {

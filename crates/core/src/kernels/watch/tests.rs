@@ -1,6 +1,7 @@
 use std::sync::{Barrier, Mutex};
 
 use super::*;
+use crate::comm::CommError;
 
 /// Rates injected per rank: `slow` runs at a sliver of what it was timed
 /// at; re-measurement reports `rates` (variants not named: 1 GB/s).
@@ -230,7 +231,7 @@ fn checkpoints_come_at_the_same_watched_call_and_space_out_while_nothing_is_wron
         calls += 1;
         if w.due() {
             at.push(calls);
-            let none = w.checkpoint(&mut |b, op| {
+            let none = w.checkpoint::<CommError>(&mut |b, op| {
                 assert!(
                     matches!(op, ReduceOp::Max),
                     "fast calls stop after the vote"
