@@ -65,8 +65,10 @@ fn a_group_of_threads_switches_every_rank_to_the_same_variant_and_stays_exact() 
         enabled: true,
         probe: Some(SharedProbe(Arc::new(Injected { slow, fast }))),
     };
-    // Input and output of 8 MiB each: every call is watched.
-    let len = (WATCH_MIN_BYTES / 4 / 2) as usize + 13;
+    // Watched (8 MiB or more of input and output per rank), and past
+    // this host's cache (both ranks' buffers over the threshold).
+    let past = calibration().rule.threshold() / (2 * 2 * 4);
+    let len = (WATCH_MIN_BYTES / 4 / 2).max(past) as usize + 13;
     let results = cpu::run(2, &config, |comm| {
         let mut switched_after = None;
         for call in 0..6u32 {

@@ -393,7 +393,7 @@ impl ProcessCommunicator {
         );
         let started = Instant::now();
         let rank_bytes = plan.input_bytes + plan.output_bytes;
-        let meter = self.watch.meter(rank_bytes);
+        let meter = self.watch.meter(rank_bytes, plan.host_bytes());
         ferrocoll_core::with_element_type!(shape.dtype, T => {
             let mut scratch: Vec<T> = Vec::with_capacity(plan.scratch_bytes as usize / std::mem::size_of::<T>());
             let task = Task {

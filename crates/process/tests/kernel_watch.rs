@@ -76,7 +76,10 @@ fn child() {
             ..ProcessConfig::default()
         },
     );
-    let len = (WATCH_MIN_BYTES / 4 / 2) as usize + 13;
+    // Watched (8 MiB or more of input and output per rank), and past
+    // this host's cache (both ranks' buffers over the threshold).
+    let past = calibration().rule.threshold() / (2 * 2 * 4);
+    let len = (WATCH_MIN_BYTES / 4 / 2).max(past) as usize + 13;
     for call in 0..6u32 {
         let input: Vec<f32> = (0..len)
             .map(|i| (i % 89) as f32 + (comm.rank() * 1000 + call) as f32)

@@ -290,7 +290,7 @@ impl CpuCommunicator {
         let input_base = input.map_or(output_base, |i| i.as_ptr() as usize);
         let started = Instant::now();
         let rank_bytes = plan.input_bytes + plan.output_bytes;
-        let meter = self.watch.meter(rank_bytes);
+        let meter = self.watch.meter(rank_bytes, plan.host_bytes());
         crate::with_element_type!(shape.dtype, T => {
             let mut scratch: Vec<T> = Vec::with_capacity(plan.scratch_bytes as usize / std::mem::size_of::<T>());
             let task = Task {

@@ -265,11 +265,15 @@ impl KernelWatch {
         self.settings.enabled && rank_bytes >= WATCH_MIN_BYTES
     }
 
-    /// The meter for a call of `rank_bytes` per rank: on where it is
-    /// watched.
-    pub fn meter(&self, rank_bytes: u64) -> Meter {
+    /// The meter for a call of `rank_bytes` per rank, `call_bytes` in all:
+    /// on where it is watched and past the cache here. Calls in the cache
+    /// count towards checkpoints but are not judged: their variant was
+    /// timed where they run, and one re-measured in the timed loop of a
+    /// call of a few milliseconds would cost more than it could win.
+    pub fn meter(&self, rank_bytes: u64, call_bytes: u64) -> Meter {
+        let past = Regime::of(&calibration().rule, call_bytes) == Regime::PastCache;
         Meter {
-            on: self.watches(rank_bytes),
+            on: self.watches(rank_bytes) && past,
             ..Meter::default()
         }
     }
@@ -294,11 +298,11 @@ impl KernelWatch {
             return;
         }
         let regime = Regime::of(&calibration().rule, call_bytes);
+        if regime != Regime::PastCache {
+            return;
+        }
         let measured = traffic as f64 / elapsed.as_secs_f64() / 1e9;
         let rate = self.probe().achieved(kernels, measured);
-        if self.last.is_some_and(|(r, ..)| r != regime) {
-            self.ratios.clear();
-        }
         self.last = Some((regime, rank_bytes, rate));
         if let Some(expected) = self.kept[Self::slot(regime)].expected {
             if self.ratios.len() == WINDOW {

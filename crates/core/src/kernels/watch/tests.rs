@@ -217,17 +217,21 @@ fn checkpoints_come_at_the_same_watched_call_and_space_out_while_nothing_is_wron
     let mut w = KernelWatch::new(WatchSettings::default());
     // Small calls are not counted.
     for _ in 0..100 {
-        assert!(!w.meter(WATCH_MIN_BYTES - 1).on);
+        assert!(!w.meter(WATCH_MIN_BYTES - 1, BIG).on);
         let meter = read(1 << 20, Duration::from_millis(1));
-        w.observe(WATCH_MIN_BYTES - 1, 1 << 30, chosen(), &meter);
+        w.observe(WATCH_MIN_BYTES - 1, BIG, chosen(), &meter);
     }
     assert!(!w.due());
     let mut at = Vec::new();
     let mut calls = 0;
     while at.len() < 5 {
-        assert!(w.meter(WATCH_MIN_BYTES).on);
+        assert!(w.meter(WATCH_MIN_BYTES, BIG).on);
+        assert!(
+            !w.meter(WATCH_MIN_BYTES, 1 << 20).on,
+            "calls in the cache are not timed"
+        );
         let meter = read(1 << 40, Duration::from_millis(1));
-        w.observe(WATCH_MIN_BYTES, 1 << 30, chosen(), &meter);
+        w.observe(WATCH_MIN_BYTES, BIG, chosen(), &meter);
         calls += 1;
         if w.due() {
             at.push(calls);
@@ -270,4 +274,33 @@ fn a_failed_vote_is_the_callers_error_and_nothing_changes() {
 
 fn chosen() -> KernelChoice {
     super::super::chosen()
+}
+
+#[test]
+fn calls_in_the_cache_count_towards_checkpoints_but_never_vote() {
+    let c = calibration();
+    let everything_slow = Injected {
+        slow: Some((c.in_cache.choice.width, c.in_cache.choice.stores)),
+        rates: Vec::new(),
+    };
+    let mut w = watch(everything_slow);
+    let in_cache = c.rule.threshold() / 2;
+    for _ in 0..FIRST_CHECK {
+        let k = w.for_call(in_cache, 4 << 10);
+        w.observe(
+            WATCH_MIN_BYTES,
+            in_cache,
+            k,
+            &read(1 << 20, Duration::from_secs(1)),
+        );
+    }
+    assert!(
+        w.due(),
+        "counted alike on every rank, whatever the regime here"
+    );
+    let switched = w.checkpoint::<CommError>(&mut |b, op| {
+        assert!(matches!(op, ReduceOp::Max) && b == [0.0], "no vote");
+        Ok(())
+    });
+    assert_eq!(switched.unwrap(), None);
 }
