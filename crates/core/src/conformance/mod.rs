@@ -393,16 +393,33 @@ pub fn in_place_buffer<T: Element>(
     input: &[T],
     output: Vec<T>,
 ) -> Vec<T> {
+    let infallible = |i: &[T]| Ok::<_, std::convert::Infallible>(i.to_vec());
+    match in_place_buffer_with(c, rank, count, input, output, infallible) {
+        Ok(buffer) => buffer,
+        Err(never) => match never {},
+    }
+}
+
+/// [`in_place_buffer`] for a buffer of any kind (a bench's aligned one):
+/// `from_input` makes one holding `input` where the call's output is a
+/// block of its input.
+pub fn in_place_buffer_with<T: Element, B: std::ops::DerefMut<Target = [T]>, E>(
+    c: Collective,
+    rank: Rank,
+    count: usize,
+    input: &[T],
+    mut output: B,
+    from_input: impl FnOnce(&[T]) -> Result<B, E>,
+) -> Result<B, E> {
     use crate::types::InPlaceAlias;
     match c.in_place_alias(rank) {
         Some(InPlaceAlias::InputIsOutputBlock(b)) => {
-            let mut out = output;
             let at = b as usize * count;
-            out[at..at + count].copy_from_slice(input);
-            out
+            output[at..at + count].copy_from_slice(input);
+            Ok(output)
         }
-        Some(InPlaceAlias::OutputIsInputBlock(_)) => input.to_vec(),
-        None => output,
+        Some(InPlaceAlias::OutputIsInputBlock(_)) => from_input(input),
+        None => Ok(output),
     }
 }
 

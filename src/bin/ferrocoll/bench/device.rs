@@ -114,7 +114,11 @@ where
 {
     type Buffers<T: KitElement> = Buffers;
 
-    fn place<T: KitElement>(&mut self, input: &[T], output: Vec<T>) -> Result<Buffers, CommError> {
+    fn place<T: KitElement>(
+        &mut self,
+        input: &[T],
+        output: ferrocoll::aligned::AlignedBuffer<T>,
+    ) -> Result<Buffers, CommError> {
         place(&self.rank_stream(), input, &output)
     }
 

@@ -217,7 +217,7 @@ impl BenchRank for ProcessCommunicator {
     fn place<T: KitElement>(
         &mut self,
         input: &[T],
-        output: Vec<T>,
+        output: AlignedBuffer<T>,
     ) -> Result<(Held<T>, Held<T>), CommError> {
         Ok((Held::new(self, input)?, Held::new(self, &output)?))
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use ferrocoll::Collective;
 use ferrocoll::aligned::AlignedBuffer;
 use ferrocoll::comm::{CommError, Communicator};
-use ferrocoll::conformance::{KitElement, SplitMix64, in_place_buffer};
+use ferrocoll::conformance::{KitElement, SplitMix64, in_place_buffer_with};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 use ferrocoll::topo::probe::membw::Arrays;
 
@@ -48,7 +48,7 @@ pub(crate) trait BenchRank: Communicator {
     fn place<T: KitElement>(
         &mut self,
         input: &[T],
-        output: Vec<T>,
+        output: AlignedBuffer<T>,
     ) -> Result<Self::Buffers<T>, CommError>;
     /// Run the collective on placed buffers.
     fn collective<T: KitElement>(
@@ -112,12 +112,9 @@ impl BenchRank for CpuCommunicator {
     fn place<T: KitElement>(
         &mut self,
         input: &[T],
-        output: Vec<T>,
+        output: AlignedBuffer<T>,
     ) -> Result<Self::Buffers<T>, CommError> {
-        Ok((
-            try_aligned(input, "placed input")?,
-            try_aligned(&output, "placed output")?,
-        ))
+        Ok((try_aligned(input, "placed input")?, output))
     }
 
     fn collective<T: KitElement>(
@@ -192,11 +189,14 @@ pub(crate) fn try_aligned<T: Copy>(items: &[T], what: &str) -> Result<AlignedBuf
     })
 }
 
-/// `len` copies of `value`, allocated fallibly.
-fn try_filled<T: Clone>(value: T, len: usize, what: &str) -> Result<Vec<T>, CommError> {
-    let mut v = try_with_capacity(len, what)?;
-    v.resize(len, value);
-    Ok(v)
+/// `len` copies of `value` starting on a cache line, allocated fallibly.
+fn try_filled<T: Copy>(value: T, len: usize, what: &str) -> Result<AlignedBuffer<T>, CommError> {
+    AlignedBuffer::try_from_fn(len, |_| value).map_err(|e| CommError::Capacity {
+        what: format!(
+            "cannot allocate the {what} buffer of {len} elements of {} bytes: {e}",
+            std::mem::size_of::<T>()
+        ),
+    })
 }
 
 /// A copy of `items`, allocated fallibly.
@@ -460,18 +460,19 @@ fn one_size<T: KitElement, C: BenchRank>(
     let in_len = mine.len();
     let out_len = collective.output_blocks(n) as usize * count;
     let op = section.op;
-    let fresh = |mine: &[T]| -> Result<Vec<T>, CommError> {
-        Ok(if in_place {
-            in_place_buffer(
+    let fresh = |mine: &[T]| -> Result<AlignedBuffer<T>, CommError> {
+        if in_place {
+            in_place_buffer_with(
                 collective,
                 rank,
                 count,
                 mine,
                 try_filled(T::poison(), out_len.max(in_len), "in-place")?,
+                |input| try_aligned(input, "in-place"),
             )
         } else {
-            try_filled(T::poison(), out_len, "output")?
-        })
+            try_filled(T::poison(), out_len, "output")
+        }
     };
     let mut placed = comm.place(mine, fresh(mine)?)?;
     for _ in 0..args.warmup {
@@ -636,7 +637,7 @@ mod tests {
         let results = cpu::run(2, &CpuConfig::default(), |comm| {
             // Small arrays: this checks the protocol, it measures nothing.
             let mut arrays = Arrays::new(1 << 20).unwrap();
-            let mut placed = comm.place(&[1.0f32; 1024], vec![0.0f32; 1024])?;
+            let mut placed = comm.place(&[1.0f32; 1024], try_filled(0.0f32, 1024, "output")?)?;
             assert_eq!(
                 placed.0.as_ptr() as usize % 64,
                 0,
