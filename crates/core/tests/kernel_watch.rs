@@ -10,39 +10,12 @@ use ferrocoll_core::ReduceOp;
 use ferrocoll_core::comm::{Communicator, CommunicatorExt};
 use ferrocoll_core::cpu::{self, CpuConfig};
 use ferrocoll_core::kernels::{
-    KernelChoice, KernelProbe, SharedProbe, Stores, WATCH_MIN_BYTES, WatchSettings, Width,
+    KernelChoice, SharedProbe, SlowedProbe, Stores, WATCH_MIN_BYTES, WatchSettings, Width,
     calibration,
 };
 
-/// The calibrated past-cache variant runs at a sliver of its rate; on
-/// re-measurement `fast` wins.
-#[derive(Debug)]
-struct Injected {
-    slow: (Width, Stores),
-    fast: (Width, Stores),
-}
-
 fn key(c: &KernelChoice) -> (Width, Stores) {
     (c.width(), c.stores())
-}
-
-impl KernelProbe for Injected {
-    fn rates(&self, candidates: &[KernelChoice], _bytes: u64) -> Vec<(KernelChoice, f64)> {
-        let rate = |c: &KernelChoice| match key(c) {
-            k if k == self.fast => 100.0,
-            k if k == self.slow => 1.0,
-            _ => 10.0,
-        };
-        candidates.iter().map(|c| (*c, rate(c))).collect()
-    }
-
-    fn achieved(&self, choice: KernelChoice, measured: f64) -> f64 {
-        if key(&choice) == self.slow {
-            1e-6
-        } else {
-            measured.max(1e6)
-        }
-    }
 }
 
 #[test]
@@ -63,7 +36,7 @@ fn a_group_of_threads_switches_every_rank_to_the_same_variant_and_stays_exact() 
     let mut config = CpuConfig::default();
     config.planning.kernel_watch = WatchSettings {
         enabled: true,
-        probe: Some(SharedProbe(Arc::new(Injected { slow, fast }))),
+        probe: Some(SharedProbe(Arc::new(SlowedProbe { slow, fast }))),
     };
     // Watched (8 MiB or more of input and output per rank), and past
     // this host's cache (both ranks' buffers over the threshold).

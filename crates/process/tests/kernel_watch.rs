@@ -12,40 +12,13 @@ use std::time::Duration;
 use ferrocoll_core::ReduceOp;
 use ferrocoll_core::comm::{Communicator, CommunicatorExt, Planning};
 use ferrocoll_core::kernels::{
-    KernelChoice, KernelProbe, SharedProbe, Stores, WATCH_MIN_BYTES, WatchSettings, Width,
+    KernelChoice, SharedProbe, SlowedProbe, Stores, WATCH_MIN_BYTES, WatchSettings, Width,
     calibration,
 };
 use ferrocoll_process::{ProcessConfig, TransportKind};
 
 fn key(c: &KernelChoice) -> (Width, Stores) {
     (c.width(), c.stores())
-}
-
-/// The handed-on past-cache variant runs at a sliver of its rate; on
-/// re-measurement `fast` wins.
-#[derive(Debug)]
-struct Injected {
-    slow: (Width, Stores),
-    fast: (Width, Stores),
-}
-
-impl KernelProbe for Injected {
-    fn rates(&self, candidates: &[KernelChoice], _bytes: u64) -> Vec<(KernelChoice, f64)> {
-        let rate = |c: &KernelChoice| match key(c) {
-            k if k == self.fast => 100.0,
-            k if k == self.slow => 1.0,
-            _ => 10.0,
-        };
-        candidates.iter().map(|c| (*c, rate(c))).collect()
-    }
-
-    fn achieved(&self, choice: KernelChoice, measured: f64) -> f64 {
-        if key(&choice) == self.slow {
-            1e-6
-        } else {
-            measured.max(1e6)
-        }
-    }
 }
 
 #[test]
@@ -69,7 +42,7 @@ fn child() {
                 timeout: Duration::from_secs(30),
                 kernel_watch: WatchSettings {
                     enabled: true,
-                    probe: Some(SharedProbe(Arc::new(Injected { slow, fast }))),
+                    probe: Some(SharedProbe(Arc::new(SlowedProbe { slow, fast }))),
                 },
                 ..ProcessConfig::default().planning
             },

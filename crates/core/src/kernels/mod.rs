@@ -22,8 +22,8 @@ pub use choice::{Calibration, RegimeChoice, calibration, chosen, for_call};
 pub use rule::{ASSUMED_LLC_BYTES, LLC_SHARE, StoreRule, last_level_cache};
 pub use variant::{Destination, KernelChoice, Stores, Width};
 pub use watch::{
-    KernelProbe, KernelWatch, Meter, SLOW_BELOW, SharedProbe, Switch, TimedProbe, WATCH_MIN_BYTES,
-    WatchSettings,
+    KernelProbe, KernelWatch, Meter, SLOW_BELOW, SharedProbe, SlowedProbe, Switch, TimedProbe,
+    WATCH_MIN_BYTES, WatchSettings,
 };
 
 pub use reduce::Reduce;

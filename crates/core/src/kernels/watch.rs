@@ -98,6 +98,37 @@ impl KernelProbe for TimedProbe {
     }
 }
 
+/// A probe for tests and demonstrations: calls that run `slow` achieve a
+/// sliver of what they measured, others far more than any expectation,
+/// and re-measurement rates `fast` at 100 GB/s, `slow` at 1, the rest at
+/// 10 — so the first checkpoint replaces `slow` with `fast`.
+#[derive(Debug, Clone, Copy)]
+pub struct SlowedProbe {
+    /// The variant made slow (width, output stores).
+    pub slow: (Width, Stores),
+    /// The variant that wins the re-measurement.
+    pub fast: (Width, Stores),
+}
+
+impl KernelProbe for SlowedProbe {
+    fn rates(&self, candidates: &[KernelChoice], _bytes: u64) -> Vec<(KernelChoice, f64)> {
+        let rate = |c: &KernelChoice| match (c.width, c.stores) {
+            k if k == self.fast => 100.0,
+            k if k == self.slow => 1.0,
+            _ => 10.0,
+        };
+        candidates.iter().map(|c| (*c, rate(c))).collect()
+    }
+
+    fn achieved(&self, choice: KernelChoice, measured: f64) -> f64 {
+        if (choice.width, choice.stores) == self.slow {
+            1e-6
+        } else {
+            measured.max(1e6)
+        }
+    }
+}
+
 /// A probe shared by a group's ranks; equal when it is the same one.
 #[derive(Clone)]
 pub struct SharedProbe(pub Arc<dyn KernelProbe>);
