@@ -42,59 +42,54 @@ impl<T: Copy> AlignedBuffer<T> {
     /// A copy of `items` on fresh lines; the allocator's error where the
     /// memory cannot be had.
     pub fn try_copy(items: &[T]) -> Result<AlignedBuffer<T>, TryReserveError> {
-        const {
-            assert!(std::mem::align_of::<T>() <= LINE_BYTES);
-        }
-        let bytes = std::mem::size_of_val(items);
-        let mut lines: Vec<MaybeUninit<CacheLine>> = Vec::new();
-        lines.try_reserve_exact(bytes.div_ceil(LINE_BYTES))?;
-        // SAFETY: the capacity was reserved, and `MaybeUninit` needs no
-        // initialization.
-        unsafe { lines.set_len(bytes.div_ceil(LINE_BYTES)) };
-        // SAFETY: `lines` holds at least `bytes` writable bytes, a fresh
-        // allocation apart from `items`, which holds `bytes` readable ones.
+        let mut b = Self::uninit(items.len())?;
+        // SAFETY: `b` holds room for `items.len()` values, a fresh
+        // allocation apart from `items`; every value is written before
+        // `b` is handed out.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                items.as_ptr().cast::<u8>(),
-                lines.as_mut_ptr().cast::<u8>(),
-                bytes,
-            );
+            std::ptr::copy_nonoverlapping(items.as_ptr(), b.items(), items.len());
         }
-        Ok(AlignedBuffer {
-            lines,
-            len: items.len(),
-            _items: PhantomData,
-        })
+        Ok(b)
     }
-}
 
-impl<T: Copy> AlignedBuffer<T> {
     /// `len` values, `f(i)` at `i`, on fresh lines; the allocator's error
     /// where the memory cannot be had.
     pub fn try_from_fn(
         len: usize,
         mut f: impl FnMut(usize) -> T,
     ) -> Result<AlignedBuffer<T>, TryReserveError> {
+        let mut b = Self::uninit(len)?;
+        let items = b.items();
+        for i in 0..len {
+            // SAFETY: `i < len`, and `b` holds room for `len` values;
+            // every value is written before `b` is handed out.
+            unsafe { items.add(i).write(f(i)) };
+        }
+        Ok(b)
+    }
+
+    /// Room for `len` values on fresh lines, not yet written: the
+    /// constructors write every value before they return it.
+    fn uninit(len: usize) -> Result<AlignedBuffer<T>, TryReserveError> {
         const {
             assert!(std::mem::align_of::<T>() <= LINE_BYTES);
         }
-        let bytes = len.saturating_mul(std::mem::size_of::<T>());
-        let mut lines: Vec<MaybeUninit<CacheLine>> = Vec::new();
-        lines.try_reserve_exact(bytes.div_ceil(LINE_BYTES))?;
-        // SAFETY: the capacity was reserved, and `MaybeUninit` needs no
-        // initialization.
-        unsafe { lines.set_len(bytes.div_ceil(LINE_BYTES)) };
-        let items = lines.as_mut_ptr().cast::<T>();
-        for i in 0..len {
-            // SAFETY: `i < len`, and the lines hold `len` values of `T`,
-            // aligned for it; each is written once, before any read.
-            unsafe { items.add(i).write(f(i)) };
-        }
+        let lines = len
+            .saturating_mul(std::mem::size_of::<T>())
+            .div_ceil(LINE_BYTES);
+        let mut v: Vec<MaybeUninit<CacheLine>> = Vec::new();
+        v.try_reserve_exact(lines)?;
+        v.resize(lines, MaybeUninit::uninit());
         Ok(AlignedBuffer {
-            lines,
+            lines: v,
             len,
             _items: PhantomData,
         })
+    }
+
+    /// Where the values lie (aligned for `T`: lines are).
+    fn items(&mut self) -> *mut T {
+        self.lines.as_mut_ptr().cast::<T>()
     }
 }
 

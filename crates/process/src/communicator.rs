@@ -507,7 +507,7 @@ impl Communicator for ProcessCommunicator {
             self.recorder.end(number, &result);
         }
         if result.is_ok() && self.watch.due() {
-            return self.kernel_checkpoint();
+            return ferrocoll_core::comm::kernel_checkpoint(self, |c| &mut c.watch);
         }
         result
     }
@@ -592,17 +592,6 @@ impl ProcessCommunicator {
 }
 
 impl ProcessCommunicator {
-    /// The kernel watch's checkpoint, right after the collective that made
-    /// it due (every rank makes that call, so every rank gets here).
-    fn kernel_checkpoint(&mut self) -> Result<(), CommError> {
-        let mut watch = std::mem::replace(&mut self.watch, KernelWatch::off());
-        let result = watch.checkpoint(&mut |values, op| {
-            ferrocoll_core::comm::CommunicatorExt::all_reduce_in_place(self, values, op)
-        });
-        self.watch = watch;
-        result.map(drop)
-    }
-
     /// The kernel variants this rank's watch switched to, oldest first.
     pub fn kernel_switches(&self) -> &[ferrocoll_core::kernels::Switch] {
         self.watch.switches()

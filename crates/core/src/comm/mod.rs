@@ -36,6 +36,7 @@ mod planner;
 mod planning;
 pub mod split;
 mod vector;
+mod watch;
 mod work;
 
 pub use call::{Call, Checked, HostSlice, HostSliceMut, Operation};
@@ -47,6 +48,7 @@ pub use nonblocking::{AsyncCommunicator, P2pBuffers};
 pub use p2p::{P2pOp, send_recv_batch};
 pub use planner::{Planned, Planner, PlannerSettings, link_slots};
 pub use planning::{DEFAULT_TIMEOUT, Executor, Planning};
+pub use watch::kernel_checkpoint;
 pub use work::{Failed, Work};
 
 use crate::kernels::Reduce;

@@ -435,17 +435,6 @@ impl CpuCommunicator {
 }
 
 impl CpuCommunicator {
-    /// The kernel watch's checkpoint, right after the collective that made
-    /// it due (every rank makes that call, so every rank gets here).
-    fn kernel_checkpoint(&mut self) -> Result<(), CommError> {
-        let mut watch = std::mem::replace(&mut self.watch, KernelWatch::off());
-        let result = watch.checkpoint(&mut |values, op| {
-            crate::comm::CommunicatorExt::all_reduce_in_place(self, values, op)
-        });
-        self.watch = watch;
-        result.map(drop)
-    }
-
     /// The kernel variants this rank's watch switched to, oldest first.
     pub fn kernel_switches(&self) -> &[Switch] {
         self.watch.switches()
@@ -493,7 +482,7 @@ impl Communicator for CpuCommunicator {
             self.recorder.end(number, &result);
         }
         if result.is_ok() && self.watch.due() {
-            return self.kernel_checkpoint();
+            return crate::comm::kernel_checkpoint(self, |c| &mut c.watch);
         }
         result
     }

@@ -11,9 +11,8 @@
 use std::time::Instant;
 
 use super::rule::StoreRule;
-use crate::aligned::AlignedBuffer;
-
 use super::variant::{KernelChoice, Stores, Width};
+use crate::aligned::AlignedBuffer;
 
 /// Where a call's bytes sit against the last-level cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,22 +99,20 @@ pub(super) fn rates(
     // while it maps each one freshly (a variant refused every pass timed
     // nothing, at millions of GB/s).
     let array = |f: fn(usize) -> f32| AlignedBuffer::try_from_fn(len, f).ok();
-    let arrays = [
+    let (Some(a), Some(b), Some(c), Some(d)) = (
         array(|i| (i % 1024) as f32),
         array(|_| 0.5),
         array(|_| 0.25),
         array(|_| 0.125),
-    ];
-    let Some(mut arrays) = arrays.into_iter().collect::<Option<Vec<_>>>() else {
+    ) else {
         tracing::warn!("host kernels: no memory for 4 x {bytes} bytes to time the variants on");
         return Vec::new();
     };
+    let mut arrays = [a, b, c, d];
     let moved = (4 * len * 4) as f64;
     let mut flip = false;
     let mut pass = |choice: KernelChoice| {
-        let [a, b, c, d] = &mut arrays[..] else {
-            unreachable!("four arrays")
-        };
+        let [a, b, c, d] = &mut arrays;
         let (srcs, dsts) = if flip {
             ([c, d], [a, b])
         } else {

@@ -227,10 +227,7 @@ fn timed(rule: &StoreRule, regime: Regime) -> RegimeChoice {
         .and_then(|(bytes, rates)| Some((calibrate::pick(&rates, regime)?, bytes, rates)));
     match measured {
         Some((choice, array_bytes, rates)) => {
-            let rate = rates
-                .iter()
-                .find(|(c, _)| (c.width, c.stores) == (choice.width, choice.stores))
-                .map(|r| r.1);
+            let rate = super::variant::rate_of(&rates, choice.width, choice.stores);
             RegimeChoice {
                 choice,
                 rates,

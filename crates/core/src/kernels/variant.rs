@@ -83,6 +83,15 @@ impl std::fmt::Display for KernelChoice {
     }
 }
 
+/// The rate `rates` gives the variant of `width` and `stores` (whatever
+/// its hand-off stores).
+pub(super) fn rate_of(rates: &[(KernelChoice, f64)], width: Width, stores: Stores) -> Option<f64> {
+    rates
+        .iter()
+        .find(|(c, _)| (c.width, c.stores) == (width, stores))
+        .map(|r| r.1)
+}
+
 impl KernelChoice {
     /// The `FERROCOLL_KERNELS` value that forces this variant's width
     /// alone (`avx2`: stores by the rule, per call).

@@ -10,10 +10,12 @@
 //! window. The watch catches that:
 //!
 //! - every call of at least [`WATCH_MIN_BYTES`] per rank (the same on
-//!   every rank: it is the plan's) is *watched*: the executor times its
-//!   kernels ([`Meter`]), and the bytes they read and wrote over the time
-//!   they took (not the call's, which waits on peers too) is compared with
-//!   the rate its regime's variant was timed at;
+//!   every rank: it is the plan's) is *watched*, and counts towards
+//!   checkpoints; where it is past this host's cache, the executor times
+//!   its kernels ([`Meter`]), and the bytes they read and wrote over the
+//!   time they took (not the call's, which waits on peers too) is compared
+//!   with the rate the past-cache variant was timed at (calls in the cache
+//!   run the variant timed where they run, and are not judged);
 //! - after a number of watched calls that every rank counts alike (4,
 //!   then more while nothing is wrong), every rank stops at the same
 //!   *checkpoint*: one all-reduce (max) says whether any rank's last calls
@@ -39,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use super::calibrate::{self, Regime};
 use super::choice::calibration;
-use super::variant::{KernelChoice, Stores, Width};
+use super::variant::{KernelChoice, Stores, Width, rate_of};
 use crate::types::ReduceOp;
 
 /// Calls of at least this many bytes per rank (input and output) are
@@ -170,7 +172,7 @@ impl Default for WatchSettings {
     }
 }
 
-/// One regime's variant as the watch keeps it.
+/// The past-cache variant as the watch keeps it.
 #[derive(Debug, Clone, Copy)]
 struct Kept {
     choice: KernelChoice,
@@ -210,9 +212,7 @@ impl Meter {
 /// A switch the watch made.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Switch {
-    /// The regime whose variant changed.
-    pub regime: Regime,
-    /// Its variant before and after.
+    /// The past-cache variant before.
     pub from: KernelChoice,
     /// The variant every rank runs now.
     pub to: KernelChoice,
@@ -224,13 +224,13 @@ pub struct Switch {
 #[derive(Debug)]
 pub struct KernelWatch {
     settings: WatchSettings,
-    /// In the cache, past it.
-    kept: [Kept; 2],
-    /// Achieved over expected, of the last watched calls.
+    /// The past-cache variant (calls in the cache run the calibration's:
+    /// it was timed where they run, and they are not judged).
+    past: Kept,
+    /// Achieved over expected, of the last judged calls.
     ratios: VecDeque<f64>,
-    /// The last watched call: its regime here, bytes per rank, and the
-    /// rate it ran at.
-    last: Option<(Regime, u64, f64)>,
+    /// The last judged call: its bytes per rank and the rate it ran at.
+    last: Option<(u64, f64)>,
     watched: u64,
     next_check: u64,
     spacing: u64,
@@ -240,17 +240,13 @@ pub struct KernelWatch {
 impl KernelWatch {
     /// A watch starting from this process's calibration.
     pub fn new(settings: WatchSettings) -> KernelWatch {
-        let c = calibration();
-        let kept = |r: Regime| {
-            let r = c.regime(r);
-            Kept {
-                choice: r.choice,
-                expected: r.rate,
-            }
-        };
+        let past = &calibration().past_cache;
         KernelWatch {
             settings,
-            kept: [kept(Regime::InCache), kept(Regime::PastCache)],
+            past: Kept {
+                choice: past.choice,
+                expected: past.rate,
+            },
             ratios: VecDeque::with_capacity(WINDOW),
             last: None,
             watched: 0,
@@ -268,24 +264,18 @@ impl KernelWatch {
         })
     }
 
-    fn slot(regime: Regime) -> usize {
-        match regime {
-            Regime::InCache => 0,
-            Regime::PastCache => 1,
-        }
-    }
-
     /// The variant of a call whose buffers take `call_bytes` (every
     /// rank's, where ranks share this host's cache) and whose hand-offs
     /// are `handoff_bytes` each: as [`super::for_call`], with the watch's
     /// switches applied.
     pub fn for_call(&self, call_bytes: u64, handoff_bytes: u64) -> KernelChoice {
-        let regime = Regime::of(&calibration().rule, call_bytes);
-        let kept = self.kept[Self::slot(regime)].choice;
         let base = super::for_call(call_bytes, handoff_bytes);
+        if Regime::of(&calibration().rule, call_bytes) == Regime::InCache {
+            return base;
+        }
         super::choice::usable(KernelChoice {
-            width: kept.width,
-            stores: kept.stores,
+            width: self.past.choice.width,
+            stores: self.past.choice.stores,
             handoff: base.handoff,
         })
     }
@@ -328,14 +318,13 @@ impl KernelWatch {
             // No kernel ran here (every value came by reference).
             return;
         }
-        let regime = Regime::of(&calibration().rule, call_bytes);
-        if regime != Regime::PastCache {
+        if Regime::of(&calibration().rule, call_bytes) == Regime::InCache {
             return;
         }
         let measured = traffic as f64 / elapsed.as_secs_f64() / 1e9;
         let rate = self.probe().achieved(kernels, measured);
-        self.last = Some((regime, rank_bytes, rate));
-        if let Some(expected) = self.kept[Self::slot(regime)].expected {
+        self.last = Some((rank_bytes, rate));
+        if let Some(expected) = self.past.expected {
             if self.ratios.len() == WINDOW {
                 self.ratios.pop_front();
             }
@@ -383,9 +372,8 @@ impl KernelWatch {
         }
         // Every rank has watched calls by now; one that somehow has none
         // still joins the second all-reduce, adopting nothing.
-        let (regime, rank_bytes, achieved) = self.last.unwrap_or((Regime::PastCache, 0, 0.0));
-        let slot = Self::slot(regime);
-        let adopts = self.last.is_some() && self.kept[slot].expected.is_some();
+        let (rank_bytes, achieved) = self.last.unwrap_or((0, 0.0));
+        let adopts = self.last.is_some() && self.past.expected.is_some();
         let bytes = probe_bytes(rank_bytes);
         let mine = if adopts {
             self.probe().rates(&KernelChoice::available(), bytes)
@@ -400,20 +388,15 @@ impl KernelWatch {
             .filter(|(_, r)| r.is_finite() && **r > 0.0)
             .map(|(&(width, stores), &r)| (variant(width, stores), r))
             .collect();
-        // The same rates on every rank, so the same pick; ties by the
-        // past-cache rule everywhere, whatever regime a host put the calls in.
-        let kept = self.kept[slot];
+        // The same rates on every rank, so the same pick.
+        let kept = self.past;
         let picked = calibrate::pick(&slowest, Regime::PastCache)
             .filter(|to| !ties_with(&slowest, kept.choice, *to));
         let switched = match picked {
             Some(to)
                 if adopts && (to.width, to.stores) != (kept.choice.width, kept.choice.stores) =>
             {
-                let own = |c: KernelChoice| {
-                    mine.iter()
-                        .find(|(m, _)| (m.width, m.stores) == (c.width, c.stores))
-                        .map(|m| m.1)
-                };
+                let own = |c: KernelChoice| rate_of(&mine, c.width, c.stores);
                 tracing::info!(
                     "host kernels: calls of {} MiB per rank ran at {achieved:.1} GB/s, under {SLOW_BELOW} of the {:.1} GB/s {} was timed at; re-measured on every rank at 4 x {} MiB ({}, the slowest rank's): switching to {} ({:.1} GB/s here)",
                     rank_bytes >> 20,
@@ -424,12 +407,11 @@ impl KernelWatch {
                     to,
                     own(to).unwrap_or(0.0),
                 );
-                self.kept[slot] = Kept {
+                self.past = Kept {
                     choice: to,
                     expected: own(to),
                 };
                 let switch = Switch {
-                    regime,
                     from: kept.choice,
                     to,
                     rates: slowest,
@@ -439,11 +421,9 @@ impl KernelWatch {
             }
             _ => {
                 if adopts {
-                    let same = mine.iter().find(|(m, _)| {
-                        (m.width, m.stores) == (kept.choice.width, kept.choice.stores)
-                    });
                     // The rate it runs at now, under this group's contention.
-                    self.kept[slot].expected = same.map(|m| m.1).or(kept.expected);
+                    let now = rate_of(&mine, kept.choice.width, kept.choice.stores);
+                    self.past.expected = now.or(kept.expected);
                     tracing::debug!(
                         "host kernels: calls of {} MiB per rank ran at {achieved:.1} GB/s; re-measured ({}): keeping {}",
                         rank_bytes >> 20,
@@ -482,12 +462,7 @@ fn probe_bytes(rank_bytes: u64) -> u64 {
 /// Whether `current` runs within the past-cache tie of `best`: then it
 /// stays (a switch needs a clear winner, or noise would flip variants).
 fn ties_with(rates: &[(KernelChoice, f64)], current: KernelChoice, best: KernelChoice) -> bool {
-    let rate = |c: KernelChoice| {
-        rates
-            .iter()
-            .find(|(r, _)| (r.width, r.stores) == (c.width, c.stores))
-            .map(|r| r.1)
-    };
+    let rate = |c: KernelChoice| rate_of(rates, c.width, c.stores);
     match (rate(current), rate(best)) {
         (Some(now), Some(top)) => now >= top * (1.0 - calibrate::TIED_PAST_CACHE),
         _ => false,
@@ -510,10 +485,7 @@ fn universe_rates(mine: &[(KernelChoice, f64)], adopts: bool) -> Vec<f64> {
         .iter()
         .map(|&(w, s)| match adopts {
             false => f64::INFINITY,
-            true => mine
-                .iter()
-                .find(|(c, _)| (c.width, c.stores) == (w, s))
-                .map_or(0.0, |m| m.1),
+            true => rate_of(mine, w, s).unwrap_or(0.0),
         })
         .collect()
 }
