@@ -635,3 +635,27 @@ fn a_network_rank_0_cannot_describe_fails_every_rank_with_its_reason() {
         "{rank1}"
     );
 }
+
+/// The kernel watch's checkpoints are calls every rank makes: ranks that
+/// disagree on whether they watch are refused at setup, never left to meet
+/// a checkpoint with their next call.
+#[test]
+fn ranks_that_disagree_on_the_kernel_watch_are_refused() {
+    let config = |r: u32| ProcessConfig {
+        planning: Planning {
+            timeout: Duration::from_secs(2),
+            kernel_watch: ferrocoll_core::kernels::WatchSettings {
+                enabled: r == 0,
+                probe: None,
+            },
+            ..ProcessConfig::builtin().planning
+        },
+        ..ProcessConfig::builtin()
+    };
+    let refused = threads(2, config, |comm| comm.err().map(|e| e.to_string()));
+    let rank1 = refused[1].as_deref().expect("rank 1 must refuse");
+    assert!(
+        rank1.contains("kernel_watch=true") && rank1.contains("kernel_watch=false"),
+        "{rank1}"
+    );
+}
