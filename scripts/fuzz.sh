@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-300}
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(schedule_json topology_json nvidia_smi nccl_xml plan_json store_protocol tcp_frames)
+[[ ${#targets[@]} -gt 0 ]] || targets=(schedule_json topology_json nvidia_smi nccl_xml msccl_xml plan_json store_protocol tcp_frames)
 
 seed() {
   local target=$1 dir=fuzz/corpus/$1
@@ -41,6 +41,7 @@ seed() {
       done ;;
     nvidia_smi) cp crates/topo/tests/fixtures/smi/*.txt "$dir"/ ;;
     nccl_xml) cp crates/topo/tests/fixtures/nccl_xml/*.xml "$dir"/ ;;
+    msccl_xml) cp crates/core/tests/fixtures/msccl/*.xml "$dir"/ ;;
     # The wire protocols start from nothing: libFuzzer finds the magic
     # bytes and length prefixes by itself within seconds.
     store_protocol | tcp_frames) ;;

@@ -70,12 +70,13 @@ pub mod settings;
 pub mod trace;
 pub mod types;
 pub mod verify;
+pub mod xml;
 
 /// The 16-bit float types `f16` and `bf16` elements use.
 pub use half;
 
 pub use algorithms::{Algorithm, AlgorithmError, AlgorithmParams, generate};
-pub use error::{ParseNameError, ScheduleFileError};
+pub use error::{MscclError, ParseNameError, ScheduleFileError, XmlError};
 pub use kernels::Reduce;
 pub use plan::ExecutionPlan;
 pub use schedule::{Schedule, ScheduleBuilder, Step};

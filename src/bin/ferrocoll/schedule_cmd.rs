@@ -25,8 +25,13 @@ pub(crate) struct ScheduleArgs {
     #[arg(long, default_value_t = 1)]
     channels: u32,
     /// Print the JSON form instead of the grid.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "msccl_xml")]
     json: bool,
+    /// Print MSCCL's algorithm XML instead of the grid (what the MSCCL
+    /// executors run); refused, naming the step, where MSCCL's one peer
+    /// per threadblock cannot express the schedule.
+    #[arg(long)]
+    msccl_xml: bool,
 }
 
 pub(crate) fn run(args: &ScheduleArgs) -> Result<ExitCode, String> {
@@ -42,6 +47,8 @@ pub(crate) fn run(args: &ScheduleArgs) -> Result<ExitCode, String> {
     let schedule = verified.schedule();
     if args.json {
         println!("{}", schedule.to_json());
+    } else if args.msccl_xml {
+        print!("{}", schedule.to_msccl_xml().map_err(|e| e.to_string())?);
     } else {
         print!("{}", render_grid(schedule));
     }

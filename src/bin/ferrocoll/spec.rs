@@ -14,7 +14,7 @@ pub(crate) enum AlgoSpec {
     All,
     /// Some built-in algorithms (`ring`, `ring,tree`, ...).
     Builtin(Vec<Algorithm>),
-    /// A schedule file (`FILE.json`).
+    /// A schedule file (`FILE.json`, or MSCCL's `FILE.xml`).
     File(PathBuf),
 }
 
@@ -27,7 +27,7 @@ pub(crate) fn parse_algo(s: &str) -> Result<AlgoSpec, String> {
         return Ok(AlgoSpec::Auto);
     }
     let path = PathBuf::from(s);
-    if s.ends_with(".json") || path.is_file() {
+    if s.ends_with(".json") || s.ends_with(".xml") || path.is_file() {
         return Ok(AlgoSpec::File(path));
     }
     s.split(',')

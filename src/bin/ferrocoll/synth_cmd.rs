@@ -39,7 +39,8 @@ pub(crate) struct SynthArgs {
     #[arg(short = 'r', long, default_value_t = 0)]
     root: u32,
     /// Where to write the schedule (JSON, loadable by `bench --algo`,
-    /// `sim --algo` and `ProcessConfig::planning.schedule`).
+    /// `sim --algo` and `ProcessConfig::planning.schedule`; MSCCL's
+    /// algorithm XML when the name ends in `.xml`).
     /// (`-o`, its old short form, still works: elsewhere `-o` is the
     /// reduction op, as in nccl-tests.)
     #[arg(long, short_alias = 'o')]
@@ -141,7 +142,19 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
         }
     }
     let (busbw, verified) = best.ok_or("nothing to synthesize")?;
-    std::fs::write(&args.output, verified.schedule().to_json())
+    let xml = args
+        .output
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+    let text = if xml {
+        verified
+            .schedule()
+            .to_msccl_xml()
+            .map_err(|e| format!("{e} (write JSON instead: a `-o` path not ending in .xml)"))?
+    } else {
+        verified.schedule().to_json()
+    };
+    std::fs::write(&args.output, text)
         .map_err(|err| format!("{}: {err}", args.output.display()))?;
     println!(
         "# wrote {} ({busbw:.1} GB/s predicted), proven, to {}",

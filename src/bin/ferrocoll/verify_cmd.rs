@@ -10,6 +10,8 @@ use ferrocoll::{
 };
 use rayon::prelude::*;
 
+use ferrocoll::schedule::msccl::Origin;
+
 use crate::spec::{self, AlgoSpec};
 
 #[derive(Args)]
@@ -74,6 +76,24 @@ fn file_flags_match(args: &VerifyArgs, schedule: &Schedule) -> Result<(), String
 struct Outcome {
     label: String,
     result: Result<String, Failure>,
+    /// Where an imported file's steps came from, to name violations in
+    /// its own terms.
+    origin: Option<Origin>,
+}
+
+/// A schedule file, and for MSCCL XML where each step came from.
+fn load(path: &std::path::Path) -> Result<(Schedule, Option<Origin>), String> {
+    if !path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"))
+    {
+        return Ok((Schedule::load(path).map_err(|e| e.to_string())?, None));
+    }
+    let text = ferrocoll::input::read_text(path)
+        .map_err(|e| format!("cannot read schedule file {}: {e}", path.display()))?;
+    let imported = ferrocoll::schedule::msccl::import(&text)
+        .map_err(|e| format!("{}: MSCCL XML: {e}", path.display()))?;
+    Ok((imported.schedule, Some(imported.origin)))
 }
 
 enum Failure {
@@ -89,10 +109,12 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<ExitCode, String> {
     let started = Instant::now();
     let outcomes = match &args.algo {
         AlgoSpec::File(path) => {
-            let schedule = Schedule::load(path).map_err(|e| e.to_string())?;
+            let (schedule, origin) = load(path)?;
             file_flags_match(args, &schedule)?;
             let label = format!("{} ({})", path.display(), schedule.name);
-            vec![check(label, schedule, &options)]
+            let mut outcome = check(label, schedule, &options);
+            outcome.origin = origin;
+            vec![outcome]
         }
         AlgoSpec::Auto => {
             return Err(
@@ -123,7 +145,14 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<ExitCode, String> {
                     e.violations.len() + e.omitted
                 );
                 for v in &e.violations {
-                    println!("      {v}");
+                    let from = o
+                        .origin
+                        .as_ref()
+                        .and_then(|origin| origin.describe(v.rank?, v.channel?, v.step?));
+                    match from {
+                        Some(from) => println!("      {v}\n        from {from}"),
+                        None => println!("      {v}"),
+                    }
                 }
                 if e.omitted > 0 {
                     println!("      ... and {} more", e.omitted);
@@ -190,6 +219,7 @@ fn builtin_jobs(
                 Err(e) => Outcome {
                     label,
                     result: Err(Failure::Generate(e)),
+                    origin: None,
                 },
             }
         })
@@ -216,5 +246,9 @@ fn check(label: String, schedule: Schedule, options: &VerifyOptions) -> Outcome 
             format!("steps={steps} messages={messages} {mode}")
         })
         .map_err(Failure::Verify);
-    Outcome { label, result }
+    Outcome {
+        label,
+        result,
+        origin: None,
+    }
 }

@@ -75,14 +75,23 @@ impl Schedule {
         })
     }
 
-    /// Read and parse a schedule file.
+    /// Read and parse a schedule file: JSON, or MSCCL XML when its name
+    /// ends in `.xml` ([`super::msccl`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Schedule, ScheduleFileError> {
         let path = path.as_ref();
         let text = crate::input::read_text(path).map_err(|source| ScheduleFileError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        Schedule::from_json(&text).map_err(|error| ScheduleFileError::InFile {
+        let xml = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+        let parsed = if xml {
+            Schedule::from_msccl_xml(&text).map_err(ScheduleFileError::from)
+        } else {
+            Schedule::from_json(&text)
+        };
+        parsed.map_err(|error| ScheduleFileError::InFile {
             path: path.display().to_string(),
             error: Box::new(error),
         })

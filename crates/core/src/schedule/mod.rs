@@ -15,6 +15,7 @@
 
 mod builder;
 mod json;
+pub mod msccl;
 mod render;
 mod step;
 

@@ -16,7 +16,7 @@ pub struct Slice {
 }
 
 /// Names a step of the same rank on another channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepRef {
     /// The channel.

@@ -25,9 +25,8 @@
 
 use std::collections::BTreeMap;
 
-mod document;
-
-use document::{Element, parse_document};
+use ferrocoll_core::XmlError;
+use ferrocoll_core::xml::{Element, parse_document};
 
 use super::smi::join_cpus;
 use crate::error::TopologyError;
@@ -42,9 +41,13 @@ use crate::graph::{LinkKind, Node, NodeId, NodeKind, Topology};
 /// of a GPU follows its `sm`: 6x → 1, 7x → 2, 8x → 3, 9x → 4, 10x and
 /// later → 5; a link between two GPUs takes the older one's.
 pub fn parse_nccl_xml(text: &str) -> Result<Topology, TopologyError> {
-    let root = parse_document(text)?;
+    let root = parse_document(text).map_err(from_xml)?;
     let plan = Plan::from_system(&root)?;
     plan.build()
+}
+
+fn from_xml(e: XmlError) -> TopologyError {
+    xml_error(e.line, &e.element, e.message)
 }
 
 fn xml_error(line: usize, element: &str, message: impl Into<String>) -> TopologyError {

@@ -1,6 +1,6 @@
-use super::document::DOCUMENT;
 use super::*;
 use crate::graph::PathClass;
+use ferrocoll_core::xml::DOCUMENT;
 
 const A100: &str = include_str!("../../../tests/fixtures/nccl_xml/dgx_a100.xml");
 const PAIR: &str = include_str!("../../../tests/fixtures/nccl_xml/nvlink_pair.xml");

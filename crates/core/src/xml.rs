@@ -1,41 +1,56 @@
-//! The XML tokenizer for NCCL's topology dump: elements with attributes,
+//! The one XML reader of the project: the subset NCCL's topology dumps
+//! and MSCCL's algorithm files use — elements with attributes,
 //! self-closing tags, comments, an optional declaration, either quote and
-//! the predefined and numeric entities, with line numbers for errors.
-//! [`super`] turns the tree into a topology.
+//! the predefined and numeric entities — with line numbers for errors.
+//! The topology crate turns the tree into a topology, and
+//! [`crate::schedule::msccl`] into a schedule.
+//!
+//! Invariants: nesting is bounded ([`MAX_DEPTH`]), so walking a parsed
+//! tree recursively cannot overflow the stack; text between elements is
+//! ignored; every error names a line and an element.
 
-use super::xml_error;
-use crate::error::TopologyError;
+use crate::error::XmlError;
+
+fn xml_error(line: usize, element: &str, message: impl Into<String>) -> XmlError {
+    XmlError {
+        line,
+        element: element.to_string(),
+        message: message.into(),
+    }
+}
 
 /// How deep elements may nest. NCCL's own reader stops at the same depth
 /// (`NCCL_TOPO_XML_DEPTH_MAX`); the limit also bounds the recursion that
 /// walks the tree.
-const MAX_DEPTH: usize = 256;
+pub const MAX_DEPTH: usize = 256;
 
 /// The element name reported for problems outside any element.
-pub(super) const DOCUMENT: &str = "document";
+pub const DOCUMENT: &str = "document";
 
 /// One element of the XML tree.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Element {
-    pub(super) name: String,
-    pub(super) attrs: Vec<(String, String)>,
-    pub(super) children: Vec<Element>,
+pub struct Element {
+    /// The tag name.
+    pub name: String,
+    /// Attributes in document order, entities decoded; keys are unique.
+    pub attrs: Vec<(String, String)>,
+    /// Child elements in document order.
+    pub children: Vec<Element>,
     /// Line of the start tag's `<`.
-    pub(super) line: usize,
+    pub line: usize,
 }
 
 impl Element {
-    pub(super) fn attr(&self, key: &str) -> Option<&str> {
+    /// The value of attribute `key`, if present.
+    pub fn attr(&self, key: &str) -> Option<&str> {
         self.attrs
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
 
-    pub(super) fn children_named<'a>(
-        &'a self,
-        name: &'a str,
-    ) -> impl Iterator<Item = &'a Element> + 'a {
+    /// The children whose tag is `name`, in document order.
+    pub fn children_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Element> + 'a {
         self.children.iter().filter(move |c| c.name == name)
     }
 }
@@ -131,7 +146,7 @@ fn decode_entities(raw: &str) -> Result<String, String> {
 
 /// Read a start tag after its `<`: the name, the attributes, and whether
 /// it closes itself.
-fn start_tag(cur: &mut Cursor<'_>, line: usize) -> Result<(Element, bool), TopologyError> {
+fn start_tag(cur: &mut Cursor<'_>, line: usize) -> Result<(Element, bool), XmlError> {
     let Some(name) = cur.name() else {
         let what: String = cur.rest().chars().take(12).collect();
         return Err(xml_error(
@@ -231,7 +246,7 @@ fn start_tag(cur: &mut Cursor<'_>, line: usize) -> Result<(Element, bool), Topol
 }
 
 /// Parse the text into its root element.
-pub(super) fn parse_document(text: &str) -> Result<Element, TopologyError> {
+pub fn parse_document(text: &str) -> Result<Element, XmlError> {
     let mut cur = Cursor {
         text: text.strip_prefix('\u{feff}').unwrap_or(text),
         pos: 0,
@@ -247,7 +262,7 @@ pub(super) fn parse_document(text: &str) -> Result<Element, TopologyError> {
                 Some(parent) => tracing::debug!(
                     line = cur.line,
                     element = parent.name.as_str(),
-                    "NCCL XML: text inside an element; ignored"
+                    "XML: text inside an element; ignored"
                 ),
                 None => {
                     let mut probe = Cursor {
@@ -287,7 +302,7 @@ pub(super) fn parse_document(text: &str) -> Result<Element, TopologyError> {
             return Err(xml_error(
                 line,
                 DOCUMENT,
-                "`<!` markup other than a comment (DOCTYPE, CDATA) is not part of NCCL's format",
+                "`<!` markup other than a comment (DOCTYPE, CDATA) is not read",
             ));
         } else if rest.starts_with("</") {
             cur.advance(2);
@@ -353,11 +368,7 @@ pub(super) fn parse_document(text: &str) -> Result<Element, TopologyError> {
 }
 
 /// Hand a finished element to its parent, or make it the root.
-fn attach(
-    el: Element,
-    open: &mut [Element],
-    root: &mut Option<Element>,
-) -> Result<(), TopologyError> {
+fn attach(el: Element, open: &mut [Element], root: &mut Option<Element>) -> Result<(), XmlError> {
     match open.last_mut() {
         Some(parent) => parent.children.push(el),
         None if root.is_none() => *root = Some(el),
