@@ -35,18 +35,30 @@ pub struct Cluster {
     pub nic_gbps: f64,
 }
 
-/// The cluster presets: `dgx-a100x2`, `dgx-a100x4`, `dgx-h100x2`,
-/// `dgx-h100x4`, `dgx-h100x8` (64 GPUs), each optionally with `:nics=N,gbps=R` (NICs per node,
-/// GB/s per NIC and direction).
+/// The most nodes a cluster preset takes: 8 GPUs each, the library's
+/// largest world (1,024 ranks).
+pub const MAX_NODES: usize = 128;
+
+/// The cluster presets: `dgx-a100xN` and `dgx-h100xN` for any N from 2 to
+/// [`MAX_NODES`] (`dgx-h100x8` is 64 GPUs, `dgx-h100x128` 1,024), each
+/// optionally with `:nics=N,gbps=R` (NICs per node, GB/s per NIC and
+/// direction).
 pub fn parse(name: &str) -> Option<Result<Cluster, TopologyError>> {
     let (base, params) = name.split_once(':').unwrap_or((name, ""));
-    let (node, nodes, nic_gbps) = match base {
-        "dgx-a100x2" => ("dgx-a100", 2, 25.0),
-        "dgx-a100x4" => ("dgx-a100", 4, 25.0),
-        "dgx-h100x2" => ("dgx-h100", 2, 50.0),
-        "dgx-h100x4" => ("dgx-h100", 4, 50.0),
-        "dgx-h100x8" => ("dgx-h100", 8, 50.0),
-        _ => return None,
+    let (node, nic_gbps, count) = if let Some(n) = base.strip_prefix("dgx-a100x") {
+        ("dgx-a100", 25.0, n)
+    } else if let Some(n) = base.strip_prefix("dgx-h100x") {
+        ("dgx-h100", 50.0, n)
+    } else {
+        return None;
+    };
+    let nodes = match count.parse::<usize>() {
+        Ok(n) if (2..=MAX_NODES).contains(&n) => n,
+        _ => {
+            return Some(Err(TopologyError::Invalid(format!(
+                "`{base}`: a cluster preset takes 2 to {MAX_NODES} nodes (`{node}x2` … `{node}x{MAX_NODES}`)"
+            ))));
+        }
     };
     let mut c = Cluster {
         node,
@@ -147,6 +159,29 @@ mod tests {
     use crate::PathClass;
 
     #[test]
+    fn any_node_count_from_2_to_128_builds_and_others_are_refused() {
+        for (name, gpus) in [
+            ("dgx-a100x3", 24),
+            ("dgx-h100x16", 128),
+            ("dgx-h100x128", 1024),
+        ] {
+            let t = parse(name).unwrap().unwrap().build().unwrap();
+            assert_eq!(t.devices().len(), gpus, "{name}");
+        }
+        for bad in [
+            "dgx-h100x1",
+            "dgx-h100x129",
+            "dgx-h100x",
+            "dgx-h100x-2",
+            "dgx-a100x2x",
+        ] {
+            let e = parse(bad).unwrap().unwrap_err().to_string();
+            assert!(e.contains("2 to 128 nodes"), "{bad}: {e}");
+        }
+        assert!(parse("dgx-b200x2").is_none());
+    }
+
+    #[test]
     fn two_dgx_h100_nodes_meet_over_their_rails() {
         let t = parse("dgx-h100x2").unwrap().unwrap().build().unwrap();
         assert_eq!(t.devices().len(), 16);
@@ -184,6 +219,6 @@ mod tests {
         ] {
             assert!(parse(bad).unwrap().is_err(), "{bad}");
         }
-        assert!(parse("dgx-a100x3").is_none());
+        assert!(parse("dgx-a100x3").unwrap().is_ok(), "any node count");
     }
 }

@@ -99,14 +99,19 @@ pub const GPU_CALL_US: f64 = 8.4;
 pub const GPU_STEP_US: f64 = 2.8;
 
 /// One interpreter block's throughput through its SM, GB/s of bytes loaded
-/// plus bytes stored. Assumed until a GPU measures it: a block of 512
-/// threads keeps 4 independent 16-byte loads each in flight, 32 KiB, and
-/// HBM answers in about 650 ns on Hopper, so about 50 GB/s of loads and
-/// as much again of stores that need no answer; taken at 50 in all, the
-/// low side. `scripts/gpu-check.sh` measures it (one rank, one channel:
-/// a copy, each byte loaded and stored once, so twice its algbw) and
-/// prints the value to put here.
-pub const GPU_BLOCK_GBPS: f64 = 50.0;
+/// plus bytes stored. Assumed until a GPU measures it. Little's law gives
+/// the order: a block of 512 threads keeps 4 independent 16-byte loads
+/// each in flight, 32 KiB, and HBM answers in about 650 ns on Hopper, so
+/// about 50 GB/s of loads, and as much again of stores, which need no
+/// answer: 100 in all. The value is the one that keeps the published
+/// references: at 50 (loads alone) the 16-channel ring on a DGX H100
+/// predicted 296 GB/s of busbw against nccl-tests' 368, at 100 it
+/// predicts 351 (DGX A100: 231 against 236 at either value; the
+/// synthesized DGX-1V packing 115 against a bound of 120).
+/// `scripts/gpu-check.sh` measures it (one rank, one channel: a copy,
+/// each byte loaded and stored once, so twice its algbw) and prints the
+/// value to put here.
+pub const GPU_BLOCK_GBPS: f64 = 100.0;
 
 /// One interpreter instruction's cost before its data moves, µs: three
 /// barriers of 512 threads, the waits on flags already set (a load from

@@ -315,6 +315,13 @@ struct Run<'p, 'n, 'a> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
     flows: Vec<Flow>,
+    /// The flows' fair shares, kept while no flow starts or ends.
+    rate: Vec<f64>,
+    rates_stale: bool,
+    shares: fairshare::Scratch,
+    /// The resources' capacities (resources are added while flows start,
+    /// never changed).
+    capacity: Vec<f64>,
     carried: Vec<f64>,
     traffic: BTreeMap<Link, LinkLoad>,
     now: f64,
@@ -416,6 +423,10 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
         events: BinaryHeap::new(),
         seq: 0,
         flows: Vec::new(),
+        rate: Vec::new(),
+        rates_stale: true,
+        shares: fairshare::Scratch::default(),
+        capacity: Vec::new(),
         carried,
         traffic: BTreeMap::new(),
         now: 0.0,
@@ -521,9 +532,16 @@ impl Run<'_, '_, '_> {
     /// Move time to the next flow completion or event; false when nothing
     /// is left to happen.
     fn advance_time(&mut self) -> bool {
-        let capacity: Vec<f64> = self.net.resources.iter().map(|r| r.capacity).collect();
-        let uses: Vec<&Uses> = self.flows.iter().map(|f| &f.uses).collect();
-        let rate = fairshare::rates(&capacity, &uses);
+        // The shares change only when a flow starts or ends.
+        if self.rate.len() != self.flows.len() || self.rates_stale {
+            if self.capacity.len() != self.net.resources.len() {
+                self.capacity = self.net.resources.iter().map(|r| r.capacity).collect();
+            }
+            let uses: Vec<&Uses> = self.flows.iter().map(|f| &f.uses).collect();
+            self.shares.rates(&self.capacity, &uses, &mut self.rate);
+            self.rates_stale = false;
+        }
+        let rate = std::mem::take(&mut self.rate);
         let next_flow = self
             .flows
             .iter()
@@ -552,6 +570,7 @@ impl Run<'_, '_, '_> {
             }
         }
         self.now += dt;
+        self.rate = rate;
         true
     }
 
@@ -564,6 +583,7 @@ impl Run<'_, '_, '_> {
             }
             !over
         });
+        self.rates_stale |= !finished.is_empty();
         finished
     }
 
@@ -614,6 +634,7 @@ impl Run<'_, '_, '_> {
             (bytes, self.net.with_block(uses, rank, channel, 1.0))
         };
         if bytes > 0.0 && !uses.is_empty() {
+            self.rates_stale = true;
             self.flows.push(Flow {
                 left: bytes,
                 uses,
@@ -672,6 +693,7 @@ impl Run<'_, '_, '_> {
             }
             let done = Done::Transfer { link, latency };
             if m > 0.0 && !uses.is_empty() {
+                self.rates_stale = true;
                 self.flows.push(Flow {
                     left: m,
                     uses,
