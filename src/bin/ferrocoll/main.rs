@@ -3,6 +3,7 @@
 //! predict (`sim`, `estimate`), read flight-recorder dumps (`trace`). Run `ferrocoll --help` for the commands.
 
 mod bench;
+mod busy;
 mod estimate_cmd;
 mod host_facts;
 mod info_cmd;

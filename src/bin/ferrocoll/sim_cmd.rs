@@ -93,34 +93,7 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         return run_plan(path, &topology);
     }
     if let Some(path) = args.algo.file() {
-        // A schedule of the user's: proven once, simulated per size.
-        let schedule = Schedule::load(path).map_err(|e| e.to_string())?;
-        let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
-        let compiler = Compiler::new(Arc::new(verified));
-        let s = compiler.verified().schedule();
-        println!(
-            "# {} on {} ranks, schedule `{}` from {}; predicted, not measured",
-            s.collective,
-            s.world_size,
-            s.name,
-            path.display()
-        );
-        let options = SimOptions {
-            dtype: args.dtype,
-            ..SimOptions::default()
-        };
-        let mut rows = Vec::new();
-        for &size in &sizes {
-            let p = sim::simulate(&compiler, &topology, size, &options).map_err(e)?;
-            rows.push(Row {
-                size,
-                label: s.name.clone(),
-                prediction: p,
-                chosen: false,
-            });
-        }
-        print_table(&rows, args, s.collective.root().map_or(-1, i64::from));
-        return Ok(ExitCode::SUCCESS);
+        return run_file(args, path, &topology, &sizes);
     }
     let n = args.ranks.unwrap_or(topology.devices().len() as u32);
     let collective = args.op.with_root(args.root % n.max(1));
@@ -128,15 +101,21 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         dtype: args.dtype,
         ..SelectOptions::default()
     };
+    let busy = crate::busy::Busy::steps(sizes.len(), "sizes");
+    busy.say("searching rings and trees");
     let selector = TopologySelector::new(topology.clone(), n, options).map_err(e)?;
-    println!(
-        "# {collective} on {n} ranks, algorithm {}, sizes {}..{} x{}; predicted, not measured",
-        args.algo, args.min_bytes, args.max_bytes, args.step_factor
-    );
+    busy.suspend(|| {
+        println!(
+            "# {collective} on {n} ranks, algorithm {}, sizes {}..{} x{}; predicted, not measured",
+            args.algo, args.min_bytes, args.max_bytes, args.step_factor
+        )
+    });
     let all = args.algo == AlgoSpec::All;
     let wanted: Vec<Algorithm> = args.algo.builtins();
     let mut rows: Vec<Row> = Vec::new();
     for &size in &sizes {
+        busy.say(format!("{size} B"));
+        busy.step();
         let verdict = selector.verdict(collective, size).map_err(e)?;
         if wanted.is_empty() {
             rows.push(Row {
@@ -176,6 +155,7 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
             }
         }
     }
+    drop(busy);
     print_table(&rows, args, collective.root().map_or(-1, i64::from));
     if all {
         print_crossovers(&rows);
@@ -183,6 +163,47 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     if n as usize == topology.devices().len() {
         print_bound(args, &full, gpus, &rows)?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A schedule of the user's: proven once, simulated per size.
+fn run_file(
+    args: &SimArgs,
+    path: &std::path::Path,
+    topology: &ferrocoll::topo::Topology,
+    sizes: &[usize],
+) -> Result<ExitCode, String> {
+    let e = |e: ferrocoll::topo::TopologyError| e.to_string();
+    let schedule = Schedule::load(path).map_err(|e| e.to_string())?;
+    let verified = verify(schedule, &VerifyOptions::default()).map_err(|e| e.to_string())?;
+    let compiler = Compiler::new(Arc::new(verified));
+    let s = compiler.verified().schedule();
+    println!(
+        "# {} on {} ranks, schedule `{}` from {}; predicted, not measured",
+        s.collective,
+        s.world_size,
+        s.name,
+        path.display()
+    );
+    let options = SimOptions {
+        dtype: args.dtype,
+        ..SimOptions::default()
+    };
+    let mut rows = Vec::new();
+    let busy = crate::busy::Busy::steps(sizes.len(), "sizes");
+    for &size in sizes {
+        busy.say(format!("{size} B"));
+        let p = sim::simulate(&compiler, topology, size, &options).map_err(e)?;
+        busy.step();
+        rows.push(Row {
+            size,
+            label: s.name.clone(),
+            prediction: p,
+            chosen: false,
+        });
+    }
+    drop(busy);
+    print_table(&rows, args, s.collective.root().map_or(-1, i64::from));
     Ok(ExitCode::SUCCESS)
 }
 

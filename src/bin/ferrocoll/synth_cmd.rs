@@ -96,6 +96,7 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
     }
     let cost = CostModel::default();
     let collective = args.op.with_root(args.root % n);
+    let busy = crate::busy::Busy::spinner("synthesizing and simulating candidates");
     let mut candidates = Vec::new();
     if matches!(args.kind, Kind::Rings | Kind::Best) {
         candidates.push(ring_candidate(&t, &devices, &cost, collective)?);
@@ -118,6 +119,7 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
             )
         })?);
     }
+    drop(busy);
     println!("# ferrocoll synth: {} ({})", t.name, t.description);
     let ceiling = bound::report(&full, gpus)?;
     let mut best: Option<(f64, ferrocoll::Verified)> = None;

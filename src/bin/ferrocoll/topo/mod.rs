@@ -135,7 +135,9 @@ fn show(args: &TopoArgs, full: Topology) -> Result<ExitCode, String> {
     let n = t.devices().len() as u32;
     let ceiling = bound::report(&full, bound::Gpus::of(&args.gpus))?;
     if n >= 2 {
+        let busy = crate::busy::Busy::spinner("searching rings and trees");
         let selector = TopologySelector::new(t.clone(), n, SelectOptions::default()).map_err(e)?;
+        drop(busy);
         let rings = selector.rings();
         println!(
             "# ring search: {} ring(s), {:.1} GB/s together",
@@ -159,12 +161,14 @@ fn show(args: &TopoArgs, full: Topology) -> Result<ExitCode, String> {
         println!(
             "#\n# all-reduce of 1 GiB on {n} ranks, best variant of each algorithm and of what was synthesized:"
         );
+        let busy = crate::busy::Busy::spinner("simulating each candidate at 1 GiB");
         let reduced = report_selector(&t, n).transpose().map_err(e)?;
         let all = reduced
             .as_ref()
             .unwrap_or(&selector)
             .evaluate(Collective::AllReduce, 1 << 30)
             .map_err(e)?;
+        drop(busy);
         for f in &crate::sim_cmd::families(&Algorithm::ALL, true, &all) {
             let best = all
                 .iter()
