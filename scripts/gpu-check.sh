@@ -21,6 +21,9 @@
 #     in the same run (bandwidth.txt)
 #   3 small calls, 8 B - 1 MiB: the executor all Simple and all LL, NCCL
 #     beside, K = 1, 2, 8 (latency.txt)
+#   3b calibration of the simulator's assumed GPU costs: one block's
+#     loads and stores (1 rank, 1 channel, 256 MiB) and one instruction's
+#     cost (1 channel, 8 B, K = 1 and 8) (bandwidth.txt, latency.txt)
 #   4 correctness <= 64 MiB, checked: every collective, bf16 at aligned and
 #     unaligned sizes, K = 2, 4, 8 (check.txt)
 #   5 the conformance kit, the failures, graph capture and replay, the
@@ -166,6 +169,21 @@ for n in 1 2 8; do
   step "small calls 8B-1M, $n rank(s), LL" 20 latency.txt \
     env FERROCOLL_PROTO=LL "${bench[@]}" --backend cuda --ll-max-bytes 1M --ranks "$n" \
     -b 8 -e 1M -f 4 -n 50 -w 10 -c 0 --json "$JSON/lat-ll-$n.json"
+done
+# The simulator's two assumed GPU costs (crates/topo/src/sim/cost.rs),
+# measured: one rank on one channel at 256 MiB is a copy through one
+# block, each byte loaded and stored once, so the block moves twice its
+# algbw; 8 B on one channel at K = 1 and K = 8 differ by the instructions
+# a rank runs (counted from the plan), which the extra time is spent on.
+step "calibration: one block, 256 MiB" 20 bandwidth.txt \
+  "${bench[@]}" --backend cuda --ranks 1 --algo ring --channels 1 -b 256M -e 256M -n 10 -w 3 -c 0 \
+  --json "$JSON/cal-block.json"
+for n in 1 8; do
+  "$FC" plan --algo ring --ranks "$n" --channels 1 --count 2 2> /dev/null |
+    sed -n 's/.*; \([0-9][0-9]*\) instructions in all.*/\1/p' > "$JSON/cal-instructions-$n.txt"
+  step "calibration: one channel, 8 B, $n rank(s)" 15 latency.txt \
+    env FERROCOLL_PROTO=Simple "${bench[@]}" --backend cuda --ranks "$n" --algo ring --channels 1 \
+    -b 8 -e 8 -n 200 -w 20 -c 0 --json "$JSON/cal-ins-$n.json"
 done
 for n in 2 4 8; do
   step "checked 1K-64M, every collective, $n ranks" 40 check.txt \

@@ -8,6 +8,12 @@ import json
 import os
 import sys
 
+# What the simulator assumes until this check measures it
+# (crates/topo/src/sim/cost.rs: GPU_BLOCK_GBPS, GPU_INSTRUCTION_US; a test
+# in tests/gpu_check.rs keeps the two files equal).
+ASSUMED_BLOCK_GBPS = 100.0
+ASSUMED_INSTRUCTION_US = 1.0
+
 
 def load(folder, name):
     try:
@@ -84,7 +90,41 @@ def small_calls(folder):
             )
 
 
+def instructions(folder, k):
+    """Instructions one rank runs: the plan's total over its ranks."""
+    try:
+        with open(os.path.join(folder, f"cal-instructions-{k}.txt")) as f:
+            return int(f.read().split()[0]) / k
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def calibration(folder):
+    block = None
+    report = load(folder, "cal-block.json")
+    ours = rows(report, False) if report else []
+    if ours and ours[0].get("out_of_place"):
+        # A copy: every byte loaded once and stored once.
+        block = 2 * ours[0]["out_of_place"]["algbw"]
+    times = {}
+    for k in (1, 8):
+        rep = load(folder, f"cal-ins-{k}.json")
+        mine = [r for r in rows(rep, False) if r.get("out_of_place")] if rep else []
+        times[k] = mine[0]["out_of_place"]["time_us"] if mine else None
+    i1, i8 = instructions(folder, 1), instructions(folder, 8)
+    per = None
+    if times[1] is not None and times[8] is not None and i1 is not None and i8 is not None and i8 > i1:
+        per = (times[8] - times[1]) / (i8 - i1)
+    print()
+    print("| simulator parameter | measured | assumed | from |")
+    print("|---|---|---|---|")
+    print(f"| gpu_block_gbps (GB/s loaded + stored by one block) | {fmt(block)} | {ASSUMED_BLOCK_GBPS:.1f} | 1 rank, 1 channel, 256 MiB: 2 × algbw |")
+    how = f"1 channel, 8 B: ({fmt(times[8], '{:.2f}')} − {fmt(times[1], '{:.2f}')} µs) over ({fmt(i8, '{:.0f}')} − {fmt(i1, '{:.0f}')}) instructions per rank"
+    print(f"| gpu_instruction_us (µs per instruction) | {fmt(per, '{:.2f}')} | {ASSUMED_INSTRUCTION_US:.2f} | {how} |")
+
+
 if __name__ == "__main__":
     folder = sys.argv[1] if len(sys.argv) > 1 else "/tmp/gpu-check-json"
     bandwidth(folder)
     small_calls(folder)
+    calibration(folder)

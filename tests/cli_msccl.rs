@@ -186,8 +186,8 @@ fn our_schedules_go_out_as_msccl_xml_and_come_back_proven() {
     assert!(t.contains("cannot write MSCCL XML: rank"), "{t}");
 }
 
-/// `synth -o F.xml` writes the DGX-1V ring packing as MSCCL XML, which
-/// reads back proven and runs.
+/// `synth -o F.xml` writes the DGX-1V ring packing and a tree packing as
+/// MSCCL XML, which read back proven and run.
 #[test]
 fn synth_writes_msccl_xml() {
     let dir = Dir::new("synth");
@@ -208,6 +208,27 @@ fn synth_writes_msccl_xml() {
     assert!(out.status.success(), "{}", text(&out));
     let out = ferrocoll(&[
         "bench", "--algo", &path, "--ranks", "8", "-b", "4K", "-e", "64K", "-c", "1", "-n", "1",
+        "-w", "0",
+    ]);
+    checked_clean(&out);
+    // Trees reduce from two children in one step: parts, one peer each.
+    let trees = dir.file("trees.xml");
+    let out = ferrocoll(&[
+        "synth",
+        "--topo",
+        "dgx1-v100",
+        "--gpus",
+        "0,1,2,4",
+        "--kind",
+        "trees",
+        "-o",
+        &trees,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = ferrocoll(&["verify", "--algo", &trees]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = ferrocoll(&[
+        "bench", "--algo", &trees, "--ranks", "4", "-b", "1K", "-e", "64K", "-c", "1", "-n", "1",
         "-w", "0",
     ]);
     checked_clean(&out);

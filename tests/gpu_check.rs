@@ -54,3 +54,154 @@ fn the_table_rows_every_file_that_exists() {
     assert!(text.contains("| 8 | (no run)"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn ferrocoll(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// The calibration rows from the files the check's calibration steps
+/// write (here from CPU runs of the same commands): a block's rate from
+/// the one-rank copy, an instruction's cost from the difference of the
+/// 8 B calls over the plan's instructions per rank.
+#[test]
+fn the_calibration_rows_come_from_the_runs() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-gpu-cal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let at = |name: &str| dir.join(name).display().to_string();
+    let block = at("cal-block.json");
+    let out = ferrocoll(&[
+        "bench",
+        "--ranks",
+        "1",
+        "--algo",
+        "ring",
+        "--channels",
+        "1",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "-c",
+        "0",
+        "-J",
+        &block,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for k in ["1", "8"] {
+        let json = at(&format!("cal-ins-{k}.json"));
+        let out = ferrocoll(&[
+            "bench",
+            "--ranks",
+            k,
+            "--algo",
+            "ring",
+            "--channels",
+            "1",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "20",
+            "-w",
+            "2",
+            "-c",
+            "0",
+            "-J",
+            &json,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let plan = ferrocoll(&[
+            "plan",
+            "--algo",
+            "ring",
+            "--ranks",
+            k,
+            "--channels",
+            "1",
+            "--count",
+            "2",
+        ]);
+        let text = String::from_utf8_lossy(&plan.stdout);
+        // The same extraction as the script's.
+        let total = text
+            .split("; ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .expect("the plan's header names its instructions");
+        std::fs::write(at(&format!("cal-instructions-{k}.txt")), total).unwrap();
+    }
+    let out = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu-table.py"))
+        .arg(&dir)
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no {name} row: {text}"))
+            .to_owned()
+    };
+    let block = row("gpu_block_gbps");
+    let measured: f64 = block
+        .split('|')
+        .nth(2)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{block}"));
+    assert!(measured > 0.0, "{block}");
+    let ins = row("gpu_instruction_us");
+    assert!(
+        ins.split('|').nth(2).unwrap().trim().parse::<f64>().is_ok(),
+        "{ins}"
+    );
+    assert!(ins.contains("over (15 − 1) instructions per rank"), "{ins}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The table prints the simulator's assumptions beside what it measured:
+/// they must be the simulator's.
+#[test]
+fn the_table_assumes_what_the_simulator_assumes() {
+    let table = include_str!("../scripts/gpu-table.py");
+    let cost = include_str!("../crates/topo/src/sim/cost.rs");
+    let value = |text: &str, prefix: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}`"));
+        let v = line[prefix.len()..].trim().trim_end_matches(';');
+        v.parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    assert_eq!(
+        value(table, "ASSUMED_BLOCK_GBPS = "),
+        value(cost, "pub const GPU_BLOCK_GBPS: f64 = ")
+    );
+    assert_eq!(
+        value(table, "ASSUMED_INSTRUCTION_US = "),
+        value(cost, "pub const GPU_INSTRUCTION_US: f64 = ")
+    );
+}
