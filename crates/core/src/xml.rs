@@ -161,6 +161,9 @@ fn start_tag(cur: &mut Cursor<'_>, line: usize) -> Result<(Element, bool), XmlEr
         children: Vec::new(),
         line,
     };
+    // A set, not a scan of the list: an element with a million attributes
+    // must not cost a million squared.
+    let mut keys: std::collections::HashSet<&str> = std::collections::HashSet::new();
     loop {
         let before = cur.pos;
         cur.skip_whitespace();
@@ -234,7 +237,7 @@ fn start_tag(cur: &mut Cursor<'_>, line: usize) -> Result<(Element, bool), XmlEr
         }
         let value = decode_entities(raw)
             .map_err(|m| xml_error(value_line, &el.name, format!("attribute `{key}`: {m}")))?;
-        if el.attr(key).is_some() {
+        if !keys.insert(key) {
             return Err(xml_error(
                 value_line,
                 &el.name,

@@ -55,10 +55,11 @@ fn check_sizes(schedule: &Schedule, out: &mut Violations) {
     let n = u64::from(schedule.world_size);
     let cpb = u64::from(schedule.chunks_per_block);
     let c = schedule.collective;
+    // Saturating: a hostile file's sizes must be refused, not overflow.
     let chunks = (u64::from(c.input_blocks(schedule.world_size))
         + u64::from(c.output_blocks(schedule.world_size)))
-        * cpb
-        + u64::from(schedule.scratch_chunks);
+    .saturating_mul(cpb)
+    .saturating_add(u64::from(schedule.scratch_chunks));
     let words = n.div_ceil(64) + 1;
     let channels = schedule.channel_count().max(1) as u64;
     let largest_step = schedule
@@ -69,10 +70,16 @@ fn check_sizes(schedule: &Schedule, out: &mut Violations) {
     let sizes = [
         (
             "symbolic state (ranks × chunks × rank-set words)",
-            n * chunks * words,
+            n.saturating_mul(chunks).saturating_mul(words),
         ),
-        ("link table (ranks² × channels)", n * n * channels),
-        ("one step (chunks × rank-set words)", largest_step * words),
+        (
+            "link table (ranks² × channels)",
+            n.saturating_mul(n).saturating_mul(channels),
+        ),
+        (
+            "one step (chunks × rank-set words)",
+            largest_step.saturating_mul(words),
+        ),
     ];
     for (what, value) in sizes {
         if value > MAX_SYMBOLIC_WORDS {

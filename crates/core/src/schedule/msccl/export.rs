@@ -257,11 +257,81 @@ fn blocks(rank: Rank, channel: u32, steps: &[Vec<Part>]) -> Result<Vec<Block>, M
     Ok(out)
 }
 
+/// Join threadblocks whose peers do not clash (one sending to a peer,
+/// another receiving from one): fewer threadblocks, and a channel that
+/// talks to one peer each way stays one, as its import expects.
+fn merge(blocks: Vec<Block>) -> Vec<Block> {
+    let fits = |a: Option<Rank>, b: Option<Rank>| a.is_none() || b.is_none() || a == b;
+    let mut merged: Vec<Block> = Vec::new();
+    for b in blocks {
+        match merged
+            .iter_mut()
+            .find(|m| fits(m.send, b.send) && fits(m.recv, b.recv))
+        {
+            Some(m) => {
+                m.send = m.send.or(b.send);
+                m.recv = m.recv.or(b.recv);
+                m.parts.extend(b.parts);
+                // A threadblock runs its parts in the channel's order.
+                m.parts.sort_unstable();
+            }
+            None => merged.push(b),
+        }
+    }
+    merged
+}
+
+/// The steps `step` waits for exist on other channels: a schedule that
+/// was not verified is refused here, not indexed past its end.
+fn check_after(
+    program: &crate::schedule::RankProgram,
+    channel: usize,
+    at: StepAt,
+    step: &Step,
+) -> Result<(), MscclError> {
+    for dep in &step.after {
+        let exists = dep.channel as usize != channel
+            && program
+                .channels
+                .get(dep.channel as usize)
+                .is_some_and(|s| (dep.step as usize) < s.len());
+        if !exists {
+            return Err(inexpressible(
+                at,
+                format!(
+                    "waits for channel {} step {}, which it cannot (export a verified schedule)",
+                    dep.channel, dep.step
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Every step of a rank as parts: `[channel][step]`.
 type RankParts = Vec<Vec<Vec<Part>>>;
 
 /// Write `schedule` as MSCCL XML (`inplace="0"`, protocol `Simple`).
+///
+/// Threadblocks whose peers do not clash are joined where the result
+/// still reads back (a channel that talks to one peer each way stays one
+/// threadblock); joining can also tie two threadblocks of one GPU into
+/// one chain of connections, which ferrocoll's import refuses, so the
+/// split form is kept where only it reads back. Either is valid MSCCL.
 pub(super) fn write(schedule: &Schedule) -> Result<String, MscclError> {
+    let joined = write_with(schedule, true)?;
+    if super::import(&joined).is_ok() {
+        return Ok(joined);
+    }
+    let split = write_with(schedule, false)?;
+    Ok(if super::import(&split).is_ok() {
+        split
+    } else {
+        joined
+    })
+}
+
+fn write_with(schedule: &Schedule, join: bool) -> Result<String, MscclError> {
     let coll = coll(schedule.collective)?;
     let mut parts: Vec<RankParts> = Vec::with_capacity(schedule.ranks.len());
     for (r, program) in schedule.ranks.iter().enumerate() {
@@ -274,6 +344,7 @@ pub(super) fn write(schedule: &Schedule) -> Result<String, MscclError> {
                     channel: c as u32,
                     index: i as u32,
                 };
+                check_after(program, c, at, step)?;
                 list.push(self::parts(at, step)?);
             }
             channels.push(list);
@@ -296,6 +367,9 @@ pub(super) fn write(schedule: &Schedule) -> Result<String, MscclError> {
         let mut tbs = Vec::new();
         for (c, steps) in rank_parts.iter().enumerate() {
             let mut split = blocks(rank, c as u32, steps)?;
+            if join {
+                split = merge(split);
+            }
             if split.is_empty() {
                 // An empty channel keeps its place, so ids stay channels.
                 split.push(Block {

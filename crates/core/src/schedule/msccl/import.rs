@@ -159,18 +159,30 @@ fn joined(algo: &Algo, pairs: &[Connection]) -> Result<Vec<Vec<u32>>, MscclError
     for &((g, t), (h, u)) in pairs {
         sets.join(first[g] + t, first[h] + u);
     }
-    let mut number: HashMap<usize, u32> = HashMap::new();
-    let mut out = Vec::with_capacity(algo.gpus.len());
+    // The classes in order of first appearance, each with its members.
+    let mut class_of: HashMap<usize, usize> = HashMap::new();
+    let mut classes: Vec<Vec<(usize, usize)>> = Vec::new();
     for (g, gpu) in algo.gpus.iter().enumerate() {
-        let mut seen: HashMap<u32, usize> = HashMap::new();
-        let mut chans = Vec::with_capacity(gpu.tbs.len());
         for t in 0..gpu.tbs.len() {
             let r = sets.root(first[g] + t);
-            let next = number.len() as u32;
-            let c = *number.entry(r).or_insert(next);
-            if let Some(other) = seen.insert(c, t) {
+            let next = classes.len();
+            let c = *class_of.entry(r).or_insert(next);
+            if c == classes.len() {
+                classes.push(Vec::new());
+            }
+            classes[c].push((g, t));
+        }
+    }
+    // Each class takes the smallest number none of its GPUs uses yet, so
+    // a GPU's channels stay about as many as its threadblocks.
+    let mut used: Vec<std::collections::HashSet<u32>> = vec![Default::default(); algo.gpus.len()];
+    let mut out: Vec<Vec<u32>> = algo.gpus.iter().map(|g| vec![0; g.tbs.len()]).collect();
+    for members in &classes {
+        let mut on: HashMap<usize, usize> = HashMap::new();
+        for &(g, t) in members {
+            if let Some(other) = on.insert(g, t) {
                 return Err(MscclError::Unsupported {
-                    at: place(gpu.tbs[t].line, Some(g), Some(t), None),
+                    at: place(algo.gpus[g].tbs[t].line, Some(g), Some(t), None),
                     construct: format!(
                         "threadblocks {other} and {t} of GPU {g} on one chain of connections"
                     ),
@@ -180,12 +192,34 @@ fn joined(algo: &Algo, pairs: &[Connection]) -> Result<Vec<Vec<u32>>, MscclError
                         .into(),
                 });
             }
-            chans.push(c);
         }
-        out.push(chans);
+        let mut k = 0;
+        while on.keys().any(|&g| used[g].contains(&k)) {
+            k += 1;
+        }
+        if k >= super::read::MAX_THREADBLOCKS {
+            let (g, t) = members[0];
+            return Err(MscclError::Unsupported {
+                at: place(algo.gpus[g].tbs[t].line, Some(g), Some(t), None),
+                construct: format!("a channel numbered {k}"),
+                why: format!(
+                    "connections tie threadblocks across GPUs so that this one needs a channel \
+                     number past {}",
+                    super::read::MAX_THREADBLOCKS
+                ),
+            });
+        }
+        for &(g, t) in members {
+            used[g].insert(k);
+            out[g][t] = k;
+        }
     }
     Ok(out)
 }
+
+/// Nops one GPU's dependencies may walk in all: far above what
+/// msccl-tools writes, far below a hostile chain's square.
+const DEPENDENCY_WORK: u64 = 20_000_000;
 
 /// One GPU's conversion state.
 struct Gpu<'a> {
@@ -196,6 +230,9 @@ struct Gpu<'a> {
     chans: &'a [u32],
     /// `index[tb][s]`: the ferrocoll step an XML step became (`None`: a nop).
     index: Vec<Vec<Option<u32>>>,
+    /// What resolving dependencies may still walk on this GPU: nops can
+    /// chain so that every step re-walks a long run of them.
+    budget: std::cell::Cell<u64>,
 }
 
 impl Gpu<'_> {
@@ -213,7 +250,7 @@ impl Gpu<'_> {
             XmlBuffer::Input if self.algo.inplace => match self.coll.in_place_alias(self.rank) {
                 Some(InPlaceAlias::InputIsOutputBlock(b)) => Slice {
                     buffer: Buffer::Output,
-                    chunk: (b * self.cpb).saturating_add(chunk),
+                    chunk: b.saturating_mul(self.cpb).saturating_add(chunk),
                 },
                 // Refused before any step is converted.
                 _ => Slice {
@@ -242,11 +279,17 @@ impl Gpu<'_> {
         let (Some(a), Some(b)) = (steps.get(s), steps.get(s + 1)) else {
             return false;
         };
+        // The send reads what the copy read: only when the copy did not
+        // write over it.
+        let apart = a.src.0 != a.dst.0
+            || u64::from(a.src.1) + u64::from(a.cnt) <= u64::from(a.dst.1)
+            || u64::from(a.dst.1) + u64::from(a.cnt) <= u64::from(a.src.1);
         a.kind == Kind::Copy
             && b.kind == Kind::Send
             && b.dep.is_none()
             && a.src == b.src
             && a.cnt == b.cnt
+            && apart
     }
 
     fn number_steps(&mut self) {
@@ -304,6 +347,7 @@ impl Gpu<'_> {
             let channel = self.chans[t as usize];
             let steps = &self.tbs()[t as usize].steps;
             for j in (0..=s as usize).rev() {
+                self.spend(from)?;
                 // What an earlier visit walked past is already in `out`.
                 if j != s as usize && !seen.insert((t, j as u32)) {
                     break;
@@ -315,6 +359,24 @@ impl Gpu<'_> {
                 work.extend(steps[j].dep);
             }
         }
+        Ok(())
+    }
+
+    /// One unit of dependency walking, or the error when the GPU's
+    /// budget is spent.
+    fn spend(&self, from: (usize, usize)) -> Result<(), MscclError> {
+        let left = self.budget.get();
+        if left == 0 {
+            return Err(MscclError::Unsupported {
+                at: self.at(from.0, from.1),
+                construct: "dependencies through chains of nops this long".into(),
+                why: format!(
+                    "resolving them walked {DEPENDENCY_WORK} nops on one GPU (msccl-tools \
+                     writes a few per step)"
+                ),
+            });
+        }
+        self.budget.set(left - 1);
         Ok(())
     }
 
@@ -412,26 +474,33 @@ impl Gpu<'_> {
 /// The in-place prologue: an algorithm written for in-place calls works
 /// on its input where the output holds it, so an out-of-place call first
 /// copies the input there (a no-op in place); every channel waits for it.
-fn add_prologue(schedule: &mut Schedule, channel: u32) {
+///
+/// The copy goes on a channel of its own after each rank's last: returns
+/// that channel per rank.
+fn add_prologue(schedule: &mut Schedule) -> Vec<Option<u32>> {
     let cpb = schedule.chunks_per_block;
+    let mut at = Vec::with_capacity(schedule.ranks.len());
     for (rank, program) in schedule.ranks.iter_mut().enumerate() {
         let Some(InPlaceAlias::InputIsOutputBlock(b)) =
             schedule.collective.in_place_alias(rank as Rank)
         else {
+            at.push(None);
             continue;
         };
+        let channel = program.channels.len() as u32;
         for steps in &mut program.channels {
             if let Some(first) = steps.first_mut() {
                 first.after.push(StepRef { channel, step: 0 });
             }
         }
-        program.channels.resize(channel as usize, Vec::new());
         program.channels.push(vec![
             Step::new(cpb)
                 .read(Buffer::Input, 0)
-                .write(Buffer::Output, b * cpb),
+                .write(Buffer::Output, b.saturating_mul(cpb)),
         ]);
+        at.push(Some(channel));
     }
+    at
 }
 
 /// Convert parsed records into a schedule and where each step came from.
@@ -463,6 +532,7 @@ pub(super) fn convert(algo: &Algo) -> Result<(Schedule, Origin), MscclError> {
             rank: g as Rank,
             chans,
             index: Vec::new(),
+            budget: std::cell::Cell::new(DEPENDENCY_WORK),
         };
         gpu.number_steps();
         let (program, from) = gpu.program()?;
@@ -477,10 +547,11 @@ pub(super) fn convert(algo: &Algo) -> Result<(Schedule, Origin), MscclError> {
         scratch_chunks: algo.gpus.iter().map(|g| g.s_chunks).max().unwrap_or(0),
         ranks,
     };
-    let prologue = algo.inplace.then(|| schedule.channel_count() as u32);
-    if let Some(channel) = prologue {
-        add_prologue(&mut schedule, channel);
-    }
+    let prologue = if algo.inplace {
+        add_prologue(&mut schedule)
+    } else {
+        vec![None; schedule.ranks.len()]
+    };
     let lines = algo
         .gpus
         .iter()

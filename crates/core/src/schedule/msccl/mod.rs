@@ -88,15 +88,15 @@ pub struct Origin {
     steps: Vec<RankOrigin>,
     /// `[gpu][tb][step]`: the line of each XML step.
     lines: Vec<Vec<Vec<usize>>>,
-    /// The channel of the in-place prologue, if one was added.
-    prologue: Option<u32>,
+    /// Each rank's channel of the in-place prologue, if one was added.
+    prologue: Vec<Option<u32>>,
 }
 
 impl Origin {
     /// The XML step(s) behind ferrocoll step `step` of `channel` on
     /// `rank`: `gpu 1 tb 0 step 3 (line 27)`, or what the import added.
     pub fn describe(&self, rank: Rank, channel: u32, step: u32) -> Option<String> {
-        if self.prologue == Some(channel) {
+        if self.prologue.get(rank as usize).copied().flatten() == Some(channel) {
             return Some(
                 "the input's copy into place that the import adds to in-place programs".into(),
             );

@@ -7,6 +7,16 @@ use crate::error::MscclError;
 use crate::types::Rank;
 use crate::xml::Element;
 
+/// The most GPUs an imported algorithm may have (the largest world the
+/// library generates schedules for; MSCCL's programs have a few dozen).
+pub(super) const MAX_GPUS: usize = 1024;
+
+/// The most threadblocks a GPU may have, and the highest channel number
+/// an import may need (MSCCL itself runs at most 108 threadblocks): the
+/// schedule holds a list per channel on every rank, so these two bound
+/// what a small hostile file can make the import allocate.
+pub(super) const MAX_THREADBLOCKS: u32 = 1024;
+
 /// The `<algo>` element.
 #[derive(Debug)]
 pub(super) struct Algo {
@@ -233,11 +243,14 @@ pub(super) fn algo(root: &Element) -> Result<Algo, MscclError> {
     }
     let ngpus: u32 = number(root, &at, "ngpus")?;
     // Every GPU needs its element: that bounds what is allocated below.
-    if ngpus == 0 || ngpus as usize > root.children.len() {
+    if ngpus == 0 || ngpus as usize > root.children.len() || ngpus as usize > MAX_GPUS {
         return Err(attribute(
             &at,
             "ngpus",
-            format!("is {ngpus} with {} `<gpu>` elements", root.children.len()),
+            format!(
+                "is {ngpus} with {} `<gpu>` elements (at most {MAX_GPUS})",
+                root.children.len()
+            ),
         ));
     }
     let inplace = match required(root, &at, "inplace")?.trim() {
@@ -303,11 +316,14 @@ fn gpu(el: &Element, id: usize, ngpus: u32) -> Result<Gpu, MscclError> {
         let at = place(t.line, Some(id), None, None);
         only(t, "tb", "gpu", &at)?;
         let tb_id: usize = number(t, &at, "id")?;
-        if tb_id >= el.children.len() {
+        if tb_id >= el.children.len() || tb_id >= MAX_THREADBLOCKS as usize {
             return Err(attribute(
                 &at,
                 "id",
-                format!("threadblock {tb_id} of a GPU with {}", el.children.len()),
+                format!(
+                    "threadblock {tb_id} of a GPU with {} (at most {MAX_THREADBLOCKS})",
+                    el.children.len()
+                ),
             ));
         }
         tbs.resize_with(tbs.len().max(tb_id + 1), || None);

@@ -476,3 +476,143 @@ fn a_deep_chain_of_nops_resolves() {
     let imported = import(&text).unwrap();
     assert_eq!(imported.schedule.ranks[0].channels[0][0].after, vec![]);
 }
+
+/// Hostile shapes a reviewer found, each once quadratic or a panic.
+#[test]
+fn hostile_shapes_stay_linear_and_typed() {
+    // One GPU with many empty threadblocks and many bare GPUs, in place:
+    // each rank's prologue sits after its own channels only.
+    let (gpus, tbs) = (1000, 1000);
+    let mut text = format!(
+        r#"<algo name="t" nchannels="1" nchunksperloop="1" ngpus="{gpus}" coll="allreduce" inplace="1"><gpu id="0" i_chunks="1" o_chunks="1" s_chunks="0">"#
+    );
+    for t in 0..tbs {
+        text.push_str(&format!(r#"<tb id="{t}" send="-1" recv="-1" chan="0"/>"#));
+    }
+    text.push_str("</gpu>");
+    for g in 1..gpus {
+        text.push_str(&format!(
+            r#"<gpu id="{g}" i_chunks="1" o_chunks="1" s_chunks="0"/>"#
+        ));
+    }
+    text.push_str("</algo>");
+    let s = import(&text).unwrap().schedule;
+    assert_eq!(s.ranks[0].channels.len(), tbs + 1);
+    assert_eq!(s.ranks[1].channels.len(), 1);
+
+    // Ids that disagree force the joined numbering; a GPU's channels stay
+    // as many as its threadblocks, not its position among the GPUs.
+    let mut text = String::from(
+        r#"<algo name="t" ngpus="1000" coll="allreduce" inplace="0"><gpu id="0" i_chunks="1" o_chunks="1" s_chunks="0"><tb id="0" send="1" recv="-1" chan="0"/></gpu><gpu id="1" i_chunks="1" o_chunks="1" s_chunks="0"><tb id="0" send="-1" recv="-1" chan="0"/><tb id="1" send="-1" recv="0" chan="0"/></gpu>"#,
+    );
+    for g in 2..1000 {
+        text.push_str(&format!(
+            r#"<gpu id="{g}" i_chunks="1" o_chunks="1" s_chunks="0"><tb id="0" send="-1" recv="-1" chan="0"/></gpu>"#
+        ));
+    }
+    text.push_str("</algo>");
+    let s = import(&text).unwrap().schedule;
+    assert_eq!(s.ranks[999].channels.len(), 1);
+    assert_eq!(s.ranks[1].channels.len(), 2);
+
+    // Offsets past u32 in an in-place all-gather: refused by the
+    // verifier, never an overflow.
+    let text = r#"<algo name="t" ngpus="3" coll="allgather" inplace="1">
+        <gpu id="0" i_chunks="4294967295" o_chunks="0" s_chunks="0"/>
+        <gpu id="1" i_chunks="4294967295" o_chunks="0" s_chunks="0"/>
+        <gpu id="2" i_chunks="4294967295" o_chunks="0" s_chunks="0"/></algo>"#;
+    let s = import(text).unwrap().schedule;
+    assert!(verify(s, &VerifyOptions::default()).is_err());
+
+    // Every send waiting on the end of one long run of nops: the walk is
+    // budgeted, so it ends in a typed error, not minutes of work.
+    let n = 20_000;
+    let mut tb0 = String::from(r#"<tb id="0" send="1" recv="-1" chan="0">"#);
+    for s in 0..n {
+        tb0.push_str(&format!(
+            r#"<step s="{s}" type="s" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="1" depid="1" deps="{}" hasdep="0"/>"#,
+            n - 1
+        ));
+    }
+    tb0.push_str("</tb>");
+    let mut tb1 = String::from(r#"<tb id="1" send="-1" recv="-1" chan="0">"#);
+    for s in 0..n {
+        tb1.push_str(&format!(
+            r#"<step s="{s}" type="nop" srcbuf="i" srcoff="-1" dstbuf="o" dstoff="-1" cnt="0" depid="-1" deps="-1" hasdep="0"/>"#
+        ));
+    }
+    tb1.push_str("</tb>");
+    let e = err(&two(&format!("{tb0}{tb1}"), &tb(-1, 0, "")));
+    assert!(e.contains("chains of nops"), "{e}");
+
+    // A copy that writes over what the next send reads stays two steps.
+    let steps = r#"<step s="0" type="cpy" srcbuf="o" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/><step s="1" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>"#;
+    let s = import(&two(&tb(1, -1, steps), &tb(-1, 0, "")))
+        .unwrap()
+        .schedule;
+    assert_eq!(s.ranks[0].channels[0].len(), 1, "disjoint: one step");
+    let overlapping = steps
+        .replace(r#"dstoff="1" cnt="1""#, r#"dstoff="1" cnt="2""#)
+        .replace(
+            r#"srcoff="0" dstbuf="o" dstoff="0" cnt="1""#,
+            r#"srcoff="0" dstbuf="o" dstoff="0" cnt="2""#,
+        );
+    let s = import(&two(&tb(1, -1, &overlapping), &tb(-1, 0, "")))
+        .unwrap()
+        .schedule;
+    assert_eq!(s.ranks[0].channels[0].len(), 2, "overlapping: two steps");
+}
+
+/// A million attributes on one element parse in linear time.
+#[test]
+fn many_attributes_are_checked_for_duplicates_in_linear_time() {
+    let attrs: String = (0..200_000).map(|i| format!(" a{i}=\"\"")).collect();
+    let root = crate::xml::parse_document(&format!("<algo{attrs}/>")).unwrap();
+    assert_eq!(root.attrs.len(), 200_000);
+    let dup = crate::xml::parse_document("<algo a=\"1\" b=\"2\" a=\"3\"/>").unwrap_err();
+    assert!(dup.to_string().contains("appears twice"), "{dup}");
+}
+
+/// Rank 0 sends on one step and receives on the next, rank 1 does both in
+/// one: rank 0's channel stays one threadblock, so the file reads back.
+#[test]
+fn a_channel_with_one_peer_each_way_stays_one_threadblock() {
+    let mut s = generate(
+        crate::Algorithm::Ring,
+        Collective::AllReduce,
+        2,
+        &AlgorithmParams::default(),
+    )
+    .unwrap();
+    s.ranks[0].channels[0] = vec![
+        Step::new(s.chunks_per_block).read(Buffer::Input, 0).send(1),
+        Step::new(s.chunks_per_block)
+            .recv(1)
+            .write(Buffer::Output, 0),
+    ];
+    s.ranks[1].channels[0] = vec![
+        Step::new(s.chunks_per_block)
+            .recv(0)
+            .read(Buffer::Input, 0)
+            .write(Buffer::Output, 0)
+            .send(0),
+    ];
+    let verified = verify(s.clone(), &VerifyOptions::default()).unwrap();
+    let xml = verified.schedule().to_msccl_xml().unwrap();
+    assert_eq!(xml.matches("<tb ").count(), 2, "{xml}");
+    assert_eq!(
+        sorted_afters(Schedule::from_msccl_xml(&xml).unwrap()),
+        sorted_afters(s)
+    );
+
+    // Not verified: an `after` past the end is refused, not indexed.
+    let mut bad = verified.schedule().clone();
+    bad.ranks[0].channels[0][1]
+        .after
+        .push(crate::schedule::StepRef {
+            channel: 5,
+            step: 0,
+        });
+    let e = bad.to_msccl_xml().unwrap_err();
+    assert!(e.to_string().contains("export a verified schedule"), "{e}");
+}
