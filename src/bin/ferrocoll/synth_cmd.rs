@@ -144,10 +144,7 @@ pub(crate) fn run(args: &SynthArgs) -> Result<ExitCode, String> {
         }
     }
     let (busbw, verified) = best.ok_or("nothing to synthesize")?;
-    let xml = args
-        .output
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+    let xml = ferrocoll::schedule::msccl::is_msccl_path(&args.output);
     let text = if xml {
         verified
             .schedule()

@@ -83,10 +83,7 @@ struct Outcome {
 
 /// A schedule file, and for MSCCL XML where each step came from.
 fn load(path: &std::path::Path) -> Result<(Schedule, Option<Origin>), String> {
-    if !path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("xml"))
-    {
+    if !ferrocoll::schedule::msccl::is_msccl_path(path) {
         return Ok((Schedule::load(path).map_err(|e| e.to_string())?, None));
     }
     let text = ferrocoll::input::read_text(path)

@@ -83,9 +83,7 @@ impl Schedule {
             path: path.display().to_string(),
             source,
         })?;
-        let xml = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+        let xml = super::msccl::is_msccl_path(path);
         let parsed = if xml {
             Schedule::from_msccl_xml(&text).map_err(ScheduleFileError::from)
         } else {

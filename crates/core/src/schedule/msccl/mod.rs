@@ -117,6 +117,14 @@ impl Origin {
     }
 }
 
+/// Whether a schedule file at `path` is read as MSCCL XML: its name ends
+/// in `.xml` (any case). The one rule the loader, `verify` and `synth -o`
+/// share.
+pub fn is_msccl_path(path: &std::path::Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"))
+}
+
 /// Read an MSCCL algorithm document.
 pub fn import(text: &str) -> Result<Imported, MscclError> {
     let root = crate::xml::parse_document(text)?;
