@@ -2,7 +2,9 @@
 //! schedules written out and read back, and a broken program's violation
 //! named by gpu, threadblock and step.
 
-use std::path::PathBuf;
+mod common;
+
+use common::Scratch;
 use std::process::{Command, Output};
 
 fn ferrocoll(args: &[&str]) -> Output {
@@ -25,27 +27,6 @@ fn fixture(name: &str) -> String {
         "{}/crates/core/tests/fixtures/msccl/{name}.xml",
         env!("CARGO_MANIFEST_DIR")
     )
-}
-
-/// A directory removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("fc-msccl-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-
-    fn file(&self, name: &str) -> String {
-        self.0.join(name).display().to_string()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
 }
 
 /// Every row checked, none wrong.
@@ -75,7 +56,7 @@ fn msccl_tools_programs_run_on_the_bench_with_no_wrong_value() {
 
 #[test]
 fn a_broken_program_is_named_by_gpu_threadblock_and_step() {
-    let dir = Dir::new("broken");
+    let dir = Scratch::new("msccl-broken");
     let good = std::fs::read_to_string(fixture("allreduce_a100_ring_4_1_1_Simple")).unwrap();
     // GPU 1's rrcs reduces the chunk it should not.
     let line = good
@@ -121,7 +102,7 @@ fn a_broken_program_is_named_by_gpu_threadblock_and_step() {
 
 #[test]
 fn our_schedules_go_out_as_msccl_xml_and_come_back_proven() {
-    let dir = Dir::new("out");
+    let dir = Scratch::new("msccl-out");
     let out = ferrocoll(&[
         "schedule",
         "--algo",
@@ -190,7 +171,7 @@ fn our_schedules_go_out_as_msccl_xml_and_come_back_proven() {
 /// MSCCL XML, which read back proven and run.
 #[test]
 fn synth_writes_msccl_xml() {
-    let dir = Dir::new("synth");
+    let dir = Scratch::new("msccl-synth");
     let path = dir.file("dgx1.xml");
     let out = ferrocoll(&[
         "synth",

@@ -1,5 +1,8 @@
 //! `ferrocoll topo`, `sim` and `estimate` end to end.
 
+mod common;
+
+use common::Scratch;
 use std::process::{Command, Output};
 
 fn ferrocoll(args: &[&str]) -> Output {
@@ -7,28 +10,6 @@ fn ferrocoll(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("the binary runs")
-}
-
-/// A fresh folder for one test's files, removed when the test ends
-/// (passing or not).
-struct Scratch(std::path::PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("ferrocoll-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn file(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
 }
 
 fn stdout(o: &Output) -> String {

@@ -1,5 +1,5 @@
-//! Helpers the CLI's process tests share: finding a job's processes by
-//! its secret, and telling live processes from zombies.
+//! Helpers the CLI's tests share: finding a job's processes by its
+//! secret, telling live processes from zombies, and scratch folders.
 
 // Each test binary uses a part of these.
 #![allow(dead_code)]
@@ -120,5 +120,27 @@ impl Drop for Stopped {
                 .status();
             let _ = self.0.wait();
         }
+    }
+}
+
+/// A fresh folder for one test's files, removed when the test ends
+/// (passing or not).
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("ferrocoll-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    pub fn file(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
     }
 }
