@@ -202,6 +202,48 @@ fn sim_runs_a_schedule_file_and_names_the_bottleneck() {
 }
 
 #[test]
+fn sim_marks_steady_rows_and_refuses_an_unknown_model() {
+    let run = |model: &str| {
+        let out = ferrocoll(&[
+            "sim",
+            "--topo",
+            "dgx1-v100",
+            "--algo",
+            "ring",
+            "-b",
+            "1M",
+            "-e",
+            "1M",
+            "--model",
+            model,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        (sim_rows(&text)[0].2, text)
+    };
+    let (steady, text) = run("steady");
+    assert!(
+        text.contains(" ~ ") && text.contains("# ~ marks the steady-state estimate"),
+        "{text}"
+    );
+    let (detailed, text) = run("detailed");
+    assert!(!text.contains("# ~ marks"), "{text}");
+    // A ring on the DGX-1V: every stream of a link is busy at once, so
+    // the two models agree (docs/topology.md).
+    assert!(
+        (steady / detailed - 1.0).abs() < 0.03,
+        "{steady} vs {detailed}"
+    );
+    let out = ferrocoll(&["sim", "--topo", "dgx1-v100", "--model", "exact"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("auto, detailed or steady"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn estimate_reproduces_the_seed_articles_arithmetic() {
     // 10 GB of gradients: PCIe 4.0 about 0.3 s, NVLink 3 about 0.03 s
     // (the seed's one-link arithmetic); the simulator adds the all-reduce's

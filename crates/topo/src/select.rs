@@ -92,6 +92,8 @@ pub struct SelectOptions {
     /// candidate's chunk is cut so that its schedule's widest step fits,
     /// so what is simulated is what runs.
     pub ll_message_bytes: usize,
+    /// Which simulator model predicts each candidate.
+    pub fidelity: sim::Fidelity,
 }
 
 /// Tree packings `auto` considers on GPUs: the load model's two best (its
@@ -118,6 +120,7 @@ impl Default for SelectOptions {
             tree_packings: None,
             hierarchical: None,
             ll_message_bytes: LL_MESSAGE_BYTES,
+            fidelity: sim::Fidelity::Auto,
         }
     }
 }
@@ -543,6 +546,7 @@ impl TopologySelector {
             dtype: self.options.dtype,
             cost,
             placement: Some(self.devices.clone()),
+            fidelity: self.options.fidelity,
         };
         sim::simulate(&compiler, &self.topology, size, &options)
     }

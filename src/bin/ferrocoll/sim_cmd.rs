@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::Args;
 use ferrocoll::plan::Compiler;
 use ferrocoll::topo::select::{Candidate, SelectOptions, TopologySelector};
-use ferrocoll::topo::sim::{self, Prediction, SimOptions};
+use ferrocoll::topo::sim::{self, Fidelity, Prediction, SimOptions};
 use ferrocoll::{Algorithm, CollectiveKind, DataType, Schedule, VerifyOptions, verify};
 
 use crate::spec::{self, AlgoSpec, parse_size, sizes};
@@ -58,6 +58,21 @@ pub(crate) struct SimArgs {
     /// Only these devices of the topology (e.g. `0-5` or `0,1,4`).
     #[arg(long, value_parser = crate::topo::bound::parse_gpus)]
     gpus: Option<crate::topo::bound::Gpus>,
+    /// Simulator model: `detailed` (fair shares recomputed whenever a
+    /// flow starts or ends), `steady` (each flow at its steady-state
+    /// share: fast at cluster scale), or `auto` (detailed while its work
+    /// is small).
+    #[arg(long, default_value = "auto", value_parser = parse_model)]
+    model: Fidelity,
+}
+
+fn parse_model(s: &str) -> Result<Fidelity, String> {
+    match s {
+        "auto" => Ok(Fidelity::Auto),
+        "detailed" => Ok(Fidelity::Detailed),
+        "steady" => Ok(Fidelity::Steady),
+        _ => Err(format!("`{s}`: expected auto, detailed or steady")),
+    }
 }
 
 struct Row {
@@ -99,6 +114,7 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     let collective = args.op.with_root(args.root % n.max(1));
     let options = SelectOptions {
         dtype: args.dtype,
+        fidelity: args.model,
         ..SelectOptions::default()
     };
     let busy = crate::busy::Busy::steps(sizes.len(), "sizes");
@@ -187,6 +203,7 @@ fn run_file(
     );
     let options = SimOptions {
         dtype: args.dtype,
+        fidelity: args.model,
         ..SimOptions::default()
     };
     let mut rows = Vec::new();
@@ -306,11 +323,14 @@ fn print_table(rows: &[Row], args: &SimArgs, root: i64) {
         "none"
     };
     for r in rows {
-        let label = if r.chosen && args.algo == AlgoSpec::All {
+        let mut label = if r.chosen && args.algo == AlgoSpec::All {
             format!("{} *", r.label)
         } else {
             r.label.clone()
         };
+        if r.prediction.model == Fidelity::Steady {
+            label.push_str(" ~");
+        }
         let b = r.prediction.bottleneck().map_or("-".to_owned(), |l| {
             format!("{} {:.0}%", l.resource, l.utilisation * 100.0)
         });
@@ -331,6 +351,11 @@ fn print_table(rows: &[Row], args: &SimArgs, root: i64) {
         println!(
             "# * marks the selector's choice: the preferred candidate within {:.0}% of the fastest",
             100.0 * ferrocoll::topo::select::TIE_MARGIN
+        );
+    }
+    if rows.iter().any(|r| r.prediction.model == Fidelity::Steady) {
+        println!(
+            "# ~ marks the steady-state estimate (flows at fixed shares; docs/topology.md gives its accuracy): the detailed engine would cost too much there; --model detailed forces it"
         );
     }
 }

@@ -6,7 +6,7 @@ use crate::error::TopologyError;
 use crate::graph::{Router, Topology};
 use crate::probe::Matrix;
 use crate::sim::CostModel;
-use crate::sim::engine::Network;
+use crate::sim::network::Network;
 
 /// The `nvidia-smi topo -m` view: one row and column per device, the path
 /// class in each cell, and each device's NUMA node; the legend follows.

@@ -7,7 +7,7 @@ use ferrocoll_core::Rank;
 use crate::error::TopologyError;
 use crate::graph::{NodeId, Topology};
 use crate::sim::CostModel;
-use crate::sim::engine::Network;
+use crate::sim::network::Network;
 
 /// Rings that run side by side, one channel each.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,21 +13,13 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
-use ferrocoll_core::plan::{ExecutionPlan, Instruction, LinkLoad, Walk};
-use ferrocoll_core::types::{Buffer, Link};
+use ferrocoll_core::plan::{ExecutionPlan, LinkLoad, Walk};
+use ferrocoll_core::types::Link;
 
-use super::cost::CostModel;
 use super::fairshare::{self, Uses};
+use super::network::Network;
+use super::steady::Shares;
 use crate::error::TopologyError;
-use crate::graph::{LinkKind, NodeId, NodeKind, Router, Topology};
-
-/// A resource flows compete for.
-#[derive(Debug, Clone)]
-pub(crate) struct Resource {
-    pub name: String,
-    /// Bytes per µs.
-    pub capacity: f64,
-}
 
 /// What one run of the engine measured.
 #[derive(Debug, Clone)]
@@ -40,247 +32,14 @@ pub(crate) struct Raw {
     pub links: Vec<LinkLoad>,
 }
 
-/// The resources of a topology and how ranks' traffic maps onto them.
-pub(crate) struct Network<'a> {
-    topo: &'a Topology,
-    pub resources: Vec<Resource>,
-    devices: Vec<NodeId>,
-    /// Resource index of each link.
-    link_res: Vec<usize>,
-    /// Resource index of each node's memory, if modelled.
-    memory_res: Vec<Option<usize>>,
-    /// Resource index of each CPU node's core pool, if modelled.
-    cores_res: Vec<Option<usize>>,
-    routes: HashMap<(u32, u32), (Uses, f64)>,
-    /// The topology's links indexed by node, built once for every route.
-    router: Router<'a>,
-    cost: &'a CostModel,
-    /// Resources the topology gives; a run adds its plan's blocks after.
-    base: usize,
-    /// Resource index of each (rank, channel)'s thread block on a GPU, for
-    /// the plan being run.
-    blocks: Vec<Vec<Option<usize>>>,
-}
-
-impl<'a> Network<'a> {
-    pub(crate) fn new(
-        topo: &'a Topology,
-        devices: Vec<NodeId>,
-        cost: &'a CostModel,
-    ) -> Network<'a> {
-        let mut resources = Vec::new();
-        let mut link_res = Vec::new();
-        for l in &topo.links {
-            link_res.push(resources.len());
-            resources.push(Resource {
-                name: format!(
-                    "{} -> {} ({})",
-                    topo.nodes[l.from].name, topo.nodes[l.to].name, l.kind
-                ),
-                capacity: cost.effective_bandwidth(&l.kind, l.bandwidth) * 1e3,
-            });
-        }
-        let mut memory_res = vec![None; topo.nodes.len()];
-        let mut cores_res = vec![None; topo.nodes.len()];
-        for (i, n) in topo.nodes.iter().enumerate() {
-            if let Some(bw) = n.memory_bandwidth {
-                memory_res[i] = Some(resources.len());
-                resources.push(Resource {
-                    name: format!("{} memory", n.name),
-                    capacity: bw * 1e3,
-                });
-            }
-            if let Some(cores) = n.cores {
-                // A core moves at most what one thread's link to memory
-                // carries; the pool is that times the cores.
-                let per_core = topo
-                    .links
-                    .iter()
-                    .filter(|l| l.to == i && l.kind == LinkKind::SharedMemory)
-                    .map(|l| l.bandwidth)
-                    .fold(0.0, f64::max);
-                if per_core > 0.0 {
-                    cores_res[i] = Some(resources.len());
-                    resources.push(Resource {
-                        name: format!("{} cores", n.name),
-                        capacity: per_core * f64::from(cores) * 1e3,
-                    });
-                }
-            }
-        }
-        Network {
-            topo,
-            base: resources.len(),
-            resources,
-            devices,
-            link_res,
-            memory_res,
-            cores_res,
-            routes: HashMap::new(),
-            router: Router::new(topo),
-            cost,
-            blocks: Vec::new(),
-        }
-    }
-
-    /// A resource per GPU channel of `plan`: the thread block that moves
-    /// its bytes, at the cost model's block throughput (none when it is
-    /// 0, or on threads).
-    fn add_blocks(&mut self, plan: &ExecutionPlan) {
-        self.resources.truncate(self.base);
-        self.blocks = plan
-            .ranks
-            .iter()
-            .map(|rp| {
-                (0..rp.channels.len())
-                    .map(|c| {
-                        let gpu = self.kind(rp.rank) != NodeKind::Thread;
-                        (gpu && self.cost.gpu_block_gbps > 0.0).then(|| {
-                            self.resources.push(Resource {
-                                name: format!(
-                                    "{} channel {c} (its SM's loads and stores)",
-                                    self.topo.nodes[self.device(rp.rank)].name
-                                ),
-                                capacity: self.cost.gpu_block_gbps * 1e3,
-                            });
-                            self.resources.len() - 1
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
-    }
-
-    /// `uses` and, on a GPU, the channel's block moving `weight` bytes per
-    /// byte of the flow.
-    fn with_block(&self, mut uses: Uses, rank: u32, channel: u32, weight: f64) -> Uses {
-        if let Some(b) = self.blocks[rank as usize][channel as usize] {
-            uses.push((b, weight));
-        }
-        uses
-    }
-
-    fn device(&self, rank: u32) -> NodeId {
-        self.devices[rank as usize]
-    }
-
-    fn kind(&self, rank: u32) -> NodeKind {
-        self.topo.nodes[self.device(rank)].kind
-    }
-
-    /// Resources a message from `from` to `to` crosses, and the route
-    /// latency. Over shared memory a message is read in place by its
-    /// consumer, whose local work pays for it, so it crosses nothing.
-    pub(crate) fn route(&mut self, from: u32, to: u32) -> Result<(Uses, f64), TopologyError> {
-        if let Some(r) = self.routes.get(&(from, to)) {
-            return Ok(r.clone());
-        }
-        let route = self.router.route(self.device(from), self.device(to))?;
-        let shared = route
-            .links
-            .iter()
-            .all(|&l| self.topo.links[l].kind == LinkKind::SharedMemory);
-        let mut uses: Uses = Vec::new();
-        if !shared {
-            uses.extend(route.links.iter().map(|&l| (self.link_res[l], 1.0)));
-            if let Some(cpu) = route.staged_in
-                && let Some(m) = self.memory_res[cpu]
-            {
-                uses.push((m, 2.0));
-            }
-        }
-        let entry = (uses, route.latency_us);
-        self.routes.insert((from, to), entry.clone());
-        Ok(entry)
-    }
-
-    /// Whether the instruction's local work streams with its sends: a GPU
-    /// kernel reduces slices as it copies them, so the reduction overlaps the wire.
-    pub(crate) fn fuses_into_sends(&self, rank: u32, ins: &Instruction) -> bool {
-        self.kind(rank) != NodeKind::Thread && !ins.send.is_empty()
-    }
-
-    /// The memories a fused GPU send streams through: the sender reads each
-    /// input once, the receiver writes the message once.
-    fn streaming_memory(&self, from: u32, to: u32, ins: &Instruction) -> Uses {
-        let mut uses = Uses::new();
-        let reads = if ins.reduces() {
-            ins.inputs() as f64
-        } else {
-            1.0
-        };
-        if let Some(r) = self.memory_res[self.device(from)] {
-            uses.push((r, reads));
-        }
-        if let Some(r) = self.memory_res[self.device(to)] {
-            uses.push((r, 1.0));
-        }
-        uses
-    }
-
-    /// Bytes of local memory traffic for an instruction moving `m` bytes,
-    /// and the resources it crosses. `at_rest`: its one received message
-    /// was sent from bytes at rest, not computed by the sending step.
-    fn local_work(
-        &self,
-        rank: u32,
-        ins: &Instruction,
-        m: f64,
-        pure_local_copy: bool,
-        at_rest: bool,
-    ) -> (f64, Uses) {
-        let dev = self.device(rank);
-        let inputs = ins.inputs() as f64;
-        match self.kind(rank) {
-            NodeKind::Thread => {
-                // Shared memory: every value computed is read once per
-                // input and written once; a value the producing step
-                // computes is written straight into the consumer's buffer
-                // as it is computed (one write), but a value sent from
-                // bytes at rest is read there and written here (two).
-                let received_copy = ins.recv.len() == 1 && ins.read.is_none() && !at_rest;
-                let bytes = if pure_local_copy {
-                    0.0
-                } else if ins.reduces() {
-                    inputs * m + m
-                } else if ins.write.is_some() {
-                    if received_copy { m } else { 2.0 * m }
-                } else {
-                    0.0
-                };
-                let mut uses = Uses::new();
-                for (id, l) in self.topo.links_from(dev) {
-                    if l.kind == LinkKind::SharedMemory {
-                        uses.push((self.link_res[id], 1.0));
-                        if let Some(r) = self.memory_res[l.to] {
-                            uses.push((r, 1.0));
-                        }
-                        if let Some(r) = self.cores_res[l.to] {
-                            uses.push((r, 1.0));
-                        }
-                        break;
-                    }
-                }
-                (bytes, uses)
-            }
-            _ => {
-                // A GPU reduces from its own memory; copies ride the links.
-                let bytes = if ins.reduces() { inputs * m + m } else { 0.0 };
-                let uses = self.memory_res[dev]
-                    .map(|r| vec![(r, 1.0)])
-                    .unwrap_or_default();
-                (bytes, uses)
-            }
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     /// An instruction's overhead has passed: start its local work.
     Work { rank: u32, channel: u32 },
     /// A message reaches its receiver.
     Deliver(Link),
+    /// Local work at a steady share is done.
+    WorkDone { rank: u32, channel: u32 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -294,6 +53,9 @@ struct Flow {
     uses: Uses,
     done: Done,
 }
+
+/// A dirty mark for every channel of a rank.
+const EVERY_CHANNEL: u32 = u32::MAX;
 
 /// Time ordered by bits of a non-negative f64 (monotone for those).
 fn key(t: f64) -> u64 {
@@ -319,13 +81,16 @@ struct Run<'p, 'n, 'a> {
     rate: Vec<f64>,
     rates_stale: bool,
     shares: fairshare::Scratch,
+    sharing: Sharing,
     /// The resources' capacities (resources are added while flows start,
     /// never changed).
     capacity: Vec<f64>,
     carried: Vec<f64>,
     traffic: BTreeMap<Link, LinkLoad>,
     now: f64,
-    dirty: Vec<u32>,
+    /// (rank, channel) that may be able to start, [`EVERY_CHANNEL`] for
+    /// all of the rank's (waits cross channels).
+    dirty: Vec<(u32, u32)>,
     /// Messages (link, number) sent by a step that computes nothing: a
     /// plain send of bytes at rest.
     at_rest: HashSet<(Link, u64)>,
@@ -406,10 +171,63 @@ impl LinkIndex {
     }
 }
 
-/// Run `plan` on `net`.
-pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, TopologyError> {
+/// How a run shares resources among its flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Max-min fair shares, recomputed whenever a flow starts or ends.
+    Fair,
+    /// Each flow at the share it would have in the steady state, fixed
+    /// when it starts ([`super::steady`]).
+    Steady,
+}
+
+/// The sharing state of a run.
+enum Sharing {
+    Fair,
+    Steady {
+        shares: Shares,
+        /// When each link of the plan's table finishes sending what it
+        /// was given.
+        link_free: Vec<f64>,
+    },
+}
+
+/// Run `plan` on `net`. At steady shares it runs twice: once weighing
+/// every flow of a step index as concurrent, then at the concurrency that
+/// run saw ([`Shares::refined`]).
+pub(crate) fn run(
+    net: &mut Network,
+    plan: &ExecutionPlan,
+    mode: Mode,
+) -> Result<Raw, TopologyError> {
     net.add_blocks(plan);
+    if mode == Mode::Fair {
+        return Ok(run_with(net, plan, Sharing::Fair)?.0);
+    }
+    let steady = |shares| Sharing::Steady {
+        shares,
+        link_free: vec![0.0; plan.links.len()],
+    };
+    let first = Shares::of(net, plan)?;
+    let (_, seen) = run_with(net, plan, steady(first))?;
+    let Sharing::Steady { shares, .. } = seen else {
+        unreachable!("a steady run keeps its sharing")
+    };
+    Ok(run_with(net, plan, steady(shares.refined()))?.0)
+}
+
+/// One run of `plan` on `net` (its blocks added); returns what it
+/// measured and its sharing state at the end.
+fn run_with(
+    net: &mut Network,
+    plan: &ExecutionPlan,
+    sharing: Sharing,
+) -> Result<(Raw, Sharing), TopologyError> {
     let carried = vec![0.0; net.resources.len()];
+    let capacity = match sharing {
+        Sharing::Fair => Vec::new(),
+        Sharing::Steady { .. } => net.resources.iter().map(|r| r.capacity).collect(),
+    };
     let mut sim = Run {
         walks: plan.ranks.iter().map(Walk::new).collect(),
         busy: plan
@@ -426,11 +244,12 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
         rate: Vec::new(),
         rates_stale: true,
         shares: fairshare::Scratch::default(),
-        capacity: Vec::new(),
+        sharing,
+        capacity,
         carried,
         traffic: BTreeMap::new(),
         now: 0.0,
-        dirty: (0..plan.world_size).collect(),
+        dirty: (0..plan.world_size).map(|r| (r, EVERY_CHANNEL)).collect(),
         at_rest: sent_at_rest(plan),
         net,
         plan,
@@ -438,7 +257,12 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
     loop {
         // A step costs about a pass over the flows and the resources
         // (the fair shares are recomputed): what the work budget counts.
-        crate::work::charge((1 + sim.flows.len() + sim.net.resources.len()) as u64)?;
+        // At steady shares it costs a few heap operations.
+        let step = match sim.sharing {
+            Sharing::Fair => 1 + sim.flows.len() + sim.net.resources.len(),
+            Sharing::Steady { .. } => 1,
+        };
+        crate::work::charge(step as u64)?;
         sim.start_ready();
         if !sim.advance_time() {
             break;
@@ -459,13 +283,14 @@ pub(crate) fn run(net: &mut Network, plan: &ExecutionPlan) -> Result<Raw, Topolo
         )));
     }
     let call_us = (0..plan.world_size)
-        .map(|r| sim.net.cost.overheads(sim.net.kind(r)).call_us)
+        .map(|r| sim.net.overheads(r).call_us)
         .fold(0.0, f64::max);
-    Ok(Raw {
+    let raw = Raw {
         time_us: sim.now + call_us,
         carried: sim.carried,
         links: sim.traffic.into_values().collect(),
-    })
+    };
+    Ok((raw, sim.sharing))
 }
 
 impl Run<'_, '_, '_> {
@@ -482,8 +307,14 @@ impl Run<'_, '_, '_> {
     /// Start every instruction that can start; starting one may free a
     /// slot for another rank, so repeat until nothing changes.
     fn start_ready(&mut self) {
-        while let Some(r) = self.dirty.pop() {
-            for c in 0..self.walks[r as usize].channels() {
+        while let Some((r, only)) = self.dirty.pop() {
+            let channels = self.walks[r as usize].channels();
+            let range = if only == EVERY_CHANNEL {
+                0..channels
+            } else {
+                only as usize..only as usize + 1
+            };
+            for c in range {
                 if !self.busy[r as usize][c] {
                     self.try_start(r, c);
                 }
@@ -512,14 +343,15 @@ impl Run<'_, '_, '_> {
             let l = self.slot(m.peer, r, ch);
             self.inbox[l] -= 1;
             self.in_flight[l] -= 1;
-            self.dirty.push(m.peer);
+            // A slot freed on the sender's link of this channel.
+            self.dirty.push((m.peer, ch));
         }
         for m in &ins.send {
             let l = self.slot(r, m.peer, ch);
             self.in_flight[l] += 1;
         }
         self.busy[r as usize][c] = true;
-        let step_us = self.net.cost.overheads(self.net.kind(r)).step_busy_us;
+        let step_us = self.net.overheads(r).step_busy_us;
         self.push(
             self.now + step_us,
             Event::Work {
@@ -600,10 +432,11 @@ impl Run<'_, '_, '_> {
                         finished.push(done);
                     }
                 }
+                Event::WorkDone { rank, channel } => finished.push(Done::Work { rank, channel }),
                 Event::Deliver(link) => {
                     let l = self.slot(link.from, link.to, link.channel);
                     self.inbox[l] += 1;
-                    self.dirty.push(link.to);
+                    self.dirty.push((link.to, link.channel));
                 }
             }
         }
@@ -616,41 +449,55 @@ impl Run<'_, '_, '_> {
         let (_, ins) = self.walks[rank as usize]
             .next(channel as usize)
             .expect("running");
-        let m = ins.bytes as f64;
         let done = Done::Work { rank, channel };
-        let (bytes, uses) = if self.net.fuses_into_sends(rank, ins) {
-            (0.0, Uses::new())
-        } else {
-            let at_rest = ins.recv.first().is_some_and(|msg| {
-                let link = Link {
-                    from: msg.peer,
-                    to: rank,
-                    channel,
-                };
-                self.at_rest.contains(&(link, msg.index))
-            });
-            let pure = self.pure_local_copy(ins);
-            let (bytes, uses) = self.net.local_work(rank, ins, m, pure, at_rest);
-            (bytes, self.net.with_block(uses, rank, channel, 1.0))
-        };
-        if bytes > 0.0 && !uses.is_empty() {
+        let at_rest = ins.recv.first().is_some_and(|msg| {
+            let link = Link {
+                from: msg.peer,
+                to: rank,
+                channel,
+            };
+            self.at_rest.contains(&(link, msg.index))
+        });
+        match self
+            .net
+            .work_flow(rank, channel, ins, self.plan.in_place, at_rest)
+        {
+            Some((bytes, uses)) => {
+                self.start_flow(bytes, uses, done, None);
+                None
+            }
+            None => Some(done),
+        }
+    }
+
+    /// Start a flow of `bytes` over `uses` that ends in `done`; a transfer
+    /// names its link's place in the table (`link`).
+    fn start_flow(&mut self, bytes: f64, uses: Uses, done: Done, link: Option<usize>) {
+        let Sharing::Steady { shares, link_free } = &mut self.sharing else {
             self.rates_stale = true;
             self.flows.push(Flow {
                 left: bytes,
                 uses,
                 done,
             });
-            None
-        } else {
-            Some(done)
+            return;
+        };
+        // At a steady share, alone in its stream: the flow's end is known
+        // when it starts, and a link sends its messages one after another.
+        let rate = shares.rate(&self.capacity, &uses);
+        for &(r, w) in &uses {
+            self.carried[r] += bytes * w;
         }
-    }
-
-    /// In place, a step that reads and writes the same bytes moves nothing.
-    fn pure_local_copy(&self, ins: &Instruction) -> bool {
-        self.plan.in_place
-            && ins.recv.is_empty()
-            && matches!((&ins.read, &ins.write), (Some(r), Some(w)) if r == w && r.buffer != Buffer::Scratch)
+        let start = link.map_or(self.now, |l| link_free[l].max(self.now));
+        let end = start + if rate.is_finite() { bytes / rate } else { 0.0 };
+        shares.note(&uses, start, end);
+        if let Some(l) = link {
+            link_free[l] = end;
+        }
+        match done {
+            Done::Work { rank, channel } => self.push(end, Event::WorkDone { rank, channel }),
+            Done::Transfer { link, latency } => self.push(end + latency, Event::Deliver(link)),
+        }
     }
 
     fn complete(&mut self, done: Done) -> Result<(), TopologyError> {
@@ -666,7 +513,6 @@ impl Run<'_, '_, '_> {
         let c = channel as usize;
         let (_, ins) = self.walks[rank as usize].next(c).expect("running");
         let m = ins.bytes as f64;
-        let step_latency = self.net.cost.overheads(self.net.kind(rank)).step_latency_us;
         for msg in &ins.send {
             let link = Link {
                 from: rank,
@@ -677,35 +523,18 @@ impl Run<'_, '_, '_> {
                 .entry(link)
                 .or_insert(LinkLoad::new(link))
                 .count(ins.bytes);
-            let (mut uses, latency) = self.net.route(rank, msg.peer)?;
-            let latency = latency + step_latency;
-            if self.net.fuses_into_sends(rank, ins) {
-                uses.extend(self.net.streaming_memory(rank, msg.peer, ins));
-                // The block loads its inputs once for every destination
-                // and stores into each.
-                let reads = if ins.reduces() {
-                    ins.inputs() as f64
-                } else {
-                    1.0
-                };
-                let weight = 1.0 + reads / ins.send.len() as f64;
-                uses = self.net.with_block(uses, rank, channel, weight);
-            }
+            let (uses, latency) = self.net.transfer_flow(rank, channel, ins, msg.peer)?;
             let done = Done::Transfer { link, latency };
             if m > 0.0 && !uses.is_empty() {
-                self.rates_stale = true;
-                self.flows.push(Flow {
-                    left: m,
-                    uses,
-                    done,
-                });
+                let slot = self.slot(rank, msg.peer, channel);
+                self.start_flow(m, uses, done, Some(slot));
             } else {
                 self.push(self.now + latency, Event::Deliver(link));
             }
         }
         self.walks[rank as usize].advance(c);
         self.busy[rank as usize][c] = false;
-        self.dirty.push(rank);
+        self.dirty.push((rank, EVERY_CHANNEL));
         Ok(())
     }
 }

@@ -13,6 +13,8 @@
 pub mod cost;
 pub(crate) mod engine;
 mod fairshare;
+pub(crate) mod network;
+mod steady;
 
 pub use cost::{CostModel, Overheads};
 
@@ -25,6 +27,7 @@ use serde::Serialize;
 
 use crate::error::TopologyError;
 use crate::graph::{NodeId, NodeKind, Topology};
+use engine::Mode;
 
 /// Above this many segments the run is extrapolated from two shorter runs:
 /// a pipeline in steady state adds the same time per segment.
@@ -47,7 +50,36 @@ pub struct SimOptions {
     pub cost: CostModel,
     /// Device of each rank; `None` puts rank `r` on the `r`-th device.
     pub placement: Option<Vec<NodeId>>,
+    /// Which model answers.
+    pub fidelity: Fidelity,
 }
+
+/// Which model a prediction comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fidelity {
+    /// The detailed engine where its estimated work is within
+    /// [`DETAILED_MAX_WORK`], the steady-state estimate past it.
+    #[default]
+    Auto,
+    /// Max-min fair shares recomputed at every flow's start and end.
+    Detailed,
+    /// Each flow at its steady-state share, fixed when it starts
+    /// (docs/topology.md, "The steady-state estimate"): a few heap
+    /// operations per instruction.
+    Steady,
+}
+
+/// Above this many work units (instructions simulated times the flows
+/// and resources each fair-share pass visits, as estimated before the
+/// run) [`Fidelity::Auto`] takes the steady-state estimate: about a
+/// second of the detailed engine on one core.
+pub const DETAILED_MAX_WORK: u64 = 100_000_000;
+
+/// The steady-state estimate simulates at most this many instructions
+/// per run; a longer pipeline is extrapolated (from a single segment if
+/// need be).
+pub const STEADY_MAX_INSTRUCTIONS: u64 = 1 << 20;
 
 impl Default for SimOptions {
     fn default() -> Self {
@@ -58,6 +90,7 @@ impl Default for SimOptions {
             dtype: DataType::F32,
             cost: CostModel::default(),
             placement: None,
+            fidelity: Fidelity::Auto,
         }
     }
 }
@@ -84,6 +117,8 @@ pub struct Prediction {
     pub busbw: f64,
     /// Segments the buffer ran in.
     pub segments: u32,
+    /// The model that answered: detailed or steady (never auto).
+    pub model: Fidelity,
     /// Every resource that carried data, busiest first.
     pub loads: Vec<Load>,
     /// Messages and bytes on every link of the plan (sender, receiver,
@@ -182,30 +217,43 @@ pub fn simulate(
         Ok::<_, TopologyError>(plan)
     };
     let segments = compiler.segments(&shape(count), Chunking::MaxBytes(chunk));
-    let mut network = engine::Network::new(topology, devices, &options.cost);
-    if segments <= MAX_SIMULATED_SEGMENTS {
+    let mut network = network::Network::new(topology, devices, &options.cost);
+    let steps = s.step_count() as u64;
+    let mode = mode_for(options.fidelity, &network, s, segments);
+    let (most, model) = match mode {
+        Mode::Fair => (MAX_SIMULATED_SEGMENTS, Fidelity::Detailed),
+        Mode::Steady => {
+            let fit = (STEADY_MAX_INSTRUCTIONS / steps.max(1)).clamp(1, 32);
+            (fit as u32, Fidelity::Steady)
+        }
+    };
+    let factor = c.bus_bandwidth_factor(n);
+    if segments <= most {
         // A plan compiled here needs no check.
         let plan = compile(count, Chunking::MaxBytes(chunk))?;
-        let raw = engine::run(&mut network, &plan)?;
+        let raw = engine::run(&mut network, &plan, mode)?;
         let bytes = plan.size_bytes() as usize;
-        let factor = c.bus_bandwidth_factor(n);
-        return Ok(prediction(
-            &network,
-            factor,
-            bytes,
-            segments,
-            raw.time_us,
-            raw.carried,
-            raw.links,
-        ));
+        let p = prediction(&network, factor, bytes, segments, raw, model);
+        return Ok(p);
     }
     // Same chunk size, fewer segments: two runs give the per-segment
     // slope of the steady state.
     let per_segment = count.div_ceil(segments as usize);
-    let (k1, k2) = (MAX_SIMULATED_SEGMENTS / 2, MAX_SIMULATED_SEGMENTS);
     let short = |k: u32| compile(per_segment * k as usize, Chunking::Segments(k));
-    let a = engine::run(&mut network, &short(k1)?)?;
-    let b = engine::run(&mut network, &short(k2)?)?;
+    let (k1, k2) = (most / 2, most);
+    let b = engine::run(&mut network, &short(k2)?, mode)?;
+    let a = if k1 > 0 {
+        engine::run(&mut network, &short(k1)?, mode)?
+    } else {
+        // Only one segment fits: every further one adds what the busiest
+        // resource carried in it.
+        let slope = busiest(&b.carried, &network);
+        engine::Raw {
+            time_us: (b.time_us - slope).max(0.0),
+            carried: vec![0.0; b.carried.len()],
+            links: Vec::new(),
+        }
+    };
     let extra = f64::from(segments - k2) / f64::from(k2 - k1);
     let carried: Vec<f64> = a
         .carried
@@ -216,23 +264,55 @@ pub fn simulate(
     // A pipeline not yet in steady state can show a slope below the
     // real one; no resource can carry more than its capacity, so that
     // bounds the time from below.
-    let busiest = carried
+    let time = (b.time_us + (b.time_us - a.time_us) * extra).max(busiest(&carried, &network));
+    let links = extrapolate_links(&a.links, &b.links, extra);
+    let bytes = count * blocks * element;
+    let raw = engine::Raw {
+        time_us: time,
+        carried,
+        links,
+    };
+    Ok(prediction(&network, factor, bytes, segments, raw, model))
+}
+
+/// The time the busiest resource needs for what it `carried`.
+fn busiest(carried: &[f64], network: &network::Network) -> f64 {
+    carried
         .iter()
         .zip(&network.resources)
         .map(|(bytes, r)| bytes / r.capacity)
-        .fold(0.0, f64::max);
-    let time = (b.time_us + (b.time_us - a.time_us) * extra).max(busiest);
-    let links = extrapolate_links(&a.links, &b.links, extra);
-    let bytes = count * blocks * element;
-    Ok(prediction(
-        &network,
-        c.bus_bandwidth_factor(n),
-        bytes,
-        segments,
-        time,
-        carried,
-        links,
-    ))
+        .fold(0.0, f64::max)
+}
+
+/// The engine's mode for `fidelity`: on [`Fidelity::Auto`], detailed
+/// while its work (instructions simulated times the resources and flows
+/// a fair-share pass visits, at most every rank's channels twice over)
+/// stays within [`DETAILED_MAX_WORK`].
+fn mode_for(
+    fidelity: Fidelity,
+    network: &network::Network,
+    schedule: &ferrocoll_core::Schedule,
+    segments: u32,
+) -> Mode {
+    match fidelity {
+        Fidelity::Detailed => Mode::Fair,
+        Fidelity::Steady => Mode::Steady,
+        Fidelity::Auto => {
+            let runs = if segments <= MAX_SIMULATED_SEGMENTS {
+                u64::from(segments)
+            } else {
+                u64::from(MAX_SIMULATED_SEGMENTS + MAX_SIMULATED_SEGMENTS / 2)
+            };
+            let instructions = (schedule.step_count() as u64).saturating_mul(runs);
+            let streams = u64::from(schedule.world_size) * schedule.channel_count() as u64;
+            let per_pass = network.resources.len() as u64 + 3 * streams;
+            if instructions.saturating_mul(per_pass) <= DETAILED_MAX_WORK {
+                Mode::Fair
+            } else {
+                Mode::Steady
+            }
+        }
+    }
 }
 
 /// Simulate exactly `plan` — every segment — on `topology`. The plan's
@@ -248,8 +328,12 @@ pub fn simulate_plan(
         .map_err(|e| TopologyError::Invalid(e.to_string()))?;
     options.cost.check()?;
     let devices = placement(topology, plan.world_size, options)?;
-    let mut network = engine::Network::new(topology, devices, &options.cost);
-    let raw = engine::run(&mut network, plan)?;
+    let mut network = network::Network::new(topology, devices, &options.cost);
+    let (mode, model) = match options.fidelity {
+        Fidelity::Steady => (Mode::Steady, Fidelity::Steady),
+        _ => (Mode::Fair, Fidelity::Detailed),
+    };
+    let raw = engine::run(&mut network, plan, mode)?;
     let factor = plan.collective.bus_bandwidth_factor(plan.world_size);
     let bytes = plan.size_bytes() as usize;
     Ok(prediction(
@@ -257,9 +341,8 @@ pub fn simulate_plan(
         factor,
         bytes,
         plan.segments,
-        raw.time_us,
-        raw.carried,
-        raw.links,
+        raw,
+        model,
     ))
 }
 
@@ -280,14 +363,18 @@ fn extrapolate_links(a: &[LinkLoad], b: &[LinkLoad], extra: f64) -> Vec<LinkLoad
 }
 
 fn prediction(
-    network: &engine::Network,
+    network: &network::Network,
     factor: f64,
     bytes: usize,
     segments: u32,
-    time_us: f64,
-    carried: Vec<f64>,
-    links: Vec<LinkLoad>,
+    raw: engine::Raw,
+    model: Fidelity,
 ) -> Prediction {
+    let engine::Raw {
+        time_us,
+        carried,
+        links,
+    } = raw;
     let mut loads: Vec<Load> = network
         .resources
         .iter()
@@ -310,6 +397,7 @@ fn prediction(
         algbw,
         busbw: algbw * factor,
         segments,
+        model,
         loads,
         links,
     }
@@ -317,3 +405,6 @@ fn prediction(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cross_check;

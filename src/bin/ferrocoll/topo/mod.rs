@@ -181,9 +181,15 @@ fn show(args: &TopoArgs, full: Topology) -> Result<ExitCode, String> {
                 let of = ceiling.as_ref().map_or(String::new(), |c| {
                     c.fraction(ferrocoll::CollectiveKind::AllReduce, p.busbw)
                 });
+                // The steady-state estimate's rows are marked as `sim` marks them.
+                let steady = if p.model == ferrocoll::topo::sim::Fidelity::Steady {
+                    " ~"
+                } else {
+                    ""
+                };
                 println!(
                     "#   {:<22} busbw {:>8.1} GB/s{of}   bottleneck {b}",
-                    c.to_string(),
+                    format!("{c}{steady}"),
                     p.busbw
                 );
             }
