@@ -651,7 +651,18 @@ impl TopologySelector {
     }
 
     fn decide(&self, collective: Collective, size: usize) -> Result<Arc<Verdict>, TopologyError> {
-        let mut ranked = self.evaluate(collective, size)?;
+        self.verdict_among(collective, size, self.evaluate(collective, size)?)
+    }
+
+    /// The verdict among candidates already evaluated (what
+    /// [`evaluate`](Self::evaluate) returned for `collective` at `size`),
+    /// so a caller that shows every candidate simulates each once.
+    pub fn verdict_among(
+        &self,
+        collective: Collective,
+        size: usize,
+        mut ranked: Vec<(Candidate, Prediction)>,
+    ) -> Result<Arc<Verdict>, TopologyError> {
         if ranked.is_empty() {
             return Err(TopologyError::Invalid(format!(
                 "no algorithm among {:?} runs {collective}",

@@ -112,9 +112,17 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     }
     let n = args.ranks.unwrap_or(topology.devices().len() as u32);
     let collective = args.op.with_root(args.root % n.max(1));
+    // Asked for some algorithms, the selector considers only those (and
+    // synthesizes nothing): every other candidate would be simulated only
+    // to be left out of the table.
+    let only = match &args.algo {
+        AlgoSpec::Builtin(list) => list.clone(),
+        _ => Vec::new(),
+    };
     let options = SelectOptions {
         dtype: args.dtype,
         fidelity: args.model,
+        algorithms: only,
         ..SelectOptions::default()
     };
     let busy = crate::busy::Busy::steps(sizes.len(), "sizes");
@@ -132,8 +140,8 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
     for &size in &sizes {
         busy.say(format!("{size} B"));
         busy.step();
-        let verdict = selector.verdict(collective, size).map_err(e)?;
         if wanted.is_empty() {
+            let verdict = selector.verdict(collective, size).map_err(e)?;
             rows.push(Row {
                 size,
                 label: verdict.candidate.to_string(),
@@ -143,10 +151,16 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
             continue;
         }
         let evaluated = selector.evaluate(collective, size).map_err(e)?;
+        let verdict = if all {
+            let among = selector.verdict_among(collective, size, evaluated.clone());
+            Some(among.map_err(e)?)
+        } else {
+            None
+        };
         for a in &families(&wanted, all, &evaluated) {
             // Comparing all, the chosen algorithm shows the very plan
             // `auto` runs; otherwise each algorithm its fastest variant.
-            if all && a == verdict.candidate.family() {
+            if let Some(verdict) = verdict.as_ref().filter(|v| a == v.candidate.family()) {
                 rows.push(Row {
                     size,
                     label: verdict.candidate.to_string(),

@@ -405,6 +405,3 @@ fn prediction(
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod cross_check;

@@ -1,3 +1,5 @@
+mod cross_check;
+
 use std::sync::Arc;
 
 use ferrocoll_core::plan::Compiler;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use ferrocoll_core::plan::Compiler;
 use ferrocoll_core::{Algorithm, AlgorithmParams, Collective, VerifyOptions, generate, verify};
 
-use super::*;
+use super::super::*;
 use crate::presets;
 
 fn both(compiler: &Compiler, topo: &Topology, size: usize) -> (Prediction, Prediction) {
