@@ -75,12 +75,13 @@ fn a_group_of_threads_switches_every_rank_to_the_same_variant_and_stays_exact() 
         assert_eq!(key(&switches[0].to), fast);
     }
     assert_eq!(results[0].1, results[1].1, "every rank switched alike");
-    // Six calls, and the checkpoint's two all-reduces after the fourth:
-    // the vote (one value) and the rates (one per variant any CPU runs).
+    // Six calls, and the checkpoint's three all-reduces after the fourth:
+    // the vote (one value), the rates (one per variant any CPU runs) and
+    // whether any rank switched (one value).
     let calls = &results[0].2;
-    assert_eq!(calls.len(), 8, "{calls:?}");
+    assert_eq!(calls.len(), 9, "{calls:?}");
     assert!(
-        calls[4].ends_with("x1") && calls[5].ends_with("x6"),
+        calls[4].ends_with("x1") && calls[5].ends_with("x6") && calls[6].ends_with("x1"),
         "{calls:?}"
     );
 }

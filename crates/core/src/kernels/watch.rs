@@ -434,8 +434,14 @@ impl KernelWatch {
                 None
             }
         };
+        // Whether a rank switches depends on the variant it ran, which
+        // each host's calibration chose for itself: the next checkpoint is
+        // planned on whether any rank did, or ranks on different hosts
+        // would meet it at different calls.
+        let mut any = [f64::from(u8::from(switched.is_some()))];
+        reduce(&mut any, ReduceOp::Max)?;
         self.ratios.clear();
-        self.spaced(switched.is_some());
+        self.spaced(any[0] > 0.0);
         Ok(switched)
     }
 
