@@ -23,12 +23,53 @@ pub fn count_wrong<T: KitElement>(
     out: &[T],
     untouched: &[T],
 ) -> u64 {
-    let (r, n) = (r as usize, inputs.len());
-    let mut values: Vec<T> = Vec::with_capacity(inputs.len());
+    let len = inputs.first().map_or(0, |i| i.len());
+    let shape = Inputs {
+        ranks: inputs.len(),
+        len,
+    };
+    count_wrong_by(
+        c,
+        op,
+        count,
+        r,
+        shape,
+        |rank: usize, i: usize| inputs[rank][i],
+        out,
+        untouched,
+    )
+}
+
+/// How many ranks give inputs of how many elements each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inputs {
+    /// The world size.
+    pub ranks: usize,
+    /// Elements of each rank's input.
+    pub len: usize,
+}
+
+/// [`count_wrong`] with each rank's input element given by `input(rank,
+/// index)` instead of held: a benchmark checking a gigabyte need not
+/// hold every other rank's input to check its own output, when it can
+/// make any element of them on demand ([`super::SplitMix64::nth`]).
+#[allow(clippy::too_many_arguments)]
+pub fn count_wrong_by<T: KitElement>(
+    c: Collective,
+    op: ReduceOp,
+    count: usize,
+    r: Rank,
+    inputs: Inputs,
+    input: impl Fn(usize, usize) -> T,
+    out: &[T],
+    untouched: &[T],
+) -> u64 {
+    let (r, n, len) = (r as usize, inputs.ranks, inputs.len);
+    let mut values: Vec<T> = Vec::with_capacity(n);
     let mut reduced = |block: usize| {
         let mut wrong = |(i, &got): (usize, &T)| {
             values.clear();
-            values.extend(inputs.iter().map(|x| x[block * count + i]));
+            values.extend((0..n).map(|rank| input(rank, block * count + i)));
             !T::close(op, got, T::reference(op, &values), &values)
         };
         out.iter()
@@ -55,23 +96,14 @@ pub fn count_wrong<T: KitElement>(
             untouched.len(),
             out.iter().zip(untouched).filter(|(g, u)| g != u).count(),
         ),
-        Collective::AllGather => {
-            // The inputs one after another (each rank's is the same length).
-            let len = inputs.first().map_or(0, |i| i.len());
-            (n * len, copied(&|i| inputs[i / len][i % len], n * len))
-        }
-        Collective::Broadcast { root } => {
-            let from = inputs[root as usize];
-            (from.len(), copied(&|i| from[i], from.len()))
-        }
+        // The inputs one after another (each rank's is the same length).
+        Collective::AllGather => (n * len, copied(&|i| input(i / len, i % len), n * len)),
+        Collective::Broadcast { root } => (len, copied(&|i| input(root as usize, i), len)),
         Collective::AllToAll => (
             n * count,
-            copied(&|i| inputs[i / count][r * count + i % count], n * count),
+            copied(&|i| input(i / count, r * count + i % count), n * count),
         ),
-        Collective::SendRecv => {
-            let from = inputs[(r + n - 1) % n];
-            (from.len(), copied(&|i| from[i], from.len()))
-        }
+        Collective::SendRecv => (len, copied(&|i| input((r + n - 1) % n, i), len)),
     };
     (wrong + out.len().abs_diff(wanted)) as u64
 }
@@ -80,6 +112,22 @@ pub fn count_wrong<T: KitElement>(
 mod tests {
     use super::super::{expected, wrong_elements};
     use super::*;
+
+    /// Any element of a stream, made alone, is the one the stream makes
+    /// in turn: the benchmark's check relies on it.
+    #[test]
+    fn the_nth_value_is_the_one_the_stream_makes() {
+        for seed in [0u64, 1, 0x5eed, u64::MAX - 3] {
+            let mut g = super::super::SplitMix64(seed);
+            for i in 0..1000u64 {
+                assert_eq!(
+                    super::super::SplitMix64::nth(seed, i),
+                    g.next_u64(),
+                    "{seed} {i}"
+                );
+            }
+        }
+    }
 
     /// Every collective, with and without wrong elements, short and long
     /// outputs: the count is what the element-by-element check finds.

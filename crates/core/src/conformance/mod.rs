@@ -10,7 +10,7 @@
 
 mod count;
 
-pub use count::count_wrong;
+pub use count::{Inputs, count_wrong, count_wrong_by};
 
 use half::{bf16, f16};
 
@@ -69,11 +69,15 @@ pub trait KitElement: Reduce {
 macro_rules! int_kit {
     ($($t:ty),*) => {$(
         impl KitElement for $t {
+            // Called per element of a checked gigabyte, across crates.
+            #[inline]
             fn random(bits: u64, _op: ReduceOp) -> Self {
                 let v = bits as $t;
                 if v == 0 { 1 } else { v }
             }
             fn poison() -> Self { <$t>::MAX / 2 + 3 }
+            // Called per element of a checked gigabyte, across crates.
+            #[inline]
             fn reference(op: ReduceOp, values: &[Self]) -> Self {
                 let fold = |f: fn($t, $t) -> $t| values.iter().copied().reduce(f).expect("n >= 1");
                 match op {
@@ -84,6 +88,8 @@ macro_rules! int_kit {
                     ReduceOp::Max => fold(|a, b| a.max(b)),
                 }
             }
+            // Called per element of a checked gigabyte, across crates.
+            #[inline]
             fn close(_op: ReduceOp, got: Self, want: Self, _values: &[Self]) -> bool { got == want }
         }
     )*};
@@ -94,6 +100,8 @@ int_kit!(i8, u8, i32, u32, i64, u64);
 macro_rules! float_kit {
     ($($t:ty => $to:expr, $from:expr, $eps:expr);* $(;)?) => {$(
         impl KitElement for $t {
+            // Called per element of a checked gigabyte, across crates.
+            #[inline]
             fn random(bits: u64, op: ReduceOp) -> Self {
                 let unit = (bits >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
                 let v = match op {
@@ -103,6 +111,8 @@ macro_rules! float_kit {
                 $from(v)
             }
             fn poison() -> Self { $from(1.0e4) }
+            // Called per element of a checked gigabyte, across crates.
+            #[inline]
             fn reference(op: ReduceOp, values: &[Self]) -> Self {
                 let xs = values.iter().map(|&x| $to(x));
                 let n = values.len() as f64;
@@ -114,6 +124,8 @@ macro_rules! float_kit {
                     ReduceOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
                 })
             }
+            // Called per element of a checked gigabyte, across crates.
+            #[inline]
             fn close(op: ReduceOp, got: Self, want: Self, values: &[Self]) -> bool {
                 let (g, w) = ($to(got), $to(want));
                 let n = values.len() as f64;
@@ -141,15 +153,29 @@ float_kit! {
 #[derive(Debug, Clone)]
 pub struct SplitMix64(pub u64);
 
+/// SplitMix64's increment.
+const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
 impl SplitMix64 {
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
+        mix(self.0)
     }
+
+    /// What the `i`-th call of [`next_u64`](Self::next_u64) (from 0) on a
+    /// generator started at `seed` returns, without the calls before it:
+    /// the state only ever adds a constant.
+    pub fn nth(seed: u64, i: u64) -> u64 {
+        mix(seed.wrapping_add(GOLDEN_GAMMA.wrapping_mul(i.wrapping_add(1))))
+    }
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Run `case` on `harness` with the element type its `dtype` names.

@@ -2,6 +2,7 @@
 //! a group started by `ferrocoll launch`; rank 0 prints the table. Also
 //! the rank-of-a-group wrapper the launched GPU backends time through.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
 use ferrocoll::Verified;
@@ -15,7 +16,7 @@ use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
 use super::BenchArgs;
 use super::row::Row;
-use super::run::{Backend, BenchRank, try_aligned, try_copy};
+use super::run::{Backend, BenchRank, try_aligned};
 use super::setup::custom_schedule;
 use super::target::{Sweep, Target, host_bandwidth};
 
@@ -235,8 +236,11 @@ impl BenchRank for ProcessCommunicator {
         self.execute(call)
     }
 
-    fn output<T: KitElement>(&mut self, buffers: &(Held<T>, Held<T>)) -> Result<Vec<T>, CommError> {
-        try_copy(buffers.1.slice(), "output read back")
+    fn output<'b, T: KitElement>(
+        &mut self,
+        buffers: &'b (Held<T>, Held<T>),
+    ) -> Result<Cow<'b, [T]>, CommError> {
+        Ok(Cow::Borrowed(buffers.1.slice()))
     }
 
     /// One host linked by shared memory only: TCP ranks may sit on hosts

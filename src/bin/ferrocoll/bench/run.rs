@@ -1,12 +1,13 @@
 //! Timing and checking one section, on any executor behind [`Backend`].
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ferrocoll::Collective;
 use ferrocoll::aligned::AlignedBuffer;
 use ferrocoll::comm::{CommError, Communicator};
-use ferrocoll::conformance::{KitElement, SplitMix64, in_place_buffer_with};
+use ferrocoll::conformance::{Inputs, KitElement, SplitMix64, in_place_buffer_with};
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 use ferrocoll::topo::probe::membw::Arrays;
 
@@ -74,8 +75,13 @@ pub(crate) trait BenchRank: Communicator {
     ) -> Option<Result<Vec<f64>, CommError>> {
         None
     }
-    /// The output, back on the host.
-    fn output<T: KitElement>(&mut self, buffers: &Self::Buffers<T>) -> Result<Vec<T>, CommError>;
+    /// The output, back on the host (read where it lies when it is host
+    /// memory already: copying a gigabyte only to check it doubled the
+    /// check's memory traffic).
+    fn output<'b, T: KitElement>(
+        &mut self,
+        buffers: &'b Self::Buffers<T>,
+    ) -> Result<Cow<'b, [T]>, CommError>;
     /// Whether the calls move this host's memory and every rank reads one
     /// clock, so `--membw` can judge rows against a probe run between
     /// their calls ([`paired`]; the same answer on every rank).
@@ -131,8 +137,11 @@ impl BenchRank for CpuCommunicator {
         Communicator::execute(self, call)
     }
 
-    fn output<T: KitElement>(&mut self, buffers: &Self::Buffers<T>) -> Result<Vec<T>, CommError> {
-        try_copy(&buffers.1, "output read back")
+    fn output<'b, T: KitElement>(
+        &mut self,
+        buffers: &'b Self::Buffers<T>,
+    ) -> Result<Cow<'b, [T]>, CommError> {
+        Ok(Cow::Borrowed(&buffers.1))
     }
 
     fn shares_host_memory(&self) -> bool {
@@ -158,10 +167,15 @@ fn inputs<T: KitElement>(
     seed: u64,
     op: ferrocoll::ReduceOp,
 ) -> Result<Vec<T>, CommError> {
-    let mut rng = SplitMix64(seed ^ (u64::from(rank) << 32) ^ 0x5eed);
+    let mut rng = SplitMix64(stream_seed(rank, seed));
     let mut v = try_with_capacity(len, "input")?;
     v.extend((0..len).map(|_| T::random(rng.next_u64(), op)));
     Ok(v)
+}
+
+/// Where rank `rank`'s input stream for `seed` starts.
+fn stream_seed(rank: u32, seed: u64) -> u64 {
+    seed ^ (u64::from(rank) << 32) ^ 0x5eed
 }
 
 /// An empty vector with room for `len` elements, or [`CommError::Capacity`]
@@ -197,13 +211,6 @@ fn try_filled<T: Copy>(value: T, len: usize, what: &str) -> Result<AlignedBuffer
             std::mem::size_of::<T>()
         ),
     })
-}
-
-/// A copy of `items`, allocated fallibly.
-pub(crate) fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>, CommError> {
-    let mut v = try_with_capacity(items.len(), what)?;
-    v.extend_from_slice(items);
-    Ok(v)
 }
 
 /// One row's timing on this rank, in seconds: the mean over the timed
@@ -517,11 +524,10 @@ fn one_size<T: KitElement, C: BenchRank>(
         comm.collective(&mut placed, collective, op, in_place, count)?;
     }
     let out = comm.output(&placed)?;
+    let wrong = count_wrong(collective, op, n, rank, count, seed, in_place, mine, &out)?;
+    drop(out);
     drop(placed);
-    Ok((
-        timing,
-        count_wrong(collective, op, n, rank, count, seed, in_place, mine, &out)?,
-    ))
+    Ok((timing, wrong))
 }
 
 /// `iters` calls timed by the host's clock one by one, and the loop's
@@ -602,12 +608,21 @@ fn count_wrong<T: KitElement>(
     mine: &[T],
     out: &[T],
 ) -> Result<u64, CommError> {
-    let mut others: Vec<Vec<T>> = try_with_capacity(n as usize, "inputs of every rank")?;
-    for r in (0..n).filter(|&r| r != rank) {
-        others.push(inputs(r, mine.len(), seed, op)?);
-    }
-    let mut all: Vec<&[T]> = others.iter().map(Vec::as_slice).collect();
-    all.insert(rank as usize, mine);
+    // Every other rank's input element is made where it is compared (the
+    // generator is counter-based), so checking a gigabyte holds no other
+    // rank's input.
+    let seeds: Vec<u64> = (0..n).map(|r| stream_seed(r, seed)).collect();
+    let input = |r: usize, i: usize| -> T {
+        if r == rank as usize {
+            mine[i]
+        } else {
+            T::random(SplitMix64::nth(seeds[r], i as u64), op)
+        }
+    };
+    let shape = Inputs {
+        ranks: n as usize,
+        len: mine.len(),
+    };
     let r = rank as usize;
     let result: &[T] = match (collective, in_place) {
         (Collective::ReduceScatter, true) => &out[r * count..(r + 1) * count],
@@ -623,14 +638,48 @@ fn count_wrong<T: KitElement>(
         }
         _ => &[],
     };
-    Ok(ferrocoll::conformance::count_wrong(
-        collective, op, count, rank, &all, result, untouched,
+    Ok(ferrocoll::conformance::count_wrong_by(
+        collective, op, count, rank, shape, input, result, untouched,
     ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check makes other ranks' inputs element by element; it must
+    /// make exactly the inputs those ranks ran with, so a right output
+    /// counts 0 and one changed element counts 1, for every collective.
+    #[test]
+    fn the_check_counts_against_the_inputs_the_ranks_made() {
+        use ferrocoll::conformance::{Expectation, expected};
+        let (n, count, seed) = (3u32, 7usize, 42u64);
+        let op = ferrocoll::ReduceOp::Sum;
+        for c in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast { root: 1 },
+            Collective::AllToAll,
+            Collective::SendRecv,
+        ] {
+            let len = c.input_blocks(n) as usize * count;
+            let all: Vec<Vec<f32>> = (0..n).map(|r| inputs(r, len, seed, op).unwrap()).collect();
+            for rank in 0..n {
+                let Expectation::Values(want) = expected(c, op, n, count, rank, &all) else {
+                    unreachable!("every rank's output is checked here")
+                };
+                let mut out: Vec<f32> = want.iter().map(|w| w.0).collect();
+                let mine = &all[rank as usize];
+                let wrong = |out: &[f32]| {
+                    count_wrong(c, op, n, rank, count, seed, false, mine, out).unwrap()
+                };
+                assert_eq!(wrong(&out), 0, "{c} rank {rank}");
+                out[count / 2] += 1.0;
+                assert_eq!(wrong(&out), 1, "{c} rank {rank}");
+            }
+        }
+    }
 
     #[test]
     fn a_paired_loop_makes_every_call_between_probes_on_every_rank() {
