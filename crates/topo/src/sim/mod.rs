@@ -81,6 +81,11 @@ pub const DETAILED_MAX_WORK: u64 = 100_000_000;
 /// need be).
 pub const STEADY_MAX_INSTRUCTIONS: u64 = 1 << 20;
 
+/// The steady-state estimate runs at most this many segments: at fixed
+/// shares a pipeline settles within a segment or two, so its slope is
+/// already the steady one.
+pub const STEADY_MAX_SEGMENTS: u64 = 8;
+
 impl Default for SimOptions {
     fn default() -> Self {
         SimOptions {
@@ -223,7 +228,7 @@ pub fn simulate(
     let (most, model) = match mode {
         Mode::Fair => (MAX_SIMULATED_SEGMENTS, Fidelity::Detailed),
         Mode::Steady => {
-            let fit = (STEADY_MAX_INSTRUCTIONS / steps.max(1)).clamp(1, 32);
+            let fit = (STEADY_MAX_INSTRUCTIONS / steps.max(1)).clamp(1, STEADY_MAX_SEGMENTS);
             (fit as u32, Fidelity::Steady)
         }
     };
