@@ -64,6 +64,29 @@ impl Group {
     }
 }
 
+/// One thread per probe, each a rank with its own watch over `probe`,
+/// running `rank_body` with a reduce over the group; their results in
+/// rank order.
+fn in_group<R: Send>(
+    probes: Vec<Injected>,
+    rank_body: impl Fn(usize, KernelWatch, &mut GroupReduce<'_, CommError>) -> R + Sync,
+) -> Vec<R> {
+    let group = Group::new(probes.len());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = probes
+            .into_iter()
+            .enumerate()
+            .map(|(rank, probe)| {
+                let (group, rank_body) = (&group, &rank_body);
+                s.spawn(move || {
+                    rank_body(rank, watch(probe), &mut |b, op| group.reduce(rank, b, op))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// The variants this CPU runs, past the cache's choice first; `None`
 /// where the calibration had nothing to compare (one variant, or forced).
 fn variants() -> Option<Vec<(Width, Stores)>> {
@@ -127,49 +150,34 @@ fn a_slow_kernel_is_remeasured_and_every_rank_switches_to_the_slowest_ranks_best
         },
     ];
     let expected = if v.len() >= 3 { second } else { last };
-    let group = Group::new(2);
-    let switches: Vec<Vec<Switch>> = std::thread::scope(|s| {
-        let handles: Vec<_> = probes
-            .into_iter()
-            .enumerate()
-            .map(|(rank, probe)| {
-                let group = &group;
-                s.spawn(move || {
-                    let mut w = watch(probe);
-                    run_calls(&mut w, FIRST_CHECK - 1);
-                    assert!(!w.due(), "not before {FIRST_CHECK} watched calls");
-                    run_calls(&mut w, 1);
-                    assert!(w.due());
-                    let switch = w
-                        .checkpoint(&mut |b, op| group.reduce(rank, b, op))
-                        .unwrap()
-                        .expect("the slow kernel is replaced");
-                    assert_eq!((switch.from.width, switch.from.stores), slow);
-                    let now = w.for_call(BIG, 1 << 20);
-                    assert_eq!(
-                        (now.width, now.stores),
-                        expected,
-                        "calls run the new variant"
-                    );
-                    // Calls in the cache keep their own variant.
-                    let small = w.for_call(64 << 10, 4 << 10);
-                    let calibrated = calibration().in_cache.choice;
-                    assert_eq!(
-                        (small.width, small.stores),
-                        (calibrated.width, calibrated.stores)
-                    );
-                    // The new variant is not slow: the next checkpoint keeps it.
-                    run_calls(&mut w, FIRST_CHECK);
-                    assert!(w.due());
-                    let again = w
-                        .checkpoint(&mut |b, op| group.reduce(rank, b, op))
-                        .unwrap();
-                    assert_eq!(again, None);
-                    w.switches().to_vec()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let switches = in_group(probes.into(), |_, mut w, reduce| {
+        run_calls(&mut w, FIRST_CHECK - 1);
+        assert!(!w.due(), "not before {FIRST_CHECK} watched calls");
+        run_calls(&mut w, 1);
+        assert!(w.due());
+        let switch = w
+            .checkpoint(reduce)
+            .unwrap()
+            .expect("the slow kernel is replaced");
+        assert_eq!((switch.from.width, switch.from.stores), slow);
+        let now = w.for_call(BIG, 1 << 20);
+        assert_eq!(
+            (now.width, now.stores),
+            expected,
+            "calls run the new variant"
+        );
+        // Calls in the cache keep their own variant.
+        let small = w.for_call(64 << 10, 4 << 10);
+        let calibrated = calibration().in_cache.choice;
+        assert_eq!(
+            (small.width, small.stores),
+            (calibrated.width, calibrated.stores)
+        );
+        // The new variant is not slow: the next checkpoint keeps it.
+        run_calls(&mut w, FIRST_CHECK);
+        assert!(w.due());
+        assert_eq!(w.checkpoint(reduce).unwrap(), None);
+        w.switches().to_vec()
     });
     assert_eq!(switches[0].len(), 1);
     assert_eq!(switches[0], switches[1], "every rank made the same switch");
@@ -190,23 +198,10 @@ fn a_rank_that_is_not_slow_joins_and_switches_with_the_one_that_is() {
         },
         Injected { slow: None, rates },
     ];
-    let group = Group::new(2);
-    let picked: Vec<KernelChoice> = std::thread::scope(|s| {
-        let handles: Vec<_> = probes
-            .into_iter()
-            .enumerate()
-            .map(|(rank, probe)| {
-                let group = &group;
-                s.spawn(move || {
-                    let mut w = watch(probe);
-                    run_calls(&mut w, FIRST_CHECK);
-                    w.checkpoint(&mut |b, op| group.reduce(rank, b, op))
-                        .unwrap();
-                    w.for_call(BIG, 1 << 20)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let picked = in_group(probes.into(), |_, mut w, reduce| {
+        run_calls(&mut w, FIRST_CHECK);
+        w.checkpoint(reduce).unwrap();
+        w.for_call(BIG, 1 << 20)
     });
     assert_eq!(picked[0], picked[1]);
     assert_eq!((picked[0].width, picked[0].stores), other);
@@ -231,34 +226,20 @@ fn ranks_that_ran_different_variants_meet_the_next_checkpoint_together() {
         },
         Injected { slow: None, rates },
     ];
-    let group = Group::new(2);
-    let due_at: Vec<Vec<bool>> = std::thread::scope(|s| {
-        let handles: Vec<_> = probes
-            .into_iter()
-            .enumerate()
-            .map(|(rank, probe)| {
-                let group = &group;
-                s.spawn(move || {
-                    let mut w = watch(probe);
-                    if rank == 1 {
-                        // This host's calibration already chose the pick.
-                        w.past.choice = variant(pick.0, pick.1);
-                    }
-                    run_calls(&mut w, FIRST_CHECK);
-                    let switched = w
-                        .checkpoint(&mut |b, op| group.reduce(rank, b, op))
-                        .unwrap();
-                    assert_eq!(switched.is_some(), rank == 0, "rank {rank}");
-                    (0..4 * FIRST_CHECK)
-                        .map(|_| {
-                            run_calls(&mut w, 1);
-                            w.due()
-                        })
-                        .collect()
-                })
+    let due_at = in_group(probes.into(), |rank, mut w, reduce| {
+        if rank == 1 {
+            // This host's calibration already chose the pick.
+            w.past.choice = variant(pick.0, pick.1);
+        }
+        run_calls(&mut w, FIRST_CHECK);
+        let switched = w.checkpoint(reduce).unwrap();
+        assert_eq!(switched.is_some(), rank == 0, "rank {rank}");
+        (0..4 * FIRST_CHECK)
+            .map(|_| {
+                run_calls(&mut w, 1);
+                w.due()
             })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+            .collect::<Vec<bool>>()
     });
     assert_eq!(due_at[0], due_at[1], "the next checkpoint at the same call");
     assert!(due_at[0].contains(&true));
