@@ -105,7 +105,7 @@ pub(crate) fn run(args: &SimArgs) -> Result<ExitCode, String> {
         topology.name, topology.description
     );
     if let Some(path) = &args.plan {
-        return run_plan(path, &topology);
+        return run_plan(path, &topology, args.model);
     }
     if let Some(path) = args.algo.file() {
         return run_file(args, path, &topology, &sizes);
@@ -291,12 +291,16 @@ fn print_bound(
 fn run_plan(
     path: &std::path::Path,
     topology: &ferrocoll::topo::Topology,
+    model: Fidelity,
 ) -> Result<ExitCode, String> {
     let text = ferrocoll::input::read_text(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let plan = ferrocoll::ExecutionPlan::from_json(&text)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    let p =
-        sim::simulate_plan(&plan, topology, &SimOptions::default()).map_err(|e| e.to_string())?;
+    let options = SimOptions {
+        fidelity: model,
+        ..SimOptions::default()
+    };
+    let p = sim::simulate_plan(&plan, topology, &options).map_err(|e| e.to_string())?;
     println!(
         "# plan {:016x} from {}: `{}` {} on {} ranks, {} B; predicted, not measured",
         plan.hash,

@@ -46,7 +46,7 @@ use crate::types::ReduceOp;
 
 /// Calls of at least this many bytes per rank (input and output) are
 /// watched. Below it, a call's time is mostly synchronization, and a
-/// checkpoint (two tiny all-reduces at most) would cost a visible share.
+/// checkpoint (three tiny all-reduces at most) would cost a visible share.
 pub const WATCH_MIN_BYTES: u64 = 8 << 20;
 
 /// A regime's calls run below this share of their variant's rate, over
@@ -392,10 +392,18 @@ impl KernelWatch {
         let kept = self.past;
         let picked = calibrate::pick(&slowest, Regime::PastCache)
             .filter(|to| !ties_with(&slowest, kept.choice, *to));
-        let switched = match picked {
-            Some(to)
-                if adopts && (to.width, to.stores) != (kept.choice.width, kept.choice.stores) =>
-            {
+        let switching = picked.filter(|to| {
+            adopts && (to.width, to.stores) != (kept.choice.width, kept.choice.stores)
+        });
+        // Whether a rank switches depends on the variant it ran, which
+        // each host's calibration chose for itself: the next checkpoint is
+        // planned on whether any rank did, or ranks on different hosts
+        // would meet it at different calls. Asked before anything changes
+        // here, so a failed call leaves the watch as it was.
+        let mut any = [f64::from(u8::from(switching.is_some()))];
+        reduce(&mut any, ReduceOp::Max)?;
+        let switched = match switching {
+            Some(to) => {
                 let own = |c: KernelChoice| rate_of(&mine, c.width, c.stores);
                 tracing::info!(
                     "host kernels: calls of {} MiB per rank ran at {achieved:.1} GB/s, under {SLOW_BELOW} of the {:.1} GB/s {} was timed at; re-measured on every rank at 4 x {} MiB ({}, the slowest rank's): switching to {} ({:.1} GB/s here)",
@@ -419,7 +427,7 @@ impl KernelWatch {
                 self.switches.push(switch.clone());
                 Some(switch)
             }
-            _ => {
+            None => {
                 if adopts {
                     // The rate it runs at now, under this group's contention.
                     let now = rate_of(&mine, kept.choice.width, kept.choice.stores);
@@ -434,12 +442,6 @@ impl KernelWatch {
                 None
             }
         };
-        // Whether a rank switches depends on the variant it ran, which
-        // each host's calibration chose for itself: the next checkpoint is
-        // planned on whether any rank did, or ranks on different hosts
-        // would meet it at different calls.
-        let mut any = [f64::from(u8::from(switched.is_some()))];
-        reduce(&mut any, ReduceOp::Max)?;
         self.ratios.clear();
         self.spaced(any[0] > 0.0);
         Ok(switched)

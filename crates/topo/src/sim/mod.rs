@@ -280,6 +280,44 @@ pub fn simulate(
     Ok(prediction(&network, factor, bytes, segments, raw, model))
 }
 
+/// The model [`simulate`] would answer with for these arguments: what
+/// [`Fidelity::Auto`] resolves to (detailed or steady), so a caller
+/// comparing several schedules can ask all of them of one model.
+pub fn model_for(
+    compiler: &Compiler,
+    topology: &Topology,
+    size: usize,
+    options: &SimOptions,
+) -> Result<Fidelity, TopologyError> {
+    if options.fidelity != Fidelity::Auto {
+        return Ok(options.fidelity);
+    }
+    let s = compiler.verified().schedule();
+    let devices = placement(topology, s.world_size, options)?;
+    let blocks = s.collective.size_blocks(s.world_size) as usize;
+    let shape = CallShape {
+        collective: s.collective,
+        count: size / (options.dtype.size_bytes() * blocks),
+        dtype: options.dtype,
+        op: ferrocoll_core::ReduceOp::Sum,
+        in_place: options.in_place,
+        purpose: Default::default(),
+    };
+    let chunk = options.max_chunk_bytes.unwrap_or_else(|| {
+        if topology.nodes[devices[0]].kind == NodeKind::Thread {
+            HOST_CHUNK_BYTES
+        } else {
+            DEVICE_CHUNK_BYTES
+        }
+    });
+    let segments = compiler.segments(&shape, Chunking::MaxBytes(chunk));
+    let network = network::Network::new(topology, devices, &options.cost);
+    Ok(match mode_for(Fidelity::Auto, &network, s, segments) {
+        Mode::Fair => Fidelity::Detailed,
+        Mode::Steady => Fidelity::Steady,
+    })
+}
+
 /// The time the busiest resource needs for what it `carried`.
 fn busiest(carried: &[f64], network: &network::Network) -> f64 {
     carried

@@ -47,12 +47,20 @@ impl Shares {
     /// partner at a time), so a resource's weight is the largest sum, over
     /// step indices, of the weights that step's flows put on it.
     pub(crate) fn of(net: &mut Network, plan: &ExecutionPlan) -> Result<Shares, TopologyError> {
+        // The first segment the plan has (a plan from a file need not
+        // start at 0).
+        let instructions = || {
+            plan.ranks
+                .iter()
+                .flat_map(|rp| rp.channels.iter().flatten())
+        };
+        let first = instructions().map(|ins| ins.segment).min().unwrap_or(0);
         let mut order: Vec<(u32, u32, u32, u32)> = Vec::new();
         for rp in &plan.ranks {
             for (c, list) in rp.channels.iter().enumerate() {
                 crate::work::charge(COUNT_WORK * list.len() as u64)?;
                 for (i, ins) in list.iter().enumerate() {
-                    if ins.segment == 0 {
+                    if ins.segment == first {
                         order.push((ins.step, rp.rank, c as u32, i as u32));
                     }
                 }

@@ -305,6 +305,36 @@ fn a_failed_vote_is_the_callers_error_and_nothing_changes() {
     assert_eq!((k.width, k.stores), v[0]);
 }
 
+/// The checkpoint's last call (whether any rank switched) failing leaves
+/// the watch as it was too: no switch made, still due.
+#[test]
+fn a_failed_last_call_of_a_checkpoint_changes_nothing() {
+    let Some(v) = variants() else {
+        return;
+    };
+    let mut w = watch(Injected {
+        slow: Some(v[0]),
+        rates: vec![(v[0], 5.0), (v[1], 100.0)],
+    });
+    run_calls(&mut w, FIRST_CHECK);
+    let mut calls = 0;
+    let e = w.checkpoint(&mut |_, _| {
+        calls += 1;
+        if calls == 3 {
+            return Err(CommError::PeerFailed {
+                rank: 1,
+                reason: "gone".into(),
+            });
+        }
+        Ok(())
+    });
+    assert!(matches!(e, Err(CommError::PeerFailed { rank: 1, .. })));
+    assert!(w.switches().is_empty());
+    assert!(w.due());
+    let k = w.for_call(BIG, 1 << 20);
+    assert_eq!((k.width, k.stores), v[0]);
+}
+
 fn chosen() -> KernelChoice {
     super::super::chosen()
 }
