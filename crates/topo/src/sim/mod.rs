@@ -191,27 +191,18 @@ pub fn simulate(
 ) -> Result<Prediction, TopologyError> {
     options.cost.check()?;
     let s = compiler.verified().schedule();
-    let devices = placement(topology, s.world_size, options)?;
+    let Call {
+        devices,
+        shape: whole,
+        chunk,
+        segments,
+    } = call_of(compiler, topology, size, options)?;
     let element = options.dtype.size_bytes();
     let c = s.collective;
     let n = s.world_size;
     let blocks = c.size_blocks(n) as usize;
-    let shape = |count| CallShape {
-        collective: c,
-        count,
-        dtype: options.dtype,
-        op: ferrocoll_core::ReduceOp::Sum,
-        in_place: options.in_place,
-        purpose: Default::default(),
-    };
-    let count = size / (element * blocks);
-    let chunk = options.max_chunk_bytes.unwrap_or_else(|| {
-        if topology.nodes[devices[0]].kind == NodeKind::Thread {
-            HOST_CHUNK_BYTES
-        } else {
-            DEVICE_CHUNK_BYTES
-        }
-    });
+    let shape = |count| CallShape { count, ..whole };
+    let count = whole.count;
     let compile = |count, chunking| {
         let plan = compiler
             .compile(&shape(count), chunking, options.slots_per_link.max(1))
@@ -221,7 +212,6 @@ pub fn simulate(
         crate::work::charge(COMPILE_WORK * plan.instruction_count() as u64)?;
         Ok::<_, TopologyError>(plan)
     };
-    let segments = compiler.segments(&shape(count), Chunking::MaxBytes(chunk));
     let mut network = network::Network::new(topology, devices, &options.cost);
     let steps = s.step_count() as u64;
     let mode = mode_for(options.fidelity, &network, s, segments);
@@ -280,18 +270,21 @@ pub fn simulate(
     Ok(prediction(&network, factor, bytes, segments, raw, model))
 }
 
-/// The model [`simulate`] would answer with for these arguments: what
-/// [`Fidelity::Auto`] resolves to (detailed or steady), so a caller
-/// comparing several schedules can ask all of them of one model.
-pub fn model_for(
+/// A call of `size` bytes of a compiler's schedule, as `options` lay it
+/// out: where its ranks run, its shape, its chunk and its segments.
+struct Call {
+    devices: Vec<NodeId>,
+    shape: CallShape,
+    chunk: usize,
+    segments: u32,
+}
+
+fn call_of(
     compiler: &Compiler,
     topology: &Topology,
     size: usize,
     options: &SimOptions,
-) -> Result<Fidelity, TopologyError> {
-    if options.fidelity != Fidelity::Auto {
-        return Ok(options.fidelity);
-    }
+) -> Result<Call, TopologyError> {
     let s = compiler.verified().schedule();
     let devices = placement(topology, s.world_size, options)?;
     let blocks = s.collective.size_blocks(s.world_size) as usize;
@@ -311,8 +304,30 @@ pub fn model_for(
         }
     });
     let segments = compiler.segments(&shape, Chunking::MaxBytes(chunk));
-    let network = network::Network::new(topology, devices, &options.cost);
-    Ok(match mode_for(Fidelity::Auto, &network, s, segments) {
+    Ok(Call {
+        devices,
+        shape,
+        chunk,
+        segments,
+    })
+}
+
+/// The model [`simulate`] would answer with for these arguments: what
+/// [`Fidelity::Auto`] resolves to (detailed or steady), so a caller
+/// comparing several schedules can ask all of them of one model.
+pub fn model_for(
+    compiler: &Compiler,
+    topology: &Topology,
+    size: usize,
+    options: &SimOptions,
+) -> Result<Fidelity, TopologyError> {
+    if options.fidelity != Fidelity::Auto {
+        return Ok(options.fidelity);
+    }
+    let call = call_of(compiler, topology, size, options)?;
+    let s = compiler.verified().schedule();
+    let network = network::Network::new(topology, call.devices, &options.cost);
+    Ok(match mode_for(Fidelity::Auto, &network, s, call.segments) {
         Mode::Fair => Fidelity::Detailed,
         Mode::Steady => Fidelity::Steady,
     })

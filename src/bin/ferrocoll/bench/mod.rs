@@ -7,6 +7,8 @@
 //! all-gather, all-to-all (n−1)/n; others 1), with GB = 1e9 bytes.
 
 mod backend;
+mod buffers;
+mod check;
 mod cuda;
 mod device;
 mod files;

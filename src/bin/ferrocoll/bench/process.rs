@@ -15,8 +15,9 @@ use ferrocoll::process::{ProcessCommunicator, ProcessConfig, SharedBuffer, Trans
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
 use super::BenchArgs;
+use super::buffers::try_aligned;
 use super::row::Row;
-use super::run::{Backend, BenchRank, try_aligned};
+use super::run::{Backend, BenchRank};
 use super::setup::custom_schedule;
 use super::target::{Sweep, Target, host_bandwidth};
 

@@ -1,0 +1,101 @@
+//! Predicting the selector's candidates: each simulated with its chunk
+//! and protocol, every candidate at one size by one model.
+
+use ferrocoll_core::Collective;
+use ferrocoll_core::select::Protocol;
+
+use super::{Candidate, TopologySelector};
+use crate::error::TopologyError;
+use crate::sim::{self, Prediction, SimOptions};
+
+impl TopologySelector {
+    /// Simulate one candidate.
+    pub fn predict(
+        &self,
+        candidate: &Candidate,
+        collective: Collective,
+        size: usize,
+    ) -> Result<Prediction, TopologyError> {
+        self.predict_with(candidate, collective, size, self.options.fidelity)
+    }
+
+    /// The simulator's options for `candidate` at `fidelity`.
+    fn sim_options(
+        &self,
+        candidate: &Candidate,
+        collective: Collective,
+        fidelity: sim::Fidelity,
+    ) -> SimOptions {
+        let cost = match candidate.protocol {
+            Some(Protocol::LowLatency) => {
+                let reduces = matches!(
+                    collective,
+                    Collective::AllReduce | Collective::Reduce { .. }
+                );
+                self.options.cost.low_latency(reduces)
+            }
+            _ => self.options.cost.clone(),
+        };
+        SimOptions {
+            max_chunk_bytes: Some(candidate.max_chunk_bytes),
+            slots_per_link: self.options.slots_per_link,
+            in_place: false,
+            dtype: self.options.dtype,
+            cost,
+            placement: Some(self.devices.clone()),
+            fidelity,
+        }
+    }
+
+    fn predict_with(
+        &self,
+        candidate: &Candidate,
+        collective: Collective,
+        size: usize,
+        fidelity: sim::Fidelity,
+    ) -> Result<Prediction, TopologyError> {
+        let compiler = self.compiler(candidate, collective)?;
+        let options = self.sim_options(candidate, collective, fidelity);
+        sim::simulate(&compiler, &self.topology, size, &options)
+    }
+
+    /// One model for every candidate at `size`: on `Auto`, the detailed
+    /// engine where it is cheap for all of them, else the steady estimate
+    /// for all (the two differ by up to a few tenths on trees, so a
+    /// comparison across models would be decided by the model).
+    fn fidelity_at(
+        &self,
+        candidates: &[Candidate],
+        collective: Collective,
+        size: usize,
+    ) -> Result<sim::Fidelity, TopologyError> {
+        if self.options.fidelity != sim::Fidelity::Auto {
+            return Ok(self.options.fidelity);
+        }
+        for c in candidates {
+            let compiler = self.compiler(c, collective)?;
+            let options = self.sim_options(c, collective, sim::Fidelity::Auto);
+            if sim::model_for(&compiler, &self.topology, size, &options)? == sim::Fidelity::Steady {
+                return Ok(sim::Fidelity::Steady);
+            }
+        }
+        Ok(sim::Fidelity::Detailed)
+    }
+
+    /// Every candidate with its prediction, in candidate order.
+    pub fn evaluate(
+        &self,
+        collective: Collective,
+        size: usize,
+    ) -> Result<Vec<(Candidate, Prediction)>, TopologyError> {
+        let candidates = self.candidates_at(collective, size);
+        let fidelity = self.fidelity_at(&candidates, collective, size)?;
+        candidates
+            .into_iter()
+            .map(|c| {
+                let p = self.predict_with(&c, collective, size, fidelity)?;
+                Ok((c, p))
+            })
+            .collect()
+    }
+}
