@@ -28,16 +28,10 @@ pub fn count_wrong<T: KitElement>(
         ranks: inputs.len(),
         len,
     };
-    count_wrong_by(
-        c,
-        op,
-        count,
-        r,
-        shape,
-        |rank: usize, i: usize| inputs[rank][i],
-        out,
-        untouched,
-    )
+    let fill = |rank: usize, at: usize, into: &mut [T]| {
+        into.copy_from_slice(&inputs[rank][at..at + into.len()]);
+    };
+    count_wrong_by(c, op, count, r, shape, fill, out, untouched)
 }
 
 /// How many ranks give inputs of how many elements each.
@@ -49,10 +43,12 @@ pub struct Inputs {
     pub len: usize,
 }
 
-/// [`count_wrong`] with each rank's input element given by `input(rank,
-/// index)` instead of held: a benchmark checking a gigabyte need not
-/// hold every other rank's input to check its own output, when it can
-/// make any element of them on demand ([`super::SplitMix64::nth`]).
+/// [`count_wrong`] with each rank's inputs made on demand instead of held:
+/// `fill(rank, at, into)` writes that rank's input elements from `at` on
+/// into `into`. A benchmark checking a gigabyte need not hold every other
+/// rank's input to check its own output when it can make any stretch of
+/// them ([`super::SplitMix64::nth`]). The output is compared a block at a
+/// time ([`KitElement::count_misses`]).
 #[allow(clippy::too_many_arguments)]
 pub fn count_wrong_by<T: KitElement>(
     c: Collective,
@@ -60,52 +56,115 @@ pub fn count_wrong_by<T: KitElement>(
     count: usize,
     r: Rank,
     inputs: Inputs,
-    input: impl Fn(usize, usize) -> T,
+    fill: impl Fn(usize, usize, &mut [T]),
     out: &[T],
     untouched: &[T],
 ) -> u64 {
     let (r, n, len) = (r as usize, inputs.ranks, inputs.len);
-    let mut values: Vec<T> = Vec::with_capacity(n);
-    let mut reduced = |block: usize| {
-        let mut wrong = |(i, &got): (usize, &T)| {
-            values.clear();
-            values.extend((0..n).map(|rank| input(rank, block * count + i)));
-            !T::close(op, got, T::reference(op, &values), &values)
-        };
-        out.iter()
-            .take(count)
-            .enumerate()
-            .filter(|&e| wrong(e))
-            .count()
-    };
-    let copied = |want: &dyn Fn(usize) -> T, len: usize| {
-        out.iter()
-            .take(len)
-            .enumerate()
-            .filter(|&(i, &got)| {
-                let w = want(i);
-                !T::close(op, got, w, &[w])
-            })
-            .count()
+    let mut blocks = Blocks::new(n.max(1), fill);
+    // Where the output copies inputs: (output offset, rank, input offset,
+    // elements), one stretch per source.
+    let copied = |blocks: &mut Blocks<T, _>, stretches: &mut dyn Iterator<Item = Stretch>| {
+        stretches.map(|s| blocks.copies(op, s, out)).sum::<usize>()
     };
     let (wanted, wrong) = match c {
-        Collective::AllReduce => (count, reduced(0)),
-        Collective::ReduceScatter => (count, reduced(r)),
-        Collective::Reduce { root } if root as usize == r => (count, reduced(0)),
+        Collective::AllReduce => (count, blocks.reduced(op, n, count, 0, out)),
+        Collective::ReduceScatter => (count, blocks.reduced(op, n, count, r * count, out)),
+        Collective::Reduce { root } if root as usize == r => {
+            (count, blocks.reduced(op, n, count, 0, out))
+        }
         Collective::Reduce { .. } => (
             untouched.len(),
             out.iter().zip(untouched).filter(|(g, u)| g != u).count(),
         ),
         // The inputs one after another (each rank's is the same length).
-        Collective::AllGather => (n * len, copied(&|i| input(i / len, i % len), n * len)),
-        Collective::Broadcast { root } => (len, copied(&|i| input(root as usize, i), len)),
+        Collective::AllGather => (
+            n * len,
+            copied(&mut blocks, &mut (0..n).map(|q| (q * len, q, 0, len))),
+        ),
+        Collective::Broadcast { root } => (
+            len,
+            copied(
+                &mut blocks,
+                &mut std::iter::once((0, root as usize, 0, len)),
+            ),
+        ),
         Collective::AllToAll => (
             n * count,
-            copied(&|i| input(i / count, r * count + i % count), n * count),
+            copied(
+                &mut blocks,
+                &mut (0..n).map(|q| (q * count, q, r * count, count)),
+            ),
         ),
-        Collective::SendRecv => (len, copied(&|i| input((r + n - 1) % n, i), len)),
+        Collective::SendRecv => (
+            len,
+            copied(
+                &mut blocks,
+                &mut std::iter::once((0, (r + n - 1) % n, 0, len)),
+            ),
+        ),
     };
     (wrong + out.len().abs_diff(wanted)) as u64
+}
+
+/// A stretch of output that copies one rank's input: (output offset,
+/// rank, input offset, elements).
+type Stretch = (usize, usize, usize, usize);
+
+/// Room for one block of every rank's input, and how to make it.
+struct Blocks<T, F> {
+    values: Vec<Vec<T>>,
+    fill: F,
+    block: usize,
+}
+
+impl<T: KitElement, F: Fn(usize, usize, &mut [T])> Blocks<T, F> {
+    /// Blocks for `n` ranks: about 64 KiB of inputs at a time, so every
+    /// rank's block stays in the cache while its elements are judged.
+    fn new(n: usize, fill: F) -> Self {
+        let block = ((64 << 10) / std::mem::size_of::<T>().max(1) / n).clamp(64, 8192);
+        Blocks {
+            values: vec![Vec::with_capacity(block); n],
+            fill,
+            block,
+        }
+    }
+
+    /// Misses of the first `count` elements of `out` (fewer if it is
+    /// shorter), each the reduction of every rank's input element `from`
+    /// elements on.
+    fn reduced(&mut self, op: ReduceOp, n: usize, count: usize, from: usize, out: &[T]) -> usize {
+        let got = &out[..out.len().min(count)];
+        let mut misses = 0;
+        for at in (0..got.len()).step_by(self.block) {
+            let g = &got[at..got.len().min(at + self.block)];
+            for (rank, v) in self.values.iter_mut().enumerate().take(n) {
+                v.resize(g.len(), T::poison());
+                (self.fill)(rank, from + at, v);
+            }
+            let refs: Vec<&[T]> = self.values.iter().map(Vec::as_slice).collect();
+            misses += T::count_misses(op, g, &refs);
+        }
+        misses
+    }
+
+    /// Misses of the output stretch that copies `rank`'s input (a copy is
+    /// judged as a reduction of one value: exact for min and max, within
+    /// the type's rounding otherwise); the part of it past `out`'s end is
+    /// not counted here.
+    fn copies(&mut self, op: ReduceOp, (to, rank, from, len): Stretch, out: &[T]) -> usize {
+        let got = out.get(to..).unwrap_or(&[]);
+        let got = &got[..got.len().min(len)];
+        let mut misses = 0;
+        for at in (0..got.len()).step_by(self.block) {
+            let g = &got[at..got.len().min(at + self.block)];
+            let v = &mut self.values[0];
+            v.resize(g.len(), T::poison());
+            (self.fill)(rank, from + at, v);
+            misses += T::count_misses(op, g, &[v.as_slice()]);
+        }
+        misses
+    }
 }
 
 #[cfg(test)]
@@ -126,6 +185,34 @@ mod tests {
                     "{seed} {i}"
                 );
             }
+        }
+    }
+
+    /// A stretch made at once, on whatever vectors this CPU has and on
+    /// none, holds the values the stream makes in turn, for every type.
+    #[test]
+    fn a_filled_stretch_is_the_stream() {
+        fn same<T: KitElement + std::fmt::Debug>(op: ReduceOp) {
+            let (seed, at) = (0x5eed_u64, 1000u64);
+            let mut g = super::super::SplitMix64(seed);
+            for _ in 0..at {
+                g.next_u64();
+            }
+            let want: Vec<T> = (0..1037).map(|_| T::random(g.next_u64(), op)).collect();
+            let mut got = vec![T::poison(); want.len()];
+            super::super::SplitMix64::fill(seed, at, op, &mut got);
+            assert_eq!(got, want, "{}", std::any::type_name::<T>());
+            got.fill(T::poison());
+            super::super::fill_with(seed, at, op, &mut got);
+            assert_eq!(got, want, "{} without vectors", std::any::type_name::<T>());
+        }
+        for op in [ReduceOp::Sum, ReduceOp::Prod] {
+            same::<f32>(op);
+            same::<f64>(op);
+            same::<half::f16>(op);
+            same::<half::bf16>(op);
+            same::<i8>(op);
+            same::<u64>(op);
         }
     }
 

@@ -9,6 +9,7 @@
 //! products, exact for min and max.
 
 mod count;
+mod misses;
 
 pub use count::{Inputs, count_wrong, count_wrong_by};
 
@@ -64,6 +65,11 @@ pub trait KitElement: Reduce {
     fn reference(op: ReduceOp, values: &[Self]) -> Self;
     /// Whether `got` is acceptably close to `want` for a reduction of `values`.
     fn close(op: ReduceOp, got: Self, want: Self, values: &[Self]) -> bool;
+    /// How many of `got` are not [`close`](Self::close) to the
+    /// [`reference`](Self::reference) over `ranks` (`ranks[r][j]` is rank
+    /// `r`'s value for `got[j]`; each at least as long as `got`): the same
+    /// judgement, a block at a time.
+    fn count_misses(op: ReduceOp, got: &[Self], ranks: &[&[Self]]) -> usize;
 }
 
 macro_rules! int_kit {
@@ -91,6 +97,10 @@ macro_rules! int_kit {
             // Called per element of a checked gigabyte, across crates.
             #[inline]
             fn close(_op: ReduceOp, got: Self, want: Self, _values: &[Self]) -> bool { got == want }
+            fn count_misses(op: ReduceOp, got: &[Self], ranks: &[&[Self]]) -> usize {
+                let divide = |x: $t, n: u32| x.divide(n);
+                misses::int_misses(op, got, ranks, (<$t>::wrapping_add, <$t>::wrapping_mul, divide))
+            }
         }
     )*};
 }
@@ -137,6 +147,9 @@ macro_rules! float_kit {
                 };
                 (g - w).abs() <= (n + 1.0) * $eps * scale.max(f64::MIN_POSITIVE)
             }
+            fn count_misses(op: ReduceOp, got: &[Self], ranks: &[&[Self]]) -> usize {
+                misses::float_misses(op, got, ranks, ($to, $from, $eps))
+            }
         }
     )*};
 }
@@ -169,6 +182,47 @@ impl SplitMix64 {
     pub fn nth(seed: u64, i: u64) -> u64 {
         mix(seed.wrapping_add(GOLDEN_GAMMA.wrapping_mul(i.wrapping_add(1))))
     }
+
+    /// `into[k] = T::random(nth(seed, at + k), op)`: a stretch of the
+    /// values a stream makes, each independent of the one before, so the
+    /// loop runs on vectors where the CPU multiplies 64-bit lanes (a
+    /// benchmark makes and checks gigabytes of them).
+    pub fn fill<T: KitElement>(seed: u64, at: u64, op: ReduceOp, into: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512dq") {
+                // SAFETY: the CPU has the features the function enables.
+                return unsafe { fill_avx512(seed, at, op, into) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: as above.
+                return unsafe { fill_avx2(seed, at, op, into) };
+            }
+        }
+        fill_with(seed, at, op, into);
+    }
+}
+
+/// [`SplitMix64::fill`]'s loop, compiled once per instruction set.
+#[inline(always)]
+fn fill_with<T: KitElement>(seed: u64, at: u64, op: ReduceOp, into: &mut [T]) {
+    for (i, v) in (at..).zip(into) {
+        *v = T::random(SplitMix64::nth(seed, i), op);
+    }
+}
+
+/// [`fill_with`] with AVX-512's 64-bit multiplies and conversions.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl")]
+unsafe fn fill_avx512<T: KitElement>(seed: u64, at: u64, op: ReduceOp, into: &mut [T]) {
+    fill_with(seed, at, op, into);
+}
+
+/// [`fill_with`] on AVX2's vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_avx2<T: KitElement>(seed: u64, at: u64, op: ReduceOp, into: &mut [T]) {
+    fill_with(seed, at, op, into);
 }
 
 /// SplitMix64's output function.

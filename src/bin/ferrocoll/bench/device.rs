@@ -14,6 +14,8 @@ use ferrocoll::topo::probe::membw::MemoryBandwidth;
 use ferrocoll::topo::probe::{LinkProbe, ProbeOptions};
 use ferrocoll::{Collective, ReduceOp};
 
+use super::buffers::Pattern;
+
 /// A host slice's bytes.
 pub(crate) fn bytes_of<T>(data: &[T]) -> &[u8] {
     // SAFETY: every bench element type is plain data without padding, so
@@ -67,14 +69,68 @@ pub(crate) struct Buffers {
 pub(crate) fn place<T: KitElement>(
     stream: &Arc<CudaStream>,
     input: &[T],
-    output: &[T],
+    output: &Pattern<'_, T>,
 ) -> Result<Buffers, CommError> {
     let b = Buffers {
         input: upload(stream, bytes_of(input))?,
-        output: upload(stream, bytes_of(output))?,
+        output: staged(stream, output)?,
     };
     sync(stream)?;
     Ok(b)
+}
+
+/// Host memory one upload of a pattern stages at a time: a rank need not
+/// hold a second copy of a gigabyte output on the host to fill it.
+pub(crate) const STAGE_BYTES: usize = 16 << 20;
+
+/// `pattern` in new device memory on `stream` (at least one byte).
+fn staged<T: KitElement>(
+    stream: &Arc<CudaStream>,
+    pattern: &Pattern<'_, T>,
+) -> Result<CudaSlice<u8>, CommError> {
+    let bytes = pattern.len() * std::mem::size_of::<T>();
+    let mut slice = stream.alloc_zeros::<u8>(bytes.max(1)).map_err(backend)?;
+    write_staged(stream, &mut slice, pattern)?;
+    Ok(slice)
+}
+
+/// Write `pattern` over the start of `slice` through a staging chunk,
+/// waiting for each upload before the chunk is written again.
+fn write_staged<T: KitElement>(
+    stream: &Arc<CudaStream>,
+    slice: &mut CudaSlice<u8>,
+    pattern: &Pattern<'_, T>,
+) -> Result<(), CommError> {
+    let size = std::mem::size_of::<T>();
+    let per = (STAGE_BYTES / size).max(1);
+    let mut host = vec![T::poison(); per.min(pattern.len())];
+    for at in (0..pattern.len()).step_by(per) {
+        let chunk = &mut host[..per.min(pattern.len() - at)];
+        pattern.write(at, chunk);
+        let bytes = bytes_of(chunk);
+        let from = at * size;
+        stream
+            .memcpy_htod(bytes, &mut slice.slice_mut(from..from + bytes.len()))
+            .map_err(backend)?;
+        sync(stream)?;
+    }
+    Ok(())
+}
+
+/// Write `pattern` into the placed output (new memory where its length
+/// changed), waited for.
+pub(crate) fn rewrite<T: KitElement>(
+    stream: &Arc<CudaStream>,
+    b: &mut Buffers,
+    pattern: &Pattern<'_, T>,
+) -> Result<(), CommError> {
+    let bytes = pattern.len() * std::mem::size_of::<T>();
+    if b.output.len() == bytes.max(1) {
+        write_staged(stream, &mut b.output, pattern)
+    } else {
+        b.output = staged(stream, pattern)?;
+        sync(stream)
+    }
 }
 
 /// A GPU backend's rank: the device API on its own stream.
@@ -117,10 +173,18 @@ where
 
     fn place<T: KitElement>(
         &mut self,
-        input: &[T],
-        output: ferrocoll::aligned::AlignedBuffer<T>,
+        input: &Arc<ferrocoll::aligned::AlignedBuffer<T>>,
+        output: &Pattern<'_, T>,
     ) -> Result<Buffers, CommError> {
-        place(&self.rank_stream(), input, &output)
+        place(&self.rank_stream(), input, output)
+    }
+
+    fn rewrite<T: KitElement>(
+        &mut self,
+        b: &mut Buffers,
+        output: &Pattern<'_, T>,
+    ) -> Result<(), CommError> {
+        rewrite(&self.rank_stream(), b, output)
     }
 
     fn collective<T: KitElement>(

@@ -15,7 +15,7 @@ use ferrocoll::process::{ProcessCommunicator, ProcessConfig, SharedBuffer, Trans
 use ferrocoll::topo::probe::membw::MemoryBandwidth;
 
 use super::BenchArgs;
-use super::buffers::try_aligned;
+use super::buffers::{Pattern, try_filled};
 use super::row::Row;
 use super::run::{Backend, BenchRank};
 use super::setup::custom_schedule;
@@ -187,15 +187,21 @@ pub(crate) enum Held<T: KitElement> {
 }
 
 impl<T: KitElement> Held<T> {
-    fn new(comm: &ProcessCommunicator, from: &[T]) -> Result<Self, CommError> {
-        match comm.shared_buffer::<T>(from.len()) {
-            Ok(mut shared) => {
-                shared.copy_from_slice(from);
-                Ok(Held::Shared(shared))
+    /// `len` elements, written by `write`.
+    fn new(
+        comm: &ProcessCommunicator,
+        len: usize,
+        write: impl FnOnce(&mut [T]),
+    ) -> Result<Self, CommError> {
+        let mut held = match comm.shared_buffer::<T>(len) {
+            Ok(shared) => Held::Shared(shared),
+            Err(CommError::Unsupported { .. }) => {
+                Held::Private(try_filled(T::poison(), len, "buffer")?)
             }
-            Err(CommError::Unsupported { .. }) => Ok(Held::Private(try_aligned(from, "buffer")?)),
-            Err(e) => Err(e),
-        }
+            Err(e) => return Err(e),
+        };
+        write(held.slice_mut());
+        Ok(held)
     }
 
     fn slice(&self) -> &[T] {
@@ -218,10 +224,25 @@ impl BenchRank for ProcessCommunicator {
 
     fn place<T: KitElement>(
         &mut self,
-        input: &[T],
-        output: AlignedBuffer<T>,
+        input: &Arc<AlignedBuffer<T>>,
+        output: &Pattern<'_, T>,
     ) -> Result<(Held<T>, Held<T>), CommError> {
-        Ok((Held::new(self, input)?, Held::new(self, &output)?))
+        let input = Held::new(self, input.len(), |b| b.copy_from_slice(input))?;
+        let output = Held::new(self, output.len(), |b| output.write(0, b))?;
+        Ok((input, output))
+    }
+
+    fn rewrite<T: KitElement>(
+        &mut self,
+        (_, placed): &mut (Held<T>, Held<T>),
+        output: &Pattern<'_, T>,
+    ) -> Result<(), CommError> {
+        if placed.slice().len() == output.len() {
+            output.write(0, placed.slice_mut());
+        } else {
+            *placed = Held::new(self, output.len(), |b| output.write(0, b))?;
+        }
+        Ok(())
     }
 
     fn collective<T: KitElement>(

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use super::files::{RunFacts, write_csv, write_json};
 use super::paired::{self, Paired};
-use super::row::{Measure, Row};
+use super::row::{Measure, Outside, Row};
 use super::setup::Setup;
 use super::target::Target;
 use super::{BenchArgs, Section};
@@ -167,6 +167,35 @@ fn prediction(predicted_us: f64, measured_us: f64) -> String {
     format!("predicted {predicted_us:.2} us = {ratio:.2}x measured ({way})")
 }
 
+/// Where rank 0's time outside the timed calls went, over every row:
+/// the bench's own work (data, placing, checking) per GiB of its buffers,
+/// and the calls it made untimed.
+pub(crate) fn outside_line(rows: &[Row]) -> Option<String> {
+    let mut all = Outside::default();
+    for o in rows.iter().filter_map(|r| r.outside) {
+        all.data_s += o.data_s;
+        all.placing_s += o.placing_s;
+        all.untimed_calls_s += o.untimed_calls_s;
+        all.checking_s += o.checking_s;
+        all.buffer_bytes += o.buffer_bytes;
+    }
+    let gib = all.buffer_bytes as f64 / f64::from(1u32 << 30);
+    let own = all.data_s + all.placing_s + all.checking_s;
+    // Per GiB only where there are enough of them to mean something.
+    let per_gib = if gib >= 0.25 {
+        format!(" ({:.2} s/GiB of rank 0's buffers)", own / gib)
+    } else {
+        String::new()
+    };
+    (all.buffer_bytes > 0).then(|| {
+        format!(
+            "# Outside timed calls : {own:.2} s of data {:.2}, placing {:.2}, checks {:.2}{per_gib}, \
+             and {:.2} s of untimed calls",
+            all.data_s, all.placing_s, all.checking_s, all.untimed_calls_s
+        )
+    })
+}
+
 /// Print the footer; returns the number of wrong elements.
 pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -> u64 {
     let measures: Vec<Measure> = rows
@@ -185,6 +214,9 @@ pub(crate) fn print_footer(rows: &[Row], bw: Option<&MemoryBandwidth>, n: u32) -
         if wrong == 0 { "OK" } else { "FAILED" }
     );
     println!("# Avg bus bandwidth    : {avg:.4} ");
+    if let Some(line) = outside_line(rows) {
+        println!("{line}");
+    }
     if let Some(bw) = bw
         && n >= 2
         && let Some(largest) = rows
@@ -358,7 +390,50 @@ fn human(bytes: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::prediction;
+    use super::{Outside, Row, outside_line, prediction};
+
+    /// The footer adds every row's time outside the calls, and prices it
+    /// per GiB only where the rows' buffers make a quarter of one.
+    #[test]
+    fn the_time_outside_the_calls_adds_up_over_rows() {
+        let row = |bytes: usize, s: f64| Row {
+            collective: "all-reduce".into(),
+            algorithm: "auto".into(),
+            ranks: 2,
+            size: bytes / 2,
+            count: bytes / 8,
+            dtype: "float".into(),
+            redop: "sum".into(),
+            root: -1,
+            out_of_place: None,
+            in_place: None,
+            predicted_us: None,
+            outside: Some(Outside {
+                data_s: s,
+                placing_s: s,
+                untimed_calls_s: 1.0,
+                checking_s: s,
+                buffer_bytes: bytes,
+            }),
+        };
+        let big = outside_line(&[row(1 << 29, 0.25), row(1 << 29, 0.25)]).unwrap();
+        assert!(
+            big.contains(": 1.50 s of data 0.50, placing 0.50, checks 0.50 (1.50 s/GiB")
+                && big.contains("and 2.00 s of untimed calls"),
+            "{big}"
+        );
+        let small = outside_line(&[row(4096, 0.01)]).unwrap();
+        assert!(!small.contains("s/GiB"), "{small}");
+        let none = Row {
+            outside: None,
+            ..row(4096, 0.0)
+        };
+        assert_eq!(
+            outside_line(&[none]),
+            None,
+            "rows that kept no account say nothing"
+        );
+    }
 
     #[test]
     fn a_prediction_says_which_way_it_errs() {

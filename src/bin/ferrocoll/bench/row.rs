@@ -38,4 +38,23 @@ pub(crate) struct Row {
     pub in_place: Option<Measure>,
     /// The simulator's out-of-place time on this host (`--predict`), µs.
     pub predicted_us: Option<f64>,
+    /// Rank 0's time outside the timed calls (host backends' clocks).
+    pub outside: Option<Outside>,
+}
+
+/// Where rank 0 spent a size's time outside its timed calls, in seconds:
+/// what makes a large row take minutes when its calls take a second.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(crate) struct Outside {
+    /// Making this rank's input.
+    pub data_s: f64,
+    /// Placing buffers and writing outputs anew before each mode.
+    pub placing_s: f64,
+    /// Calls outside the timed loop: settling, warm-up, the in-place
+    /// check's fresh call, and the memory probes between rounds.
+    pub untimed_calls_s: f64,
+    /// Reading the output back and counting wrong elements.
+    pub checking_s: f64,
+    /// Bytes of this rank's buffers (input and output).
+    pub buffer_bytes: usize,
 }

@@ -1,20 +1,20 @@
 //! Timing and checking one section, on any executor behind [`Backend`].
 
 use std::borrow::Cow;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrocoll::Collective;
 use ferrocoll::aligned::AlignedBuffer;
 use ferrocoll::comm::{CommError, Communicator};
-use ferrocoll::conformance::{KitElement, in_place_buffer_with};
+use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 use ferrocoll::topo::probe::membw::Arrays;
 
-use super::buffers::{try_aligned, try_filled};
+use super::buffers::Pattern;
 use super::check::{count_wrong, inputs};
 use super::paired::{self, Paired, Round};
-use super::row::{Measure, Row};
+use super::row::{Measure, Outside, Row};
 use super::{BenchArgs, Section};
 
 /// An executor the bench can drive: a launcher of ranks, and per rank a
@@ -47,12 +47,21 @@ pub(crate) trait Backend: Sync {
 pub(crate) trait BenchRank: Communicator {
     /// Where the buffers of a call live.
     type Buffers<T: KitElement>;
-    /// Place `input` and `output` (in place: `output` is the one buffer).
+    /// Place `input` (shared: a host backend calls on it where it lies)
+    /// and an output holding `output`.
     fn place<T: KitElement>(
         &mut self,
-        input: &[T],
-        output: AlignedBuffer<T>,
+        input: &Arc<AlignedBuffer<T>>,
+        output: &Pattern<'_, T>,
     ) -> Result<Self::Buffers<T>, CommError>;
+    /// Write the placed output anew as `output` (whose length may differ
+    /// from the placed one's: reduce-scatter in place outputs its whole
+    /// input), in the memory placed before where the length is the same.
+    fn rewrite<T: KitElement>(
+        &mut self,
+        buffers: &mut Self::Buffers<T>,
+        output: &Pattern<'_, T>,
+    ) -> Result<(), CommError>;
     /// Run the collective on placed buffers.
     fn collective<T: KitElement>(
         &mut self,
@@ -113,16 +122,30 @@ impl Backend for Cpu<'_> {
     }
 }
 
-/// Threads on host memory: buffers start on cache lines, as the slots do.
+/// Threads on host memory: buffers start on cache lines, as the slots do,
+/// and the input is called on where the bench made it.
 impl BenchRank for CpuCommunicator {
-    type Buffers<T: KitElement> = (AlignedBuffer<T>, AlignedBuffer<T>);
+    type Buffers<T: KitElement> = (Arc<AlignedBuffer<T>>, AlignedBuffer<T>);
 
     fn place<T: KitElement>(
         &mut self,
-        input: &[T],
-        output: AlignedBuffer<T>,
+        input: &Arc<AlignedBuffer<T>>,
+        output: &Pattern<'_, T>,
     ) -> Result<Self::Buffers<T>, CommError> {
-        Ok((try_aligned(input, "placed input")?, output))
+        Ok((input.clone(), output.try_aligned("output")?))
+    }
+
+    fn rewrite<T: KitElement>(
+        &mut self,
+        (_, placed): &mut Self::Buffers<T>,
+        output: &Pattern<'_, T>,
+    ) -> Result<(), CommError> {
+        if placed.len() == output.len() {
+            output.write(0, placed);
+        } else {
+            *placed = output.try_aligned("output")?;
+        }
+        Ok(())
     }
 
     fn collective<T: KitElement>(
@@ -251,21 +274,18 @@ fn settle_calls(n: u32) -> u32 {
 /// every rank makes the same calls whatever its own clock says.
 fn settle<T: KitElement, C: BenchRank>(
     comm: &mut C,
+    placed: &mut C::Buffers<T>,
     section: &Section,
     collective: Collective,
     count: usize,
-    mine: &[T],
 ) -> Result<(), CommError> {
     let started = Instant::now();
     let (mut done, mut batch) = (0, 1);
     let most = settle_calls(comm.world_size());
-    let out_len = collective.output_blocks(comm.world_size()) as usize * count;
-    // Placed once for every batch: placing is what a large row pays for.
-    let mut placed = comm.place(mine, try_filled(T::poison(), out_len, "output")?)?;
     while done < most {
         let iters = batch.min(most - done);
         for _ in 0..iters {
-            comm.collective(&mut placed, collective, section.op, false, count)?;
+            comm.collective(placed, collective, section.op, false, count)?;
         }
         done += iters;
         batch *= 2;
@@ -307,10 +327,23 @@ fn typed<T: KitElement, B: Backend>(
             // One input per size, for both modes and the check: making it
             // is most of the time a large row spends outside its calls.
             let in_len = collective.input_blocks(n) as usize * count;
-            let input: Vec<T> = inputs(comm.rank(), in_len, i as u64, section.op)?;
+            phase(progress, comm.rank(), || format!("{size} B: making data"));
+            let mut outside = Outside::default();
+            let started = Instant::now();
+            let input = Arc::new(inputs(comm.rank(), in_len, i as u64, section.op)?);
+            outside.data_s = started.elapsed().as_secs_f64();
+            // Placed once for both modes, the settling and the check:
+            // a gigabyte's first touch costs more than filling it again.
+            let started = Instant::now();
+            let out_len = collective.output_blocks(n) as usize * count;
+            let mut placed = comm.place(&input, &Pattern::poison(out_len))?;
+            outside.placing_s = started.elapsed().as_secs_f64();
+            outside.buffer_bytes = (in_len + out_len) * std::mem::size_of::<T>();
             if i == 0 {
                 phase(progress, comm.rank(), || format!("{size} B: settling"));
-                settle::<T, B::Rank>(comm, section, collective, count, &input)?;
+                let started = Instant::now();
+                settle::<T, B::Rank>(comm, &mut placed, section, collective, count)?;
+                outside.untimed_calls_s = started.elapsed().as_secs_f64();
             }
             let mut probe = pairing.for_size(size, n)?;
             let mut measures = [None, None];
@@ -325,6 +358,7 @@ fn typed<T: KitElement, B: Backend>(
                 let say = (comm.rank() == 0).then_some(&say as &dyn Fn(&str));
                 let (time, bad) = one_size::<T, B::Rank>(
                     comm,
+                    &mut placed,
                     args,
                     section,
                     collective,
@@ -332,11 +366,13 @@ fn typed<T: KitElement, B: Backend>(
                     in_place,
                     i as u64,
                     (probe.as_deref_mut(), say),
+                    &mut outside,
                 )?;
                 wrong.lock().unwrap()[i][m] += bad;
                 mine[m] = bad;
                 measures[m] = Some(time);
             }
+            drop(placed);
             // Ranks in other processes have their own tallies: sum them.
             if backend.one_rank_per_process() {
                 let mut total = mine;
@@ -374,6 +410,7 @@ fn typed<T: KitElement, B: Backend>(
                     out_of_place: measure(0),
                     in_place: measure(1),
                     predicted_us: None,
+                    outside: Some(outside),
                 });
                 if let Some(bar) = progress {
                     bar.inc(1);
@@ -396,6 +433,7 @@ fn typed<T: KitElement, B: Backend>(
 #[allow(clippy::too_many_arguments)]
 fn one_size<T: KitElement, C: BenchRank>(
     comm: &mut C,
+    placed: &mut C::Buffers<T>,
     args: &BenchArgs,
     section: &Section,
     collective: Collective,
@@ -403,39 +441,34 @@ fn one_size<T: KitElement, C: BenchRank>(
     in_place: bool,
     seed: u64,
     (probe, say): (Option<&mut Arrays>, Say<'_>),
+    outside: &mut Outside,
 ) -> Result<(Timing, u64), CommError> {
+    let since = |started: Instant| started.elapsed().as_secs_f64();
     let say = |what: &str| {
         if let Some(say) = say {
             say(what);
         }
     };
     say("placing");
+    let started = Instant::now();
     let n = comm.world_size();
     let rank = comm.rank();
-    let in_len = mine.len();
     let out_len = collective.output_blocks(n) as usize * count;
     let op = section.op;
-    let fresh = |mine: &[T]| -> Result<AlignedBuffer<T>, CommError> {
-        if in_place {
-            in_place_buffer_with(
-                collective,
-                rank,
-                count,
-                mine,
-                try_filled(T::poison(), out_len.max(in_len), "in-place")?,
-                |input| try_aligned(input, "in-place"),
-            )
-        } else {
-            try_filled(T::poison(), out_len, "output")
-        }
+    let pattern = if in_place {
+        Pattern::in_place(collective, rank, count, mine, out_len)
+    } else {
+        Pattern::poison(out_len)
     };
-    let mut placed = comm.place(mine, fresh(mine)?)?;
+    comm.rewrite(placed, &pattern)?;
+    outside.placing_s += since(started);
+    let started = Instant::now();
     for _ in 0..args.warmup {
-        comm.collective(&mut placed, collective, op, in_place, count)?;
+        comm.collective(placed, collective, op, in_place, count)?;
     }
     comm.barrier()?;
     say("timing");
-    let timing = match comm.timed(&mut placed, collective, op, in_place, count, args.iters) {
+    let timing = match comm.timed(placed, collective, op, in_place, count, args.iters) {
         Some(each) => {
             let each = each?;
             comm.barrier()?;
@@ -446,18 +479,21 @@ fn one_size<T: KitElement, C: BenchRank>(
                 comm.collective(placed, collective, op, in_place, count)
             };
             match probe {
-                None => host_loop(comm, &mut placed, args.iters, call)?,
+                None => host_loop(comm, placed, args.iters, call)?,
                 Some(arrays) => {
                     let bytes =
                         count * collective.size_blocks(n) as usize * std::mem::size_of::<T>();
                     let factor = collective.bus_bandwidth_factor(n);
-                    paired_loop(comm, &mut placed, args.iters, arrays, call, |rounds| {
+                    paired_loop(comm, placed, args.iters, arrays, call, |rounds| {
                         Paired::of(rounds, bytes, factor, n)
                     })?
                 }
             }
         }
     };
+    // The loop's own time is the row's; the rest (warm-up, probes
+    // between rounds) is not.
+    outside.untimed_calls_s += (since(started) - timing.mean * f64::from(args.iters)).max(0.0);
     if args.check == 0 {
         return Ok((timing, 0));
     }
@@ -467,14 +503,17 @@ fn one_size<T: KitElement, C: BenchRank>(
     // the check runs once more on fresh data (as it does when no call ran).
     say("checking");
     if in_place || args.iters + args.warmup == 0 {
-        drop(placed);
-        placed = comm.place(mine, fresh(mine)?)?;
-        comm.collective(&mut placed, collective, op, in_place, count)?;
+        let started = Instant::now();
+        comm.rewrite(placed, &pattern)?;
+        outside.placing_s += since(started);
+        let started = Instant::now();
+        comm.collective(placed, collective, op, in_place, count)?;
+        outside.untimed_calls_s += since(started);
     }
-    let out = comm.output(&placed)?;
+    let started = Instant::now();
+    let out = comm.output(placed)?;
     let wrong = count_wrong(collective, op, n, rank, count, seed, in_place, mine, &out)?;
-    drop(out);
-    drop(placed);
+    outside.checking_s += since(started);
     Ok((timing, wrong))
 }
 
@@ -551,7 +590,8 @@ mod tests {
         let results = cpu::run(2, &CpuConfig::default(), |comm| {
             // Small arrays: this checks the protocol, it measures nothing.
             let mut arrays = Arrays::new(1 << 20).unwrap();
-            let mut placed = comm.place(&[1.0f32; 1024], try_filled(0.0f32, 1024, "output")?)?;
+            let input = Arc::new(AlignedBuffer::try_copy(&[1.0f32; 1024]).unwrap());
+            let mut placed = comm.place(&input, &Pattern::poison(1024))?;
             assert_eq!(
                 placed.0.as_ptr() as usize % 64,
                 0,

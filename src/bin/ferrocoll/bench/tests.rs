@@ -53,6 +53,7 @@ impl Target for FailingComparison {
                 out_of_place: Some(m),
                 in_place: Some(m),
                 predicted_us: None,
+                outside: None,
             })
             .collect())
     }
