@@ -418,3 +418,41 @@ fn schedules_that_no_plan_could_hold_are_not_candidates_and_huge_worlds_are_refu
         "{err}"
     );
 }
+
+/// Where the detailed runs of every candidate cost enough to be screened,
+/// the screened evaluation answers as the exhaustive one: the same pick,
+/// and each family's best time (both from detailed runs), on PCIe, where
+/// many ring variants tie, and on NVLink.
+#[test]
+fn the_steady_screen_keeps_what_the_exhaustive_search_finds() {
+    for (name, size) in [("pcie4-8gpu-2numa", 8 << 20), ("dgx-a100", 8 << 20)] {
+        let s = selector(name, 8);
+        let c = Collective::AllReduce;
+        let candidates = s.candidates_at(c, size);
+        let all = s
+            .each(candidates.clone(), c, size, sim::Fidelity::Detailed)
+            .unwrap();
+        let screened = s.screened(candidates, c, size).unwrap();
+        assert!(
+            screened.len() < all.len(),
+            "{name}: nothing was screened out"
+        );
+        let best = |rows: &[(Candidate, Prediction)], family: &str| {
+            rows.iter()
+                .filter(|(cand, _)| cand.family() == family)
+                .map(|(_, p)| p.time_us)
+                .fold(f64::INFINITY, f64::min)
+        };
+        for (cand, _) in &all {
+            let f = cand.family();
+            assert_eq!(best(&screened, f), best(&all, f), "{name}: {f}");
+        }
+        let pick = |rows: Vec<(Candidate, Prediction)>| {
+            s.verdict_among(c, size, rows)
+                .unwrap()
+                .candidate
+                .to_string()
+        };
+        assert_eq!(pick(screened), pick(all), "{name}");
+    }
+}
