@@ -115,7 +115,7 @@ impl<T: Copy> AlignedBuffer<T> {
 
     /// Where the values lie (aligned for `T`: lines are).
     fn items(&mut self) -> *mut T {
-        self.lines.start().cast::<T>()
+        self.lines.start_mut().cast::<T>()
     }
 }
 
@@ -129,10 +129,19 @@ enum Lines {
 }
 
 impl Lines {
-    /// The first line (dangling but aligned when there are none).
-    fn start(&self) -> *mut CacheLine {
+    /// The first line (dangling but aligned when there are none), to read.
+    fn start(&self) -> *const CacheLine {
         match self {
-            Lines::Heap(v) => v.as_ptr().cast::<CacheLine>().cast_mut(),
+            Lines::Heap(v) => v.as_ptr().cast::<CacheLine>(),
+            #[cfg(target_os = "linux")]
+            Lines::Mapped(m) => m.at.as_ptr(),
+        }
+    }
+
+    /// The first line, to write.
+    fn start_mut(&mut self) -> *mut CacheLine {
+        match self {
+            Lines::Heap(v) => v.as_mut_ptr().cast::<CacheLine>(),
             #[cfg(target_os = "linux")]
             Lines::Mapped(m) => m.at.as_ptr(),
         }
@@ -214,7 +223,7 @@ impl<T: Copy> DerefMut for AlignedBuffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as `deref`, and `&mut self` makes the borrow exclusive;
         // any `T` written through it is a valid `T`.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.start().cast::<T>(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.lines.start_mut().cast::<T>(), self.len) }
     }
 }
 

@@ -102,7 +102,10 @@ fn float_misses_with<T: Copy>(
             let each = g.iter().zip(&acc).zip(&mag);
             each.filter(|&((&got, &a), &m)| {
                 let w = want(a);
-                (to(got) - w).abs() > (n + 1.0) * eps * tol(w, m).max(f64::MIN_POSITIVE)
+                !within(
+                    (to(got) - w).abs(),
+                    (n + 1.0) * eps * tol(w, m).max(f64::MIN_POSITIVE),
+                )
             })
             .count()
         };
@@ -117,7 +120,10 @@ fn float_misses_with<T: Copy>(
                 let each = g.iter().zip(&acc).zip(&mag);
                 each.filter(|&((&got, &a), &m)| {
                     let w = want(a / n);
-                    (to(got) - w).abs() > (n + 1.0) * eps * (m / n).max(f64::MIN_POSITIVE)
+                    !within(
+                        (to(got) - w).abs(),
+                        (n + 1.0) * eps * (m / n).max(f64::MIN_POSITIVE),
+                    )
                 })
                 .count()
             }
@@ -128,6 +134,13 @@ fn float_misses_with<T: Copy>(
 
 /// An integer type's wrapping sum and product, and its average's division.
 pub(super) type IntOps<T> = (fn(T, T) -> T, fn(T, T) -> T, fn(T, u32) -> T);
+
+/// Whether a difference is within a tolerance: false for a NaN difference
+/// (a NaN output, or ∞ − ∞), which must count as a miss, as in `close`.
+#[inline(always)]
+fn within(diff: f64, tol: f64) -> bool {
+    diff <= tol
+}
 
 /// [`float_misses`] for an integer type: wrapping sums and products, then
 /// `divide` for an average; only the exact value passes.
@@ -218,13 +231,16 @@ mod tests {
         }
     }
 
-    /// Every third element moved by a step that is near for some and far
-    /// for others: floats by a relative amount, integers by one.
+    /// Elements moved by a step that is near for some types and far for
+    /// others, or made NaN or infinite (which must miss): floats by a
+    /// relative amount, integers by one.
     fn float_nudge(x: f64, bits: u64) -> f64 {
-        match bits % 3 {
-            0 => x,
-            1 => x * (1.0 + 1e-9),
-            _ => x + 8.0,
+        match bits % 7 {
+            0 | 3 => x,
+            1 | 4 => x * (1.0 + 1e-9),
+            2 => x + 8.0,
+            5 => f64::NAN,
+            _ => [f64::INFINITY, f64::NEG_INFINITY][(bits >> 8) as usize % 2],
         }
     }
 

@@ -190,7 +190,10 @@ impl SplitMix64 {
     pub fn fill<T: KitElement>(seed: u64, at: u64, op: ReduceOp, into: &mut [T]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512dq") {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+            {
                 // SAFETY: the CPU has the features the function enables.
                 return unsafe { fill_avx512(seed, at, op, into) };
             }

@@ -123,9 +123,10 @@ impl TopologySelector {
     }
 
     /// The candidates of each family that the steady estimate puts within
-    /// [`SCREEN_MARGIN`] of the family's best (at most [`SCREEN_KEEP`] of
-    /// them, and every one within twice the tie margin), each then
-    /// simulated in detail; the rest are left out. The
+    /// [`SCREEN_MARGIN`] of the family's best (the [`SCREEN_KEEP`] best of
+    /// them, those before the best in candidate order, and every one
+    /// within twice the tie margin), each then simulated in detail; the
+    /// rest are left out. The
     /// steady estimate ranks a family's variants (channels, chunk) much as
     /// the detailed engine does but can misjudge one family against
     /// another (trees at mid sizes), so families are screened apart and
@@ -152,14 +153,27 @@ impl TopologySelector {
             let mut members: Vec<usize> = (0..candidates.len())
                 .filter(|&i| candidates[i].family() == family)
                 .collect();
-            members.sort_by(|&a, &b| steady[a].total_cmp(&steady[b]));
-            let best = steady[members[0]];
-            // The verdict prefers the first candidate within the tie
-            // margin of the fastest, so every near-tie stays, however many.
+            // A NaN estimate sorts last: it must not stand for the best.
+            let key = |i: usize| {
+                if steady[i].is_nan() {
+                    f64::INFINITY
+                } else {
+                    steady[i]
+                }
+            };
+            members.sort_by(|&a, &b| key(a).total_cmp(&key(b)));
+            let first = members[0];
+            keep[first] = true;
+            let best = steady[first];
+            // The verdict prefers the first candidate, in candidate order,
+            // within the tie margin of the fastest: every near-tie stays,
+            // however many, and so does every candidate the family's best
+            // comes after that is within the screen's margin.
             let tied = best * (1.0 + 2.0 * self.options.tie_margin);
+            let near = best * (1.0 + SCREEN_MARGIN);
             for (k, &i) in members.iter().enumerate() {
-                keep[i] |= steady[i] <= tied
-                    || (k < SCREEN_KEEP && steady[i] <= best * (1.0 + SCREEN_MARGIN));
+                keep[i] |=
+                    steady[i] <= tied || (steady[i] <= near && (k < SCREEN_KEEP || i < first));
             }
         }
         let kept: Vec<Candidate> = candidates

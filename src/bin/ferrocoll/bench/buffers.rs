@@ -100,12 +100,16 @@ impl<'a, T: KitElement> Pattern<'a, T> {
     /// (each element once: this runs over gigabytes).
     pub(crate) fn write(&self, at: usize, into: &mut [T]) {
         let (input, start) = self.input;
-        let end = at + into.len();
-        let from = at.max(start).min(end);
-        let to = end.min(start + input.len()).max(from);
-        into[..from - at].fill(T::poison());
-        into[from - at..to - at].copy_from_slice(&input[from - start..to - start]);
-        into[to - at..].fill(T::poison());
+        // The part of `at..at + into.len()` the input covers, if any.
+        let lo = at.max(start);
+        let hi = (at + into.len()).min(start + input.len());
+        if lo >= hi {
+            into.fill(T::poison());
+            return;
+        }
+        into[..lo - at].fill(T::poison());
+        into[lo - at..hi - at].copy_from_slice(&input[lo - start..hi - start]);
+        into[hi - at..].fill(T::poison());
     }
 
     /// A new buffer on cache lines holding the pattern, allocated fallibly.
@@ -113,5 +117,42 @@ impl<'a, T: KitElement> Pattern<'a, T> {
         let mut b = try_zeroed(self.len, what)?;
         self.write(0, &mut b);
         Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Written in chunks of any size from any offset (as GPU backends
+    /// stage it), a pattern is the buffer written whole: poison, and the
+    /// input at its block, for chunks before, across and after it.
+    #[test]
+    fn a_pattern_written_in_chunks_is_the_pattern_written_whole() {
+        let input: Vec<f32> = (1..=5).map(|i| i as f32).collect();
+        let c = Collective::AllGather;
+        for pattern in [
+            Pattern::poison(13),
+            Pattern::in_place(c, 0, 5, &input, 15),
+            Pattern::in_place(c, 1, 5, &input, 15),
+            Pattern::in_place(c, 2, 5, &input, 15),
+            Pattern::in_place(Collective::ReduceScatter, 1, 5, &input, 1),
+        ] {
+            let mut whole = vec![0.0f32; pattern.len()];
+            pattern.write(0, &mut whole);
+            let (got, at) = pattern.input;
+            if !got.is_empty() {
+                assert_eq!(&whole[at..at + got.len()], &input[..], "{pattern:?}");
+            }
+            let poisoned = whole.iter().filter(|&&x| x == f32::poison()).count();
+            assert_eq!(poisoned, pattern.len() - got.len(), "{pattern:?}");
+            for chunk in 1..=pattern.len() {
+                let mut pieces = vec![0.0f32; pattern.len()];
+                for (k, piece) in pieces.chunks_mut(chunk).enumerate() {
+                    pattern.write(k * chunk, piece);
+                }
+                assert_eq!(pieces, whole, "{pattern:?} in chunks of {chunk}");
+            }
+        }
     }
 }

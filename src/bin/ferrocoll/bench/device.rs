@@ -128,6 +128,8 @@ pub(crate) fn rewrite<T: KitElement>(
     if b.output.len() == bytes.max(1) {
         write_staged(stream, &mut b.output, pattern)
     } else {
+        // Freed first: device memory need not hold both.
+        b.output = stream.alloc_zeros::<u8>(1).map_err(backend)?;
         b.output = staged(stream, pattern)?;
         sync(stream)
     }

@@ -40,9 +40,9 @@ pub(crate) fn check_ranks(args: &BenchArgs) -> Result<(), String> {
 
 /// Host bytes one rank holds at its peak for a call of `count` elements of
 /// `elem` bytes per block, following `run`: on host backends its input, a
-/// copy of it in the shared heap (processes), the placed output (the
-/// larger of input and output) and an output's worth more while an
-/// in-place buffer of another length replaces it, plus, checking, the
+/// copy of it in the shared heap (processes) and the placed output (the
+/// larger of input and output: an in-place buffer of another length
+/// replaces it after it is freed), plus, checking, the
 /// untouched pattern of a non-root reduce (the check itself makes inputs a
 /// small block at a time); on a GPU (`gpu`) its input and a staging chunk,
 /// plus the output read back to be checked. `None` when the arithmetic
@@ -64,10 +64,7 @@ pub(crate) fn bytes_per_rank(
             .checked_add(STAGE_BYTES as u64)?
             .checked_add(read_back);
     }
-    let held = input
-        .checked_mul(2)?
-        .checked_add(input.max(output))?
-        .checked_add(output)?;
+    let held = input.checked_mul(2)?.checked_add(input.max(output))?;
     held.checked_add(if check { block } else { 0 })
 }
 
@@ -213,17 +210,17 @@ mod tests {
     fn buffer_arithmetic_is_checked() {
         let ar = Collective::AllReduce;
         // 1 element of 4 bytes, 4 ranks, no check: input, its shared
-        // copy, the output and the one an in-place buffer replaces.
-        assert_eq!(bytes_per_rank(ar, 4, 1, 4, false, false), Some(16));
+        // copy, the output.
+        assert_eq!(bytes_per_rank(ar, 4, 1, 4, false, false), Some(12));
         // Checking adds the untouched pattern's block, not every rank's
         // input: those are made a block at a time.
-        assert_eq!(bytes_per_rank(ar, 4, 1, 4, true, false), Some(20));
+        assert_eq!(bytes_per_rank(ar, 4, 1, 4, true, false), Some(16));
         let gib = 1 << 30;
         let stage = STAGE_BYTES as u64;
         let ag = Collective::AllGather;
         assert_eq!(
             bytes_per_rank(ag, 8, gib / 4, 4, false, false),
-            Some(18 * gib as u64),
+            Some(10 * gib as u64),
         );
         // A GPU rank at -c 0 holds its input and one staging chunk, not
         // three copies; checking reads the output back.

@@ -240,6 +240,9 @@ impl BenchRank for ProcessCommunicator {
         if placed.slice().len() == output.len() {
             output.write(0, placed.slice_mut());
         } else {
+            // The old output goes back to the heap first: both at once
+            // may not fit in it.
+            *placed = Held::Private(try_filled(T::poison(), 0, "output")?);
             *placed = Held::new(self, output.len(), |b| output.write(0, b))?;
         }
         Ok(())

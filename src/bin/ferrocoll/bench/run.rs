@@ -11,7 +11,7 @@ use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::{self, CpuCommunicator, CpuConfig};
 use ferrocoll::topo::probe::membw::Arrays;
 
-use super::buffers::Pattern;
+use super::buffers::{Pattern, try_filled};
 use super::check::{count_wrong, inputs};
 use super::paired::{self, Paired, Round};
 use super::row::{Measure, Outside, Row};
@@ -143,6 +143,8 @@ impl BenchRank for CpuCommunicator {
         if placed.len() == output.len() {
             output.write(0, placed);
         } else {
+            // Freed first: a gigabyte need not be held twice.
+            *placed = try_filled(T::poison(), 0, "output")?;
             *placed = output.try_aligned("output")?;
         }
         Ok(())
