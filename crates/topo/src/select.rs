@@ -34,7 +34,6 @@ mod steps;
 use steps::{check_plan_steps, linear_steps};
 
 pub use candidate::{Candidate, LL_CANDIDATE_MAX_BYTES, LL_MESSAGE_BYTES, human_bytes};
-pub use predict::{SCREEN_KEEP, SCREEN_MARGIN, SCREEN_MIN_WORK};
 
 /// A verdict, reached once by whoever asks first.
 type VerdictCell = OnceLock<Result<Arc<Verdict>, TopologyError>>;

@@ -324,27 +324,13 @@ pub fn model_for(
     if options.fidelity != Fidelity::Auto {
         return Ok(options.fidelity);
     }
-    Ok(
-        match detailed_work(compiler, topology, size, options)? <= DETAILED_MAX_WORK {
-            true => Fidelity::Detailed,
-            false => Fidelity::Steady,
-        },
-    )
-}
-
-/// The work units (see [`DETAILED_MAX_WORK`]) the detailed engine would
-/// spend on these arguments, estimated before any run: a caller weighing
-/// many detailed runs can tell when their sum is worth screening.
-pub fn detailed_work(
-    compiler: &Compiler,
-    topology: &Topology,
-    size: usize,
-    options: &SimOptions,
-) -> Result<u64, TopologyError> {
     let call = call_of(compiler, topology, size, options)?;
     let s = compiler.verified().schedule();
     let network = network::Network::new(topology, call.devices, &options.cost);
-    Ok(work_of(&network, s, call.segments))
+    Ok(match mode_for(Fidelity::Auto, &network, s, call.segments) {
+        Mode::Fair => Fidelity::Detailed,
+        Mode::Steady => Fidelity::Steady,
+    })
 }
 
 /// The time the busiest resource needs for what it `carried`.
@@ -369,24 +355,22 @@ fn mode_for(
     match fidelity {
         Fidelity::Detailed => Mode::Fair,
         Fidelity::Steady => Mode::Steady,
-        Fidelity::Auto if work_of(network, schedule, segments) <= DETAILED_MAX_WORK => Mode::Fair,
-        Fidelity::Auto => Mode::Steady,
+        Fidelity::Auto => {
+            let runs = if segments <= MAX_SIMULATED_SEGMENTS {
+                u64::from(segments)
+            } else {
+                u64::from(MAX_SIMULATED_SEGMENTS + MAX_SIMULATED_SEGMENTS / 2)
+            };
+            let instructions = (schedule.step_count() as u64).saturating_mul(runs);
+            let streams = u64::from(schedule.world_size) * schedule.channel_count() as u64;
+            let per_pass = network.resources.len() as u64 + 3 * streams;
+            if instructions.saturating_mul(per_pass) <= DETAILED_MAX_WORK {
+                Mode::Fair
+            } else {
+                Mode::Steady
+            }
+        }
     }
-}
-
-/// The detailed engine's work on `schedule` over `network`: instructions
-/// simulated (at most the segments the extrapolation runs) times the
-/// resources and flows a fair-share pass visits.
-fn work_of(network: &network::Network, schedule: &ferrocoll_core::Schedule, segments: u32) -> u64 {
-    let runs = if segments <= MAX_SIMULATED_SEGMENTS {
-        u64::from(segments)
-    } else {
-        u64::from(MAX_SIMULATED_SEGMENTS + MAX_SIMULATED_SEGMENTS / 2)
-    };
-    let instructions = (schedule.step_count() as u64).saturating_mul(runs);
-    let streams = u64::from(schedule.world_size) * schedule.channel_count() as u64;
-    let per_pass = network.resources.len() as u64 + 3 * streams;
-    instructions.saturating_mul(per_pass)
 }
 
 /// Simulate exactly `plan` — every segment — on `topology`. The plan's
