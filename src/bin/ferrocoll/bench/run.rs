@@ -387,33 +387,10 @@ fn typed<T: KitElement, B: Backend>(
             }
             comm.barrier()?;
             if comm.rank() == 0 {
-                let bytes = count * blocks * std::mem::size_of::<T>();
-                let factor = collective.bus_bandwidth_factor(n);
                 let w = wrong.lock().unwrap()[i];
-                let measure =
-                    |m: usize| measures[m].map(|t: Timing| t.measure(bytes, factor, w[m]));
-                rows.lock().unwrap().push(Row {
-                    collective: section.kind.name().to_owned(),
-                    algorithm: match (custom, section.algorithm) {
-                        (Some(v), _) => v.schedule().name.clone(),
-                        (None, Some(a)) => a.name().to_owned(),
-                        (None, None) => "auto".to_owned(),
-                    },
-                    ranks: n,
-                    size: bytes,
-                    count: count * blocks,
-                    dtype: section.dtype.nccl_tests_name().to_owned(),
-                    redop: if collective.reduces() {
-                        section.op.name().to_owned()
-                    } else {
-                        "none".to_owned()
-                    },
-                    root: collective.root().map_or(-1, i64::from),
-                    out_of_place: measure(0),
-                    in_place: measure(1),
-                    predicted_us: None,
-                    outside: Some(outside),
-                });
+                let shape = (collective, custom, count);
+                let row = row_of::<T>(section, shape, n, measures, w, outside);
+                rows.lock().unwrap().push(row);
                 if let Some(bar) = progress {
                     bar.inc(1);
                 }
@@ -427,6 +404,44 @@ fn typed<T: KitElement, B: Backend>(
     let mut rows = rows.into_inner().unwrap();
     rows.sort_by_key(|r| r.size);
     Ok(rows)
+}
+
+/// Rank 0's row for one size: nccl-tests' columns from the modes' timings
+/// and the group's wrong elements, and where its time outside went.
+fn row_of<T: KitElement>(
+    section: &Section,
+    (collective, custom, count): (Collective, Option<&ferrocoll::Verified>, usize),
+    n: u32,
+    measures: [Option<Timing>; 2],
+    wrong: [u64; 2],
+    outside: Outside,
+) -> Row {
+    let blocks = collective.size_blocks(n) as usize;
+    let bytes = count * blocks * std::mem::size_of::<T>();
+    let factor = collective.bus_bandwidth_factor(n);
+    let measure = |m: usize| measures[m].map(|t: Timing| t.measure(bytes, factor, wrong[m]));
+    Row {
+        collective: section.kind.name().to_owned(),
+        algorithm: match (custom, section.algorithm) {
+            (Some(v), _) => v.schedule().name.clone(),
+            (None, Some(a)) => a.name().to_owned(),
+            (None, None) => "auto".to_owned(),
+        },
+        ranks: n,
+        size: bytes,
+        count: count * blocks,
+        dtype: section.dtype.nccl_tests_name().to_owned(),
+        redop: if collective.reduces() {
+            section.op.name().to_owned()
+        } else {
+            "none".to_owned()
+        },
+        root: collective.root().map_or(-1, i64::from),
+        out_of_place: measure(0),
+        in_place: measure(1),
+        predicted_us: None,
+        outside: Some(outside),
+    }
 }
 
 /// Time one size in one mode on this rank; returns (seconds per
