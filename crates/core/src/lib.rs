@@ -18,6 +18,7 @@
 //! | [`comm`] | the [`Communicator`](comm::Communicator) trait, its one entry point [`Call`](comm::Call), and [`CommError`](comm::CommError) |
 //! | [`kernels`] | host reduction kernels ([`Reduce`] for every element type) |
 //! | [`cpu`] | the CPU executor: ranks as threads over shared memory |
+//! | [`link`] | the link seam of host groups and the executor that runs a plan over any kind of link |
 //! | [`conformance`] | the kit every executor is checked with against a serial reference |
 //!
 //! ## Glossary
@@ -62,6 +63,7 @@ pub mod grad_sync;
 pub mod host;
 pub mod input;
 pub mod kernels;
+pub mod link;
 pub mod plan;
 pub mod replay;
 pub mod schedule;

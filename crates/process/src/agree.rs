@@ -27,7 +27,7 @@ use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
 use crate::transport::Transport;
-use crate::wire::Header;
+use ferrocoll_core::link::Header;
 
 /// How long a rank that finds the group failed mid-agreement keeps
 /// looking for the announcement that explains it.
@@ -267,6 +267,7 @@ fn peers_offered(newest: &[Option<Header>], rank: Rank, number: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrocoll_core::link::Links;
 
     fn at(call: u64, offers: bool, ran: bool) -> Option<Header> {
         Some(Header::new(call, 0, "x").announcing(offers, ran))
@@ -313,57 +314,76 @@ mod tests {
         posted: Option<Header>,
     }
 
+    impl Links for Boards {
+        fn check(&mut self) -> Result<(), CommError> {
+            Ok(())
+        }
+
+        fn ticket(&self) -> u64 {
+            0
+        }
+
+        fn wait(&mut self, _seen: u64, _until: std::time::Instant) {}
+
+        fn departed(&mut self, _peer: Rank) -> bool {
+            false
+        }
+
+        fn reserve(&mut self, _: Rank, _: u32, _: usize) -> Result<Option<*mut u8>, CommError> {
+            unreachable!("the agreement announces")
+        }
+
+        fn commit(&mut self, _: Rank, _: u32, _: &Header) -> Result<(), CommError> {
+            unreachable!("the agreement announces")
+        }
+
+        fn peek(
+            &mut self,
+            _: Rank,
+            _: u32,
+        ) -> Result<Option<ferrocoll_core::link::Incoming>, CommError> {
+            unreachable!("the agreement reads announcements")
+        }
+
+        fn peek_header(&mut self, _: Rank, _: u32) -> Option<Header> {
+            unreachable!("the agreement reads announcements")
+        }
+
+        fn release(&mut self, _: Rank, _: u32) -> Result<(), CommError> {
+            unreachable!("the agreement reads announcements")
+        }
+
+        fn unconsumed(&mut self, _: Rank, _: u32) -> u64 {
+            0
+        }
+
+        fn max_channel(&self) -> Option<u32> {
+            None
+        }
+
+        fn max_message(&self) -> Option<usize> {
+            None
+        }
+    }
+
     impl Transport for Boards {
         fn announce(&mut self, _to: Rank, header: &Header) -> Result<bool, CommError> {
             self.posted = Some(header.clone());
             Ok(true)
         }
+
         fn announcement(&mut self, from: Rank) -> Result<Option<Header>, CommError> {
             Ok(self.boards[from as usize].clone())
         }
-        fn check(&mut self) -> Result<(), CommError> {
-            Ok(())
-        }
-        fn ticket(&self) -> u64 {
-            0
-        }
-        fn wait(&mut self, _seen: u64, _until: std::time::Instant) {}
-        fn departed(&mut self, _peer: Rank) -> bool {
-            false
-        }
-        fn reserve(&mut self, _: Rank, _: u32, _: usize) -> Result<Option<*mut u8>, CommError> {
-            unreachable!("the agreement announces")
-        }
-        fn commit(&mut self, _: Rank, _: u32, _: &Header) -> Result<(), CommError> {
-            unreachable!("the agreement announces")
-        }
-        fn peek(
-            &mut self,
-            _: Rank,
-            _: u32,
-        ) -> Result<Option<crate::transport::Incoming>, CommError> {
-            unreachable!("the agreement reads announcements")
-        }
-        fn peek_header(&mut self, _: Rank, _: u32) -> Option<Header> {
-            unreachable!("the agreement reads announcements")
-        }
-        fn release(&mut self, _: Rank, _: u32) -> Result<(), CommError> {
-            unreachable!("the agreement reads announcements")
-        }
-        fn unconsumed(&mut self, _: Rank, _: u32) -> u64 {
-            0
-        }
+
         fn set_position(&mut self, _: crate::transport::Position) {}
+
         fn fail(&mut self, _: Rank, _: &str) {}
-        fn max_channel(&self) -> Option<u32> {
-            None
-        }
-        fn max_message(&self) -> Option<usize> {
-            None
-        }
+
         fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
             Box::new(|_| {})
         }
+
         fn depart(&mut self) {}
     }
 

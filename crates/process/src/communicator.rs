@@ -18,11 +18,11 @@ use ferrocoll_rendezvous::Store;
 use crate::across_hosts::AcrossHosts;
 use crate::agree::Agreement;
 use crate::config::{ProcessConfig, TransportKind};
-use crate::exec::{Task, execute};
 use crate::heap_plan::HeapPlanner;
 use crate::layout::HostLayout;
 use crate::setup::{SetupError, connect};
 use crate::transport::{Transport, between, inside};
+use ferrocoll_core::link::exec::{Task, execute};
 
 /// One rank of a process group: the [`Communicator`](ferrocoll_core::comm::Communicator)
 /// of ranks that are processes, on one host (shared memory) or many (TCP).
@@ -223,10 +223,10 @@ impl ProcessCommunicator {
         &self,
         len: usize,
     ) -> Result<SharedBuffer<T>, CommError> {
-        let heaps = self.transport.heaps().ok_or_else(|| CommError::Unsupported {
+        let heap = self.transport.own_heap().ok_or_else(|| CommError::Unsupported {
             what: "shared buffers need the shared-memory transport with ProcessConfig::shared_heap_bytes > 0".to_owned(),
         })?;
-        SharedBuffer::new(heaps.own.clone(), len)
+        SharedBuffer::new(heap, len)
     }
 
     /// Messages this rank has sent by reference — a value in its shared
@@ -406,7 +406,7 @@ impl ProcessCommunicator {
                 kernels,
                 meter: &meter,
             };
-            self.by_reference += execute::<T>(self.transport.as_mut(), &task)?;
+            self.by_reference += execute::<T, _>(self.transport.as_mut(), &task)?;
         });
         self.watch
             .observe(rank_bytes, plan.host_bytes(), kernels, &meter);
@@ -536,7 +536,7 @@ impl Communicator for ProcessCommunicator {
     /// (and where every rank's buffers lie in its heap, a call of several
     /// segments runs with the heap's larger chunks).
     fn lender(&self) -> Option<ferrocoll_core::comm::Lender> {
-        let heap = self.transport.heaps()?.own.clone();
+        let heap = self.transport.own_heap()?;
         Some(std::sync::Arc::new(move |bytes: usize| {
             let lent = SharedBuffer::<u8>::new(heap.clone(), bytes).ok()?;
             Some(ferrocoll_core::comm::LentMemory::new(lent))

@@ -20,7 +20,7 @@ use ferrocoll_core::types::CallShape;
 
 use crate::config::ProcessConfig;
 use crate::transport::Transport;
-use crate::zero_copy;
+use ferrocoll_core::link::reference_bytes;
 
 /// Plans calls with the heap's chunk.
 pub(crate) struct HeapPlanner {
@@ -54,8 +54,8 @@ impl HeapPlanner {
         let heaps = t.heaps()?;
         // The heap's plan sends every value by reference: every peer
         // must map this rank's heap.
-        let everywhere = (0..heaps.mapped.len() as u32).all(|p| t.heap_peer(p));
-        if !everywhere || baseline.plan.segments <= 1 || heaps.own.offsets(buffers).is_none() {
+        let everywhere = (0..heaps.ranks()).all(|p| t.heap_peer(p));
+        if !everywhere || baseline.plan.segments <= 1 || heaps.offsets(buffers).is_none() {
             return None;
         }
         // The same settings and call on every rank: if this fails here it
@@ -63,7 +63,6 @@ impl HeapPlanner {
         let heap = self.planner.plan(shape).ok()?;
         let slot = t.max_message().unwrap_or(0);
         let lent = heap.plan.lent_pieces()?;
-        (zero_copy::reference_bytes(lent) <= slot && heap.plan.hash != baseline.plan.hash)
-            .then_some(heap)
+        (reference_bytes(lent) <= slot && heap.plan.hash != baseline.plan.hash).then_some(heap)
     }
 }

@@ -46,8 +46,6 @@ mod agree;
 mod cluster;
 mod communicator;
 mod config;
-mod direct;
-mod exec;
 mod heap_plan;
 pub mod launch_note;
 mod layout;
@@ -56,8 +54,6 @@ mod panic_note;
 mod point_to_point;
 mod setup;
 mod transport;
-mod wire;
-mod zero_copy;
 
 pub use cluster::{ClusterModel, SharedClusterModel};
 pub use communicator::{AbortHandle, ProcessCommunicator};

@@ -10,7 +10,7 @@ use ferrocoll_core::comm::{CommError, HostSlice, HostSliceMut};
 
 use crate::communicator::ProcessCommunicator;
 use crate::transport::Transport;
-use crate::wire::Header;
+use ferrocoll_core::link::Header;
 
 /// Which point-to-point channel a transport reserves (past every schedule channel).
 fn p2p_channel(t: &dyn Transport) -> u32 {

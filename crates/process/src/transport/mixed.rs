@@ -23,10 +23,10 @@ use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
 use super::shm::ShmTransport;
-use super::shm::heap::Heaps;
 use super::tcp::TcpTransport;
-use super::{Incoming, Position, Transport};
-use crate::wire::Header;
+use super::{Position, Transport};
+use ferrocoll_core::link::Header;
+use ferrocoll_core::link::{HeapMap, Incoming, Links};
 
 /// How long a waiter spins over both kinds before it sleeps (as the TCP
 /// transport does: a message from another host rarely comes sooner).
@@ -56,7 +56,7 @@ pub(crate) struct MixedTransport {
     tcp: TcpTransport,
     /// The host's heaps as the group numbers its ranks (peers on other
     /// hosts map nothing).
-    heaps: Option<Arc<Heaps>>,
+    heaps: Option<Arc<HeapMap>>,
 }
 
 impl MixedTransport {
@@ -77,12 +77,9 @@ impl MixedTransport {
         let heaps = shm.heaps().map(|h| {
             let mapped = local
                 .iter()
-                .map(|l| l.map_or((0, 0), |l| h.mapped[l as usize]))
+                .map(|l| l.and_then(|l| h.of(l)).unwrap_or((0, 0)))
                 .collect();
-            Arc::new(Heaps {
-                own: h.own.clone(),
-                mapped,
-            })
+            Arc::new(HeapMap::new(rank, mapped))
         });
         MixedTransport {
             rank,
@@ -114,7 +111,7 @@ fn tighter<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
     }
 }
 
-impl Transport for MixedTransport {
+impl Links for MixedTransport {
     fn reserve(
         &mut self,
         to: Rank,
@@ -192,35 +189,12 @@ impl Transport for MixedTransport {
         self.tcp.check()
     }
 
-    fn set_position(&mut self, position: Position) {
-        self.shm.set_position(position);
-        self.tcp.set_position(position);
-    }
-
-    fn fail(&mut self, culprit: Rank, reason: &str) {
-        self.shm.fail(culprit, reason);
-        self.tcp.fail(culprit, reason);
-    }
-
     fn max_channel(&self) -> Option<u32> {
         tighter(self.shm.max_channel(), self.tcp.max_channel())
     }
 
     fn max_message(&self) -> Option<usize> {
         tighter(self.shm.max_message(), self.tcp.max_message())
-    }
-
-    fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
-        let (shm, tcp) = (self.shm.aborter(), self.tcp.aborter());
-        Box::new(move |reason| {
-            shm(reason);
-            tcp(reason);
-        })
-    }
-
-    fn depart(&mut self) {
-        self.shm.depart();
-        self.tcp.depart();
     }
 
     fn departed(&mut self, peer: Rank) -> bool {
@@ -237,40 +211,12 @@ impl Transport for MixedTransport {
         }
     }
 
-    fn heaps(&self) -> Option<Arc<Heaps>> {
+    fn heaps(&self) -> Option<Arc<HeapMap>> {
         self.heaps.clone()
     }
 
     fn heap_peer(&self, peer: Rank) -> bool {
         self.heaps.is_some() && matches!(self.via(peer), Via::Shm(_))
-    }
-
-    fn staging(&self, rank: Rank, call: u64) -> Option<(*mut u8, usize)> {
-        match self.via(rank) {
-            Via::Shm(l) => self.shm.staging(l, call),
-            Via::Tcp(r) => self.tcp.staging(r, call),
-        }
-    }
-
-    fn stage(&mut self, call: u64, len: usize) {
-        // Peers on this host read the input where it was written; the
-        // announcements to other hosts carry a copy.
-        let written = self.shm.staging(self.me(), call);
-        let carried = self.tcp.staging(self.rank, call);
-        if let (Some((from, _)), Some((to, room))) = (written, carried) {
-            // SAFETY: `from` is this rank's own staging half, holding the
-            // `len` bytes just written there; `to` is the TCP side's own
-            // buffer of `room` bytes, a separate allocation nothing reads
-            // until the announcement is sent.
-            unsafe { std::ptr::copy_nonoverlapping(from, to, len.min(room)) };
-        }
-        self.shm.stage(call, len);
-        self.tcp.stage(call, len);
-    }
-
-    fn settle(&mut self) {
-        self.shm.settle();
-        self.tcp.settle();
     }
 
     fn consumed(&self, from: Rank, channel: u32) -> u64 {
@@ -324,6 +270,63 @@ impl Transport for MixedTransport {
             Via::Shm(l) => self.shm.take_post(l, channel, len),
             Via::Tcp(_) => None,
         }
+    }
+}
+
+impl Transport for MixedTransport {
+    fn own_heap(&self) -> Option<Arc<super::shm::heap::Heap>> {
+        self.shm.own_heap()
+    }
+
+    fn set_position(&mut self, position: Position) {
+        self.shm.set_position(position);
+        self.tcp.set_position(position);
+    }
+
+    fn fail(&mut self, culprit: Rank, reason: &str) {
+        self.shm.fail(culprit, reason);
+        self.tcp.fail(culprit, reason);
+    }
+
+    fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
+        let (shm, tcp) = (self.shm.aborter(), self.tcp.aborter());
+        Box::new(move |reason| {
+            shm(reason);
+            tcp(reason);
+        })
+    }
+
+    fn depart(&mut self) {
+        self.shm.depart();
+        self.tcp.depart();
+    }
+
+    fn staging(&self, rank: Rank, call: u64) -> Option<(*mut u8, usize)> {
+        match self.via(rank) {
+            Via::Shm(l) => self.shm.staging(l, call),
+            Via::Tcp(r) => self.tcp.staging(r, call),
+        }
+    }
+
+    fn stage(&mut self, call: u64, len: usize) {
+        // Peers on this host read the input where it was written; the
+        // announcements to other hosts carry a copy.
+        let written = self.shm.staging(self.me(), call);
+        let carried = self.tcp.staging(self.rank, call);
+        if let (Some((from, _)), Some((to, room))) = (written, carried) {
+            // SAFETY: `from` is this rank's own staging half, holding the
+            // `len` bytes just written there; `to` is the TCP side's own
+            // buffer of `room` bytes, a separate allocation nothing reads
+            // until the announcement is sent.
+            unsafe { std::ptr::copy_nonoverlapping(from, to, len.min(room)) };
+        }
+        self.shm.stage(call, len);
+        self.tcp.stage(call, len);
+    }
+
+    fn settle(&mut self) {
+        self.shm.settle();
+        self.tcp.settle();
     }
 
     fn announce(&mut self, to: Rank, header: &Header) -> Result<bool, CommError> {

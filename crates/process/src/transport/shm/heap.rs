@@ -16,6 +16,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use ferrocoll_core::comm::CommError;
+use ferrocoll_core::link::HeapMap;
 use ferrocoll_core::types::Element;
 
 use super::Segments;
@@ -50,18 +51,6 @@ impl Heap {
             len,
             free: Mutex::new(free),
         }
-    }
-
-    /// The offsets of `pieces` (addresses in this process) when all lie
-    /// inside the heap.
-    pub fn offsets(&self, pieces: &[(usize, usize)]) -> Option<Vec<(usize, usize)>> {
-        pieces
-            .iter()
-            .map(|&(address, bytes)| {
-                let offset = address.checked_sub(self.base)?;
-                (offset.checked_add(bytes)? <= self.len).then_some((offset, bytes))
-            })
-            .collect()
     }
 
     fn allocate(&self, bytes: usize) -> Option<usize> {
@@ -186,34 +175,12 @@ impl<T: Element> Drop for SharedBuffer<T> {
     }
 }
 
-/// The heaps of a group as one rank sees them: its own, and where each
-/// peer's lies in this process's mappings.
+/// The heaps of a group as one rank sees them: its own, to allocate
+/// from, and where every rank's lies in this process's mappings.
 #[derive(Debug)]
 pub(crate) struct Heaps {
     pub own: Arc<Heap>,
-    /// (address in this process, bytes) of each rank's heap.
-    pub mapped: Vec<(usize, usize)>,
-}
-
-impl Heaps {
-    /// `pieces` (offsets into `peer`'s heap) as addresses in this process,
-    /// or why they cannot be: they came from another process.
-    pub fn translate(
-        &self,
-        peer: u32,
-        pieces: &[(usize, usize)],
-    ) -> Result<Vec<(usize, usize)>, String> {
-        let (base, len) = self.mapped[peer as usize];
-        pieces
-            .iter()
-            .map(|&(offset, bytes)| match offset.checked_add(bytes) {
-                Some(end) if end <= len => Ok((base + offset, bytes)),
-                _ => Err(format!(
-                    "bytes [{offset}, +{bytes}) outside its {len}-byte shared heap"
-                )),
-            })
-            .collect()
-    }
+    pub map: Arc<HeapMap>,
 }
 
 #[cfg(test)]
@@ -250,21 +217,5 @@ mod tests {
         h.release(c, 64);
         assert_eq!(*h.free.lock().unwrap(), [(0, 1024)]);
         assert!(h.allocate(usize::MAX).is_none());
-    }
-
-    #[test]
-    fn offsets_and_translation_stay_inside_the_heap() {
-        let h = heap(4096);
-        let base = 1 << 20;
-        assert_eq!(h.offsets(&[(base + 64, 128)]), Some(vec![(64, 128)]));
-        assert_eq!(h.offsets(&[(base + 4000, 128)]), None);
-        assert_eq!(h.offsets(&[(base - 1, 8)]), None);
-        let heaps = Heaps {
-            own: Arc::new(h),
-            mapped: vec![(0x10000, 4096)],
-        };
-        assert_eq!(heaps.translate(0, &[(64, 64)]), Ok(vec![(0x10040, 64)]));
-        assert!(heaps.translate(0, &[(4090, 64)]).is_err());
-        assert!(heaps.translate(0, &[(usize::MAX, 2)]).is_err());
     }
 }

@@ -9,7 +9,7 @@ use ferrocoll_core::Rank;
 
 use super::doorbell;
 use super::segment::Segment;
-use crate::wire::{HEADER_BYTES, Header};
+use ferrocoll_core::link::{HEADER_BYTES, Header};
 
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"fcollshm");
 /// Control block: magic, pid, doorbell, state, announced call, failure reason.

@@ -28,8 +28,9 @@ use std::time::Instant;
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
-use super::{Incoming, Position, Transport};
-use crate::wire::{HEADER_BYTES, Header};
+use super::{Position, Transport};
+use ferrocoll_core::link::{HEADER_BYTES, Header};
+use ferrocoll_core::link::{HeapMap, Incoming, Links};
 use heap::{Heap, Heaps};
 pub(crate) use layout::Shape;
 use layout::*;
@@ -53,7 +54,7 @@ pub(crate) struct ShmTransport {
     /// The call this rank's board holds.
     posted: Option<u64>,
     /// The group's shared heaps, when it has them.
-    heaps: Option<Arc<Heaps>>,
+    heaps: Option<Heaps>,
 }
 
 impl ShmTransport {
@@ -93,16 +94,17 @@ impl ShmTransport {
         let segments = Arc::new(Segments { shape, all });
         let heaps = (shape.heap_bytes > 0).then(|| {
             let at = |r: usize| segments.all[r].base() as usize + shape.heap_at();
-            Arc::new(Heaps {
+            let mapped = (0..segments.all.len())
+                .map(|r| (at(r), shape.heap_bytes))
+                .collect();
+            Heaps {
                 own: Arc::new(Heap::new(
                     segments.clone(),
                     at(rank as usize),
                     shape.heap_bytes,
                 )),
-                mapped: (0..segments.all.len())
-                    .map(|r| (at(r), shape.heap_bytes))
-                    .collect(),
-            })
+                map: Arc::new(HeapMap::new(rank, mapped)),
+            }
         });
         ShmTransport {
             rank,
@@ -163,7 +165,7 @@ impl ShmTransport {
     }
 }
 
-impl Transport for ShmTransport {
+impl Links for ShmTransport {
     fn reserve(
         &mut self,
         to: Rank,
@@ -310,41 +312,12 @@ impl Transport for ShmTransport {
         }
     }
 
-    fn set_position(&mut self, position: Position) {
-        self.position.store(position, Ordering::Relaxed);
-    }
-
-    fn fail(&mut self, culprit: Rank, reason: &str) {
-        let at = self.position.load(Ordering::Relaxed);
-        self.segments.fail(self.rank, culprit, reason, at);
-    }
-
     fn max_channel(&self) -> Option<u32> {
         Some(self.segments.shape.channels - 1)
     }
 
     fn max_message(&self) -> Option<usize> {
         Some(self.segments.shape.slot_bytes)
-    }
-
-    fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
-        let (segments, rank, name) = (self.segments.clone(), self.rank, self.name);
-        let position = self.position.clone();
-        Box::new(move |reason| segments.fail(rank, name, reason, position.load(Ordering::Relaxed)))
-    }
-
-    fn depart(&mut self) {
-        let s = &self.segments;
-        let _ = s.word32(self.rank, STATE_AT).compare_exchange(
-            LIVE,
-            DEPARTED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        // Wake anyone blocked on this rank, so they see it left.
-        for r in 0..s.shape.world_size {
-            s.ring(r);
-        }
     }
 
     fn departed(&mut self, peer: Rank) -> bool {
@@ -357,8 +330,8 @@ impl Transport for ShmTransport {
             .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
     }
 
-    fn heaps(&self) -> Option<Arc<Heaps>> {
-        self.heaps.clone()
+    fn heaps(&self) -> Option<Arc<HeapMap>> {
+        self.heaps.as_ref().map(|h| h.map.clone())
     }
 
     fn consumed(&self, from: Rank, channel: u32) -> u64 {
@@ -453,7 +426,7 @@ impl Transport for ShmTransport {
             .counter(to, self.rank, channel, POST_LEN_AT)
             .load(Ordering::Relaxed);
         // The receiver's own numbers, checked like anything from a peer.
-        let (base, heap) = heaps.mapped[to as usize];
+        let (base, heap) = heaps.map.of(to)?;
         let fits = posted == len as u64
             && offset
                 .checked_add(posted)
@@ -471,6 +444,41 @@ impl Transport for ShmTransport {
             return None;
         }
         Some((base + offset as usize) as *mut u8)
+    }
+}
+
+impl Transport for ShmTransport {
+    fn own_heap(&self) -> Option<Arc<Heap>> {
+        self.heaps.as_ref().map(|h| h.own.clone())
+    }
+
+    fn set_position(&mut self, position: Position) {
+        self.position.store(position, Ordering::Relaxed);
+    }
+
+    fn fail(&mut self, culprit: Rank, reason: &str) {
+        let at = self.position.load(Ordering::Relaxed);
+        self.segments.fail(self.rank, culprit, reason, at);
+    }
+
+    fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
+        let (segments, rank, name) = (self.segments.clone(), self.rank, self.name);
+        let position = self.position.clone();
+        Box::new(move |reason| segments.fail(rank, name, reason, position.load(Ordering::Relaxed)))
+    }
+
+    fn depart(&mut self) {
+        let s = &self.segments;
+        let _ = s.word32(self.rank, STATE_AT).compare_exchange(
+            LIVE,
+            DEPARTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        // Wake anyone blocked on this rank, so they see it left.
+        for r in 0..s.shape.world_size {
+            s.ring(r);
+        }
     }
 
     fn staging(&self, rank: Rank, call: u64) -> Option<(*mut u8, usize)> {

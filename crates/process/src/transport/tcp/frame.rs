@@ -6,7 +6,7 @@
 
 use ferrocoll_core::Rank;
 
-use crate::wire::{HEADER_BYTES, Header};
+use ferrocoll_core::link::{HEADER_BYTES, Header};
 
 pub(super) const DATA: u32 = 1;
 pub(super) const ACK: u32 = 2;

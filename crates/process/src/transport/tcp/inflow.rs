@@ -10,7 +10,7 @@
 use std::io::{ErrorKind, Read};
 
 use super::frame::{self, Frame, PREFIX_BYTES, Prefix};
-use crate::wire::{HEADER_BYTES, Header};
+use ferrocoll_core::link::{HEADER_BYTES, Header};
 
 /// The buffer small frames are read through; larger data frames bypass it.
 const BUFFER_BYTES: usize = 64 << 10;

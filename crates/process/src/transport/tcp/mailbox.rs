@@ -8,7 +8,7 @@ use ferrocoll_core::Rank;
 
 use super::frame::{Frame, protocol_error};
 use crate::transport::CONTROL_CHANNEL;
-use crate::wire::Header;
+use ferrocoll_core::link::Header;
 
 /// Announcements a peer may have queued here: the agreement lets a rank
 /// run at most one call ahead (two announcements), with room to spare.

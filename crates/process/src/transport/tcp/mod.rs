@@ -42,8 +42,9 @@ use std::time::{Duration, Instant};
 use ferrocoll_core::Rank;
 use ferrocoll_core::comm::CommError;
 
-use super::{CONTROL_CHANNEL, Incoming, Transport};
-use crate::wire::Header;
+use super::{CONTROL_CHANNEL, Transport};
+use ferrocoll_core::link::Header;
+use ferrocoll_core::link::{Incoming, Links};
 
 mod frame;
 mod inflow;
@@ -433,7 +434,7 @@ fn ack_frame(channel: u32, count: u64) -> [u8; 24] {
     f
 }
 
-impl Transport for TcpTransport {
+impl Links for TcpTransport {
     fn reserve(
         &mut self,
         to: Rank,
@@ -547,20 +548,35 @@ impl Transport for TcpTransport {
         }
     }
 
-    fn set_position(&mut self, position: super::Position) {
-        self.shared.position.store(position, Ordering::Relaxed);
-    }
-
-    fn fail(&mut self, culprit: Rank, reason: &str) {
-        self.shared.fail(culprit, reason);
-    }
-
     fn max_channel(&self) -> Option<u32> {
         None
     }
 
     fn max_message(&self) -> Option<usize> {
         None
+    }
+
+    fn departed(&mut self, peer: Rank) -> bool {
+        (peer as usize) < self.mail.departed.len() && self.mail.gone(peer)
+    }
+
+    fn farewell(&self, peer: Rank) -> String {
+        self.mail
+            .lost
+            .get(peer as usize)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
+    }
+}
+
+impl Transport for TcpTransport {
+    fn set_position(&mut self, position: super::Position) {
+        self.shared.position.store(position, Ordering::Relaxed);
+    }
+
+    fn fail(&mut self, culprit: Rank, reason: &str) {
+        self.shared.fail(culprit, reason);
     }
 
     fn aborter(&self) -> Box<dyn Fn(&str) + Send + Sync> {
@@ -579,19 +595,6 @@ impl Transport for TcpTransport {
             self.shared
                 .send_control(peer, BYE, 0, &[], CONTROL_PATIENCE);
         }
-    }
-
-    fn departed(&mut self, peer: Rank) -> bool {
-        (peer as usize) < self.mail.departed.len() && self.mail.gone(peer)
-    }
-
-    fn farewell(&self, peer: Rank) -> String {
-        self.mail
-            .lost
-            .get(peer as usize)
-            .cloned()
-            .flatten()
-            .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
     }
 
     fn settle(&mut self) {

@@ -1,7 +1,7 @@
 use super::frame::{Frame, MAX_WIRE_CHANNELS, PREFIX_BYTES};
 use super::inflow::Pieces;
 use super::*;
-use crate::wire::HEADER_BYTES;
+use ferrocoll_core::link::HEADER_BYTES;
 use std::io::Write;
 use std::net::TcpListener;
 

@@ -3,7 +3,7 @@
 //! where a room is a source's very bytes.
 
 use super::*;
-use ferrocoll_core::kernels::{Destination, KernelChoice, STREAM_MIN_BYTES};
+use crate::kernels::{Destination, KernelChoice, STREAM_MIN_BYTES};
 
 /// Where a long write goes, and the call's kernel variant that decides
 /// its stores: outputs and hand-offs take theirs by the call's bytes.
@@ -255,7 +255,7 @@ pub(super) unsafe fn put<T: Reduce>(
 /// # Safety
 /// As `copy_nonoverlapping`.
 pub(super) unsafe fn copy_long(src: *const u8, dst: *mut u8, bytes: usize, to: Sink) {
-    use ferrocoll_core::kernels::{Stores, stream_copy};
+    use crate::kernels::{Stores, stream_copy};
     // SAFETY: forwarded from the caller.
     unsafe {
         if bytes >= STREAM_MIN_BYTES && to.choice().stores() == Stores::NonTemporal {

@@ -12,7 +12,7 @@
 //! (docs/benchmarks.md).
 //!
 //! Lifetimes: the plan says which values stay unchanged until every
-//! receiver has read them ([`ferrocoll_core::plan::Source`]); a sender
+//! receiver has read them ([`crate::plan::Source`]); a sender
 //! returns from a call only once every message it sent by reference was
 //! consumed; and a receiver checks the group's health after each read, so
 //! a sender that failed (and may have handed its buffers back to its
@@ -24,7 +24,7 @@
 pub(crate) type Pieces = Vec<(usize, usize)>;
 
 /// Payload bytes of a reference with `pieces` pieces.
-pub(crate) fn reference_bytes(pieces: usize) -> usize {
+pub fn reference_bytes(pieces: usize) -> usize {
     8 + 16 * pieces
 }
 

@@ -12,8 +12,8 @@ const BOUNCE_BYTES: usize = 512 << 10;
 /// The pieces of a message sent by reference, checked: only a group
 /// with shared heaps sends them, and they must name the message's length
 /// exactly.
-pub(super) fn reference(
-    t: &mut dyn Transport,
+pub(super) fn reference<L: Links + ?Sized>(
+    t: &mut L,
     msg: &Incoming,
     peer: Rank,
     bytes: usize,
@@ -43,7 +43,7 @@ pub(super) fn resolve(
     header: &Header,
     pieces: Pieces,
     peer: Rank,
-    (heaps, element): (Option<&Heaps>, usize),
+    (heaps, element): (Option<&HeapMap>, usize),
 ) -> Result<Pieces, CommError> {
     // Kernels read whole, aligned elements; an honest sender's pieces are.
     if let Some(&(at, n)) = pieces
@@ -80,7 +80,7 @@ pub(super) fn lend<T>(
     bytes: usize,
     read: Option<&[Span]>,
     write: Option<&[Span]>,
-    heaps: Option<&Heaps>,
+    heaps: Option<&HeapMap>,
 ) -> Option<Pieces> {
     if bytes == 0 || ins.send.is_empty() {
         return None;
@@ -90,7 +90,7 @@ pub(super) fn lend<T>(
         Source::Read => as_pieces::<T>(read?),
         Source::Slot => return None,
     };
-    heaps.and_then(|h| h.own.offsets(&pieces))
+    heaps.and_then(|h| h.offsets(&pieces))
 }
 
 /// Local spans as (address, bytes) pieces.

@@ -4,7 +4,7 @@
 
 /// Bytes of a header on the wire and in a shared-memory slot. A multiple of
 /// 64 so the payload after it stays cache-line (and element) aligned.
-pub(crate) const HEADER_BYTES: usize = 128;
+pub const HEADER_BYTES: usize = 128;
 
 /// Room for the call's description; longer ones are cut (they still
 /// compare equal only when the cut parts are equal, which the count,
@@ -39,7 +39,7 @@ fn cut(signature: &str) -> &str {
 
 /// A message's header.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Header {
+pub struct Header {
     /// The sender's call number (point-to-point messages use their own
     /// per-link numbering).
     pub call: u64,
@@ -62,6 +62,9 @@ impl std::fmt::Debug for Header {
 }
 
 impl Header {
+    /// The header of a message of call `call` (described as `signature`)
+    /// carrying `len` payload bytes; a signature longer than the header
+    /// holds is cut.
     pub fn new(call: u64, len: usize, signature: &str) -> Self {
         let mut bytes = [0u8; SIGNATURE_BYTES];
         let signature = cut(signature);
@@ -87,7 +90,7 @@ impl Header {
     }
 
     /// A message whose payload names pieces of the sender's shared heap
-    /// ([`crate::zero_copy`]) instead of holding the value.
+    /// (`zero_copy`) instead of holding the value.
     pub fn referring_to_heap(mut self) -> Self {
         self.flags |= BY_REFERENCE | IN_HEAP;
         self
@@ -166,6 +169,7 @@ impl Header {
         self.call == call && self.signature[..n] == *cut(signature).as_bytes()
     }
 
+    /// The header as it travels: [`HEADER_BYTES`] bytes, little-endian.
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
         out[0..8].copy_from_slice(&self.call.to_le_bytes());
@@ -176,6 +180,8 @@ impl Header {
         out
     }
 
+    /// A header from its bytes; anything may be in them, and every
+    /// accessor copes.
     pub fn decode(bytes: &[u8; HEADER_BYTES]) -> Self {
         let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let mut signature = [0u8; SIGNATURE_BYTES];

@@ -13,11 +13,11 @@
 
 use std::collections::HashMap;
 
-use ferrocoll_core::Rank;
-use ferrocoll_core::plan::RankPlan;
+use crate::plan::RankPlan;
+use crate::types::Rank;
 
-use crate::transport::Transport;
-use crate::transport::shm::heap::Heaps;
+use super::HeapMap;
+use super::Links;
 
 /// Instructions a channel looks ahead to post direct-write destinations.
 const POST_LOOKAHEAD: usize = 64;
@@ -29,7 +29,7 @@ pub(crate) struct Bases(HashMap<(Rank, u32), u64>);
 impl Bases {
     /// Every incoming link's count of consumed messages now, at the start
     /// of a call (every earlier call consumed all its messages).
-    pub fn new(t: &dyn Transport, plan: &RankPlan) -> Self {
+    pub fn new<L: Links + ?Sized>(t: &L, plan: &RankPlan) -> Self {
         let mut bases = HashMap::new();
         for (c, list) in plan.channels.iter().enumerate() {
             for ins in list {
@@ -72,10 +72,10 @@ pub(crate) struct Postables(Vec<Vec<Postable>>);
 
 impl Postables {
     pub fn new(
-        heaps: &Heaps,
+        heaps: &HeapMap,
         plan: &RankPlan,
         bases: &Bases,
-        pieces: impl Fn(&ferrocoll_core::plan::Region) -> Vec<(usize, usize)>,
+        pieces: impl Fn(&crate::plan::Region) -> Vec<(usize, usize)>,
     ) -> Self {
         let per_channel = plan.channels.iter().enumerate().map(|(c, list)| {
             list.iter()
@@ -85,7 +85,7 @@ impl Postables {
                     let [m] = ins.recv.as_slice() else {
                         return None;
                     };
-                    let [(offset, len)] = heaps.own.offsets(&pieces(write))?[..] else {
+                    let [(offset, len)] = heaps.offsets(&pieces(write))?[..] else {
                         return None;
                     };
                     Some(Postable {
@@ -104,7 +104,7 @@ impl Postables {
 
     /// Post the destinations of the direct receives channel `channel` may
     /// accept now (it stands at instruction `at`), within the lookahead.
-    pub fn post_ahead(&self, t: &mut dyn Transport, channel: usize, at: u32) {
+    pub fn post_ahead<L: Links + ?Sized>(&self, t: &mut L, channel: usize, at: u32) {
         let list = &self.0[channel];
         let first = list.partition_point(|p| p.index < at);
         for p in list[first..]
@@ -121,7 +121,11 @@ impl Postables {
 /// A call that gives up withdraws its pending posts, and waits (bounded)
 /// for a sender that already took one to finish writing — its caller may
 /// reuse that memory once the call returns.
-pub(crate) fn withdraw_posts(t: &mut dyn Transport, bases: &Bases, timeout: std::time::Duration) {
+pub(crate) fn withdraw_posts<L: Links + ?Sized>(
+    t: &mut L,
+    bases: &Bases,
+    timeout: std::time::Duration,
+) {
     let until = std::time::Instant::now() + timeout.min(std::time::Duration::from_secs(2));
     for &(peer, channel) in bases.0.keys() {
         let Some(seq) = t.withdraw_post(peer, channel) else {

@@ -1,4 +1,4 @@
-//! Runs one rank's part of an execution plan over a [`Transport`].
+//! Runs one rank's part of an execution plan over a rank's [`Links`].
 //!
 //! The same loop as the in-process executor — every channel advances
 //! round-robin, an instruction fires when its messages are there, its
@@ -10,26 +10,27 @@
 //! disagrees with this rank's call is a [`CommError::Mismatch`].
 //!
 //! Where a value the plan keeps stable ([`Source`]) lies in the sender's
-//! shared heap ([`crate::zero_copy`]), it goes by reference instead: the
+//! shared heap (`zero_copy`), it goes by reference instead: the
 //! message names where it lies in the heap every rank maps, the receiver
 //! reads it from there (into its output, reduced where it lies, or a block
 //! at a time through a cached buffer), and the sender returns only once
 //! every such message was consumed. Where the receiver posted its heap
 //! output (`direct.rs`), the sender writes the value there itself. A step
-//! fires by one `match` over which of these its inputs are ([`Inputs`]).
+//! fires by one `match` over which of these its inputs are (`Inputs`).
 
 use std::time::{Duration, Instant};
 
-use ferrocoll_core::comm::CommError;
-use ferrocoll_core::kernels::Destination;
-use ferrocoll_core::plan::{ExecutionPlan, Instruction, RankPlan, Region, Source, Walk};
-use ferrocoll_core::{Rank, Reduce, ReduceOp};
+use crate::comm::CommError;
+use crate::kernels::Destination;
+use crate::kernels::Reduce;
+use crate::plan::{ExecutionPlan, Instruction, RankPlan, Region, Source, Walk};
+use crate::types::{Rank, ReduceOp};
 
-use crate::direct::{self, Bases, Postables};
-use crate::transport::shm::heap::Heaps;
-use crate::transport::{Incoming, Transport};
-use crate::wire::Header;
-use crate::zero_copy::{self, Pieces};
+use super::Header;
+use super::HeapMap;
+use super::direct::{self, Bases, Postables};
+use super::zero_copy::{self, Pieces};
+use super::{Incoming, Links};
 
 mod compute;
 mod reference;
@@ -40,8 +41,10 @@ use compute::{Sink, compute, copy_long, scatter_from};
 use reference::{Step, as_pieces, fire_by_reference, lend, protocol_error, reference, resolve};
 
 /// One rank's task in one call.
-pub(crate) struct Task<'a> {
+pub struct Task<'a> {
+    /// The call's plan (every rank's part; this rank runs its own).
     pub plan: &'a ExecutionPlan,
+    /// This rank.
     pub rank: Rank,
     /// Base addresses of the input, output and scratch buffers (in place,
     /// the output's).
@@ -50,11 +53,12 @@ pub(crate) struct Task<'a> {
     pub number: u64,
     /// What every message of the call carries in its header.
     pub signature: &'a str,
+    /// The longest this rank waits without progress before failing.
     pub timeout: Duration,
     /// The call's kernel variant: its stores by the call's bytes.
-    pub kernels: ferrocoll_core::kernels::KernelChoice,
+    pub kernels: crate::kernels::KernelChoice,
     /// Times the kernels of a watched call.
-    pub meter: &'a ferrocoll_core::kernels::Meter,
+    pub meter: &'a crate::kernels::Meter,
 }
 
 /// A contiguous run of a value in local memory: (offset into the value,
@@ -85,7 +89,7 @@ impl Task<'_> {
 
 /// Run the rank's part of the plan, then divide for `Avg`; returns how
 /// many messages went by reference.
-pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u64, CommError> {
+pub fn execute<T: Reduce, L: Links + ?Sized>(t: &mut L, task: &Task) -> Result<u64, CommError> {
     let heaps = t.heaps();
     let mut call = CallState {
         lent: Vec::new(),
@@ -97,7 +101,7 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u
         let pieces = |r: &Region| as_pieces::<T>(&task.spans::<T>(r));
         call.postables = Some(Postables::new(heaps, task.rank_plan(), bases, pieces));
     }
-    let result = walk_plan::<T>(t, task, &mut call);
+    let result = walk_plan::<T, _>(t, task, &mut call);
     if result.is_err()
         && let Some(bases) = &call.bases
     {
@@ -107,8 +111,8 @@ pub(crate) fn execute<T: Reduce>(t: &mut dyn Transport, task: &Task) -> Result<u
 }
 
 /// [`execute`]'s walk, drain and division.
-fn walk_plan<T: Reduce>(
-    t: &mut dyn Transport,
+fn walk_plan<T: Reduce, L: Links + ?Sized>(
+    t: &mut L,
     task: &Task,
     call: &mut CallState,
 ) -> Result<u64, CommError> {
@@ -122,7 +126,7 @@ fn walk_plan<T: Reduce>(
                 if let Some(postables) = &call.postables {
                     postables.post_ahead(t, channel, at);
                 }
-                if !walk.waits_met(ins) || !try_fire::<T>(t, task, channel as u32, ins, call)? {
+                if !walk.waits_met(ins) || !try_fire::<T, _>(t, task, channel as u32, ins, call)? {
                     break;
                 }
                 progressed = true;
@@ -177,7 +181,11 @@ struct CallState {
 
 /// Wait until every message this rank sent by reference was consumed: its
 /// buffers may change once it returns.
-fn drain(t: &mut dyn Transport, task: &Task, lent: &mut Vec<(Rank, u32)>) -> Result<(), CommError> {
+fn drain<L: Links + ?Sized>(
+    t: &mut L,
+    task: &Task,
+    lent: &mut Vec<(Rank, u32)>,
+) -> Result<(), CommError> {
     lent.sort_unstable();
     lent.dedup();
     let deadline = Instant::now() + task.timeout;
@@ -214,7 +222,11 @@ fn drain(t: &mut dyn Transport, task: &Task, lent: &mut Vec<(Rank, u32)>) -> Res
 }
 
 /// A peer's message for this very call that describes it differently.
-fn find_mismatch(t: &mut dyn Transport, task: &Task, channels: u32) -> Result<(), CommError> {
+fn find_mismatch<L: Links + ?Sized>(
+    t: &mut L,
+    task: &Task,
+    channels: u32,
+) -> Result<(), CommError> {
     let n = task.plan.world_size;
     let channels = t.max_channel().map_or(channels, |m| m.max(channels));
     for peer in (0..n).filter(|&p| p != task.rank) {
@@ -230,7 +242,7 @@ fn find_mismatch(t: &mut dyn Transport, task: &Task, channels: u32) -> Result<()
 /// A peer this rank is blocked on that is gone (left the group, or its
 /// process was lost): it will never send or consume again, so waiting out
 /// the timeout would only delay the error.
-fn find_departed(t: &mut dyn Transport, task: &Task, walk: &Walk) -> Result<(), CommError> {
+fn find_departed<L: Links + ?Sized>(t: &mut L, task: &Task, walk: &Walk) -> Result<(), CommError> {
     for channel in 0..walk.channels() {
         let Some((_, ins)) = walk.next(channel) else {
             continue;
@@ -268,8 +280,8 @@ fn check_header(h: &Header, peer: Rank, task: &Task) -> Result<(), CommError> {
 }
 
 /// Fire `ins` if it can fire now.
-fn try_fire<T: Reduce>(
-    t: &mut dyn Transport,
+fn try_fire<T: Reduce, L: Links + ?Sized>(
+    t: &mut L,
     task: &Task,
     channel: u32,
     ins: &Instruction,
@@ -284,7 +296,7 @@ fn try_fire<T: Reduce>(
     }
     let bytes = ins.bytes as usize;
     let heaps = t.heaps();
-    let arrived = receive::<T>(t, task, channel, ins, &incoming, call, heaps.as_deref())?;
+    let arrived = receive::<T, _>(t, task, channel, ins, &incoming, call, heaps.as_deref())?;
     let read = ins.read.as_ref().map(|r| task.spans::<T>(r));
     let write = ins.write.as_ref().map(|w| task.spans::<T>(w));
     // A reference must fit a slot (a value of many pieces may not).
@@ -363,7 +375,7 @@ fn try_fire<T: Reduce>(
         return Err(e);
     }
     // Streaming stores must land before the counters that publish them.
-    ferrocoll_core::kernels::stream_fence();
+    crate::kernels::stream_fence();
     let sent = Sent {
         channel,
         lending: lending.as_ref(),
@@ -396,14 +408,14 @@ struct Arrived {
 /// Check every incoming message's header against this call, and what
 /// each carries: a copy, a reference, or word that the sender wrote the
 /// value where this rank posted.
-fn receive<T>(
-    t: &mut dyn Transport,
+fn receive<T, L: Links + ?Sized>(
+    t: &mut L,
     task: &Task,
     channel: u32,
     ins: &Instruction,
     incoming: &[Incoming],
     call: &CallState,
-    heaps: Option<&Heaps>,
+    heaps: Option<&HeapMap>,
 ) -> Result<Arrived, CommError> {
     let bytes = ins.bytes as usize;
     let mut arrived = Arrived {
@@ -467,8 +479,8 @@ fn receive<T>(
 /// Compute the step's value into its rooms and write, by where its inputs
 /// are: the write itself when the sender already put the value there,
 /// peers' mapped heaps, or the messages' slots.
-fn value<T: Reduce>(
-    t: &mut dyn Transport,
+fn value<T: Reduce, L: Links + ?Sized>(
+    t: &mut L,
     step: &Step<'_, T>,
     inputs: Inputs,
 ) -> Result<(), CommError> {
@@ -526,8 +538,8 @@ struct Sent<'a, T> {
 
 /// Commit every send — written directly, by reference, or as a copy —
 /// then release every message consumed (and spend its post).
-fn publish<T>(
-    t: &mut dyn Transport,
+fn publish<T, L: Links + ?Sized>(
+    t: &mut L,
     task: &Task,
     ins: &Instruction,
     sent: &Sent<'_, T>,
