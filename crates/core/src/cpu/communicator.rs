@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::CpuConfig;
-use super::executor::{Task, execute};
 use super::group::{Group, Msg};
+use super::links::ThreadLinks;
 use crate::comm::{
     Call, Checked, CommError, Communicator, HostSlice, HostSliceMut, Planner, split,
 };
 use crate::kernels::{KernelWatch, Switch};
+use crate::link::exec::{Task, execute};
 use crate::plan::{LinkLoad, OneShot};
 use crate::trace::{FlightRecorder, Identity};
 use crate::types::{CallShape, Rank};
@@ -291,18 +292,28 @@ impl CpuCommunicator {
         let started = Instant::now();
         let rank_bytes = plan.input_bytes + plan.output_bytes;
         let meter = self.watch.meter(rank_bytes, plan.host_bytes());
+        // Every message carries it; the agreement above already proved
+        // every rank makes this call, so it is short.
+        let signature = format!("{:016x}", planned.signature);
+        let mut links = ThreadLinks::new(&self.group, self.rank, &plan.ranks[self.rank as usize]);
         crate::with_element_type!(shape.dtype, T => {
             let mut scratch: Vec<T> = Vec::with_capacity(plan.scratch_bytes as usize / std::mem::size_of::<T>());
             let task = Task {
-                group: &self.group,
                 plan,
                 rank: self.rank,
                 bases: [input_base, output_base, scratch.as_mut_ptr() as usize],
+                number,
+                signature: &signature,
                 timeout: self.config.planning.timeout,
                 kernels,
                 meter: &meter,
             };
-            execute::<T>(&task)?;
+            // SAFETY: the bases are the caller's buffers (checked against
+            // the call's shape before planning, so as long as the plan's
+            // sizes; in place the output alone) and the scratch vector's
+            // capacity, all of `shape.dtype`, which `T` is; the thread
+            // links keep the `Links` contract.
+            unsafe { execute::<T, _>(&mut links, &task) }?;
         });
         self.watch
             .observe(rank_bytes, plan.host_bytes(), kernels, &meter);

@@ -11,22 +11,16 @@ use std::time::Instant;
 use super::board::Board;
 use crate::aligned::{CacheLine, LINE_BYTES};
 use crate::comm::{CommError, Planned, Planner};
+use crate::link::{Header, HeapMap};
 use crate::plan::{LinkLoad, OneShotRule};
 use crate::types::{CallShape, DataType, Link, Rank};
-
-/// Byte ranges of some rank's memory: (address, length).
-pub(crate) type Extents = Vec<(usize, usize)>;
 
 /// A message on a link.
 #[derive(Debug, Clone)]
 pub(crate) enum Msg {
-    /// The value sits in the sender's memory, which stays unchanged until
-    /// the message is popped.
-    Pointer(Extents),
-    /// The value sits in this link's slot buffer `index`.
-    Slot { index: usize, bytes: usize },
-    /// The sender wrote the value straight into the receiver's posted destination.
-    Written,
+    /// A message of a plan: its header, and the slot buffer its payload
+    /// (the value, or where the value lies) is in.
+    Plan { header: Header, slot: usize },
     /// A point-to-point send: the bytes sit in the sender's memory, which
     /// stays unchanged until the message is popped.
     Send {
@@ -36,18 +30,27 @@ pub(crate) enum Msg {
     },
 }
 
+/// A receiver's post on a link: where it wants one message written.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Post {
+    /// The message's number over the link's life.
+    pub seq: u64,
+    pub address: usize,
+    pub len: usize,
+    /// The sender claimed it and writes there (until it sends the message).
+    pub taken: bool,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct LinkState {
     pub queue: VecDeque<Msg>,
-    /// Messages ever pushed. Within a call, the plan's message `k` of the
-    /// link uses slot buffer `k % slots`: every sender drains its links
-    /// before its call returns, so a call starts with the link empty.
+    /// Messages ever pushed; message `k` of the link uses slot buffer
+    /// `k % slots`, free once fewer than `slots` messages are queued.
     pub pushed: u64,
     /// Messages ever consumed by the receiver.
     pub popped: u64,
-    /// Where the receiver wants message number `.0` written: the sender of
-    /// exactly that message may write the value there itself.
-    pub posted: Option<(u64, Extents)>,
+    /// The receiver's post for a message not sent yet, if any.
+    pub post: Option<Post>,
     /// Messages and bytes moved over the link, counted where the data
     /// moves; `None` until the first message.
     pub traffic: Option<LinkLoad>,
@@ -60,11 +63,11 @@ pub(crate) struct LinkState {
 /// ([`crate::aligned`]).
 pub(crate) struct SlotBuffer(UnsafeCell<Vec<CacheLine>>);
 
-// SAFETY: access follows the slot protocol above: the sender writes a slot
-// only when fewer than `slots` messages are queued, and those are the
-// call's messages numbered just below it (the link was empty when the call
-// began), so no queued message names that slot; the receiver reads a slot
-// only while its message is queued; the link mutex orders the two.
+// SAFETY: access follows the slot protocol above: the sender writes slot
+// `pushed % slots` only when fewer than `slots` messages are queued, and
+// those are numbered just below `pushed`, so none names that slot; the
+// receiver reads a slot only while its message is queued; the link mutex
+// orders the two.
 unsafe impl Sync for SlotBuffer {}
 
 impl SlotBuffer {
@@ -182,6 +185,10 @@ pub(crate) struct Group {
     planner: Mutex<Planner>,
     /// Ranks whose communicator was dropped: they make no further calls.
     departed: Vec<AtomicBool>,
+    /// Each rank's map of the group's heaps: threads share one address
+    /// space, so every rank's heap is all of it and a value's offset in
+    /// it is its address.
+    pub heaps: Vec<Arc<HeapMap>>,
     /// Held for reading while a rank touches another rank's memory (pointer
     /// reads, direct writes); a rank that gives up takes it for writing
     /// once, after failing the group, so no peer is still inside its
@@ -222,6 +229,9 @@ impl Group {
             board: Mutex::new(CallBoard::default()),
             planner: Mutex::new(planner),
             departed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            heaps: (0..n)
+                .map(|r| Arc::new(HeapMap::new(r, vec![(0, usize::MAX); n as usize])))
+                .collect(),
             movement: RwLock::new(()),
             splits: Mutex::new(HashMap::new()),
         }
@@ -309,9 +319,28 @@ impl Group {
         what: impl Fn() -> String,
         timeout: std::time::Duration,
     ) -> Result<(), CommError> {
+        let result = match self.sleep(rank, seen, deadline) {
+            _ if self.generation(rank) != seen => Ok(()),
+            Err(e) => Err(e),
+            Ok(()) => Err(CommError::Timeout {
+                rank,
+                timeout,
+                what: what(),
+            }),
+        };
+        if let Err(e @ CommError::Timeout { .. }) = &result {
+            self.fail(rank, e);
+        }
+        result
+    }
+
+    /// Sleep until `rank`'s bell rings past `seen`, or `until`: `Err` when
+    /// the group failed meanwhile. Spins first where ranks have cores of
+    /// their own.
+    pub fn sleep(&self, rank: Rank, seen: u64, until: Instant) -> Result<(), CommError> {
         let bell = &self.bells[rank as usize];
         let started = Instant::now();
-        let until = started + SPIN;
+        let spin_until = started + SPIN;
         let mut spins = 0u32;
         while bell.ticks.load(Ordering::Acquire) == seen {
             if self.spin {
@@ -324,7 +353,7 @@ impl Group {
             spins += 1;
             if spins % 64 == 0 {
                 let now = Instant::now();
-                if now >= until {
+                if now >= spin_until.min(until) {
                     break;
                 }
                 // A wait this long may mean the OS put the peer we wait for
@@ -347,24 +376,17 @@ impl Group {
                 break Err(e);
             }
             let now = Instant::now();
-            if now >= deadline {
-                break Err(CommError::Timeout {
-                    rank,
-                    timeout,
-                    what: what(),
-                });
+            if now >= until {
+                break Ok(());
             }
             guard = bell
                 .changed
-                .wait_timeout(guard, deadline - now)
+                .wait_timeout(guard, until - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         };
         bell.sleepers.fetch_sub(1, Ordering::SeqCst);
         drop(guard);
-        if let Err(e @ CommError::Timeout { .. }) = &result {
-            self.fail(rank, e);
-        }
         result
     }
 
@@ -528,6 +550,11 @@ impl Group {
             .calls
             .get(&call)
             .is_some_and(|e| e.conflict.is_some())
+    }
+
+    /// Whether `rank`'s communicator was dropped.
+    pub fn has_departed(&self, rank: Rank) -> bool {
+        self.departed[rank as usize].load(Ordering::SeqCst)
     }
 
     /// `rank`'s communicator is gone: wake everyone waiting for it.

@@ -25,9 +25,8 @@
 mod agree;
 mod board;
 mod communicator;
-mod data;
-mod executor;
 mod group;
+mod links;
 mod oneshot;
 mod pin;
 

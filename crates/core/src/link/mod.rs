@@ -15,7 +15,8 @@
 //! [`HeapMap`]), or written by the sender into the receiver's posted
 //! output (`direct`).
 //!
-//! Invariants the executor relies on from every implementation:
+//! Invariants the executor relies on from every implementation (the
+//! trait is `unsafe` to implement: see its Safety section):
 //! - a room handed out by [`Links::reserve`] or a payload by
 //!   [`Links::peek`] stays valid until the matching `commit` or
 //!   `release`, and the executor never holds one longer;
@@ -53,9 +54,20 @@ pub struct Incoming {
 
 /// One rank's links to every peer of its group (see the module docs).
 ///
-/// Pointers handed out stay valid until the matching `commit` or
-/// `release`; the executor never holds one longer.
-pub trait Links: Send {
+/// # Safety
+/// The executor reads and writes through what an implementation hands
+/// out, so an implementation promises: a room from [`reserve`](Self::reserve)
+/// is valid for writes of `len` bytes, 8-aligned and touched by nobody
+/// else until [`commit`](Self::commit); a payload from [`peek`](Self::peek)
+/// is valid for reads of the bytes its header says it holds (or, for a
+/// reference, of the room [`max_message`](Self::max_message) promises)
+/// until [`release`](Self::release); [`heaps`](Self::heaps) describes
+/// memory that is mapped and readable in this process wherever a peer's
+/// reference may point; a post from [`take_post`](Self::take_post) is
+/// valid for writes of `len` bytes that nobody else touches until the
+/// message is committed; and after [`give_up`](Self::give_up) returns no
+/// peer touches this rank's memory for the call.
+pub unsafe trait Links {
     /// Room for the next message of `len` payload bytes on the link to
     /// `to`, or `None` while the link holds `slots` unconsumed messages.
     /// Asking again without committing returns the same room.
@@ -158,6 +170,23 @@ pub trait Links: Send {
     /// Give back a post of `to`'s this rank took but will not write (its
     /// step failed).
     fn give_back_post(&mut self, _to: Rank, _channel: u32) {}
+
+    /// Enter a stretch of work on peers' memory (values read where they
+    /// lie, values written into a peer's post): `Err` once the group has
+    /// failed, and then nothing may be touched. Ends with
+    /// [`end_movement`](Self::end_movement). Links whose peers' memory
+    /// outlives a failure (mapped heaps) need nothing here.
+    fn begin_movement(&mut self) -> Result<(), CommError> {
+        Ok(())
+    }
+
+    /// Leave the stretch [`begin_movement`](Self::begin_movement) entered.
+    fn end_movement(&mut self) {}
+
+    /// This rank's call failed with `error`: return only once no peer can
+    /// still be reading or writing this rank's memory for it (where that
+    /// memory is the caller's, which it may free once the call returns).
+    fn give_up(&mut self, _error: &CommError) {}
 
     /// Claim `to`'s post for this rank's next message on the link, when
     /// there is one for exactly `len` bytes: where to write the value in

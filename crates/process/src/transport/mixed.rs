@@ -111,7 +111,10 @@ fn tighter<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
     }
 }
 
-impl Links for MixedTransport {
+// SAFETY: every link is the shared-memory or the TCP transport's, which
+// keep the contract; the heap map is the shared-memory side's, renumbered
+// by group rank, with empty ranges for peers on other hosts.
+unsafe impl Links for MixedTransport {
     fn reserve(
         &mut self,
         to: Rank,

@@ -45,7 +45,7 @@ pub(crate) fn between(calls: u64) -> Position {
 /// the links core's executor runs a plan over, and what a process group
 /// needs around its calls (failures and positions, one-shot staging, call
 /// announcements, leaving).
-pub(crate) trait Transport: Links {
+pub(crate) trait Transport: Links + Send {
     /// This rank's position from now on (see [`Position`]): what its
     /// failures are stamped with and which of its peers' concern it.
     fn set_position(&mut self, position: Position);

@@ -153,7 +153,8 @@ pub(super) unsafe fn compute<T: Reduce>(
 
 /// The value reduced into every room and the write in one pass (the
 /// fused streaming kernel: f32/f64 sums) — the pass that makes a direct
-/// write cost nothing extra. Only for long values whose read and write are
+/// write cost nothing extra, and reduces in place (the write exactly the
+/// read) with stores through the cache. Only for long values whose read and write are
 /// each one whole span and whose destinations overlap no source; `false`
 /// (having done nothing) otherwise.
 ///
@@ -171,7 +172,7 @@ pub(super) unsafe fn fused<T: Reduce>(
     let size = std::mem::size_of::<T>();
     let whole = |s: &[Span]| matches!(s, [(0, _, n)] if *n == len);
     if len * size < STREAM_MIN_BYTES
-        || outgoing.is_empty()
+        || (outgoing.is_empty() && write.is_none())
         || !read.is_none_or(whole)
         || !write.is_none_or(whole)
     {

@@ -88,8 +88,20 @@ impl Task<'_> {
 }
 
 /// Run the rank's part of the plan, then divide for `Avg`; returns how
-/// many messages went by reference.
-pub fn execute<T: Reduce, L: Links + ?Sized>(t: &mut L, task: &Task) -> Result<u64, CommError> {
+/// many messages went by reference. On error, returns only once its posts
+/// are withdrawn and the links gave up ([`Links::give_up`]).
+///
+/// # Safety
+/// `task.bases` are the addresses of this rank's input, output and
+/// scratch buffers, valid for the plan's sizes of each (input and output
+/// the same buffer in place), exclusively the executor's for the call
+/// except for the plan's own reads and writes by peers; `T` is the call's
+/// element type; and `t` keeps the [`Links`] contract. The plan passed the
+/// verifier, so every region lies inside its buffer.
+pub unsafe fn execute<T: Reduce, L: Links + ?Sized>(
+    t: &mut L,
+    task: &Task,
+) -> Result<u64, CommError> {
     let heaps = t.heaps();
     let mut call = CallState {
         lent: Vec::new(),
@@ -102,10 +114,11 @@ pub fn execute<T: Reduce, L: Links + ?Sized>(t: &mut L, task: &Task) -> Result<u
         call.postables = Some(Postables::new(heaps, task.rank_plan(), bases, pieces));
     }
     let result = walk_plan::<T, _>(t, task, &mut call);
-    if result.is_err()
-        && let Some(bases) = &call.bases
-    {
-        direct::withdraw_posts(t, bases, task.timeout);
+    if let Err(e) = &result {
+        if let Some(bases) = &call.bases {
+            direct::withdraw_posts(t, bases, task.timeout);
+        }
+        t.give_up(e);
     }
     result
 }
@@ -366,7 +379,15 @@ fn try_fire<T: Reduce, L: Links + ?Sized>(
     let values = step.incoming.len() + usize::from(step.read.is_some());
     let moved =
         (values + usize::from(step.write.is_some()) + step.rooms.len()) as u64 * bytes as u64;
-    if let Err(e) = task.meter.time(moved, || value(t, &step, arrived.inputs)) {
+    let moving = t.begin_movement().and_then(|()| {
+        let done = task.meter.time(moved, || value(t, &step, arrived.inputs));
+        // Streaming stores must land before the counters that publish
+        // them, and before a peer that gives up may take its memory back.
+        crate::kernels::stream_fence();
+        t.end_movement();
+        done
+    });
+    if let Err(e) = moving {
         for (d, m) in direct_to.iter().zip(&ins.send) {
             if d.is_some() {
                 t.give_back_post(m.peer, channel);
@@ -374,8 +395,6 @@ fn try_fire<T: Reduce, L: Links + ?Sized>(
         }
         return Err(e);
     }
-    // Streaming stores must land before the counters that publish them.
-    crate::kernels::stream_fence();
     let sent = Sent {
         channel,
         lending: lending.as_ref(),

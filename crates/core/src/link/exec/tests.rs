@@ -39,3 +39,54 @@ fn blocks_of_spans_are_rebased_and_overlap_is_seen() {
     assert!(overlap::<u32>(&[(0, 0x100, 4)], &[(0, 0x10c, 4)]));
     assert!(!overlap::<u32>(&[(0, 0x100, 4)], &[(0, 0x110, 4)]));
 }
+
+/// In place with nothing to send (a root's reduce, a reduce-scatter's
+/// last step): the write is exactly the read and the messages lie in
+/// peers' buffers. Long enough for the fused kernel, off the line where
+/// the buffers start, on every kernel variant: the write must hold the
+/// sum of the sources as they were before the step.
+fn reduces_in_place_over_its_own_read<T: Reduce + From<u16> + PartialEq + std::fmt::Debug>() {
+    use crate::kernels::{Destination, KernelChoice, STREAM_MIN_BYTES, reduce_slices};
+    let size = std::mem::size_of::<T>();
+    let len = STREAM_MIN_BYTES / size + 1001;
+    let source = |k: u16| -> Vec<T> { (0..=len).map(|i| T::from((i % 251) as u16 + k)).collect() };
+    let peers = [source(2), source(3)];
+    let mut want = vec![T::from(0); len];
+    let own_before = source(1);
+    reduce_slices(
+        ReduceOp::Sum,
+        &[&own_before[1..], &peers[0][1..], &peers[1][1..]],
+        &mut want,
+    );
+    for kernels in KernelChoice::available() {
+        let mut own = source(1);
+        let spans = [(0, own.as_mut_ptr() as usize + size, len)];
+        let messages: Vec<*const T> = peers.iter().map(|p| p[1..].as_ptr()).collect();
+        let to = Sink {
+            kernels,
+            to: Destination::Output,
+        };
+        // SAFETY: every pointer covers `len` elements of a live vector;
+        // the write is exactly the read, which `compute` allows.
+        unsafe {
+            compute::compute(
+                ReduceOp::Sum,
+                &messages,
+                Some(&spans),
+                Some(&spans),
+                &[],
+                to,
+                len,
+            )
+        };
+        let wrong = own[1..].iter().zip(&want).position(|(g, w)| g != w);
+        assert_eq!(wrong, None, "with {}: first wrong element", kernels.spec());
+    }
+}
+
+#[test]
+fn an_in_place_step_with_nothing_to_send_sums_the_sources_before_it() {
+    reduces_in_place_over_its_own_read::<f32>();
+    reduces_in_place_over_its_own_read::<f64>();
+    reduces_in_place_over_its_own_read::<u32>();
+}

@@ -165,7 +165,12 @@ impl ShmTransport {
     }
 }
 
-impl Links for ShmTransport {
+// SAFETY: rooms and payloads are slots of segments every rank maps for the
+// group's life, each sized by the shape and indexed by counters checked
+// against it; the heap map names those mappings; a post is taken only
+// after its offset and length were checked against the receiver's heap;
+// a peer's heap stays mapped after any failure, so giving up needs nothing.
+unsafe impl Links for ShmTransport {
     fn reserve(
         &mut self,
         to: Rank,

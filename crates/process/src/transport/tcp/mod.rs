@@ -434,7 +434,11 @@ fn ack_frame(channel: u32, count: u64) -> [u8; 24] {
     f
 }
 
-impl Links for TcpTransport {
+// SAFETY: rooms are this transport's staging buffers and payloads its
+// receive buffers, each sized for the message and left alone until the
+// commit or release; it offers no heap and no posts, so no peer's memory
+// is ever named.
+unsafe impl Links for TcpTransport {
     fn reserve(
         &mut self,
         to: Rank,
