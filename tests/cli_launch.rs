@@ -326,7 +326,10 @@ fn signals_to_the_launcher_stop_every_rank_at_any_phase() {
     let signals = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
     for (i, &delay) in delays_ms.iter().enumerate() {
         let signal = signals[i % signals.len()];
-        let mut child = launch_bench(&["--term-timeout", "3"], "shm", &["1K", "1M", "50"])
+        // Iterated far longer than the latest signal: a job that could
+        // finish first (it did, in about 1 of 8 runs, once the calls got
+        // faster) would exit 0 before the signal and fail the test.
+        let mut child = launch_bench(&["--term-timeout", "3"], "shm", &["1K", "1M", "1000000"])
             .env("FERROCOLL_TIMEOUT_MS", "20000")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
