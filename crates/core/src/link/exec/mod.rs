@@ -1,22 +1,24 @@
-//! Runs one rank's part of an execution plan over a rank's [`Links`].
+//! Runs one rank's part of an execution plan over a rank's [`Links`]:
+//! the one host executor, for threads and processes alike.
 //!
-//! The same loop as the in-process executor — every channel advances
-//! round-robin, an instruction fires when its messages are there, its
-//! outgoing links have room and its waits are met — but every message is
-//! a copy: the value is reduced straight into the first outgoing
-//! message's room (or into the destination when nothing is sent) and read
-//! straight out of the incoming messages, so each byte is written once per
-//! hop. Every message carries the call's header; the first one that
-//! disagrees with this rank's call is a [`CommError::Mismatch`].
+//! Every channel advances round-robin; an instruction fires when its
+//! messages are there, its outgoing links have room and its waits are
+//! met. A value is reduced straight into the first outgoing message's
+//! room (or into the destination when nothing is sent) and read straight
+//! out of the incoming messages, so each byte is written once per hop.
+//! Every message carries the call's header; the first one that disagrees
+//! with this rank's call is a [`CommError::Mismatch`].
 //!
 //! Where a value the plan keeps stable ([`Source`]) lies in the sender's
-//! shared heap (`zero_copy`), it goes by reference instead: the
-//! message names where it lies in the heap every rank maps, the receiver
-//! reads it from there (into its output, reduced where it lies, or a block
-//! at a time through a cached buffer), and the sender returns only once
-//! every such message was consumed. Where the receiver posted its heap
-//! output (`direct.rs`), the sender writes the value there itself. A step
-//! fires by one `match` over which of these its inputs are (`Inputs`).
+//! heap (`zero_copy`; on threads every buffer does), it goes by reference
+//! instead: the message names where it lies, the receiver reads it from
+//! there (into its output, reduced where it lies, or a block at a time
+//! through a cached buffer), and the sender returns only once every such
+//! message was consumed. Where the receiver posted its output
+//! (`direct.rs`), the sender writes the value there itself. A step fires
+//! by one `match` over which of these its inputs are (`Inputs`). Every
+//! touch of a peer's memory lies between [`Links::begin_movement`] and
+//! [`Links::end_movement`].
 
 use std::time::{Duration, Instant};
 
@@ -205,11 +207,13 @@ fn drain<L: Links + ?Sized>(
     loop {
         let seen = t.ticket();
         lent.retain(|&(peer, channel)| t.unconsumed(peer, channel) > 0);
-        let Some(&(peer, _)) = lent.first() else {
+        let Some(&(peer, channel)) = lent.first() else {
             return Ok(());
         };
         t.check()?;
-        if t.departed(peer) {
+        // Look again once it is seen gone: a peer consumes, then leaves,
+        // and may have done both since the look above.
+        if t.departed(peer) && t.unconsumed(peer, channel) > 0 {
             return Err(CommError::PeerFailed {
                 rank: peer,
                 reason: format!(
@@ -263,7 +267,12 @@ fn find_departed<L: Links + ?Sized>(t: &mut L, task: &Task, walk: &Walk) -> Resu
         let recv = ins.recv.iter().map(|m| (m.peer, true));
         for (peer, receiving) in recv.chain(ins.send.iter().map(|m| (m.peer, false))) {
             let waiting = !receiving || t.peek(peer, channel as u32)?.is_none();
-            if waiting && t.departed(peer) {
+            // Look again once it is seen gone: a peer sends, then leaves,
+            // and may have done both since the look above.
+            if waiting
+                && t.departed(peer)
+                && (!receiving || t.peek(peer, channel as u32)?.is_none())
+            {
                 return Err(CommError::PeerFailed {
                     rank: peer,
                     reason: format!(
