@@ -51,8 +51,9 @@ pub(crate) struct LinkState {
     pub popped: u64,
     /// The receiver's post for a message not sent yet, if any.
     pub post: Option<Post>,
-    /// Messages and bytes moved over the link, counted where the data
-    /// moves; `None` until the first message.
+    /// Messages and bytes moved over the link, a message's value counted
+    /// once when it is sent (copied, lent or written to a post alike);
+    /// `None` until the first message.
     pub traffic: Option<LinkLoad>,
 }
 
@@ -229,9 +230,12 @@ impl Group {
             board: Mutex::new(CallBoard::default()),
             planner: Mutex::new(planner),
             departed: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            heaps: (0..n)
-                .map(|r| Arc::new(HeapMap::new(r, vec![(0, usize::MAX); n as usize])))
-                .collect(),
+            heaps: {
+                let everything: Arc<[(usize, usize)]> = vec![(0, usize::MAX); n as usize].into();
+                (0..n)
+                    .map(|r| Arc::new(HeapMap::new(r, everything.clone())))
+                    .collect()
+            },
             movement: RwLock::new(()),
             splits: Mutex::new(HashMap::new()),
         }

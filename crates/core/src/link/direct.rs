@@ -1,10 +1,10 @@
-//! Direct writes between processes: a receiver whose next message on a
-//! link only lands in its output (the plan marks such a receive `direct`,
-//! with the earliest instruction from which nothing else touches those
-//! bytes) *posts* where that output lies in its shared heap; the sender
-//! of exactly that message claims the post and writes the value there
-//! while it reduces — into its own output and the peer's in one pass, the
-//! thread executor's direct write — and sends a header without payload.
+//! Direct writes: a receiver whose next message on a link only lands in
+//! its output (the plan marks such a receive `direct`, with the earliest
+//! instruction from which nothing else touches those bytes) *posts* where
+//! that output lies in its heap (for threads, its address); the sender of
+//! exactly that message claims the post and writes the value there while
+//! it reduces — into its own output and the peer's in one pass — and
+//! sends a header without payload.
 //!
 //! A post names the message by its number over the link's life, so a
 //! post made too late (the message already on its way) is never taken,

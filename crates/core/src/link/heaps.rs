@@ -2,6 +2,8 @@
 //! by reference (offsets into the sender's heap) and come back as
 //! addresses the receiver can read.
 
+use std::sync::Arc;
+
 use crate::types::Rank;
 
 /// Every rank's heap as one rank sees it: (address in this process,
@@ -10,7 +12,9 @@ use crate::types::Rank;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeapMap {
     own: Rank,
-    mapped: Vec<(usize, usize)>,
+    /// Shared by every rank of a group that maps the same ranges (the
+    /// threads of one process): one copy, not one per rank.
+    mapped: Arc<[(usize, usize)]>,
 }
 
 impl HeapMap {
@@ -18,7 +22,8 @@ impl HeapMap {
     ///
     /// # Panics
     /// If `own` is not an index of `mapped` (a bug of the caller).
-    pub fn new(own: Rank, mapped: Vec<(usize, usize)>) -> Self {
+    pub fn new(own: Rank, mapped: impl Into<Arc<[(usize, usize)]>>) -> Self {
+        let mapped = mapped.into();
         assert!((own as usize) < mapped.len(), "own heap not mapped");
         HeapMap { own, mapped }
     }

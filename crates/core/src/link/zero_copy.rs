@@ -1,9 +1,9 @@
-//! Zero copy between processes of one host: a message may carry, instead
-//! of the value, where the value lies in the sender's shared heap (offsets
-//! into a mapping every rank of the group has), and the receiver reads it
-//! from there itself — straight into its output, or reduced from where it
-//! lies. That removes the copy into the shared-memory slot and the read
-//! back out of it: what threads get by reading a peer's memory in place.
+//! Zero copy between ranks of one host: a message may carry, instead of
+//! the value, where the value lies in the sender's heap (offsets into a
+//! mapping every rank of the group has — for threads, the address space
+//! itself), and the receiver reads it from there itself — straight into
+//! its output, or reduced from where it lies. That removes the copy into
+//! the slot and the read back out of it.
 //!
 //! Private buffers are copied through the slots. Reading them with
 //! cross-memory attach (`process_vm_readv`) was tried and removed: 1.2–3×
@@ -17,7 +17,9 @@
 //! consumed; and a receiver checks the group's health after each read, so
 //! a sender that failed (and may have handed its buffers back to its
 //! caller) turns the read into an error, never into a silently wrong
-//! result.
+//! result. Where the heap is the caller's own memory (threads), the
+//! links' movement lock also keeps a failed sender from returning while
+//! a peer still reads it.
 
 /// Where a value lies in the sender's memory: (address, bytes) pieces,
 /// in value order.

@@ -75,7 +75,7 @@ impl MixedTransport {
             local[m as usize] = Some(at as Rank);
         }
         let heaps = shm.heaps().map(|h| {
-            let mapped = local
+            let mapped: Vec<(usize, usize)> = local
                 .iter()
                 .map(|l| l.and_then(|l| h.of(l)).unwrap_or((0, 0)))
                 .collect();

@@ -94,7 +94,7 @@ impl ShmTransport {
         let segments = Arc::new(Segments { shape, all });
         let heaps = (shape.heap_bytes > 0).then(|| {
             let at = |r: usize| segments.all[r].base() as usize + shape.heap_at();
-            let mapped = (0..segments.all.len())
+            let mapped: Vec<(usize, usize)> = (0..segments.all.len())
                 .map(|r| (at(r), shape.heap_bytes))
                 .collect();
             Heaps {
