@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # Usage: scripts/compare-mpi.sh [--install] [--tcp] [-n RANKS] [-- BENCH_ARGS...]
+#        scripts/compare-mpi.sh --hosts H [--per-host L] [--rate 1gbit] [-- BENCH_ARGS...]
+#
+# With --hosts: across H emulated hosts of L ranks each, under mpirun
+# (scripts/compare-mpi-hosts.sh): OpenMPI's all-reduce, ferrocoll over MPI
+# links and ferrocoll over its own TCP, side by side. Needs root.
 #
 # Runs OpenMPI's MPI_Allreduce (scripts/mpi-allreduce.c) on RANKS processes
 # (default 4) over shared memory (with --tcp: over its TCP transport on
@@ -16,8 +21,9 @@
 # ferrocoll runs through `cargo run --release`, or the binary
 # FERROCOLL_BIN names.
 #
-# OpenMPI is a comparison tool only, never a project dependency: nothing is
-# installed unless --install is given (Debian: openmpi-bin libopenmpi-dev).
+# OpenMPI is a comparison tool here (and, behind the `mpi` feature, a kind
+# of link): nothing is installed unless --install is given (Debian:
+# openmpi-bin libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,13 +31,16 @@ ranks=4
 install=0
 transport=shm
 btl=self,vader
+if [[ ${1:-} == --hosts ]]; then
+  exec bash scripts/compare-mpi-hosts.sh "$@"
+fi
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --install) install=1; shift ;;
     --tcp) transport=tcp; btl=self,tcp; shift ;;
     -n) ranks="$2"; shift 2 ;;
     --) shift; break ;;
-    *) sed -n '2,17s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,22s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
   esac
 done
 args=("$@")

@@ -145,15 +145,7 @@ pub enum JoinError {
 pub fn process_communicator_from_env(
     config: &ferrocoll_process::ProcessConfig,
 ) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
-    let config = config.clone().with_env().map_err(EnvError::from)?;
-    #[cfg(feature = "topo")]
-    let config = match (&config.cluster, network_from_env()?) {
-        (None, Some(network)) => ferrocoll_process::ProcessConfig {
-            cluster: Some(crate::network::cluster_model(network)),
-            ..config
-        },
-        _ => config,
-    };
+    let config = process_config_from_env(config)?;
     let b = bootstrap_from_env(config.planning.timeout)?;
     let comm =
         ferrocoll_process::ProcessCommunicator::connect(b.store, b.rank, b.world_size, &config)?;
@@ -169,6 +161,54 @@ pub fn process_communicator_from_env(
         );
     }
     Ok(comm)
+}
+
+/// This process's rank of a group of every process of `MPI_COMM_WORLD`
+/// (feature `mpi`; under `mpirun` or any MPI launcher): MPI is
+/// initialized here unless the program did it, and finalized once the
+/// communicator (and every group split from it) is dropped. Hosts link by
+/// MPI point-to-point, ranks of one host by shared memory
+/// (`config.transport = TransportKind::Mpi`: MPI between every pair).
+/// No `MASTER_ADDR` is needed: rank 0 serves the setup's store and tells
+/// the others by an MPI broadcast. `config` with the `FERROCOLL_*`
+/// overrides on top, as for [`process_communicator_from_env`].
+///
+/// ```no_run
+/// use ferrocoll::comm::CommunicatorExt;
+/// use ferrocoll::process::ProcessConfig;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // mpirun -n 8 ./train
+/// let mut comm = ferrocoll::env::mpi_communicator(&ProcessConfig::default())?;
+/// let mut grads = vec![1.0f32; 1024];
+/// comm.all_reduce_in_place(&mut grads, ferrocoll::ReduceOp::Avg)?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "mpi")]
+pub fn mpi_communicator(
+    config: &ferrocoll_process::ProcessConfig,
+) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
+    let config = process_config_from_env(config)?;
+    let mpi = ferrocoll_process::mpi::Mpi::init().map_err(ferrocoll_process::SetupError::from)?;
+    Ok(ferrocoll_process::ProcessCommunicator::connect_mpi(
+        &mpi, &config,
+    )?)
+}
+
+/// `config` with the `FERROCOLL_*` overrides, and the network between
+/// hosts the environment names where `config` has none.
+fn process_config_from_env(
+    config: &ferrocoll_process::ProcessConfig,
+) -> Result<ferrocoll_process::ProcessConfig, EnvError> {
+    let config = config.clone().with_env()?;
+    #[cfg(feature = "topo")]
+    let config = match (&config.cluster, network_from_env()?) {
+        (None, Some(network)) => ferrocoll_process::ProcessConfig {
+            cluster: Some(crate::network::cluster_model(network)),
+            ..config
+        },
+        _ => config,
+    };
+    Ok(config)
 }
 
 /// The network the environment names: `FERROCOLL_NET_GBPS` (each host's

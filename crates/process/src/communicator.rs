@@ -38,6 +38,8 @@ pub struct ProcessCommunicator {
     pub(crate) config: ProcessConfig,
     /// Which ranks share a host, found at setup.
     layout: HostLayout,
+    /// The kinds of its links, in words.
+    links: String,
     pub(crate) rank: Rank,
     pub(crate) n: u32,
     pub(crate) calls: u64,
@@ -71,6 +73,10 @@ pub struct ProcessCommunicator {
     recorder: FlightRecorder,
     /// Keeps the kernels of large calls honest.
     watch: KernelWatch,
+    /// The group's MPI communicator, where it formed over MPI (a split
+    /// splits it); last, so dropped after the transport.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    mpi: Option<crate::MpiGroup>,
 }
 
 impl std::fmt::Debug for ProcessCommunicator {
@@ -100,6 +106,12 @@ impl AbortHandle {
     pub fn abort(&self) {
         (self.abort)("aborted");
     }
+
+    /// As [`abort`](Self::abort), with the reason peers and this rank's
+    /// pending call report.
+    pub fn abort_because(&self, reason: &str) {
+        (self.abort)(reason);
+    }
 }
 
 impl ProcessCommunicator {
@@ -107,13 +119,37 @@ impl ProcessCommunicator {
     /// every one of `world_size` processes calls this with its own `rank`
     /// and the same `config`.
     pub fn connect(
-        mut store: Store,
+        store: Store,
         rank: Rank,
         world_size: u32,
         config: &ProcessConfig,
     ) -> Result<Self, SetupError> {
-        let formed = connect(&mut store, rank, world_size, config)?;
-        let (transport, layout) = (formed.transport, formed.layout);
+        ProcessCommunicator::form(store, rank, world_size, config, None)
+    }
+
+    /// Form a group of every process of `MPI_COMM_WORLD` (collective;
+    /// started by `mpirun` or any MPI launcher), ranked as MPI ranks
+    /// them. Hosts link by MPI point-to-point on a duplicate of the world
+    /// communicator (unless `config.net` says TCP), ranks of one host by
+    /// shared memory (`config.transport`: `Mpi` sends every message
+    /// through MPI). The setup meets in a store rank 0 serves, found by
+    /// an MPI broadcast (see [`crate::mpi`]).
+    #[cfg(feature = "mpi")]
+    pub fn connect_mpi(mpi: &crate::mpi::Mpi, config: &ProcessConfig) -> Result<Self, SetupError> {
+        let (group, store) = crate::MpiGroup::world(mpi, config.planning.timeout)?;
+        let (rank, size) = (group.comm.rank(), group.comm.size());
+        ProcessCommunicator::form(store, rank, size, config, Some(group))
+    }
+
+    fn form(
+        mut store: Store,
+        rank: Rank,
+        world_size: u32,
+        config: &ProcessConfig,
+        mpi: Option<crate::MpiGroup>,
+    ) -> Result<Self, SetupError> {
+        let formed = connect(&mut store, rank, world_size, config, mpi.as_ref())?;
+        let (transport, layout, links) = (formed.transport, formed.layout, formed.links);
         // Measure the host's kernels now, not inside the first call; after
         // the group formed, so a rank that dies meanwhile is a lost peer
         // (seen at once), not a store key that never appears.
@@ -145,6 +181,7 @@ impl ProcessCommunicator {
         Ok(ProcessCommunicator {
             transport,
             layout,
+            links,
             config: config.clone(),
             rank,
             n: world_size,
@@ -160,6 +197,7 @@ impl ProcessCommunicator {
             one_shot_calls: 0,
             one_shot_memo: None,
             store,
+            mpi,
             watch: KernelWatch::new(config.planning.kernel_watch.clone()),
             recorder: {
                 let mut r = FlightRecorder::with(
@@ -261,7 +299,14 @@ impl ProcessCommunicator {
         self.layout.local_rank(self.rank)
     }
 
-    /// The transport in use.
+    /// The kinds of link this rank's group runs over, in words: `shm`,
+    /// `tcp`, `mpi`, or `shm inside each of 2 hosts, mpi across` (what
+    /// `TransportKind::Auto` became), with the number of hosts.
+    pub fn links(&self) -> &str {
+        &self.links
+    }
+
+    /// The transport asked for (see [`links`](Self::links) for what it became).
     pub fn transport(&self) -> TransportKind {
         self.config.transport
     }
@@ -290,21 +335,52 @@ impl ProcessCommunicator {
         key: u32,
     ) -> Result<Option<ProcessCommunicator>, CommError> {
         let call = self.calls;
-        let Some(membership) = split::exchange(self, color, key)? else {
+        let setup = |e: SetupError| CommError::backend("process split", e);
+        let membership = split::exchange(self, color, key)?;
+        // Every rank agreed; an MPI group splits its communicator alike
+        // (collective: the ranks left out take part too), ranked as ours.
+        let mpi = self.split_mpi(membership.as_ref().map(|m| m.color), key)?;
+        let Some(membership) = membership else {
             return Ok(None);
         };
         let size = membership.members.len() as u32;
-        let setup = |e: SetupError| CommError::backend("process split", e);
         let store = self
             .store
             .scoped(&format!("split{call}.{}", membership.color))
             .map_err(|e| setup(e.into()))?;
-        let mut comm = ProcessCommunicator::connect(store, membership.rank, size, &self.config)
-            .map_err(setup)?;
+        let mut comm =
+            ProcessCommunicator::form(store, membership.rank, size, &self.config, mpi.flatten())
+                .map_err(setup)?;
         comm.recorder = self
             .recorder
             .split(call, membership.color, membership.rank, size);
         Ok(Some(comm))
+    }
+
+    /// The MPI communicator of this rank's part of a split (`Some(None)`
+    /// for a rank left out), where the group formed over MPI.
+    #[cfg(feature = "mpi")]
+    fn split_mpi(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Option<crate::MpiGroup>>, CommError> {
+        let Some(group) = &self.mpi else {
+            return Ok(None);
+        };
+        let split = group
+            .split(color, key)
+            .map_err(|e| CommError::backend("process split", SetupError::from(e)));
+        self.fail_on(split).map(Some)
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn split_mpi(
+        &mut self,
+        _color: Option<u32>,
+        _key: u32,
+    ) -> Result<Option<Option<crate::MpiGroup>>, CommError> {
+        Ok(None)
     }
 
     /// Fail the group on an error this rank found, so no peer waits for it.

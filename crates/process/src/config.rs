@@ -12,14 +12,56 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TransportKind {
     /// A link per peer (the built-in choice): shared memory between
-    /// ranks of one host, TCP between hosts. A group on one host is a
-    /// shared-memory group; one rank per host, a TCP group.
+    /// ranks of one host, the network ([`NetKind`]) between hosts. A
+    /// group on one host is a shared-memory group; one rank per host, a
+    /// network group.
     Auto,
     /// Shared-memory segments for every pair: every rank on one host (a
     /// group spanning hosts is refused).
     Shm,
     /// TCP connections for every pair, even inside a host: any hosts.
     Tcp,
+    /// MPI point-to-point for every pair, even inside a host: a group
+    /// formed over MPI (`ProcessCommunicator::connect_mpi`, feature `mpi`;
+    /// elsewhere a typed `SetupError::Mpi`).
+    Mpi,
+}
+
+/// What links ranks on different hosts under [`TransportKind::Auto`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum NetKind {
+    /// MPI in a group formed over MPI, else TCP.
+    #[default]
+    Auto,
+    /// ferrocoll's own TCP transport.
+    Tcp,
+    /// MPI point-to-point (a group formed over MPI).
+    Mpi,
+}
+
+impl fmt::Display for NetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NetKind::Auto => "auto",
+            NetKind::Tcp => "tcp",
+            NetKind::Mpi => "mpi",
+        })
+    }
+}
+
+impl FromStr for NetKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(NetKind::Auto),
+            "tcp" => Ok(NetKind::Tcp),
+            "mpi" => Ok(NetKind::Mpi),
+            other => Err(format!(
+                "unknown network `{other}` (expected auto, tcp or mpi)"
+            )),
+        }
+    }
 }
 
 impl fmt::Display for TransportKind {
@@ -28,6 +70,7 @@ impl fmt::Display for TransportKind {
             TransportKind::Auto => "auto",
             TransportKind::Shm => "shm",
             TransportKind::Tcp => "tcp",
+            TransportKind::Mpi => "mpi",
         })
     }
 }
@@ -40,12 +83,17 @@ impl FromStr for TransportKind {
             "auto" => Ok(TransportKind::Auto),
             "shm" => Ok(TransportKind::Shm),
             "tcp" => Ok(TransportKind::Tcp),
+            "mpi" => Ok(TransportKind::Mpi),
             other => Err(format!(
-                "unknown transport `{other}` (expected auto, shm or tcp)"
+                "unknown transport `{other}` (expected auto, shm, tcp or mpi)"
             )),
         }
     }
 }
+
+/// The built-in size of the fragments MPI links cut messages into (see
+/// [`ProcessConfig::mpi_fragment_bytes`]).
+const MPI_FRAGMENT_BYTES: usize = 63 << 10;
 
 /// The built-in message size: large enough that the per-message cost (a
 /// header and a doorbell) is small against the copy, small enough that a
@@ -57,8 +105,19 @@ const MESSAGE_BYTES: usize = 512 << 10;
 /// call must come out the same everywhere).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessConfig {
-    /// Shared memory, TCP, or each where it fits (the built-in `Auto`).
+    /// Shared memory, TCP, MPI, or each where it fits (the built-in `Auto`).
     pub transport: TransportKind,
+    /// What links hosts under `TransportKind::Auto`: TCP, or MPI in a
+    /// group formed over MPI (the built-in `Auto` picks MPI there).
+    pub net: NetKind,
+    /// MPI links: a message longer than this goes as MPI messages of at
+    /// most this many bytes, each under the library's eager limit, so no
+    /// send waits on the receiver's rendezvous (OpenMPI's TCP transport
+    /// sends up to 64 KiB eagerly; the built-in 63 KiB leaves room for its
+    /// headers). 0: every message whole — for fabrics whose rendezvous
+    /// moves data without the host (RDMA). Each rank picks its own: the
+    /// receiver learns from the first fragment how many follow.
+    pub mpi_fragment_bytes: usize,
     /// How calls are planned: timeout (a peer that dies is noticed
     /// sooner: shared memory within about 20 ms, TCP when its connection
     /// closes), algorithm or schedule, selector (it must answer the same
@@ -126,6 +185,8 @@ impl ProcessConfig {
     pub fn builtin() -> Self {
         ProcessConfig {
             transport: TransportKind::Auto,
+            net: NetKind::Auto,
+            mpi_fragment_bytes: MPI_FRAGMENT_BYTES,
             planning: Planning::default(),
             max_message_bytes: MESSAGE_BYTES,
             max_channels: 4,
@@ -203,7 +264,17 @@ impl ProcessConfig {
 
     /// Whether ranks of one host link by shared memory.
     pub(crate) fn uses_shm(&self) -> bool {
-        self.transport != TransportKind::Tcp
+        matches!(self.transport, TransportKind::Auto | TransportKind::Shm)
+    }
+
+    /// Whether hosts link by MPI under `Auto`, in a group formed over MPI
+    /// (`over_mpi`) or not.
+    pub(crate) fn net_is_mpi(&self, over_mpi: bool) -> bool {
+        match self.net {
+            NetKind::Auto => over_mpi,
+            NetKind::Tcp => false,
+            NetKind::Mpi => true,
+        }
     }
 
     /// Slots each link gets (see [`ferrocoll_core::comm::link_slots`]).

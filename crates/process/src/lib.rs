@@ -1,14 +1,18 @@
 //! # ferrocoll-process
 //!
 //! ferrocoll's collectives with ranks as **processes**: the same verified
-//! schedules the in-process executor runs, moved over one of two
-//! transports —
+//! schedules the in-process executor runs, moved over a link per peer —
 //!
-//! - **shared memory** (`shm`): every rank on one host; each rank's
-//!   incoming links are bounded rings of slots in a tmpfs segment every
-//!   rank maps, so a message costs one copy;
+//! - **shared memory** (`shm`): ranks of one host; each rank's incoming
+//!   links are bounded rings of slots in a tmpfs segment every rank maps,
+//!   so a message costs one copy;
 //! - **TCP** (`tcp`): any hosts; one connection per pair of ranks, with
-//!   credits keeping each link to the verifier's bounded buffering.
+//!   credits keeping each link to the verifier's bounded buffering;
+//! - **MPI** (`mpi`, feature `mpi`): MPI point-to-point on a communicator
+//!   the group owns, for ranks `mpirun` started (the `mpi` module);
+//!
+//! by default shared memory inside each host and TCP (or, in a group
+//! formed over MPI, MPI) across hosts.
 //!
 //! Processes meet through the rendezvous store
 //! ([`ferrocoll_rendezvous::Store`]; the facade's `env://` bootstrap and
@@ -49,15 +53,37 @@ mod config;
 mod heap_plan;
 pub mod launch_note;
 mod layout;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod one_shot;
 mod panic_note;
 mod point_to_point;
 mod setup;
 mod transport;
 
+#[cfg(feature = "mpi")]
+pub(crate) use mpi::MpiGroup;
+#[cfg(not(feature = "mpi"))]
+pub(crate) use no_mpi::MpiGroup;
+
+/// Without the `mpi` feature no group forms over MPI: its handle is a
+/// type without values, so every path that would use one is dead code.
+#[cfg(not(feature = "mpi"))]
+mod no_mpi {
+    /// No MPI in this build.
+    #[derive(Clone)]
+    pub(crate) enum MpiGroup {}
+
+    impl MpiGroup {
+        pub(crate) fn size(&self) -> u32 {
+            match *self {}
+        }
+    }
+}
+
 pub use cluster::{ClusterModel, SharedClusterModel};
 pub use communicator::{AbortHandle, ProcessCommunicator};
-pub use config::{ProcessConfig, TransportKind};
+pub use config::{NetKind, ProcessConfig, TransportKind};
 pub use layout::HostLayout;
 pub use setup::SetupError;
 pub use transport::shm::heap::SharedBuffer;

@@ -15,12 +15,12 @@ use ferrocoll_rendezvous::{JobSecret, Store, StoreError};
 pub use handshake::fuzz_hello;
 use thiserror::Error;
 
-use crate::cluster;
 use crate::config::{ProcessConfig, TransportKind};
 use crate::layout::HostLayout;
 use crate::transport::Transport;
 use crate::transport::mixed::MixedTransport;
 use crate::transport::tcp::TcpTransport;
+use crate::{MpiGroup, cluster};
 use watch::Watch;
 
 /// Why a process group could not be formed.
@@ -137,15 +137,37 @@ pub enum SetupError {
     /// This system has no shared-memory transport.
     #[error("the shared-memory transport needs a Unix system; use tcp")]
     Unsupported,
+    /// MPI links were asked for and cannot be had: a build without the
+    /// `mpi` feature, a group not formed over MPI, or an MPI call failed.
+    #[error("MPI links: {reason}")]
+    Mpi {
+        /// Why.
+        reason: String,
+    },
 }
 
-/// The settings every rank must share, as text to compare.
-fn fingerprint(config: &ProcessConfig, world_size: u32) -> String {
+#[cfg(feature = "mpi")]
+impl From<crate::mpi::MpiError> for SetupError {
+    fn from(e: crate::mpi::MpiError) -> Self {
+        SetupError::Mpi {
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// The settings every rank must share, as text to compare (`over_mpi`:
+/// the group forms over MPI).
+fn fingerprint(config: &ProcessConfig, world_size: u32, over_mpi: bool) -> String {
     // As planned: `None` and the executor's default plan the same.
     let planned = config.planner_settings();
     format!(
-        "world={world_size} transport={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} algorithms={} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={} cluster={} kernel_watch={}",
+        "world={world_size} transport={} net={} max_message={} slots={} max_channels={} channels={} chunk={} algorithm={:?} algorithms={} selector={} schedule={:?} one_shot={} shared_heap={} heap_chunk={} cluster={} kernel_watch={}",
         config.transport,
+        if config.net_is_mpi(over_mpi) {
+            "mpi"
+        } else {
+            "tcp"
+        },
         config.max_message_bytes,
         planned.slots_per_link,
         config.max_channels,
@@ -192,6 +214,8 @@ fn text(bytes: Vec<u8>) -> String {
 pub(crate) struct Formed {
     /// Its links.
     pub transport: Box<dyn Transport>,
+    /// What kinds they are, in words (`shm inside each of 2 hosts, mpi across`).
+    pub links: String,
     /// Which rank is on which host.
     pub layout: HostLayout,
     /// Rank 0's description of the network between the hosts, where the
@@ -199,12 +223,14 @@ pub(crate) struct Formed {
     pub network: Option<String>,
 }
 
-/// Meet the others and open the transport.
+/// Meet the others and open the transport; `mpi`: the group forms over
+/// MPI, on this communicator (whose ranks are the group's).
 pub(crate) fn connect(
     store: &mut Store,
     rank: Rank,
     world_size: u32,
     config: &ProcessConfig,
+    mpi: Option<&MpiGroup>,
 ) -> Result<Formed, SetupError> {
     if world_size == 0 {
         return Err(SetupError::EmptyWorld);
@@ -212,19 +238,28 @@ pub(crate) fn connect(
     if rank >= world_size {
         return Err(SetupError::RankOutOfRange { rank, world_size });
     }
+    let over_mpi = mpi.is_some();
+    let wants_mpi = config.transport == TransportKind::Mpi
+        || (config.transport == TransportKind::Auto && config.net_is_mpi(over_mpi));
+    if wants_mpi {
+        mpi_available(mpi, world_size)?;
+    }
     match config.transport {
         TransportKind::Shm => shm::check_capacity(world_size, world_size, config)?,
         TransportKind::Tcp => check_files(world_size)?,
+        TransportKind::Mpi => {}
         // Each host is checked once the hosts are known; a group that fits
         // neither on one host nor in a TCP mesh is refused now.
         TransportKind::Auto => {
-            if let Err(e) = shm::check_capacity(world_size, world_size, config) {
+            if let Err(e) = shm::check_capacity(world_size, world_size, config)
+                && !wants_mpi
+            {
                 check_files(world_size).map_err(|_| e)?;
             }
         }
     }
     let mut watch = Watch::start(store, rank, world_size, config.planning.timeout)?;
-    let formed = form(store, &mut watch, rank, world_size, config);
+    let formed = form(store, &mut watch, (rank, world_size), config, mpi);
     formed.map_err(|e| {
         // A rank killed mid-setup cannot remove its host probe: the ones
         // it named are removed by those that see the setup fail.
@@ -277,11 +312,11 @@ fn check_files(_world_size: u32) -> Result<(), SetupError> {
 fn form(
     store: &mut Store,
     watch: &mut Watch,
-    rank: Rank,
-    world_size: u32,
+    (rank, world_size): (Rank, u32),
     config: &ProcessConfig,
+    mpi: Option<&MpiGroup>,
 ) -> Result<Formed, SetupError> {
-    let mine = fingerprint(config, world_size);
+    let mine = fingerprint(config, world_size, mpi.is_some());
     store.set(&format!("pg/config/{rank}"), mine.as_bytes())?;
     let theirs = text(watch.wait(store, "pg/config/0")?);
     if theirs != mine {
@@ -304,7 +339,7 @@ fn form(
         });
     }
     let network = describe_network(store, watch, rank, &layout, config)?;
-    let transport = open(store, watch, (rank, world_size), &layout, config)?;
+    let (transport, links) = open(store, watch, (rank, world_size), &layout, config, mpi)?;
     watch.barrier(store, "pg/connected")?;
     reclaim(store, world_size)?;
     tracing::debug!(
@@ -316,6 +351,7 @@ fn form(
     );
     Ok(Formed {
         transport,
+        links,
         layout,
         network,
     })
@@ -354,25 +390,37 @@ fn describe_network(
         .map_err(|reason| SetupError::Cluster { reason })
 }
 
-/// The links of `rank`: shared memory to the ranks of its host and TCP to
-/// the others, unless the configuration forces one kind.
+/// The links of `rank`: shared memory to the ranks of its host and the
+/// network (TCP, or MPI) to the others, unless the configuration forces
+/// one kind.
 fn open(
     store: &mut Store,
     watch: &mut Watch,
     (rank, world_size): (Rank, u32),
     layout: &HostLayout,
     config: &ProcessConfig,
-) -> Result<Box<dyn Transport>, SetupError> {
+    mpi: Option<&MpiGroup>,
+) -> Result<(Box<dyn Transport>, String), SetupError> {
     let local = layout.ranks_on(layout.host(rank));
     let everyone = |_: Rank| true;
     let one_host = layout.hosts() == 1;
     let alone = (0..layout.hosts()).all(|h| layout.ranks_on(h).len() == 1);
+    let net_mpi = config.net_is_mpi(mpi.is_some());
     let kind = match config.transport {
         TransportKind::Auto if one_host => TransportKind::Shm,
+        TransportKind::Auto if alone && net_mpi => TransportKind::Mpi,
         TransportKind::Auto if alone => TransportKind::Tcp,
         kind => kind,
     };
-    Ok(match kind {
+    let links = match (kind, layout.hosts()) {
+        (TransportKind::Auto, hosts) => format!(
+            "shm inside each of {hosts} hosts, {} across",
+            if net_mpi { "mpi" } else { "tcp" }
+        ),
+        (kind, 1) => kind.to_string(),
+        (kind, hosts) => format!("{kind} ({hosts} hosts)"),
+    };
+    let transport: Box<dyn Transport> = match kind {
         TransportKind::Shm => {
             if config.transport == TransportKind::Auto {
                 shm::check_capacity(world_size, world_size, config)?;
@@ -385,6 +433,14 @@ fn open(
             }
             Box::new(tcp(store, watch, rank, world_size, &everyone, config)?)
         }
+        TransportKind::Mpi => mpi_links(mpi, world_size, config, None)?,
+        TransportKind::Auto if net_mpi => {
+            shm::check_capacity(local.len() as u32, world_size, config)?;
+            // The MPI side first: a group that cannot have it makes no segments.
+            mpi_available(mpi, world_size)?;
+            let shm = shm::open(store, watch, rank, &local, world_size, config)?;
+            mpi_links(mpi, world_size, config, Some((rank, &local, shm)))?
+        }
         TransportKind::Auto => {
             shm::check_capacity(local.len() as u32, world_size, config)?;
             check_files(world_size)?;
@@ -393,7 +449,61 @@ fn open(
             let tcp = tcp(store, watch, rank, world_size, &remote, config)?;
             Box::new(MixedTransport::new(rank, &local, world_size, shm, tcp))
         }
+    };
+    Ok((transport, links))
+}
+
+/// Refuse MPI links where there is no MPI group of `world_size` ranks.
+fn mpi_available(mpi: Option<&MpiGroup>, world_size: u32) -> Result<(), SetupError> {
+    let reason = if cfg!(not(feature = "mpi")) {
+        "this build of ferrocoll has no MPI (build it with the `mpi` feature)".to_owned()
+    } else {
+        match mpi.map(MpiGroup::size) {
+            Some(n) if n == world_size => return Ok(()),
+            Some(n) => format!("the MPI communicator has {n} ranks, the group {world_size}"),
+            None => "MPI links need a group formed over MPI (`ProcessCommunicator::connect_mpi`, \
+                     or `ferrocoll::env::mpi_communicator` under mpirun)"
+                .to_owned(),
+        }
+    };
+    Err(SetupError::Mpi { reason })
+}
+
+/// MPI links to every rank, or — with this rank's host's shared-memory
+/// links — MPI to the ranks of other hosts only.
+#[cfg(feature = "mpi")]
+fn mpi_links(
+    mpi: Option<&MpiGroup>,
+    world_size: u32,
+    config: &ProcessConfig,
+    shm: Option<(Rank, &[Rank], crate::transport::shm::ShmTransport)>,
+) -> Result<Box<dyn Transport>, SetupError> {
+    use crate::transport::mpi::MpiTransport;
+    mpi_available(mpi, world_size)?;
+    let group = mpi.expect("checked just above");
+    let net = MpiTransport::new(
+        group,
+        config.link_slots(),
+        config.max_message_bytes.max(64),
+        config.one_shot_rule(world_size).staging_bytes(world_size),
+        config.mpi_fragment_bytes,
+    );
+    Ok(match shm {
+        None => Box::new(net),
+        Some((rank, local, shm)) => {
+            Box::new(MixedTransport::new(rank, local, world_size, shm, net))
+        }
     })
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_links(
+    mpi: Option<&MpiGroup>,
+    world_size: u32,
+    _config: &ProcessConfig,
+    _shm: Option<(Rank, &[Rank], crate::transport::shm::ShmTransport)>,
+) -> Result<Box<dyn Transport>, SetupError> {
+    mpi_available(mpi, world_size).map(|()| unreachable!("no MPI group exists without the feature"))
 }
 
 /// Keep rank 0 (and the store it hosts) up until every rank has said it

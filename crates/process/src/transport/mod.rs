@@ -4,10 +4,14 @@
 //! verifier proved schedules against: one FIFO link per (sender, receiver,
 //! channel) holding at most `slots` unconsumed messages. Everything else —
 //! which step fires when, what is reduced — lives in the executor, so the
-//! transports (shared memory, TCP, and the two mixed: shared memory
-//! inside a host, TCP across) run the same code above them.
+//! transports (shared memory, TCP, MPI point-to-point with the feature
+//! `mpi`, and the mixed: shared memory inside a host, TCP or MPI across)
+//! run the same code above them.
 
+pub(crate) mod message;
 pub(crate) mod mixed;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
@@ -76,6 +80,13 @@ pub(crate) trait Transport: Links + Send {
     /// (`len` bytes): a transport whose peers cannot map that staging
     /// sends it with the call's announcement.
     fn stage(&mut self, _call: u64, _len: usize) {}
+
+    /// Whether messages are in flight that only this thread's looks at
+    /// the transport move along (MPI moves a large message only inside
+    /// calls on both sides): a waiter must then keep looking, not sleep.
+    fn driven(&self) -> bool {
+        false
+    }
 
     /// A call ended: hand peers whatever this rank still owes them (a
     /// transport that batches acknowledgements sends them now, so no peer

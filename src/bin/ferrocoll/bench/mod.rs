@@ -23,6 +23,7 @@ mod row;
 mod run;
 pub(crate) mod setup;
 mod target;
+mod terminate;
 #[cfg(test)]
 mod tests;
 mod threads;
@@ -75,11 +76,17 @@ pub(crate) struct BenchArgs {
     /// from `ferrocoll launch` instead.
     #[arg(long, default_value_t = 4)]
     ranks: u32,
-    /// `cpu` only: ranks are processes started by `ferrocoll launch`,
-    /// linked by `auto` (shared memory inside a host, TCP across hosts),
-    /// `shm` (one host) or `tcp` (every pair); rank 0 prints the table.
+    /// `cpu` only: ranks are processes started by `ferrocoll launch` (or
+    /// by `mpirun`, in a build with the `mpi` feature), linked by `auto`
+    /// (shared memory inside a host, the network across hosts), `shm`
+    /// (one host), `tcp` or `mpi` (every pair); rank 0 prints the table.
     #[arg(long)]
     transport: Option<ferrocoll::process::TransportKind>,
+    /// `--transport auto`: what links hosts, `tcp` (ferrocoll's own) or
+    /// `mpi` (MPI point-to-point); `auto`: MPI under mpirun in a build
+    /// with the `mpi` feature, else TCP.
+    #[arg(long, default_value_t = ferrocoll::process::NetKind::Auto)]
+    net: ferrocoll::process::NetKind,
     /// `--transport auto|tcp` across hosts: each host's network port in
     /// Gbit/s (default `FERROCOLL_NET_GBPS`). `auto` then selects per
     /// size on a model of the cluster (hosts like rank 0's, one switch)
@@ -290,7 +297,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         false => None,
     };
     let mut facts = facts;
-    let rows = sweep(
+    let rows = match sweep(
         &*target,
         &args,
         &setup,
@@ -298,7 +305,17 @@ pub(crate) fn run(args: &BenchArgs) -> Result<ExitCode, String> {
         predictor.as_ref(),
         bandwidth.as_ref(),
         &mut facts,
-    )?;
+    ) {
+        Ok(rows) => rows,
+        // The launcher is ending the job and kills what is left in a
+        // moment: say why now, and leave without the group's teardown,
+        // which would wait for peers that are gone.
+        Err(e) if terminate::terminated().is_some() => {
+            eprintln!("error: {e}");
+            std::process::exit(128 + terminate::terminated().unwrap_or(0));
+        }
+        Err(e) => return Err(e),
+    };
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }

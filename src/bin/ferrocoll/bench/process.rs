@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrocoll::Verified;
 use ferrocoll::aligned::AlignedBuffer;
-use ferrocoll::comm::{Call, CommError, Communicator, Planning};
+use ferrocoll::comm::{Call, CommError, Communicator};
 use ferrocoll::conformance::KitElement;
 use ferrocoll::cpu::CpuConfig;
 use ferrocoll::network::Network;
@@ -25,10 +25,13 @@ use super::target::{Sweep, Target, host_bandwidth};
 pub(crate) struct Processes {
     comm: Mutex<ProcessCommunicator>,
     config: ProcessConfig,
+    /// The MPI library, where the group formed over MPI.
+    mpi: Option<String>,
 }
 
-/// Join the process group `launch` started (env:// variables) over
-/// `args.transport`; `args.ranks` becomes the group's size.
+/// Join the process group `launch` started (env:// variables), or in a
+/// build with MPI the one `mpirun` started, over `args.transport`;
+/// `args.ranks` becomes the group's size.
 pub(crate) fn open(args: &mut BenchArgs) -> Result<Box<dyn Target>, String> {
     let transport = args.transport.unwrap_or(TransportKind::Auto);
     // The FERROCOLL_* settings (algorithm, timeout, job id) on the
@@ -37,31 +40,99 @@ pub(crate) fn open(args: &mut BenchArgs) -> Result<Box<dyn Target>, String> {
     let env = ProcessConfig::builtin()
         .with_env()
         .map_err(|e| e.to_string())?;
-    let boot =
-        ferrocoll::env::bootstrap_from_env(env.planning.timeout).map_err(|e| e.to_string())?;
-    args.ranks = boot.world_size;
     let network = match (args.net_gbps, &args.cluster) {
         (Some(gbit), _) => Some(Network::Rate(gbit)),
         (None, Some(file)) => Some(Network::File(file.clone())),
         (None, None) => ferrocoll::env::network_from_env().map_err(|e| e.to_string())?,
     };
-    let config = ProcessConfig {
+    let mut config = ProcessConfig {
         cluster: network.map(ferrocoll::network::cluster_model),
         transport,
+        net: args.net,
         max_message_bytes: args.max_chunk_bytes.unwrap_or(env.max_message_bytes),
         shared_heap_bytes: shared_heap_bytes(args, transport),
-        planning: Planning {
-            schedule: custom_schedule(&args.algo, args.ranks)?,
-            ..env.planning
-        },
         ..env
     };
-    let comm = ProcessCommunicator::connect(boot.store, boot.rank, boot.world_size, &config)
-        .map_err(|e| e.to_string())?;
+    let mut library = None;
+    let comm = match over_mpi()? {
+        Some(mpi) => {
+            args.ranks = mpi.world_size()?;
+            config.planning.schedule = custom_schedule(&args.algo, args.ranks)?;
+            library = Some(mpi.library());
+            let comm = mpi.connect(&config)?;
+            super::terminate::abort_on_termination(comm.rank(), comm.abort_handle())?;
+            comm
+        }
+        None => {
+            let boot = ferrocoll::env::bootstrap_from_env(config.planning.timeout)
+                .map_err(|e| e.to_string())?;
+            args.ranks = boot.world_size;
+            config.planning.schedule = custom_schedule(&args.algo, args.ranks)?;
+            ProcessCommunicator::connect(boot.store, boot.rank, boot.world_size, &config)
+                .map_err(|e| e.to_string())?
+        }
+    };
     Ok(Box::new(Processes {
         comm: Mutex::new(comm),
         config,
+        mpi: library,
     }))
+}
+
+/// MPI, where this build has it and an MPI launcher started this process:
+/// the group then forms over MPI (no `MASTER_ADDR` needed).
+#[cfg(feature = "mpi")]
+fn over_mpi() -> Result<Option<OverMpi>, String> {
+    use ferrocoll::process::mpi::Mpi;
+    if !Mpi::launched() {
+        return Ok(None);
+    }
+    Mpi::init()
+        .map(|mpi| Some(OverMpi(mpi)))
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn over_mpi() -> Result<Option<OverMpi>, String> {
+    Ok(None)
+}
+
+/// MPI, initialized for this process.
+#[cfg(feature = "mpi")]
+struct OverMpi(ferrocoll::process::mpi::Mpi);
+
+#[cfg(feature = "mpi")]
+impl OverMpi {
+    fn world_size(&self) -> Result<u32, String> {
+        self.0.world_size().map_err(|e| e.to_string())
+    }
+
+    fn library(&self) -> String {
+        format!("{}, threads: {:?}", self.0.library(), self.0.threading())
+    }
+
+    fn connect(self, config: &ProcessConfig) -> Result<ProcessCommunicator, String> {
+        ProcessCommunicator::connect_mpi(&self.0, config).map_err(|e| e.to_string())
+    }
+}
+
+/// No MPI in this build: never made.
+#[cfg(not(feature = "mpi"))]
+enum OverMpi {}
+
+#[cfg(not(feature = "mpi"))]
+impl OverMpi {
+    fn world_size(&self) -> Result<u32, String> {
+        match *self {}
+    }
+
+    fn library(&self) -> String {
+        match *self {}
+    }
+
+    fn connect(self, _config: &ProcessConfig) -> Result<ProcessCommunicator, String> {
+        match self {}
+    }
 }
 
 /// The largest shared heap the bench asks for, per rank.
@@ -71,7 +142,7 @@ const MAX_BENCH_HEAP: usize = 1 << 30;
 /// buffers at a time), when the transport has a shared heap and the run
 /// wants one.
 fn shared_heap_bytes(args: &BenchArgs, transport: TransportKind) -> usize {
-    if args.no_shared_heap || transport == TransportKind::Tcp {
+    if args.no_shared_heap || !matches!(transport, TransportKind::Auto | TransportKind::Shm) {
         return 0;
     }
     let want = args
@@ -80,17 +151,6 @@ fn shared_heap_bytes(args: &BenchArgs, transport: TransportKind) -> usize {
         .saturating_add(1 << 20)
         .next_multiple_of(4096);
     if want > MAX_BENCH_HEAP { 0 } else { want }
-}
-
-/// How the ranks are linked, for the header.
-fn links(transport: TransportKind, layout: &ferrocoll::process::HostLayout) -> String {
-    let hosts = layout.hosts();
-    match transport {
-        TransportKind::Auto if hosts == 1 => "shm (auto: one host)".to_owned(),
-        TransportKind::Auto => format!("shm inside each of {hosts} hosts, tcp across (auto)"),
-        other if hosts == 1 => other.to_string(),
-        other => format!("{other} ({hosts} hosts)"),
-    }
 }
 
 impl Target for Processes {
@@ -104,14 +164,19 @@ impl Target for Processes {
 
     fn describe(&self, args: &BenchArgs, _config: &CpuConfig, algorithm: &str) -> Vec<String> {
         let p = &self.config;
-        let links = self.comm.lock().map_or_else(
-            |_| p.transport.to_string(),
-            |c| links(p.transport, c.layout()),
-        );
+        let links = self
+            .comm
+            .lock()
+            .map_or_else(|_| p.transport.to_string(), |c| c.links().to_owned());
         let mut lines = vec![format!(
             "# executor: cpu, {} processes over {links}, max message {} B, {} slots per link, timeout {:?}, algorithm {algorithm}",
             args.ranks, p.max_message_bytes, p.planning.slots_per_link, p.planning.timeout,
         )];
+        if let Some(library) = &self.mpi {
+            lines.push(format!(
+                "# formed over MPI: {library} (messages over MPI links are MPI non-blocking sends on the group's own communicator)"
+            ));
+        }
         if let Some(model) = &p.cluster {
             lines.push(format!(
                 "# network between hosts: {}; across hosts `auto` selects each size on rank 0's model of the cluster",
@@ -268,10 +333,11 @@ impl BenchRank for ProcessCommunicator {
         Ok(Cow::Borrowed(buffers.1.slice()))
     }
 
-    /// One host linked by shared memory only: TCP ranks may sit on hosts
-    /// whose clocks and memories differ (every rank has the same
+    /// One host linked by shared memory only: TCP or MPI ranks may sit on
+    /// hosts whose clocks and memories differ (every rank has the same
     /// transport and layout: both are agreed at setup).
     fn shares_host_memory(&self) -> bool {
-        self.transport() != TransportKind::Tcp && self.layout().hosts() == 1
+        matches!(self.transport(), TransportKind::Auto | TransportKind::Shm)
+            && self.layout().hosts() == 1
     }
 }

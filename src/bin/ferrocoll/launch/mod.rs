@@ -22,7 +22,7 @@ mod forward;
 mod job;
 mod nodes;
 mod notes;
-mod signals;
+pub(crate) mod signals;
 mod supervise;
 mod tree;
 pub(crate) mod watchdog;

@@ -20,12 +20,20 @@ extern "C" fn record(signal: libc::c_int) {
 /// Install the handlers (before any rank starts, so no signal is lost).
 pub(crate) fn install() -> Result<(), String> {
     #[cfg(unix)]
-    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction with a handler that touches only
-        // atomics, installed for signals whose default we replace on purpose.
+    handle(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP], record)?;
+    Ok(())
+}
+
+/// Replace the disposition of `signals` by `handler`, which must be
+/// async-signal-safe (atomics, `write(2)`).
+#[cfg(unix)]
+pub(crate) fn handle(signals: &[i32], handler: extern "C" fn(libc::c_int)) -> Result<(), String> {
+    for &signal in signals {
+        // SAFETY: a zeroed sigaction with a handler the caller vouches is
+        // async-signal-safe, for signals whose default it replaces on purpose.
         let rc = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = record as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_sigaction = handler as libc::sighandler_t;
             action.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(signal, &action, std::ptr::null_mut())

@@ -9,7 +9,7 @@
 
 use std::io::{ErrorKind, Read};
 
-use super::frame::{self, Frame, PREFIX_BYTES, Prefix};
+use crate::transport::message::frame::{self, Frame, PREFIX_BYTES, Prefix};
 use ferrocoll_core::link::{HEADER_BYTES, Header};
 
 /// The buffer small frames are read through; larger data frames bypass it.
@@ -77,6 +77,7 @@ impl Inflow {
                         channel: done.channel,
                         header: done.header,
                         data: done.data,
+                        start: 0,
                     })?;
                 }
                 continue;

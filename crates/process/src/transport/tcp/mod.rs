@@ -46,17 +46,16 @@ use super::{CONTROL_CHANNEL, Transport};
 use ferrocoll_core::link::Header;
 use ferrocoll_core::link::{Incoming, Links};
 
-mod frame;
 mod inflow;
-mod mailbox;
 mod poller;
 mod silence;
 
-use frame::{ACK, BYE, DATA, FAIL, MAX_REASON, encode_prefix};
+use super::message::frame::{ACK, BYE, DATA, FAIL, MAX_REASON, encode_prefix};
+use super::message::mailbox::Mailbox;
+use super::message::staging::Staging;
 use inflow::Inflow;
 #[doc(hidden)]
 pub use inflow::fuzz_frames;
-use mailbox::Mailbox;
 use poller::{Poller, Waker};
 use silence::SILENCE;
 
@@ -206,27 +205,6 @@ struct Link {
     inflow: Inflow,
 }
 
-/// Inputs of one-shot calls: this rank's, and what each peer's
-/// announcements carried (by call parity: a peer announces call `c + 2`
-/// only after this rank announced `c + 1`, so after it finished `c`).
-struct Staging {
-    /// Cells: the communicator writes the input through the pointer
-    /// `staging` hands out from a shared borrow.
-    own: Box<[std::cell::UnsafeCell<u64>]>,
-    room: usize,
-    /// The call whose announcement carries `own`, and how many bytes.
-    staged: Option<(u64, usize)>,
-    peers: Vec<[Option<Carried>; 2]>,
-}
-
-/// The input a peer's announcement carried: its call, bytes and length.
-#[derive(Clone)]
-struct Carried {
-    call: u64,
-    data: Vec<u64>,
-    len: usize,
-}
-
 /// One rank's end of the TCP transport.
 pub(crate) struct TcpTransport {
     rank: Rank,
@@ -237,7 +215,6 @@ pub(crate) struct TcpTransport {
     links: Vec<Option<Link>>,
     mail: Mailbox,
     poller: Poller,
-    sent: HashMap<(Rank, u32), u64>,
     outgoing: HashMap<(Rank, u32), Vec<u64>>,
     staging: Staging,
 }
@@ -296,16 +273,8 @@ impl TcpTransport {
             links,
             mail: Mailbox::new(n),
             poller,
-            sent: HashMap::new(),
             outgoing: HashMap::new(),
-            staging: Staging {
-                own: (0..one_shot_room.div_ceil(8))
-                    .map(|_| std::cell::UnsafeCell::new(0))
-                    .collect(),
-                room: one_shot_room,
-                staged: None,
-                peers: vec![[None, None]; n],
-            },
+            staging: Staging::new(one_shot_room, n),
         })
     }
 
@@ -464,50 +433,25 @@ unsafe impl Links for TcpTransport {
         if let Err(e) = written {
             return Err(self.note_lost(to, &e));
         }
-        if channel != CONTROL_CHANNEL {
-            *self.sent.entry((to, channel)).or_default() += 1;
-        }
+        self.mail.count_sent(to, channel);
         Ok(())
     }
 
     fn peek(&mut self, from: Rank, channel: u32) -> Result<Option<Incoming>, CommError> {
-        Ok(self
-            .mail
-            .queues
-            .get(&(from, channel))
-            .and_then(|q| q.front())
-            .map(|m| Incoming {
-                call: m.header.call,
-                len: m.header.len as usize,
-                // The vector's heap buffer does not move while the message
-                // is queued.
-                payload: m.data.as_ptr() as *const u8,
-            }))
+        Ok(self.mail.peek(from, channel))
     }
 
     fn peek_header(&mut self, from: Rank, channel: u32) -> Option<Header> {
-        self.mail
-            .queues
-            .get(&(from, channel))
-            .and_then(|q| q.front())
-            .map(|m| m.header.clone())
+        self.mail.peek_header(from, channel)
     }
 
     fn release(&mut self, from: Rank, channel: u32) -> Result<(), CommError> {
-        let popped = self
-            .mail
-            .queues
-            .get_mut(&(from, channel))
-            .and_then(|q| q.pop_front());
-        if popped.is_some() && channel != CONTROL_CHANNEL {
-            *self.mail.owed[from as usize].entry(channel).or_default() += 1;
-        }
+        self.mail.release(from, channel);
         Ok(())
     }
 
     fn unconsumed(&mut self, to: Rank, channel: u32) -> u64 {
-        let sent = self.sent.get(&(to, channel)).copied().unwrap_or(0);
-        sent.saturating_sub(self.mail.acked.get(&(to, channel)).copied().unwrap_or(0))
+        self.mail.unconsumed(to, channel)
     }
 
     fn ticket(&self) -> u64 {
@@ -561,16 +505,11 @@ unsafe impl Links for TcpTransport {
     }
 
     fn departed(&mut self, peer: Rank) -> bool {
-        (peer as usize) < self.mail.departed.len() && self.mail.gone(peer)
+        self.mail.departed(peer)
     }
 
     fn farewell(&self, peer: Rank) -> String {
-        self.mail
-            .lost
-            .get(peer as usize)
-            .cloned()
-            .flatten()
-            .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
+        self.mail.farewell(peer)
     }
 }
 
@@ -606,58 +545,29 @@ impl Transport for TcpTransport {
     }
 
     fn staging(&self, rank: Rank, call: u64) -> Option<(*mut u8, usize)> {
-        let s = &self.staging;
-        if s.room == 0 {
-            return None;
-        }
-        if rank == self.rank {
-            return Some((s.own.as_ptr() as *mut u8, s.room));
-        }
-        match &s.peers.get(rank as usize)?[(call % 2) as usize] {
-            Some(c) if c.call == call => Some((c.data.as_ptr() as *mut u8, c.len)),
-            _ => None,
-        }
+        self.staging.input(self.rank, rank, call)
     }
 
     fn stage(&mut self, call: u64, len: usize) {
-        self.staging.staged = Some((call, len.min(self.staging.room)));
+        self.staging.stage(call, len);
     }
 
     /// An announcement is a data frame on the control channel; for the
     /// call this rank staged a one-shot input for, it carries that input.
     fn announce(&mut self, to: Rank, header: &Header) -> Result<bool, CommError> {
-        let staged = match self.staging.staged {
-            Some((call, len)) if call == header.call => len,
-            _ => 0,
-        };
+        let (own, staged) = self.staging.carried(header);
         let head = Header::new(header.call, staged, header.signature()).encode();
-        let own = std::mem::take(&mut self.staging.own);
-        // SAFETY: the cells hold `room >= staged` bytes (`stage` caps the
-        // length); nothing writes them while this frame is sent.
-        let payload = unsafe { std::slice::from_raw_parts(own.as_ptr() as *const u8, staged) };
+        // SAFETY: `carried` names `staged` bytes of this rank's staging,
+        // which writing a frame leaves alone.
+        let payload = unsafe { std::slice::from_raw_parts(own, staged) };
         let written = self.write_data(to, CONTROL_CHANNEL, &[&head, payload]);
-        self.staging.own = own;
         written.map(|()| true).map_err(|e| self.note_lost(to, &e))
     }
 
     /// The newest announcement from `from`; the inputs earlier ones carry
     /// are kept by call parity for the one-shot protocol.
     fn announcement(&mut self, from: Rank) -> Result<Option<Header>, CommError> {
-        let Some(queue) = self.mail.queues.get_mut(&(from, CONTROL_CHANNEL)) else {
-            return Ok(None);
-        };
-        let mut newest = None;
-        while let Some(m) = queue.pop_front() {
-            // Kept even when empty: a one-shot input may be 0 bytes.
-            let slot = (m.header.call % 2) as usize;
-            self.staging.peers[from as usize][slot] = Some(Carried {
-                call: m.header.call,
-                len: m.header.len as usize,
-                data: m.data,
-            });
-            newest = Some(m.header);
-        }
-        Ok(newest)
+        Ok(self.staging.take_announcements(&mut self.mail, from))
     }
 }
 

@@ -1,6 +1,6 @@
-use super::frame::{Frame, MAX_WIRE_CHANNELS, PREFIX_BYTES};
 use super::inflow::Pieces;
 use super::*;
+use crate::transport::message::frame::{self, Frame, MAX_WIRE_CHANNELS, PREFIX_BYTES};
 use ferrocoll_core::link::HEADER_BYTES;
 use std::io::Write;
 use std::net::TcpListener;
@@ -238,6 +238,7 @@ fn frames_of_every_size_survive_any_split() {
                 channel,
                 header,
                 data,
+                ..
             } = f
             else {
                 panic!("{f:?}")

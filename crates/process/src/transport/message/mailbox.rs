@@ -1,4 +1,4 @@
-//! What the frames read off the connections leave behind: queued
+//! What the frames a message transport receives leave behind: queued
 //! messages per (sender, channel), credits returned and owed, failures
 //! and departures heard of.
 
@@ -8,24 +8,36 @@ use ferrocoll_core::Rank;
 
 use super::frame::{Frame, protocol_error};
 use crate::transport::CONTROL_CHANNEL;
-use ferrocoll_core::link::Header;
+use ferrocoll_core::link::{Header, Incoming};
 
 /// Announcements a peer may have queued here: the agreement lets a rank
 /// run at most one call ahead (two announcements), with room to spare.
 const MAX_ANNOUNCEMENTS: u64 = 4;
 
-pub(super) struct Message {
+pub(crate) struct Message {
     pub header: Header,
     /// `u64`s so the payload is aligned for every element type.
     pub data: Vec<u64>,
+    /// The word of `data` the payload starts at.
+    pub start: usize,
 }
 
-pub(super) struct Mailbox {
+impl Message {
+    /// The payload's first byte; stays put while the message is queued
+    /// (the vector's buffer does not move).
+    pub fn payload(&self) -> *const u8 {
+        self.data[self.start..].as_ptr() as *const u8
+    }
+}
+
+pub(crate) struct Mailbox {
     /// Moves whenever a frame arrives or a connection ends.
     pub ticket: u64,
     pub queues: HashMap<(Rank, u32), VecDeque<Message>>,
     /// Credits each peer returned per outgoing link.
     pub acked: HashMap<(Rank, u32), u64>,
+    /// Messages this rank sent per outgoing link (announcements aside).
+    pub sent: HashMap<(Rank, u32), u64>,
     /// Credits this rank owes each peer per link: messages consumed and
     /// not acknowledged yet (sent with the next frame to that peer, before
     /// this rank sleeps, and when a call ends).
@@ -47,6 +59,7 @@ impl Mailbox {
             ticket: 0,
             queues: HashMap::new(),
             acked: HashMap::new(),
+            sent: HashMap::new(),
             owed: vec![HashMap::new(); world_size],
             failures: vec![None; world_size],
             departed: vec![false; world_size],
@@ -64,6 +77,7 @@ impl Mailbox {
                 channel,
                 header,
                 data,
+                start,
             } => {
                 let queue = self.queues.entry((peer, channel)).or_default();
                 let bound = if channel == CONTROL_CHANNEL {
@@ -76,7 +90,11 @@ impl Mailbox {
                         "more than {bound} unconsumed messages on channel {channel}"
                     )));
                 }
-                queue.push_back(Message { header, data });
+                queue.push_back(Message {
+                    header,
+                    data,
+                    start,
+                });
             }
             Frame::Ack { channel, count } => {
                 let acked = self.acked.entry((peer, channel)).or_default();
@@ -138,6 +156,72 @@ impl Mailbox {
             .filter(|(_, _, at)| *at <= here)
             .min_by_key(|(_, _, at)| *at)
             .map(|(rank, reason, _)| (*rank, reason.clone()))
+    }
+
+    /// The oldest unconsumed message from `from` on `channel`.
+    pub fn peek(&self, from: Rank, channel: u32) -> Option<Incoming> {
+        self.front(from, channel).map(|m| Incoming {
+            call: m.header.call,
+            len: m.header.len as usize,
+            payload: m.payload(),
+        })
+    }
+
+    /// Its header.
+    pub fn peek_header(&self, from: Rank, channel: u32) -> Option<Header> {
+        self.front(from, channel).map(|m| m.header.clone())
+    }
+
+    fn front(&self, from: Rank, channel: u32) -> Option<&Message> {
+        self.queues.get(&(from, channel)).and_then(|q| q.front())
+    }
+
+    /// Consume the oldest message from `from` on `channel`: one credit
+    /// owed to it (announcements aside). The message, for its buffer.
+    pub fn release(&mut self, from: Rank, channel: u32) -> Option<Message> {
+        let popped = self
+            .queues
+            .get_mut(&(from, channel))
+            .and_then(|q| q.pop_front());
+        if popped.is_some() && channel != CONTROL_CHANNEL {
+            *self.owed[from as usize].entry(channel).or_default() += 1;
+        }
+        popped
+    }
+
+    /// A message went to `to` on `channel`.
+    pub fn count_sent(&mut self, to: Rank, channel: u32) {
+        if channel != CONTROL_CHANNEL {
+            *self.sent.entry((to, channel)).or_default() += 1;
+        }
+    }
+
+    /// Messages sent to `to` on `channel` it has not returned credit for.
+    pub fn unconsumed(&self, to: Rank, channel: u32) -> u64 {
+        let sent = self.sent.get(&(to, channel)).copied().unwrap_or(0);
+        sent.saturating_sub(self.acked.get(&(to, channel)).copied().unwrap_or(0))
+    }
+
+    /// Whether `peer` (a rank of the group) is gone.
+    pub fn departed(&self, peer: Rank) -> bool {
+        (peer as usize) < self.departed.len() && self.gone(peer)
+    }
+
+    /// Why `peer` is gone.
+    pub fn farewell(&self, peer: Rank) -> String {
+        self.lost
+            .get(peer as usize)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| "left the group (its communicator was dropped)".to_owned())
+    }
+
+    /// The announcements `from` sent since the last look, oldest first.
+    pub fn announcements(&mut self, from: Rank) -> impl Iterator<Item = Message> + '_ {
+        self.queues
+            .get_mut(&(from, CONTROL_CHANNEL))
+            .into_iter()
+            .flat_map(|q| q.drain(..))
     }
 
     /// The credits owed to `peer`, taken (the caller sends them).

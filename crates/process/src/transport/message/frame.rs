@@ -1,4 +1,4 @@
-//! The TCP transport's frames on the wire, and the checks that trust none
+//! The frames of the message transports (TCP, MPI) on the wire, and the checks that trust none
 //! of their fields: a 16-byte prefix (kind, channel, length), then for
 //! data the message header and payload, for credits their count, for a
 //! failure the position it happened at (u64 LE) and its reason (the
@@ -8,17 +8,17 @@ use ferrocoll_core::Rank;
 
 use ferrocoll_core::link::{HEADER_BYTES, Header};
 
-pub(super) const DATA: u32 = 1;
-pub(super) const ACK: u32 = 2;
-pub(super) const FAIL: u32 = 3;
-pub(super) const BYE: u32 = 4;
-pub(super) const PREFIX_BYTES: usize = 16;
+pub(crate) const DATA: u32 = 1;
+pub(crate) const ACK: u32 = 2;
+pub(crate) const FAIL: u32 = 3;
+pub(crate) const BYE: u32 = 4;
+pub(crate) const PREFIX_BYTES: usize = 16;
 /// An ack frame's body: how many credits it returns.
-pub(super) const ACK_BYTES: usize = 8;
+pub(crate) const ACK_BYTES: usize = 8;
 /// The longest failure reason sent to peers.
-pub(super) const MAX_REASON: usize = 4096;
+pub(crate) const MAX_REASON: usize = 4096;
 /// A failure frame's body before its reason: the position it happened at.
-pub(super) const FAIL_AT_BYTES: usize = 8;
+pub(crate) const FAIL_AT_BYTES: usize = 8;
 /// Channel numbers a data or ack frame may carry (besides the
 /// point-to-point channel, `u32::MAX`): far more than any schedule uses,
 /// few enough that a peer cannot grow the per-channel queues without bound.
@@ -26,13 +26,16 @@ pub(crate) const MAX_WIRE_CHANNELS: u32 = 1 << 16;
 
 /// One frame, read and checked.
 #[derive(Debug)]
-pub(super) enum Frame {
+pub(crate) enum Frame {
     /// A message on `channel`.
     Data {
         channel: u32,
         header: Header,
-        /// The payload, in `u64`s so it is aligned for every element type.
+        /// The payload, in `u64`s so it is aligned for every element type,
+        /// from word `start` on (a transport that receives a whole frame
+        /// into one buffer leaves the prefix and header in front).
         data: Vec<u64>,
+        start: usize,
     },
     /// `count` credits returned on `channel`.
     Ack { channel: u32, count: u64 },
@@ -48,14 +51,14 @@ pub(super) enum Frame {
 
 /// A frame's prefix, checked: what follows it and how long it is.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Prefix {
+pub(crate) struct Prefix {
     pub kind: u32,
     pub channel: u32,
     /// Bytes after the prefix.
     pub len: usize,
 }
 
-pub(super) fn protocol_error(what: String) -> std::io::Error {
+pub(crate) fn protocol_error(what: String) -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::InvalidData,
         format!("protocol error: {what}"),
@@ -65,12 +68,12 @@ pub(super) fn protocol_error(what: String) -> std::io::Error {
 /// Whether a channel number read off the wire is one a peer may use: a
 /// schedule channel, or the point-to-point channel (the communicator's
 /// `p2p_channel` is `u32::MAX` on a transport without `max_channel`).
-pub(super) fn channel_ok(channel: u32) -> bool {
+pub(crate) fn channel_ok(channel: u32) -> bool {
     channel < MAX_WIRE_CHANNELS || channel == u32::MAX
 }
 
 /// The prefix of a frame of `kind` on `channel` with `len` bytes after it.
-pub(super) fn encode_prefix(kind: u32, channel: u32, len: usize) -> [u8; PREFIX_BYTES] {
+pub(crate) fn encode_prefix(kind: u32, channel: u32, len: usize) -> [u8; PREFIX_BYTES] {
     let mut prefix = [0u8; PREFIX_BYTES];
     prefix[0..4].copy_from_slice(&kind.to_le_bytes());
     prefix[4..8].copy_from_slice(&channel.to_le_bytes());
@@ -81,7 +84,7 @@ pub(super) fn encode_prefix(kind: u32, channel: u32, len: usize) -> [u8; PREFIX_
 /// Check a prefix read off the wire before anything it announces is
 /// read or allocated: a known kind, a length that fits its kind and
 /// `max_payload`, a channel a peer may use.
-pub(super) fn parse_prefix(
+pub(crate) fn parse_prefix(
     bytes: &[u8; PREFIX_BYTES],
     max_payload: usize,
 ) -> std::io::Result<Prefix> {
@@ -117,7 +120,7 @@ pub(super) fn parse_prefix(
 
 /// A data frame's header, checked against the payload its prefix
 /// announced.
-pub(super) fn data_header(prefix: &Prefix, bytes: &[u8; HEADER_BYTES]) -> std::io::Result<Header> {
+pub(crate) fn data_header(prefix: &Prefix, bytes: &[u8; HEADER_BYTES]) -> std::io::Result<Header> {
     let header = Header::decode(bytes);
     let payload = prefix.len - HEADER_BYTES;
     if header.len != payload as u64 {
@@ -130,12 +133,12 @@ pub(super) fn data_header(prefix: &Prefix, bytes: &[u8; HEADER_BYTES]) -> std::i
 }
 
 /// An aligned buffer for `bytes` payload bytes.
-pub(super) fn payload_buffer(bytes: usize) -> Vec<u64> {
+pub(crate) fn payload_buffer(bytes: usize) -> Vec<u64> {
     vec![0u64; bytes.div_ceil(8)]
 }
 
 /// The first `len` bytes of `data`, as bytes to fill.
-pub(super) fn payload_bytes(data: &mut [u64], len: usize) -> &mut [u8] {
+pub(crate) fn payload_bytes(data: &mut [u64], len: usize) -> &mut [u8] {
     assert!(len <= data.len() * 8);
     // SAFETY: viewing the u64 buffer's first `len` bytes (checked above)
     // as bytes; any byte pattern is a valid u64.
@@ -144,13 +147,13 @@ pub(super) fn payload_bytes(data: &mut [u64], len: usize) -> &mut [u8] {
 
 /// All of `data`'s bytes.
 #[cfg(test)]
-pub(super) fn payload_bytes_of(data: &[u64]) -> &[u8] {
+pub(crate) fn payload_bytes_of(data: &[u64]) -> &[u8] {
     // SAFETY: viewing a live u64 buffer as its bytes.
     unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 8) }
 }
 
 /// Decode a whole frame whose body (`prefix.len` bytes) is in `body`.
-pub(super) fn decode(prefix: &Prefix, body: &[u8], world_size: u32) -> std::io::Result<Frame> {
+pub(crate) fn decode(prefix: &Prefix, body: &[u8], world_size: u32) -> std::io::Result<Frame> {
     debug_assert_eq!(body.len(), prefix.len);
     match prefix.kind {
         DATA => {
@@ -162,6 +165,7 @@ pub(super) fn decode(prefix: &Prefix, body: &[u8], world_size: u32) -> std::io::
                 channel: prefix.channel,
                 header,
                 data,
+                start: 0,
             })
         }
         ACK => {
