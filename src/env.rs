@@ -131,7 +131,10 @@ pub enum JoinError {
 
 /// This process's rank of the group the `env://` variables describe (as
 /// `ferrocoll launch` sets them), connected over `config.transport`, with
-/// the `FERROCOLL_*` overrides applied on top of `config`.
+/// the `FERROCOLL_*` overrides applied on top of `config`. Under an MPI
+/// launcher, in a build with the `mpi` feature, a `config` that names MPI
+/// links (`TransportKind::Mpi`, or `NetKind::Mpi` under `Auto`) forms the
+/// group over MPI instead (`mpi_communicator`, no `MASTER_ADDR` needed).
 ///
 /// ```no_run
 /// use ferrocoll::comm::{Communicator, CommunicatorExt};
@@ -145,6 +148,11 @@ pub enum JoinError {
 pub fn process_communicator_from_env(
     config: &ferrocoll_process::ProcessConfig,
 ) -> Result<ferrocoll_process::ProcessCommunicator, JoinError> {
+    // MPI links asked for under an MPI launcher: the group forms over MPI.
+    #[cfg(feature = "mpi")]
+    if ferrocoll_process::mpi::Mpi::launched() && wants_mpi(config) {
+        return mpi_communicator(config);
+    }
     let config = process_config_from_env(config)?;
     let b = bootstrap_from_env(config.planning.timeout)?;
     let comm =
@@ -192,6 +200,14 @@ pub fn mpi_communicator(
     Ok(ferrocoll_process::ProcessCommunicator::connect_mpi(
         &mpi, &config,
     )?)
+}
+
+/// Whether `config` asks for MPI links by name.
+#[cfg(feature = "mpi")]
+fn wants_mpi(config: &ferrocoll_process::ProcessConfig) -> bool {
+    use ferrocoll_process::{NetKind, TransportKind};
+    config.transport == TransportKind::Mpi
+        || (config.transport == TransportKind::Auto && config.net == NetKind::Mpi)
 }
 
 /// `config` with the `FERROCOLL_*` overrides, and the network between

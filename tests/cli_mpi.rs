@@ -56,6 +56,32 @@ fn bench_under_mpirun_checks_every_row_over_mpi_links() {
         assert!(text.contains(&format!("3 processes {links}")), "{text}");
         assert!(text.contains("Out of bounds values : 0 OK"), "{text}");
     }
+    // A schedule from a file runs over MPI links as any other.
+    let schedule = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/schedules/star_all_reduce_3.json"
+    );
+    let out = mpirun(3)
+        .args([
+            "bench",
+            "--backend",
+            "cpu",
+            "--transport",
+            "mpi",
+            "--algo",
+            schedule,
+        ])
+        .args(["-b", "1K", "-e", "1M", "-f", "32", "-n", "2", "-w", "1"])
+        .output()
+        .expect("mpirun runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("from the schedule file "), "{text}");
+    assert!(text.contains("Out of bounds values : 0 OK"), "{text}");
 }
 
 #[cfg(feature = "mpi")]

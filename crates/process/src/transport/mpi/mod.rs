@@ -276,11 +276,16 @@ impl MpiTransport {
             if from >= self.receiving.len() {
                 continue;
             }
-            // The next message from a peer whose frame announced more
-            // fragments is the next of them.
-            let started = match self.receiving[from].back_mut() {
-                Some(frame) if frame.more > 0 => frame.add(matched),
-                _ => Receiving::start(matched, self.max_payload)
+            // A fragment belongs to the one frame of its peer still
+            // announcing more (only a failure told from another thread
+            // can come between a frame's fragments); anything else starts
+            // a frame.
+            let open = (matched.tag == wire::MORE)
+                .then(|| self.receiving[from].iter_mut().find(|f| f.more > 0))
+                .flatten();
+            let started = match open {
+                Some(frame) => frame.add(matched),
+                None => Receiving::start(matched, self.max_payload, &mut self.spare)
                     .map(|r| self.receiving[from].push_back(r)),
             };
             if let Err(e) = started {
@@ -373,10 +378,7 @@ impl MpiTransport {
 
     /// A buffer of at least `words` from the spares, else a new one.
     fn buffer(&mut self, words: usize) -> Vec<u64> {
-        match self.spare.iter().position(|b| b.len() >= words) {
-            Some(i) => self.spare.swap_remove(i),
-            None => vec![0u64; words],
-        }
+        wire::take_spare(&mut self.spare, words)
     }
 
     /// This rank's failure, or the earliest failure a peer reported at or

@@ -79,6 +79,26 @@ pub(super) fn fail_frame(culprit: Rank, at: u64, reason: &str) -> (Vec<u64>, usi
     (small_frame(FAIL, culprit, &body), len)
 }
 
+/// Frames up to this many words get a buffer of their own: a spare one
+/// (a large message's) would leave the pool with a credit or an
+/// announcement, whose buffer is not given back.
+const SMALL_WORDS: usize = 512;
+
+/// A buffer of at least `words`: the smallest spare one that fits, else a
+/// new one.
+pub(super) fn take_spare(spare: &mut Vec<Vec<u64>>, words: usize) -> Vec<u64> {
+    if words <= SMALL_WORDS {
+        return vec![0u64; words];
+    }
+    let best = (0..spare.len())
+        .filter(|&i| spare[i].len() >= words)
+        .min_by_key(|&i| spare[i].len());
+    match best {
+        Some(i) => spare.swap_remove(i),
+        None => vec![0u64; words],
+    }
+}
+
 /// The tag of a frame sent as one MPI message.
 pub(super) const WHOLE: i32 = 1;
 /// The tag of a fragment after a frame's first.
@@ -208,8 +228,13 @@ pub(super) struct Receiving {
 impl Receiving {
     /// Start receiving a frame whose first message is `matched`: at most
     /// `max_payload` payload bytes in all (a larger one is received into a
-    /// scratch buffer, as an error).
-    pub fn start(matched: Matched, max_payload: usize) -> Result<Self, MpiError> {
+    /// scratch buffer, as an error). Its buffer comes from `spare` when
+    /// one there is large enough.
+    pub fn start(
+        matched: Matched,
+        max_payload: usize,
+        spare: &mut Vec<Vec<u64>>,
+    ) -> Result<Self, MpiError> {
         let more = if matched.tag >= FIRST {
             (matched.tag - FIRST) as usize
         } else {
@@ -226,7 +251,7 @@ impl Receiving {
             (false, 0) => bytes,
             (false, _) => limit,
         };
-        let mut buffer = vec![0u64; room.div_ceil(8)];
+        let mut buffer = take_spare(spare, room.div_ceil(8));
         let mut receiving = Receiving {
             requests: Vec::with_capacity(more + 1),
             bytes: 0,
