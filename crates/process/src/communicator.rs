@@ -336,50 +336,48 @@ impl ProcessCommunicator {
     ) -> Result<Option<ProcessCommunicator>, CommError> {
         let call = self.calls;
         let setup = |e: SetupError| CommError::backend("process split", e);
-        let membership = split::exchange(self, color, key)?;
-        // Every rank agreed; an MPI group splits its communicator alike
-        // (collective: the ranks left out take part too), ranked as ours.
-        let mpi = self.split_mpi(membership.as_ref().map(|m| m.color), key)?;
-        let Some(membership) = membership else {
+        let Some(membership) = split::exchange(self, color, key)? else {
             return Ok(None);
         };
+        // The members agreed; in a group formed over MPI they alone make
+        // its communicator, ranked as the split ranked them.
+        let mpi = self.split_mpi(&membership.members, membership.rank)?;
         let size = membership.members.len() as u32;
         let store = self
             .store
             .scoped(&format!("split{call}.{}", membership.color))
             .map_err(|e| setup(e.into()))?;
-        let mut comm =
-            ProcessCommunicator::form(store, membership.rank, size, &self.config, mpi.flatten())
-                .map_err(setup)?;
+        let mut comm = ProcessCommunicator::form(store, membership.rank, size, &self.config, mpi)
+            .map_err(setup)?;
         comm.recorder = self
             .recorder
             .split(call, membership.color, membership.rank, size);
         Ok(Some(comm))
     }
 
-    /// The MPI communicator of this rank's part of a split (`Some(None)`
-    /// for a rank left out), where the group formed over MPI.
+    /// The MPI communicator of `members` (ranks here, in their new order;
+    /// this one at `rank`), where the group formed over MPI.
     #[cfg(feature = "mpi")]
     fn split_mpi(
         &mut self,
-        color: Option<u32>,
-        key: u32,
-    ) -> Result<Option<Option<crate::MpiGroup>>, CommError> {
+        members: &[Rank],
+        rank: Rank,
+    ) -> Result<Option<crate::MpiGroup>, CommError> {
         let Some(group) = &self.mpi else {
             return Ok(None);
         };
-        let split = group
-            .split(color, key)
+        let part = group
+            .part(members, rank)
             .map_err(|e| CommError::backend("process split", SetupError::from(e)));
-        self.fail_on(split).map(Some)
+        self.fail_on(part).map(Some)
     }
 
     #[cfg(not(feature = "mpi"))]
     fn split_mpi(
         &mut self,
-        _color: Option<u32>,
-        _key: u32,
-    ) -> Result<Option<Option<crate::MpiGroup>>, CommError> {
+        _members: &[Rank],
+        _rank: Rank,
+    ) -> Result<Option<crate::MpiGroup>, CommError> {
         Ok(None)
     }
 

@@ -84,23 +84,40 @@ fn conformance(comm: &mut ProcessCommunicator) {
     );
 }
 
-/// Even and odd ranks form groups of their own; each sums its ranks.
+/// Even and odd ranks form groups of their own, with colors and keys past
+/// 2³¹ and keys that reverse the order: each part sums its ranks, and its
+/// new rank 0 — the highest old rank of the part — broadcasts its old rank
+/// (a part whose MPI ranks differed from ferrocoll's would send to the
+/// wrong process).
 fn split(comm: &mut ProcessCommunicator) {
     let rank = comm.rank();
+    let n = comm.world_size();
     let mut part = comm
-        .split(Some(rank % 2), rank)
+        .split(Some(3_000_000_000 + rank % 2), u32::MAX - rank)
         .expect("split")
         .expect("every rank has a color");
+    let mine: Vec<u32> = (0..n).filter(|r| r % 2 == rank % 2).collect();
+    let want_rank = mine.iter().rev().position(|&r| r == rank).unwrap() as u32;
+    assert_eq!(part.rank(), want_rank, "new rank of old rank {rank}");
     let mut v = vec![rank as f32; 1001];
     part.all_reduce_in_place(&mut v, ReduceOp::Sum)
         .expect("all-reduce in the part");
-    let want: u32 = (0..comm.world_size()).filter(|r| r % 2 == rank % 2).sum();
-    assert!(v.iter().all(|&x| x == want as f32), "{} vs {want}", v[0]);
+    let sum: u32 = mine.iter().sum();
+    assert!(v.iter().all(|&x| x == sum as f32), "{} vs {sum}", v[0]);
+    let mut b = vec![rank as f64; 5000];
+    part.broadcast_in_place(&mut b, 0)
+        .expect("broadcast in the part");
+    let root = *mine.last().unwrap();
+    assert!(
+        b.iter().all(|&x| x == f64::from(root)),
+        "{} vs {root}",
+        b[0]
+    );
     // The parent still works after its split.
     let mut w = vec![1.0f64; 77];
     comm.all_reduce_in_place(&mut w, ReduceOp::Sum)
         .expect("all-reduce in the parent");
-    assert!(w.iter().all(|&x| x == f64::from(comm.world_size())));
+    assert!(w.iter().all(|&x| x == f64::from(n)));
     println!("rank {rank} split into {} ranks", part.world_size());
 }
 

@@ -3,13 +3,16 @@
 //! communicator (so the program sets no `MASTER_ADDR`, and no stranger
 //! can join).
 //!
-//! Rank 0 serves on loopback when MPI puts every rank on one node;
-//! otherwise on `MASTER_ADDR` when set, else on its first IPv4 interface
-//! that is up and not loopback (the one a cluster's hosts usually reach
-//! each other by; set `MASTER_ADDR` where it is not).
+//! Rank 0 serves on loopback when the launcher put every rank on its node
+//! (OpenMPI's and MPICH's local-size variables say so); otherwise on
+//! `MASTER_ADDR` when set, else on its first IPv4 interface that is up,
+//! running and not loopback (the one a cluster's hosts usually reach each
+//! other by; set `MASTER_ADDR` where it is not). The broadcast is
+//! non-blocking and given up at the group's deadline, so a rank that never
+//! arrives is a typed error, not a hang.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrocoll_rendezvous::{JobSecret, Store};
 
@@ -20,12 +23,16 @@ use super::raw::Comm;
 const OK: &[u8] = b"ok\n";
 const ERR: &[u8] = b"err\n";
 
-/// Every rank's connection to the group's store (collective over `comm`).
-pub(super) fn store(comm: &Comm, timeout: Duration) -> Result<Store, MpiError> {
-    let one_node = comm.node_size()? == comm.size();
+/// The broadcast's size: `ok`, an address and a 64-digit secret, or a
+/// reason, with a 2-byte length in front.
+const MESSAGE_BYTES: usize = 1024;
+
+/// Every rank's connection to the group's store (collective over `comm`,
+/// given up at `deadline`).
+pub(super) fn store(comm: &Comm, timeout: Duration, deadline: Instant) -> Result<Store, MpiError> {
     if comm.rank() == 0 {
-        let served = serve(one_node, timeout);
-        let mut message = match &served {
+        let served = serve(one_node(), timeout);
+        let message = match &served {
             Ok((store, secret)) => {
                 let addr = store
                     .server_addr()
@@ -41,11 +48,10 @@ pub(super) fn store(comm: &Comm, timeout: Duration) -> Result<Store, MpiError> {
             }
             Err(e) => [ERR, e.to_string().as_bytes()].concat(),
         };
-        comm.broadcast(0, &mut message)?;
+        comm.broadcast(0, framed(&message), deadline)?;
         return served.map(|(store, _)| store);
     }
-    let mut message = Vec::new();
-    comm.broadcast(0, &mut message)?;
+    let message = unframed(comm.broadcast(0, vec![0; MESSAGE_BYTES], deadline)?);
     let bootstrap = |reason: String| MpiError::Bootstrap { reason };
     if let Some(why) = message.strip_prefix(ERR) {
         return Err(bootstrap(format!(
@@ -58,16 +64,44 @@ pub(super) fn store(comm: &Comm, timeout: Duration) -> Result<Store, MpiError> {
     })?;
     let cut = body.iter().position(|&b| b == b'\n').unwrap_or(body.len());
     let addr = String::from_utf8_lossy(&body[..cut]).into_owned();
-    let secret = body.get(cut + 1..).map(|s| {
-        // SAFETY: the bytes are what rank 0's `as_encoded_bytes` gave, from
-        // the same build of this crate on the same platform.
-        unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(s.to_vec()) }
-    });
-    let secret = secret
+    let secret = body
+        .get(cut + 1..)
+        .map(|s| std::ffi::OsString::from(String::from_utf8_lossy(s).into_owned()))
         .and_then(JobSecret::new)
         .ok_or_else(|| bootstrap("rank 0 broadcast no job secret".into()))?;
     Store::join_with(&addr, comm.rank(), timeout, Some(&secret))
         .map_err(|e| bootstrap(format!("joining rank 0's store at {addr}: {e}")))
+}
+
+/// `message` (cut to fit) with its length in front, in a broadcast's buffer.
+fn framed(message: &[u8]) -> Vec<u8> {
+    let len = message.len().min(MESSAGE_BYTES - 2);
+    let mut out = vec![0; MESSAGE_BYTES];
+    out[..2].copy_from_slice(&(len as u16).to_le_bytes());
+    out[2..2 + len].copy_from_slice(&message[..len]);
+    out
+}
+
+/// The message a broadcast's buffer holds (its length checked).
+fn unframed(buffer: Vec<u8>) -> Vec<u8> {
+    let len = usize::from(u16::from_le_bytes([buffer[0], buffer[1]])).min(MESSAGE_BYTES - 2);
+    buffer[2..2 + len].to_vec()
+}
+
+/// Whether the launcher put every rank on this node (OpenMPI's and
+/// MPICH's variables); `false` when it does not say.
+fn one_node() -> bool {
+    let var = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    [
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"),
+        ("MPI_LOCALNRANKS", "PMI_SIZE"),
+    ]
+    .iter()
+    .any(|(local, all)| matches!((var(local), var(all)), (Some(l), Some(a)) if l == a))
 }
 
 /// Rank 0: start the store with a fresh secret.
@@ -113,7 +147,9 @@ fn first_interface() -> Option<IpAddr> {
         // freeifaddrs below; its address, where set, is a sockaddr of the
         // family it names.
         let (flags, addr, next) = unsafe { ((*at).ifa_flags, (*at).ifa_addr, (*at).ifa_next) };
-        let up = flags & libc::IFF_UP as u32 != 0 && flags & libc::IFF_LOOPBACK as u32 == 0;
+        let up = flags & libc::IFF_UP as u32 != 0
+            && flags & libc::IFF_RUNNING as u32 != 0
+            && flags & libc::IFF_LOOPBACK as u32 == 0;
         // SAFETY: as above; AF_INET addresses are sockaddr_in.
         if up && !addr.is_null() && i32::from(unsafe { (*addr).sa_family }) == libc::AF_INET {
             // SAFETY: an AF_INET address is a sockaddr_in.

@@ -28,8 +28,12 @@
 //!   inside a host) meets in the same rendezvous store as every process
 //!   group; rank 0 serves it and tells the others where by an MPI
 //!   broadcast, with a fresh job secret, so no `MASTER_ADDR` is needed.
-//! - Every call into MPI is in `raw.rs`, checked; communicators return
-//!   errors instead of aborting, so a failed MPI call is a typed error.
+//! - Every call into MPI is in `raw.rs`; the group's communicators
+//!   return errors instead of aborting, so a failed call on them is a
+//!   typed error (calls on `MPI_COMM_WORLD` before the duplicate exists
+//!   keep the program's handler).
+//! - `MPI_THREAD_MULTIPLE` or nothing: an abort, and a split's parent and
+//!   child, may call MPI from different threads.
 
 mod bootstrap;
 pub(crate) mod raw;
@@ -53,6 +57,23 @@ pub enum MpiError {
         call: &'static str,
         /// The library's words.
         reason: String,
+    },
+    /// A collective step of forming the group did not complete in time
+    /// (a rank never joined it).
+    #[error("{what} did not complete within the group's timeout (did every rank start?)")]
+    Timeout {
+        /// The step.
+        what: &'static str,
+    },
+    /// MPI was initialized without `MPI_THREAD_MULTIPLE`, which ferrocoll
+    /// needs (an abort, a split's parent and its child may call MPI from
+    /// different threads).
+    #[error(
+        "MPI grants {granted:?} threading; ferrocoll's MPI links need MPI_THREAD_MULTIPLE (initialize MPI with it, or let ferrocoll do it)"
+    )]
+    Threading {
+        /// The level granted.
+        granted: Threading,
     },
     /// Rank 0 could not serve the group's rendezvous store, or a rank
     /// could not reach it.
@@ -80,6 +101,9 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.owned {
+            // Under the lock, so no `init` meanwhile joins an MPI that is
+            // being finalized.
+            let _live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
             raw::finalize();
         }
     }
@@ -157,9 +181,13 @@ impl std::fmt::Debug for Mpi {
 /// group's communicators) and the group's communicator.
 #[derive(Clone)]
 pub(crate) struct MpiGroup {
-    /// Declared first: dropped (and, the last clone, freed) before `mpi`,
-    /// which may finalize MPI.
+    /// The messages' communicator. Declared first: dropped (and, the last
+    /// clone, freed) before `mpi`, which may finalize MPI.
     pub comm: Arc<raw::Comm>,
+    /// The same ranks, only for making the communicators of a split: the
+    /// transport matches any tag on `comm`, which would take the messages
+    /// `MPI_Comm_create_group` exchanges there.
+    ctl: Arc<raw::Comm>,
     pub mpi: Mpi,
 }
 
@@ -170,28 +198,51 @@ impl MpiGroup {
     }
 
     /// A duplicate of `MPI_COMM_WORLD` for a new group, and the store its
-    /// setup meets in.
+    /// setup meets in; every collective step given up after `timeout`.
     pub fn world(
         mpi: &Mpi,
         timeout: std::time::Duration,
     ) -> Result<(MpiGroup, ferrocoll_rendezvous::Store), MpiError> {
-        let comm = raw::Comm::dup_world()?;
-        let store = bootstrap::store(&comm, timeout)?;
+        if mpi.threading() != Threading::Multiple {
+            return Err(MpiError::Threading {
+                granted: mpi.threading(),
+            });
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let comm = raw::Comm::dup_world(deadline)?;
+        let ctl = raw::Comm::dup_world(deadline)?;
+        let store = bootstrap::store(&comm, timeout, deadline)?;
         Ok((
             MpiGroup {
-                mpi: mpi.clone(),
                 comm: Arc::new(comm),
+                ctl: Arc::new(ctl),
+                mpi: mpi.clone(),
             },
             store,
         ))
     }
 
-    /// The group of the ranks that pass the same `color` (collective over
-    /// this group, `None` included).
-    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<MpiGroup>, MpiError> {
-        Ok(self.comm.split(color, key)?.map(|comm| MpiGroup {
-            mpi: self.mpi.clone(),
+    /// The group of `members` (ranks of this group, in the new group's
+    /// rank order), formed by the members alone once they agreed on it;
+    /// this rank must be one of them, at position `rank`.
+    pub fn part(&self, members: &[u32], rank: u32) -> Result<MpiGroup, MpiError> {
+        let comm = self.ctl.subset(members)?;
+        let ctl = self.ctl.subset(members)?;
+        if comm.rank() != rank || comm.size() as usize != members.len() {
+            return Err(MpiError::Call {
+                call: "MPI_Comm_create_group",
+                reason: format!(
+                    "made rank {} of {}, where the split agreed on rank {rank} of {}",
+                    comm.rank(),
+                    comm.size(),
+                    members.len()
+                ),
+            });
+        }
+        Ok(MpiGroup {
             comm: Arc::new(comm),
-        }))
+            ctl: Arc::new(ctl),
+            mpi: self.mpi.clone(),
+        })
     }
 }

@@ -1,16 +1,21 @@
-//! Every call into the MPI library, each behind a function that checks
-//! its return code: the rest of the crate never touches `mpi::ffi`.
+//! Every call into the MPI library, behind functions that check the
+//! return codes that matter (not those of the best-effort cleanup calls):
+//! the rest of the crate never touches `mpi::ffi`.
 //!
 //! Communicators are set to return errors (`MPI_ERRORS_RETURN`) as soon
-//! as they are made, so a failed call is a [`MpiError`], never an abort
-//! of the process by the library.
+//! as they are made, so a failed call on them is a [`MpiError`], not an
+//! abort of the process by the library.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::MaybeUninit;
+use std::time::{Duration, Instant};
 
 use mpi::ffi;
 
 use super::MpiError;
+
+/// The tag `MPI_Comm_create_group` matches the members' calls with.
+const SUBSET_TAG: c_int = 0x5eb;
 
 /// Which threads may call MPI: the level `MPI_Init_thread` granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,7 +64,8 @@ pub fn error_text(code: c_int) -> String {
     if rc != 0 || len <= 0 {
         return format!("MPI error {code}");
     }
-    let bytes: Vec<u8> = text[..len as usize].iter().map(|&c| c as u8).collect();
+    let len = (len as usize).min(text.len());
+    let bytes: Vec<u8> = text[..len].iter().map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -165,38 +171,62 @@ unsafe impl Send for Comm {}
 unsafe impl Sync for Comm {}
 
 impl Comm {
-    /// A duplicate of `MPI_COMM_WORLD`, returning errors.
-    pub fn dup_world() -> Result<Comm, MpiError> {
-        // SAFETY: reading the world handle the shim exports.
-        let world = unsafe { ffi::RSMPI_COMM_WORLD };
-        dup(world)
-    }
-
-    /// How many of its ranks share this rank's node (its shared-memory
-    /// domain, as MPI sees it); collective.
-    pub fn node_size(&self) -> Result<u32, MpiError> {
-        let mut out = MaybeUninit::<ffi::MPI_Comm>::uninit();
-        // SAFETY: a live communicator; MPI writes the new handle.
+    /// A duplicate of `MPI_COMM_WORLD`, returning errors; collective, and
+    /// given up at `deadline` (a rank that never joins is a typed error,
+    /// not a hang).
+    pub fn dup_world(deadline: Instant) -> Result<Comm, MpiError> {
+        // On the heap: MPI writes the handle when the request completes,
+        // which may be after a timeout (then the box is leaked).
+        let mut out = Box::new(MaybeUninit::<ffi::MPI_Comm>::uninit());
+        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: the world communicator; MPI writes the request now and
+        // the new handle once the request completes.
         let rc = unsafe {
-            ffi::MPI_Comm_split_type(
-                self.handle,
-                ffi::RSMPI_COMM_TYPE_SHARED,
-                0,
-                ffi::RSMPI_INFO_NULL,
-                out.as_mut_ptr(),
-            )
+            ffi::MPI_Comm_idup(ffi::RSMPI_COMM_WORLD, out.as_mut_ptr(), req.as_mut_ptr())
         };
-        check("MPI_Comm_split_type", rc)?;
-        // SAFETY: the call succeeded, so it wrote a handle (freed on drop).
-        let node = adopt(unsafe { out.assume_init() })?;
-        Ok(node.size)
+        check("MPI_Comm_idup", rc)?;
+        // SAFETY: MPI_Comm_idup succeeded, so it wrote the request.
+        let req = Request(unsafe { req.assume_init() });
+        if let Err(e) = req.wait_until(deadline, "MPI_Comm_idup of MPI_COMM_WORLD") {
+            std::mem::forget(out);
+            return Err(e);
+        }
+        // SAFETY: the request completed, so the handle is written and valid.
+        adopt(*unsafe { out.assume_init() })
     }
 
-    /// Never free the communicator: for one whose requests could not all
-    /// be completed (freeing it would leave MPI with operations on a
-    /// communicator that is gone); MPI reclaims it when it finalizes.
-    pub fn keep(&self) {
-        self.kept.store(true, std::sync::atomic::Ordering::Relaxed);
+    /// The communicator of `members` (ranks here, in the new rank order):
+    /// collective over the members only, so ranks left out of a split take
+    /// no part.
+    pub fn subset(&self, members: &[u32]) -> Result<Comm, MpiError> {
+        let ranks: Vec<c_int> = members.iter().map(|&r| r as c_int).collect();
+        let mut all = MaybeUninit::<ffi::MPI_Group>::uninit();
+        // SAFETY: a live communicator; MPI writes its group.
+        let rc = unsafe { ffi::MPI_Comm_group(self.handle, all.as_mut_ptr()) };
+        check("MPI_Comm_group", rc)?;
+        // SAFETY: the call succeeded, so it wrote the group.
+        let mut all = unsafe { all.assume_init() };
+        let mut part = MaybeUninit::<ffi::MPI_Group>::uninit();
+        // SAFETY: `ranks` holds `len` ranks of this communicator (the
+        // agreed members, each below its size).
+        let rc = unsafe {
+            ffi::MPI_Group_incl(all, ranks.len() as c_int, ranks.as_ptr(), part.as_mut_ptr())
+        };
+        // SAFETY: a group MPI made for us, freed once.
+        unsafe { ffi::MPI_Group_free(&mut all) };
+        check("MPI_Group_incl", rc)?;
+        // SAFETY: the call succeeded, so it wrote the group.
+        let mut part = unsafe { part.assume_init() };
+        let mut out = MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: a live communicator and a group of its ranks this rank
+        // belongs to; MPI writes the new handle.
+        let rc =
+            unsafe { ffi::MPI_Comm_create_group(self.handle, part, SUBSET_TAG, out.as_mut_ptr()) };
+        // SAFETY: a group MPI made for us, freed once.
+        unsafe { ffi::MPI_Group_free(&mut part) };
+        check("MPI_Comm_create_group", rc)?;
+        // SAFETY: the call succeeded, so it wrote a handle.
+        adopt(unsafe { out.assume_init() })
     }
 
     /// This process's rank in it.
@@ -209,56 +239,46 @@ impl Comm {
         self.size
     }
 
-    /// The ranks that pass the same `color` (`None`: none) form a new
-    /// communicator, ordered by `key` then by rank here; collective.
-    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Comm>, MpiError> {
-        // SAFETY: reading the shim's constant.
-        let undefined = unsafe { ffi::RSMPI_UNDEFINED };
-        let color = color.map_or(undefined, |c| c as c_int);
-        let mut out = MaybeUninit::<ffi::MPI_Comm>::uninit();
-        // SAFETY: a live communicator; MPI writes the new handle.
-        let rc = unsafe { ffi::MPI_Comm_split(self.handle, color, key as c_int, out.as_mut_ptr()) };
-        check("MPI_Comm_split", rc)?;
-        // SAFETY: MPI_Comm_split succeeded, so it wrote a handle.
-        let out = unsafe { out.assume_init() };
-        // SAFETY: reading the shim's constant.
-        if out == unsafe { ffi::RSMPI_COMM_NULL } {
-            return Ok(None);
-        }
-        adopt(out).map(Some)
+    /// Never free the communicator: for one whose requests could not all
+    /// be completed (freeing it would leave MPI with operations on a
+    /// communicator that is gone); MPI reclaims it when it finalizes.
+    pub fn keep(&self) {
+        self.kept.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Rank `root`'s `bytes` on every rank (collective; every rank passes
-    /// a vector, the root's with its content).
-    pub fn broadcast(&self, root: u32, bytes: &mut Vec<u8>) -> Result<(), MpiError> {
-        let mut len = bytes.len() as u64;
-        // SAFETY: one u64 on every rank, as MPI_UINT64_T.
+    /// a buffer of the same size, the root's with its content), given up
+    /// at `deadline`.
+    pub fn broadcast(
+        &self,
+        root: u32,
+        mut bytes: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, MpiError> {
+        let len = count(bytes.len())?;
+        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: `len` bytes on every rank; the buffer outlives the wait
+        // below, or is leaked when it is given up (MPI may still write it).
         let rc = unsafe {
-            ffi::MPI_Bcast(
-                (&mut len as *mut u64).cast::<c_void>(),
-                1,
-                ffi::RSMPI_UINT64_T,
-                root as c_int,
-                self.handle,
-            )
-        };
-        check("MPI_Bcast", rc)?;
-        let len = c_int::try_from(len).map_err(|_| MpiError::Call {
-            call: "MPI_Bcast",
-            reason: format!("{len} bytes are more than one broadcast carries"),
-        })?;
-        bytes.resize(len as usize, 0);
-        // SAFETY: `len` bytes on every rank, the length just agreed.
-        let rc = unsafe {
-            ffi::MPI_Bcast(
+            ffi::MPI_Ibcast(
                 bytes.as_mut_ptr().cast::<c_void>(),
                 len,
                 ffi::RSMPI_UINT8_T,
                 root as c_int,
                 self.handle,
+                req.as_mut_ptr(),
             )
         };
-        check("MPI_Bcast", rc)
+        check("MPI_Ibcast", rc)?;
+        // SAFETY: MPI_Ibcast succeeded, so it wrote the request.
+        let req = Request(unsafe { req.assume_init() });
+        match req.wait_until(deadline, "MPI_Ibcast of the store's address") {
+            Ok(()) => Ok(bytes),
+            Err(e) => {
+                std::mem::forget(bytes);
+                Err(e)
+            }
+        }
     }
 
     /// Start sending `len` bytes at `buf` to `to` with `tag`.
@@ -376,6 +396,29 @@ pub struct Request(ffi::MPI_Request);
 unsafe impl Send for Request {}
 
 impl Request {
+    /// Wait for a collective's request until `deadline`, looking every
+    /// 100 µs; past it the request is left to MPI (a collective cannot be
+    /// cancelled) and `what` timed out.
+    fn wait_until(mut self, deadline: Instant, what: &'static str) -> Result<(), MpiError> {
+        loop {
+            if self.test()? {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                // The handle is left to MPI: a collective cannot be
+                // cancelled or freed before it completes.
+                return Err(MpiError::Timeout { what });
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Whether MPI already freed the request (it may, on an error).
+    fn is_null(&self) -> bool {
+        // SAFETY: reading the shim's constant.
+        self.0 == unsafe { ffi::RSMPI_REQUEST_NULL }
+    }
+
     /// Whether it completed (then it is spent); `Err` when it failed.
     pub fn test(&mut self) -> Result<bool, MpiError> {
         let mut flag: c_int = 0;
@@ -390,9 +433,12 @@ impl Request {
     /// Give up on it: cancel, then let MPI free it when it is done. The
     /// buffer must still outlive it (the caller leaks it or keeps it).
     pub fn abandon(mut self) {
-        // SAFETY: a live request; cancel may fail for a send already
-        // under way, and freeing an active request is allowed (MPI frees
-        // it once it completes).
+        if self.is_null() {
+            return;
+        }
+        // SAFETY: a live request (not null: MPI did not free it); cancel
+        // may fail for a send already under way, and freeing an active
+        // request is allowed (MPI frees it once it completes).
         unsafe {
             ffi::MPI_Cancel(&mut self.0);
             ffi::MPI_Request_free(&mut self.0);
@@ -409,15 +455,6 @@ fn count(len: usize) -> Result<c_int, MpiError> {
             c_int::MAX
         ),
     })
-}
-
-fn dup(of: ffi::MPI_Comm) -> Result<Comm, MpiError> {
-    let mut out = MaybeUninit::<ffi::MPI_Comm>::uninit();
-    // SAFETY: a live communicator; MPI writes the new handle.
-    let rc = unsafe { ffi::MPI_Comm_dup(of, out.as_mut_ptr()) };
-    check("MPI_Comm_dup", rc)?;
-    // SAFETY: MPI_Comm_dup succeeded, so it wrote a handle.
-    adopt(unsafe { out.assume_init() })
 }
 
 /// Take ownership of a new communicator: errors returned, rank and size read.

@@ -28,8 +28,10 @@
 //! The **calling thread** drives MPI, as with TCP: whenever it waits it
 //! completes sends, matches arriving messages (`MPI_Improbe`) and starts
 //! receiving them (`MPI_Imrecv`), delivering each peer's frames in the
-//! order they were matched. Nothing blocks inside MPI, so a wait never
-//! outlasts the timeout and a failure heard meanwhile ends it.
+//! order they were matched. This transport makes no blocking MPI call, so
+//! a wait keeps the timeout and a failure heard meanwhile ends it (the
+//! library itself may still hold a call briefly: OpenMPI's TCP transport
+//! runs its own error path when a peer hangs up).
 //!
 //! Failures: a rank that fails sends `fail` frames to every peer — from
 //! the thread that aborts when MPI was granted `MPI_THREAD_MULTIPLE`,
@@ -167,6 +169,8 @@ pub(crate) struct MpiTransport {
     spare: Vec<Vec<u64>>,
     /// Per peer, receives in the order their messages were matched.
     receiving: Vec<VecDeque<Receiving>>,
+    /// Per peer, whether receiving from it failed (see `broken`).
+    broken: Vec<bool>,
     staging: Staging,
     /// Declared before `_mpi`: the communicator is freed before MPI may
     /// be finalized.
@@ -211,6 +215,7 @@ impl MpiTransport {
             sending: Vec::new(),
             spare: Vec::new(),
             receiving: (0..world).map(|_| VecDeque::new()).collect(),
+            broken: vec![false; world as usize],
             staging: Staging::new(one_shot_room, world as usize),
             comm: Some(group.comm.clone()),
             _mpi: group.mpi.clone(),
@@ -289,7 +294,7 @@ impl MpiTransport {
                     .map(|r| self.receiving[from].push_back(r)),
             };
             if let Err(e) = started {
-                self.note_lost(from as Rank, &e.to_string());
+                self.broken(from as Rank, &e.to_string());
             }
         }
     }
@@ -302,24 +307,38 @@ impl MpiTransport {
                     Ok(false) => break,
                     Ok(true) => {}
                     Err(e) => {
-                        // Other fragments of it may still be under way:
-                        // the buffer is left to MPI.
-                        if let Some(failed) = self.receiving[peer].pop_front() {
-                            failed.abandon();
-                        }
-                        self.note_lost(peer as Rank, &e.to_string());
-                        continue;
+                        self.broken(peer as Rank, &e.to_string());
+                        break;
                     }
                 }
                 let done = self.receiving[peer].pop_front().expect("just tested");
+                if self.broken[peer] {
+                    // Received only to take it off MPI's queue.
+                    continue;
+                }
                 let delivered = done
                     .into_frame(self.max_payload, world)
                     .and_then(|f| self.mail.deliver(peer as Rank, f, self.slots));
                 if let Err(e) = delivered {
+                    self.broken[peer] = true;
                     self.mail.ended(peer as Rank, &e);
                 }
             }
         }
+    }
+
+    /// Receiving from `peer` failed with `what`: nothing more it sent can
+    /// be trusted to be in order, so it is a failure of the group (as a
+    /// protocol error is), and whatever else arrives from it is dropped.
+    /// The receives under way are left to MPI, with their buffers.
+    fn broken(&mut self, peer: Rank, what: &str) {
+        let p = peer as usize;
+        self.broken[p] = true;
+        for r in self.receiving[p].drain(..) {
+            r.abandon();
+        }
+        let why = std::io::Error::new(std::io::ErrorKind::InvalidData, format!("MPI: {what}"));
+        self.mail.ended(peer, &why);
     }
 
     /// `peer` is gone: an MPI call concerning it failed with `what`.

@@ -20,7 +20,7 @@ const _: () = assert!(FRONT % 8 == 0, "payloads must stay 8-aligned");
 
 /// Bytes of a data frame with `len` payload bytes.
 pub(super) fn frame_bytes(len: usize) -> usize {
-    FRONT + len
+    FRONT.saturating_add(len)
 }
 
 /// `u64`s a data frame with `len` payload bytes needs.
@@ -277,7 +277,8 @@ impl Receiving {
     pub fn add(&mut self, matched: Matched) -> Result<(), MpiError> {
         let room = self.buffer.len() * 8;
         self.more -= 1;
-        if self.oversized || matched.tag != MORE || self.bytes + matched.bytes > room {
+        if self.oversized || matched.tag != MORE || self.bytes.saturating_add(matched.bytes) > room
+        {
             self.oversized = true;
             let mut scratch = vec![0u64; 2];
             // SAFETY: as in `start`: the scratch buffer moves into this
