@@ -70,6 +70,22 @@ impl Compiler {
         chunking: Chunking,
         slots_per_link: u32,
     ) -> Result<ExecutionPlan, PlanError> {
+        let mut plan = self.compile_unhashed(call, chunking, slots_per_link)?;
+        plan.hash = plan.compute_hash();
+        Ok(plan)
+    }
+
+    /// [`compile`](Self::compile) without the plan's hash (left 0, so
+    /// [`ExecutionPlan::check`] refuses the plan): for a model that reads
+    /// a plan and never compares it with another rank's. Hashing streams
+    /// the whole plan's JSON form, a tenth of what simulating a large plan
+    /// costs.
+    pub fn compile_unhashed(
+        &self,
+        call: &CallShape,
+        chunking: Chunking,
+        slots_per_link: u32,
+    ) -> Result<ExecutionPlan, PlanError> {
         let s = self.verified.schedule();
         self.check_call(call, slots_per_link)?;
         let layout = layout(s, call, chunking)?;
@@ -92,7 +108,7 @@ impl Compiler {
                 blocks(call.collective.output_blocks(n)),
             )
         };
-        let mut plan = ExecutionPlan {
+        Ok(ExecutionPlan {
             version: PLAN_FORMAT_VERSION,
             schedule: s.name.clone(),
             schedule_hash: self.schedule_hash,
@@ -114,24 +130,20 @@ impl Compiler {
             ranks,
             links,
             hash: 0,
-        };
-        plan.hash = plan.compute_hash();
-        Ok(plan)
+        })
     }
 
     /// How many segments the plan of `call` cut by `chunking` has, without
     /// compiling it (the simulator extrapolates long pipelines from short ones).
     pub fn segments(&self, call: &CallShape, chunking: Chunking) -> u32 {
-        let cpb = self.verified.schedule().chunks_per_block;
-        match chunking {
-            Chunking::MaxBytes(max) => {
-                Layout::with_max_chunk_bytes(call.count, cpb, call.dtype.size_bytes(), max)
-                    .segments()
-            }
-            Chunking::Segments(k) => {
-                Layout::aligned(call.count, cpb, k, call.dtype.size_bytes()).segments()
-            }
-        }
+        self.layout(call, chunking).segments()
+    }
+
+    /// The chunk-to-element map the plan of `call` cut by `chunking` has,
+    /// without compiling it: two chunkings with equal layouts compile to
+    /// the same plan (a model comparing chunk sizes runs it once).
+    pub fn layout(&self, call: &CallShape, chunking: Chunking) -> Layout {
+        layout_of(self.verified.schedule().chunks_per_block, call, chunking)
     }
 
     fn check_call(&self, call: &CallShape, slots_per_link: u32) -> Result<(), PlanError> {
@@ -171,6 +183,16 @@ pub fn compile(
     Compiler::new(Arc::new(verified.clone())).compile(call, chunking, slots_per_link)
 }
 
+/// The layout of `call` cut by `chunking`, for a schedule of `cpb` chunks
+/// per block.
+fn layout_of(cpb: u32, call: &CallShape, chunking: Chunking) -> Layout {
+    let elem = call.dtype.size_bytes();
+    match chunking {
+        Chunking::MaxBytes(max) => Layout::with_max_chunk_bytes(call.count, cpb, elem, max),
+        Chunking::Segments(k) => Layout::aligned(call.count, cpb, k, elem),
+    }
+}
+
 /// The call's chunk-to-element map, refusing plans too large to hold.
 fn layout(s: &Schedule, call: &CallShape, chunking: Chunking) -> Result<Layout, PlanError> {
     let elem = call.dtype.size_bytes();
@@ -187,12 +209,7 @@ fn layout(s: &Schedule, call: &CallShape, chunking: Chunking) -> Result<Layout, 
             limit: i64::MAX as u64,
         });
     }
-    let layout = match chunking {
-        Chunking::MaxBytes(max) => {
-            Layout::with_max_chunk_bytes(call.count, s.chunks_per_block, elem, max)
-        }
-        Chunking::Segments(k) => Layout::aligned(call.count, s.chunks_per_block, k, elem),
-    };
+    let layout = layout_of(s.chunks_per_block, call, chunking);
     let instructions = (s.step_count() as u64).saturating_mul(u64::from(layout.segments()));
     if instructions > MAX_PLAN_INSTRUCTIONS {
         return Err(PlanError::TooLarge {

@@ -64,7 +64,7 @@ pub fn partition_aligned(count: usize, parts: usize, i: usize, granule: usize) -
 }
 
 /// The chunk-to-element map of one collective call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Layout {
     count: usize,
     chunks_per_block: u32,

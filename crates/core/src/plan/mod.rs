@@ -70,6 +70,7 @@ mod walk;
 
 pub use check::PlanError;
 pub use compile::{Chunking, Compiler, MAX_PLAN_INSTRUCTIONS, compile};
+pub use layout::Layout;
 pub use oneshot::{Gather, ONE_SHOT_BYTES, OneShot, OneShotRule, describe as one_shot_describe};
 pub use render::human_bytes;
 pub use walk::Walk;

@@ -1,7 +1,11 @@
 //! Predicting the selector's candidates: each simulated with its chunk
 //! and protocol, every candidate at one size by one model.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use ferrocoll_core::Collective;
+use ferrocoll_core::plan::Layout;
 use ferrocoll_core::select::Protocol;
 
 use super::{Candidate, TopologySelector};
@@ -47,7 +51,7 @@ impl TopologySelector {
         }
     }
 
-    fn predict_with(
+    pub(super) fn predict_with(
         &self,
         candidate: &Candidate,
         collective: Collective,
@@ -63,7 +67,7 @@ impl TopologySelector {
     /// engine where it is cheap for all of them, else the steady estimate
     /// for all (the two differ by up to a few tenths on trees, so a
     /// comparison across models would be decided by the model).
-    fn fidelity_at(
+    pub(super) fn fidelity_at(
         &self,
         candidates: &[Candidate],
         collective: Collective,
@@ -83,6 +87,10 @@ impl TopologySelector {
     }
 
     /// Every candidate with its prediction, in candidate order.
+    ///
+    /// Candidates that differ only in their chunk size often cut the call
+    /// alike (a call smaller than every chunk, a step's slice below
+    /// each): those compile to the same plan, which is simulated once.
     pub fn evaluate(
         &self,
         collective: Collective,
@@ -90,10 +98,24 @@ impl TopologySelector {
     ) -> Result<Vec<(Candidate, Prediction)>, TopologyError> {
         let candidates = self.candidates_at(collective, size);
         let fidelity = self.fidelity_at(&candidates, collective, size)?;
+        let mut simulated: HashMap<(usize, Option<Protocol>, Layout), Prediction> = HashMap::new();
         candidates
             .into_iter()
             .map(|c| {
-                let p = self.predict_with(&c, collective, size, fidelity)?;
+                let compiler = self.compiler(&c, collective)?;
+                let options = self.sim_options(&c, collective, fidelity);
+                let layout = sim::layout_of(&compiler, &self.topology, size, &options)?;
+                // The compiler is cached per schedule for the selector's
+                // life, so its address names the schedule.
+                let key = (Arc::as_ptr(&compiler) as usize, c.protocol, layout);
+                let p = match simulated.get(&key) {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = sim::simulate(&compiler, &self.topology, size, &options)?;
+                        simulated.insert(key, p.clone());
+                        p
+                    }
+                };
                 Ok((c, p))
             })
             .collect()

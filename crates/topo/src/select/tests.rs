@@ -88,6 +88,37 @@ fn on_the_cpu_host_the_choice_reaches_the_memory_ceiling() {
     );
 }
 
+/// `evaluate` simulates a plan once for every chunk size that cuts the
+/// call alike; each answer must be the one simulating that candidate on
+/// its own gives, at sizes where chunks cut alike and where they do not.
+#[test]
+fn candidates_that_share_a_plan_get_what_each_alone_would_get() {
+    let s = selector("dgx-h100", 8);
+    let c = Collective::AllReduce;
+    for size in [4 << 10, 1 << 20, 256 << 20] {
+        let evaluated = s.evaluate(c, size).unwrap();
+        let fidelity = s.fidelity_at(&s.candidates_at(c, size), c, size).unwrap();
+        let mut shared = 0;
+        for (i, (candidate, p)) in evaluated.iter().enumerate() {
+            let alone = s.predict_with(candidate, c, size, fidelity).unwrap();
+            assert_eq!(*p, alone, "{candidate} at {size} B");
+            shared += evaluated[..i]
+                .iter()
+                .filter(|(o, q)| o.choice == candidate.choice && q == p)
+                .count()
+                .min(1);
+        }
+        // A call smaller than every chunk cuts alike at every chunk.
+        if size == 4 << 10 {
+            assert!(
+                shared * 2 >= evaluated.len(),
+                "{shared} of {}",
+                evaluated.len()
+            );
+        }
+    }
+}
+
 #[test]
 fn choices_are_deterministic_cached_and_explained() {
     let a = selector("dgx1-v100", 8);

@@ -11,7 +11,7 @@
 //! plan's; the engine derives none of them.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 
 use ferrocoll_core::plan::{ExecutionPlan, LinkLoad, Walk};
 use ferrocoll_core::types::Link;
@@ -86,38 +86,80 @@ struct Run<'p, 'n, 'a> {
     /// never changed).
     capacity: Vec<f64>,
     carried: Vec<f64>,
-    traffic: BTreeMap<Link, LinkLoad>,
+    /// What each link of the plan's table carried, by its place there.
+    traffic: Vec<LinkLoad>,
     now: f64,
     /// (rank, channel) that may be able to start, [`EVERY_CHANNEL`] for
     /// all of the rank's (waits cross channels).
     dirty: Vec<(u32, u32)>,
-    /// Messages (link, number) sent by a step that computes nothing: a
-    /// plain send of bytes at rest.
-    at_rest: HashSet<(Link, u64)>,
+    /// Messages sent by a step that computes nothing: a plain send of
+    /// bytes at rest.
+    at_rest: AtRest,
+    /// Per rank: whether an instruction waits on another channel, so a
+    /// finished step may free any of its channels, not only its own.
+    waits_across: Vec<bool>,
 }
 
-/// The messages of `plan` sent by plain sends (nothing received, nothing
-/// written): their receivers copy bytes at rest.
-fn sent_at_rest(plan: &ExecutionPlan) -> HashSet<(Link, u64)> {
-    let mut set = HashSet::new();
-    for rank in &plan.ranks {
-        for (c, channel) in rank.channels.iter().enumerate() {
-            for ins in channel
-                .iter()
-                .filter(|i| i.recv.is_empty() && i.write.is_none())
-            {
-                for m in &ins.send {
-                    let link = Link {
-                        from: rank.rank,
-                        to: m.peer,
-                        channel: c as u32,
-                    };
-                    set.insert((link, m.index));
+/// The messages of a plan sent by plain sends (nothing received, nothing
+/// written), whose receivers copy bytes at rest: a bit per message
+/// number of each link of the plan's table.
+struct AtRest {
+    /// Where each link's bits start in `bits`.
+    start: Vec<usize>,
+    bits: Vec<bool>,
+}
+
+impl AtRest {
+    fn of(plan: &ExecutionPlan, index: &LinkIndex) -> AtRest {
+        let mut start = Vec::with_capacity(plan.links.len() + 1);
+        let mut total = 0usize;
+        for l in &plan.links {
+            start.push(total);
+            total = total.saturating_add(l.messages as usize);
+        }
+        start.push(total);
+        let mut bits = vec![false; total];
+        for rank in &plan.ranks {
+            for (c, channel) in rank.channels.iter().enumerate() {
+                for ins in channel
+                    .iter()
+                    .filter(|i| i.recv.is_empty() && i.write.is_none())
+                {
+                    for m in &ins.send {
+                        let l = index.get(rank.rank, m.peer, c as u32);
+                        if let Some(b) = AtRest::place(&start, l, m.index) {
+                            bits[b] = true;
+                        }
+                    }
                 }
             }
         }
+        AtRest { start, bits }
     }
-    set
+
+    /// The bit of message `number` on link `l`, if the link's table
+    /// counts that many messages.
+    fn place(start: &[usize], l: usize, number: u64) -> Option<usize> {
+        let b = start.get(l)?.checked_add(usize::try_from(number).ok()?)?;
+        (b < *start.get(l + 1)?).then_some(b)
+    }
+
+    fn contains(&self, l: usize, number: u64) -> bool {
+        AtRest::place(&self.start, l, number).is_some_and(|b| self.bits[b])
+    }
+}
+
+/// Per rank, whether any instruction waits on a channel other than its own.
+fn waits_across(plan: &ExecutionPlan) -> Vec<bool> {
+    plan.ranks
+        .iter()
+        .map(|rp| {
+            rp.channels.iter().enumerate().any(|(c, list)| {
+                list.iter()
+                    .any(|ins| ins.after.iter().any(|w| w.channel as usize != c))
+            })
+        })
+        .collect()
 }
 
 /// Entries a dense link index may have; past it (absurd rank or channel
@@ -228,6 +270,7 @@ fn run_with(
         Sharing::Fair => Vec::new(),
         Sharing::Steady { .. } => net.resources.iter().map(|r| r.capacity).collect(),
     };
+    let link_index = LinkIndex::new(plan);
     let mut sim = Run {
         walks: plan.ranks.iter().map(Walk::new).collect(),
         busy: plan
@@ -235,7 +278,8 @@ fn run_with(
             .iter()
             .map(|r| vec![false; r.channels.len()])
             .collect(),
-        link_index: LinkIndex::new(plan),
+        at_rest: AtRest::of(plan, &link_index),
+        link_index,
         inbox: vec![0; plan.links.len()],
         in_flight: vec![0; plan.links.len()],
         events: BinaryHeap::new(),
@@ -247,10 +291,10 @@ fn run_with(
         sharing,
         capacity,
         carried,
-        traffic: BTreeMap::new(),
+        traffic: plan.links.iter().map(|l| LinkLoad::new(l.link)).collect(),
         now: 0.0,
         dirty: (0..plan.world_size).map(|r| (r, EVERY_CHANNEL)).collect(),
-        at_rest: sent_at_rest(plan),
+        waits_across: waits_across(plan),
         net,
         plan,
     };
@@ -285,10 +329,13 @@ fn run_with(
     let call_us = (0..plan.world_size)
         .map(|r| sim.net.overheads(r).call_us)
         .fold(0.0, f64::max);
+    // Links in order, as a map keyed by link would list them.
+    let mut links: Vec<LinkLoad> = sim.traffic.into_iter().filter(|l| l.messages > 0).collect();
+    links.sort_unstable_by_key(|l| l.link);
     let raw = Raw {
         time_us: sim.now + call_us,
         carried: sim.carried,
-        links: sim.traffic.into_values().collect(),
+        links,
     };
     Ok((raw, sim.sharing))
 }
@@ -451,12 +498,8 @@ impl Run<'_, '_, '_> {
             .expect("running");
         let done = Done::Work { rank, channel };
         let at_rest = ins.recv.first().is_some_and(|msg| {
-            let link = Link {
-                from: msg.peer,
-                to: rank,
-                channel,
-            };
-            self.at_rest.contains(&(link, msg.index))
+            let l = self.slot(msg.peer, rank, channel);
+            self.at_rest.contains(l, msg.index)
         });
         match self
             .net
@@ -519,14 +562,11 @@ impl Run<'_, '_, '_> {
                 to: msg.peer,
                 channel,
             };
-            self.traffic
-                .entry(link)
-                .or_insert(LinkLoad::new(link))
-                .count(ins.bytes);
+            let slot = self.slot(rank, msg.peer, channel);
+            self.traffic[slot].count(ins.bytes);
             let (uses, latency) = self.net.transfer_flow(rank, channel, ins, msg.peer)?;
             let done = Done::Transfer { link, latency };
             if m > 0.0 && !uses.is_empty() {
-                let slot = self.slot(rank, msg.peer, channel);
                 self.start_flow(m, uses, done, Some(slot));
             } else {
                 self.push(self.now + latency, Event::Deliver(link));
@@ -534,7 +574,12 @@ impl Run<'_, '_, '_> {
         }
         self.walks[rank as usize].advance(c);
         self.busy[rank as usize][c] = false;
-        self.dirty.push((rank, EVERY_CHANNEL));
+        let woken = if self.waits_across[rank as usize] {
+            EVERY_CHANNEL
+        } else {
+            channel
+        };
+        self.dirty.push((rank, woken));
         Ok(())
     }
 }

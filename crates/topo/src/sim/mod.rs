@@ -20,7 +20,7 @@ pub use cost::{CostModel, Overheads};
 
 use ferrocoll_core::DataType;
 use ferrocoll_core::plan::{
-    Chunking, Compiler, DEVICE_CHUNK_BYTES, ExecutionPlan, HOST_CHUNK_BYTES, LinkLoad,
+    Chunking, Compiler, DEVICE_CHUNK_BYTES, ExecutionPlan, HOST_CHUNK_BYTES, Layout, LinkLoad,
 };
 use ferrocoll_core::types::CallShape;
 use serde::Serialize;
@@ -196,6 +196,7 @@ pub fn simulate(
         shape: whole,
         chunk,
         segments,
+        ..
     } = call_of(compiler, topology, size, options)?;
     let element = options.dtype.size_bytes();
     let c = s.collective;
@@ -204,8 +205,9 @@ pub fn simulate(
     let shape = |count| CallShape { count, ..whole };
     let count = whole.count;
     let compile = |count, chunking| {
+        // The simulator never compares plans: no hash.
         let plan = compiler
-            .compile(&shape(count), chunking, options.slots_per_link.max(1))
+            .compile_unhashed(&shape(count), chunking, options.slots_per_link.max(1))
             .map_err(|e| TopologyError::Invalid(e.to_string()))?;
         // Compiling costs about as much per instruction as a few dozen
         // simulated steps.
@@ -277,6 +279,7 @@ struct Call {
     shape: CallShape,
     chunk: usize,
     segments: u32,
+    layout: Layout,
 }
 
 fn call_of(
@@ -303,13 +306,27 @@ fn call_of(
             DEVICE_CHUNK_BYTES
         }
     });
-    let segments = compiler.segments(&shape, Chunking::MaxBytes(chunk));
+    let layout = compiler.layout(&shape, Chunking::MaxBytes(chunk));
     Ok(Call {
         devices,
         shape,
         chunk,
-        segments,
+        segments: layout.segments(),
+        layout,
     })
+}
+
+/// How [`simulate`] would cut a call of `size` bytes into chunks: the
+/// only thing the chunk size in `options` decides, so two option sets
+/// that differ in `max_chunk_bytes` alone and give equal layouts give
+/// equal predictions (a selector comparing chunk sizes simulates once).
+pub fn layout_of(
+    compiler: &Compiler,
+    topology: &Topology,
+    size: usize,
+    options: &SimOptions,
+) -> Result<Layout, TopologyError> {
+    Ok(call_of(compiler, topology, size, options)?.layout)
 }
 
 /// The model [`simulate`] would answer with for these arguments: what
