@@ -579,11 +579,16 @@ impl TopologySelector {
             return Ok(c.clone());
         }
         let compiler = Arc::new(Compiler::new(make()?));
-        self.compilers
+        // Two callers may make the same compiler at once: both keep the
+        // first one cached, so a schedule has one compiler for the
+        // selector's life.
+        Ok(self
+            .compilers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key, compiler.clone());
-        Ok(compiler)
+            .entry(key)
+            .or_insert(compiler)
+            .clone())
     }
 
     /// The fastest candidate for `collective` at `size` bytes.

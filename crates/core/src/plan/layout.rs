@@ -63,7 +63,11 @@ pub fn partition_aligned(count: usize, parts: usize, i: usize, granule: usize) -
     start(i)..start(i + 1)
 }
 
-/// The chunk-to-element map of one collective call.
+/// The chunk-to-element map of one collective call. Outside this crate
+/// it is a value to compare ([`Compiler::layout`]): equal layouts of one
+/// schedule compile to the same plan.
+///
+/// [`Compiler::layout`]: super::Compiler::layout
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Layout {
     count: usize,
@@ -86,7 +90,7 @@ impl Layout {
     /// A layout for `count` elements per block.
     ///
     /// `segments` is clamped to at least 1.
-    pub fn new(count: usize, chunks_per_block: u32, segments: u32) -> Self {
+    pub(crate) fn new(count: usize, chunks_per_block: u32, segments: u32) -> Self {
         assert!(
             chunks_per_block > 0,
             "a schedule has at least one chunk per block"
@@ -101,7 +105,12 @@ impl Layout {
 
     /// [`Layout::new`] with part boundaries at [`ALIGN_BYTES`] of
     /// `elem_bytes`-byte elements, where parts are large enough.
-    pub fn aligned(count: usize, chunks_per_block: u32, segments: u32, elem_bytes: usize) -> Self {
+    pub(crate) fn aligned(
+        count: usize,
+        chunks_per_block: u32,
+        segments: u32,
+        elem_bytes: usize,
+    ) -> Self {
         Layout::new(count, chunks_per_block, segments).align(elem_bytes, usize::MAX)
     }
 
@@ -109,7 +118,7 @@ impl Layout {
     /// `elem_bytes`-byte elements): as few segments as that allows, with
     /// boundaries at [`ALIGN_BYTES`] where that keeps every chunk within
     /// the budget (rounding boundaries can lengthen a part).
-    pub fn with_max_chunk_bytes(
+    pub(crate) fn with_max_chunk_bytes(
         count: usize,
         chunks_per_block: u32,
         elem_bytes: usize,
@@ -149,7 +158,7 @@ impl Layout {
     }
 
     /// Elements of the longest chunk.
-    pub fn longest_chunk(&self) -> usize {
+    pub(crate) fn longest_chunk(&self) -> usize {
         let parts = (self.segments as usize).saturating_mul(self.chunks_per_block as usize);
         (0..parts)
             .map(|i| partition_aligned(self.count, parts, i, self.granule).len())
@@ -163,7 +172,7 @@ impl Layout {
     }
 
     /// The elements of `chunk` in `segment`, as offsets into its buffer.
-    pub fn chunk_range(&self, segment: u32, chunk: u32) -> Range<usize> {
+    pub(crate) fn chunk_range(&self, segment: u32, chunk: u32) -> Range<usize> {
         let cpb = self.chunks_per_block as usize;
         let block = chunk as usize / cpb;
         let part = segment as usize * cpb + chunk as usize % cpb;
@@ -174,7 +183,7 @@ impl Layout {
 
     /// The elements of a step's slice (`chunks` chunks from `first`) in
     /// `segment`, merged into as few contiguous ranges as possible.
-    pub fn slice_ranges(&self, segment: u32, first: u32, chunks: u32) -> Vec<Range<usize>> {
+    pub(crate) fn slice_ranges(&self, segment: u32, first: u32, chunks: u32) -> Vec<Range<usize>> {
         let mut out: Vec<Range<usize>> = Vec::new();
         for c in first..first + chunks {
             let r = self.chunk_range(segment, c);

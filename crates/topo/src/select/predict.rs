@@ -5,12 +5,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrocoll_core::Collective;
-use ferrocoll_core::plan::Layout;
+use ferrocoll_core::plan::{Compiler, Layout};
 use ferrocoll_core::select::Protocol;
 
 use super::{Candidate, TopologySelector};
 use crate::error::TopologyError;
 use crate::sim::{self, Prediction, SimOptions};
+
+/// What makes two candidates' plans at one size the same: the schedule's
+/// compiler (by address), the protocol and the call's layout.
+type PlanKey = (usize, Option<Protocol>, Layout);
 
 impl TopologySelector {
     /// Simulate one candidate.
@@ -98,21 +102,22 @@ impl TopologySelector {
     ) -> Result<Vec<(Candidate, Prediction)>, TopologyError> {
         let candidates = self.candidates_at(collective, size);
         let fidelity = self.fidelity_at(&candidates, collective, size)?;
-        let mut simulated: HashMap<(usize, Option<Protocol>, Layout), Prediction> = HashMap::new();
+        // Keyed by the compiler's address, with the compiler kept alive
+        // beside its answer so no other compiler can take that address
+        // while the map lives.
+        let mut simulated: HashMap<PlanKey, (Arc<Compiler>, Prediction)> = HashMap::new();
         candidates
             .into_iter()
             .map(|c| {
                 let compiler = self.compiler(&c, collective)?;
                 let options = self.sim_options(&c, collective, fidelity);
                 let layout = sim::layout_of(&compiler, &self.topology, size, &options)?;
-                // The compiler is cached per schedule for the selector's
-                // life, so its address names the schedule.
                 let key = (Arc::as_ptr(&compiler) as usize, c.protocol, layout);
                 let p = match simulated.get(&key) {
-                    Some(p) => p.clone(),
+                    Some((_, p)) => p.clone(),
                     None => {
                         let p = sim::simulate(&compiler, &self.topology, size, &options)?;
-                        simulated.insert(key, p.clone());
+                        simulated.insert(key, (compiler, p.clone()));
                         p
                     }
                 };
