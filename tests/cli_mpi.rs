@@ -30,6 +30,19 @@ fn mpirun(n: u32) -> Command {
     cmd
 }
 
+/// The job's standard output, once it is known to have succeeded (its
+/// standard error shown where it did not).
+#[cfg(feature = "mpi")]
+fn succeeded(out: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 #[cfg(feature = "mpi")]
 #[test]
 fn bench_under_mpirun_checks_every_row_over_mpi_links() {
@@ -41,12 +54,7 @@ fn bench_under_mpirun_checks_every_row_over_mpi_links() {
             ])
             .output()
             .expect("mpirun runs");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = succeeded(&out);
         assert!(text.contains("# formed over MPI: "), "{text}");
         let links = if transport == "mpi" {
             "over mpi"
@@ -74,12 +82,7 @@ fn bench_under_mpirun_checks_every_row_over_mpi_links() {
         .args(["-b", "1K", "-e", "1M", "-f", "32", "-n", "2", "-w", "1"])
         .output()
         .expect("mpirun runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&out);
     assert!(text.contains("from the schedule file "), "{text}");
     assert!(text.contains("Out of bounds values : 0 OK"), "{text}");
 }
